@@ -1,0 +1,60 @@
+"""onnx_light_ref: ``ai.rt::DelayedInitializer`` for onnx's reference evaluator, and external-data tools.
+
+Public API (names are stable)::
+
+    from onnx_light_ref import (
+        DelayedInitializer,                    # OpRun subclass, op_domain "ai.rt"
+        register_schemas,                      # registers ai.rt::DelayedInitializer v1 (idempotent)
+        align_external_data_streaming,         # re-align external weights, memory bounded by one chunk
+        align_external_data_in_memory,         # same output, reads every weight into memory (the oracle)
+        save_model_with_shared_external_data,  # save a variant writing only its new weights
+    )
+
+Attributes are imported lazily: ``import onnx_light_ref`` alone does not import ``onnx.reference`` (slow, and
+irrelevant to the io functions), and importing the io functions does not register any schema.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DelayedInitializer",
+    "__version__",
+    "align_external_data_in_memory",
+    "align_external_data_streaming",
+    "register_schemas",
+    "save_model_with_shared_external_data",
+]
+
+_LAZY = {
+    "DelayedInitializer": "onnx_light_ref.ops",
+    "register_schemas": "onnx_light_ref.ops",
+    "align_external_data_streaming": "onnx_light_ref.io",
+    "align_external_data_in_memory": "onnx_light_ref.io",
+    "save_model_with_shared_external_data": "onnx_light_ref.io",
+}
+
+if TYPE_CHECKING:
+    from onnx_light_ref.io import (
+        align_external_data_in_memory,
+        align_external_data_streaming,
+        save_model_with_shared_external_data,
+    )
+    from onnx_light_ref.ops import DelayedInitializer, register_schemas
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'onnx_light_ref' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,1 @@
+"""Sub-commands of the ``onnx-light-ref`` CLI, one module each (see ``onnx_light_ref.cli``)."""
