@@ -1,0 +1,143 @@
+"""Atomic publication of output files: temp file in the destination folder, fsync, rename, fsync the folder.
+
+A destination path is therefore always either absent, its previous version, or the complete new file; never
+half-written. Temp files are named ``.<final name>.<pid>.<random>.tmp`` so that a later run can recognise and
+remove those left by a killed process (whose pid is gone) without touching anything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import secrets
+from collections.abc import Iterator, Sequence
+
+__all__ = ["StagedFile", "publish_all", "remove_stale_temp_files", "staged_files"]
+
+logger = logging.getLogger(__name__)
+
+_TEMP_SUFFIX = ".tmp"
+
+
+def _temp_pattern(final_name: str) -> re.Pattern[str]:
+    return re.compile(re.escape(f".{final_name}.") + r"(\d+)\.[0-9a-f]{16}" + re.escape(_TEMP_SUFFIX) + "$")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temp_files(final_path: str) -> list[str]:
+    """Delete temp files of ``final_path`` left by dead processes; return the names removed."""
+    folder, name = os.path.split(os.path.abspath(final_path))
+    pattern = _temp_pattern(name)
+    removed = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in os.scandir(folder):
+            match = pattern.match(entry.name)
+            if match and entry.is_file(follow_symlinks=False) and not _pid_alive(int(match.group(1))):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed.append(entry.name)
+                    logger.info("removed stale temp file %s left by a killed run", entry.path)
+    return removed
+
+
+class StagedFile:
+    """A new file written under a temp name next to ``final_path``; it takes the final name only in :meth:`commit`.
+
+    Created with mode ``0o666 & ~umask`` like any file the user creates (``mkstemp`` would give 0600).
+    """
+
+    def __init__(self, final_path: str) -> None:
+        self.final_path = os.path.abspath(final_path)
+        folder, name = os.path.split(self.final_path)
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(errno.ENOENT, f"destination folder does not exist: {folder!r}", folder)
+        remove_stale_temp_files(self.final_path)
+        self.temp_path = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(8)}{_TEMP_SUFFIX}")
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        self.fd: int | None = os.open(self.temp_path, flags, 0o666)
+        self.committed = False
+
+    def write_all(self, data: bytes | memoryview, offset: int) -> None:
+        """Write ``data`` at ``offset`` (positional, loops on short writes)."""
+        assert self.fd is not None
+        view = memoryview(data).cast("B")
+        written = 0
+        while written < len(view):
+            written += os.pwrite(self.fd, view[written:], offset + written)
+
+    def set_size(self, size: int) -> None:
+        """Set the final file size; gaps never written read as zeros."""
+        assert self.fd is not None
+        os.ftruncate(self.fd, size)
+
+    def flush(self) -> None:
+        """fsync the content and close the descriptor (the file keeps its temp name)."""
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def commit(self) -> None:
+        """fsync, rename over the final path, fsync the folder."""
+        self.flush()
+        os.replace(self.temp_path, self.final_path)
+        self.committed = True
+        _fsync_folder(os.path.dirname(self.final_path))
+
+    def discard(self) -> None:
+        """Close and delete the temp file (no-op after commit)."""
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)
+        if not self.committed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.temp_path)
+
+
+def _fsync_folder(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # e.g. Windows cannot open folders; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # some filesystems refuse fsync on folders
+        logger.debug("fsync of folder %s failed: %s", folder, exc)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def staged_files() -> Iterator[list[StagedFile]]:
+    """Collect :class:`StagedFile` objects; on any exception every uncommitted one is deleted."""
+    files: list[StagedFile] = []
+    try:
+        yield files
+    except BaseException:
+        for staged in files:
+            staged.discard()
+        raise
+
+
+def publish_all(files: Sequence[StagedFile]) -> None:
+    """Flush every file first, then rename them in order (weights before the ``.onnx`` that points at them)."""
+    for staged in files:
+        staged.flush()
+    for staged in files:
+        staged.commit()
