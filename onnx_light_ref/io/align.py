@@ -1,0 +1,258 @@
+"""Re-align a model's external weights into one file, every tensor at a multiple of ``alignment``.
+
+Two executions of one plan:
+
+* :func:`align_external_data_streaming` copies byte ranges file-to-file through the copy engine (in-kernel when
+  possible); Python never holds weight bytes beyond one ``chunk_size`` buffer, and only in the last fallback.
+* :func:`align_external_data_in_memory` reads every external tensor into memory first, then writes them: the naive
+  approach, kept as a user-facing function and as the oracle for tests and benchmarks.
+
+Both share :func:`plan_alignment` (walk, validate every location and range, refuse destinations that are sources,
+compute every offset), so their outputs are byte-identical by construction. Nothing is written before the plan is
+complete; outputs are published atomically, weights first and ``.onnx`` last.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import onnx
+
+from onnx_light_ref.errors import DestinationConflictError, UnsafeLocationError
+from onnx_light_ref.io.alignment import align_up, validate_alignment
+from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, RangeCopier
+from onnx_light_ref.io.locations import (
+    ExternalRef,
+    FileIdentity,
+    check_location_syntax,
+    check_not_hard_linked,
+    file_identity,
+    is_external,
+    parse_external_data,
+)
+from onnx_light_ref.io.model_file import load_model_metadata, serialize_model
+from onnx_light_ref.io.publish import StagedFile, publish_all, staged_files
+from onnx_light_ref.io.walker import iter_tensors
+
+__all__ = [
+    "AlignPlan",
+    "Placement",
+    "align_external_data_in_memory",
+    "align_external_data_streaming",
+    "plan_alignment",
+]
+
+logger = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike[str]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one external tensor's bytes come from and where they go."""
+
+    tensor: onnx.TensorProto
+    source: ExternalRef
+    dst_offset: int
+
+
+@dataclass(frozen=True)
+class AlignPlan:
+    """Everything decided before the first byte is written."""
+
+    model: onnx.ModelProto
+    dst_onnx_path: str
+    dst_weights_path: str
+    location: str  # dst_weights_path relative to the .onnx folder, as stored in the model
+    placements: list[Placement]
+    ranges: list[CopyRange]  # unique source ranges, in destination order
+    total_size: int  # destination weights file size (end of the last tensor, no trailing padding)
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(r.length for r in self.ranges)
+
+
+def plan_alignment(
+    src_onnx_path: PathLike,
+    dst_onnx_path: PathLike,
+    dst_weights_path: PathLike | None = None,
+    alignment: int = 4096,
+) -> AlignPlan:
+    """Validate arguments, parse the source metadata, check every external reference, and lay out the output.
+
+    Raises before anything is written: ``ValueError`` (arguments), :class:`InvalidModelError`,
+    :class:`ExternalDataError` subclasses or ``FileNotFoundError`` (references), :class:`DestinationConflictError`.
+    """
+    step = validate_alignment(alignment)
+    src_onnx = os.path.abspath(os.fspath(src_onnx_path))
+    dst_onnx = os.path.abspath(os.fspath(dst_onnx_path))
+    dst_weights = os.path.abspath(os.fspath(dst_weights_path) if dst_weights_path is not None else dst_onnx + ".data")
+    location = _destination_location(dst_onnx, dst_weights)
+
+    model = load_model_metadata(src_onnx)
+    src_dir = os.path.dirname(src_onnx)
+    externals = [
+        (site.tensor, parse_external_data(site.tensor, src_dir, label=site.label))
+        for site in iter_tensors(model)
+        if is_external(site.tensor)
+    ]
+    _check_destinations(src_onnx, dst_onnx, dst_weights, [ref for _, ref in externals])
+    for _, ref in externals:
+        check_not_hard_linked(ref)
+
+    placements: list[Placement] = []
+    ranges: list[CopyRange] = []
+    seen: dict[tuple[FileIdentity, int, int], int] = {}  # identical source ranges are stored once
+    cursor = total = 0
+    for tensor, ref in externals:
+        key = (ref.identity, ref.offset, ref.length)
+        dst_offset = seen.get(key)
+        if dst_offset is None:
+            dst_offset = align_up(cursor, step)
+            seen[key] = dst_offset
+            ranges.append(CopyRange(ref.path, ref.offset, dst_offset, ref.length, ref.identity))
+            cursor = dst_offset + ref.length
+            # A zero-length tensor still gets an aligned offset; the file is extended so no offset points past it.
+            total = max(total, cursor)
+        placements.append(Placement(tensor, ref, dst_offset))
+    return AlignPlan(model, dst_onnx, dst_weights, location, placements, ranges, total)
+
+
+def _destination_location(dst_onnx: str, dst_weights: str) -> str:
+    location = os.path.relpath(dst_weights, os.path.dirname(dst_onnx)).replace(os.sep, "/")
+    try:
+        check_location_syntax(location, tensor_name="<destination>")
+    except UnsafeLocationError:
+        raise UnsafeLocationError(
+            f"dst_weights_path {dst_weights!r} must be inside the folder of dst_onnx_path {dst_onnx!r}: loaders refuse "
+            f"locations with '..' or absolute paths (it would be stored as {location!r})."
+        ) from None
+    return location
+
+
+def _check_destinations(src_onnx: str, dst_onnx: str, dst_weights: str, refs: list[ExternalRef]) -> None:
+    """Refuse any destination that is (or is a link of) a file we read: writing it would destroy the input."""
+    if dst_weights == dst_onnx:
+        raise DestinationConflictError(f"dst_weights_path and dst_onnx_path are the same file {dst_onnx!r}.")
+    weights_id = file_identity(dst_weights)
+    onnx_id = file_identity(dst_onnx)
+    if weights_id is not None and weights_id == file_identity(src_onnx):
+        raise DestinationConflictError(
+            f"dst_weights_path {dst_weights!r} is the source model file {src_onnx!r}; pass another dst_weights_path."
+        )
+    for ref in refs:
+        if weights_id is not None and weights_id == ref.identity:
+            raise DestinationConflictError(
+                f"dst_weights_path {dst_weights!r} is the source weights file {ref.path!r} of tensor "
+                f"{ref.tensor_name!r} (same file or a hard link of it): writing it would destroy the source. "
+                "Pass another dst_weights_path."
+            )
+        if onnx_id is not None and onnx_id == ref.identity:
+            raise DestinationConflictError(
+                f"dst_onnx_path {dst_onnx!r} is the source weights file {ref.path!r} of tensor {ref.tensor_name!r}."
+            )
+
+
+def _rewrite_entries(plan: AlignPlan) -> None:
+    """Point every external tensor of the plan's model at its new place (``checksum`` kept, other keys dropped)."""
+    for placement in plan.placements:
+        tensor = placement.tensor
+        del tensor.external_data[:]
+        entries = [("location", plan.location), ("offset", str(placement.dst_offset))]
+        entries.append(("length", str(placement.source.length)))
+        if placement.source.checksum is not None:
+            entries.append(("checksum", placement.source.checksum))
+        for key, value in entries:
+            entry = tensor.external_data.add()
+            entry.key = key
+            entry.value = value
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+
+
+def _publish(plan: AlignPlan, weights: StagedFile | None, files: list[StagedFile]) -> int:
+    _rewrite_entries(plan)
+    model_file = StagedFile(plan.dst_onnx_path)
+    files.append(model_file)
+    model_file.write_all(serialize_model(plan.model), 0)
+    publish_all(([weights] if weights is not None else []) + [model_file])
+    logger.info(
+        "wrote %s (%d tensors, %d bytes, %d padding) and %s",
+        plan.dst_weights_path,
+        len(plan.placements),
+        plan.total_size,
+        plan.total_size - plan.payload_bytes,
+        plan.dst_onnx_path,
+    )
+    return plan.total_size
+
+
+def align_external_data_streaming(
+    src_onnx_path: PathLike,
+    dst_onnx_path: PathLike,
+    dst_weights_path: PathLike | None = None,
+    alignment: int = 4096,
+    chunk_size: int = 4 * 1024 * 1024,
+    *,
+    progress: ProgressCallback | None = None,
+) -> int:
+    """Copy every external tensor of ``src_onnx_path`` into one weights file at ``alignment``-multiple offsets.
+
+    Only the ``.onnx`` is parsed; weight bytes go file-to-file through the kernel (``copy_file_range``, then
+    ``sendfile``, then a bounded ``preadv``/``pwrite`` loop), at most ``chunk_size`` bytes per call. Inline tensors
+    stay inline. ``dst_weights_path`` defaults to ``<dst_onnx_path>.data`` and must be inside the ``.onnx`` folder.
+    ``dst_onnx_path`` may equal ``src_onnx_path``; a ``dst_weights_path`` that is a source file is refused.
+    ``progress(done_bytes, total_bytes)`` is called as bytes move. Returns the destination weights file size
+    (padding included; 0 and no file when no tensor is external).
+    """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
+    plan = plan_alignment(src_onnx_path, dst_onnx_path, dst_weights_path, alignment)
+    with staged_files() as files:
+        weights = None
+        if plan.placements:
+            weights = StagedFile(plan.dst_weights_path)
+            files.append(weights)
+            assert weights.fd is not None
+            with RangeCopier(weights.fd, chunk_size) as copier:
+                copier.copy(plan.ranges, progress)
+            weights.set_size(plan.total_size)
+        return _publish(plan, weights, files)
+
+
+def align_external_data_in_memory(
+    src_onnx_path: PathLike,
+    dst_onnx_path: PathLike,
+    dst_weights_path: PathLike | None = None,
+    alignment: int = 4096,
+    *,
+    progress: ProgressCallback | None = None,
+) -> int:
+    """Same result as :func:`align_external_data_streaming`, but every weight is read into memory first.
+
+    This is what ``onnx.load(..., load_external_data=True)`` followed by an aligned save costs: peak memory grows
+    with the weights. Useful when the weights are small, and as the byte-for-byte oracle of the streaming version.
+    """
+    plan = plan_alignment(src_onnx_path, dst_onnx_path, dst_weights_path, alignment)
+    payloads: list[bytes] = []
+    for item in plan.ranges:
+        with open(item.src_path, "rb") as source:
+            source.seek(item.src_offset)
+            payloads.append(source.read(item.length))
+        if len(payloads[-1]) != item.length:
+            raise OSError(f"short read from {item.src_path!r}: the file changed while it was being read.")
+    with staged_files() as files:
+        weights = None
+        if plan.placements:
+            weights = StagedFile(plan.dst_weights_path)
+            files.append(weights)
+            done = 0
+            for item, payload in zip(plan.ranges, payloads, strict=True):
+                weights.write_all(payload, item.dst_offset)
+                done += item.length
+                if progress is not None:
+                    progress(done, plan.payload_bytes)
+            weights.set_size(plan.total_size)
+        return _publish(plan, weights, files)
