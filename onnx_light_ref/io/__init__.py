@@ -9,8 +9,10 @@ functions). Nothing here imports ``onnx_light_ref.ops``.
 from __future__ import annotations
 
 from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
+from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
 
 __all__ = [
     "align_external_data_in_memory",
     "align_external_data_streaming",
+    "save_model_with_shared_external_data",
 ]

@@ -1,0 +1,243 @@
+"""Save a model variant that shares weights with a model already on disk, writing only the new weights.
+
+A tensor that is already EXTERNAL is *reused*: its ``external_data`` entries go verbatim into the new ``.onnx`` and
+no byte of its file is read or written. A tensor carrying inline ``raw_data`` (at least ``size_threshold`` bytes) is
+*new*: its bytes go to one secondary weights file at ``alignment``-multiple offsets and its proto is pointed there.
+
+Guarantees: every check (reused references resolvable, secondary file not a reused file, no tensor both inline and
+external) happens before the first byte is written; files are published atomically (weights, then ``.onnx``); the
+caller's model is mutated only once everything is written. If publication fails after the mutation, the new
+tensors are restored from the fully written temp file, so on any error the model is exactly as it was. The new
+weights are never copied as a whole in memory: each tensor's bytes are written, then released.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+import onnx
+
+from onnx_light_ref.errors import DanglingReferenceError, DestinationConflictError, ExternalDataError
+from onnx_light_ref.io.alignment import align_up, validate_alignment
+from onnx_light_ref.io.copy_engine import ProgressCallback
+from onnx_light_ref.io.locations import (
+    FileIdentity,
+    check_location_syntax,
+    file_identity,
+    is_external,
+    parse_external_data,
+)
+from onnx_light_ref.io.model_file import serialize_model
+from onnx_light_ref.io.publish import StagedFile, publish_all, staged_files
+from onnx_light_ref.io.walker import TensorSite, iter_tensors
+
+__all__ = ["save_model_with_shared_external_data"]
+
+logger = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike[str]
+
+# Bytes handed to one pwrite, so that `progress` moves smoothly on large new tensors.
+_WRITE_SLICE = 8 * 1024 * 1024
+
+
+@dataclass
+class _NewTensor:
+    """A tensor whose inline bytes move to the secondary file, and what is needed to undo that in memory."""
+
+    site: TensorSite
+    offset: int
+    length: int
+    saved_entries: list[tuple[str, str]] = field(default_factory=list)
+    saved_data_location: int | None = None  # None: the field was not set
+
+
+@dataclass(frozen=True)
+class _SavePlan:
+    dst_onnx: str
+    secondary_path: str
+    location: str
+    new: list[_NewTensor]
+    reused: int
+    total_size: int
+
+
+def save_model_with_shared_external_data(
+    model: onnx.ModelProto,
+    dst_onnx_path: PathLike,
+    alignment: int = 4096,
+    *,
+    location: str | None = None,
+    size_threshold: int = 0,
+    progress: ProgressCallback | None = None,
+    check_references: bool = True,
+) -> int:
+    """Save ``model`` to ``dst_onnx_path``, writing only its inline tensors to a secondary weights file.
+
+    ``location`` names the secondary file relative to the destination folder (default ``<dst name>.data``).
+    Tensors with fewer than ``size_threshold`` bytes, and tensors stored in typed fields (``float_data``...), stay
+    inline. With ``check_references`` every reused reference must resolve from the destination folder (relative,
+    inside it, file present, range within the file); else :class:`DanglingReferenceError` says which tensor dangles.
+    Returns the secondary file size, padding included (0, and no file created, when nothing is new). ``model`` is
+    mutated in place (new tensors become EXTERNAL) only after every file is written.
+    """
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"model must be an onnx.ModelProto, got {type(model).__name__}.")
+    step = validate_alignment(alignment)
+    if isinstance(size_threshold, bool) or not isinstance(size_threshold, int) or size_threshold < 0:
+        raise ValueError(f"size_threshold must be an int >= 0, got {size_threshold!r}.")
+    plan = _plan(model, os.path.abspath(os.fspath(dst_onnx_path)), location, step, size_threshold, check_references)
+
+    with staged_files() as files:
+        weights = None
+        if plan.new:
+            weights = StagedFile(plan.secondary_path)
+            files.append(weights)
+            _write_new_tensors(weights, plan, progress)
+        model_file = StagedFile(plan.dst_onnx)
+        files.append(model_file)
+        _externalize(plan)
+        try:
+            model_file.write_all(serialize_model(model), 0)
+            publish_all(([weights] if weights is not None else []) + [model_file])
+        except BaseException:
+            _restore(plan, weights)
+            raise
+    logger.info(
+        "saved %s: %d reused tensors, %d new tensors in %s (%d bytes)",
+        plan.dst_onnx,
+        plan.reused,
+        len(plan.new),
+        plan.location,
+        plan.total_size,
+    )
+    return plan.total_size
+
+
+def _plan(
+    model: onnx.ModelProto,
+    dst_onnx: str,
+    location: str | None,
+    step: int,
+    size_threshold: int,
+    check_references: bool,
+) -> _SavePlan:
+    """Classify every tensor, run every guard, and lay out the new tensors; writes nothing."""
+    dst_dir = os.path.dirname(dst_onnx)
+    if location is None:
+        location = os.path.basename(dst_onnx) + ".data"
+    check_location_syntax(location, tensor_name="<secondary weights file>")
+    secondary_path = os.path.join(dst_dir, location)
+
+    reused_files: dict[FileIdentity, tuple[str, str]] = {}  # identity -> (tensor, location)
+    new: list[_NewTensor] = []
+    reused = cursor = total = 0
+    for site in iter_tensors(model):
+        tensor = site.tensor
+        if is_external(tensor):
+            reused += 1
+            _check_reused(site, dst_dir, check_references, reused_files)
+        elif tensor.HasField("raw_data") and len(tensor.raw_data) >= size_threshold:
+            length = len(tensor.raw_data)
+            offset = align_up(cursor, step)
+            new.append(_NewTensor(site, offset, length))
+            cursor = offset + length
+            total = max(total, cursor)
+
+    secondary_id = file_identity(secondary_path)
+    if os.path.abspath(secondary_path) == dst_onnx:
+        raise DestinationConflictError(f"the secondary weights file and the model file are the same: {dst_onnx!r}.")
+    for identity, (name, reused_location) in reused_files.items():
+        if new and identity == secondary_id:
+            raise DestinationConflictError(
+                f"the secondary weights file {secondary_path!r} is the file {reused_location!r} that reused tensor "
+                f"{name!r} points to (same file or a hard link): writing it would destroy the shared weights. Save "
+                "the variant under another name, or pass another `location`."
+            )
+        if identity == file_identity(dst_onnx):
+            raise DestinationConflictError(
+                f"dst_onnx_path {dst_onnx!r} is the file {reused_location!r} that reused tensor {name!r} points to."
+            )
+    return _SavePlan(dst_onnx, secondary_path, location, new, reused, total)
+
+
+def _check_reused(
+    site: TensorSite, dst_dir: str, check_references: bool, reused_files: dict[FileIdentity, tuple[str, str]]
+) -> None:
+    tensor = site.tensor
+    if tensor.HasField("raw_data"):
+        raise ExternalDataError(
+            f"tensor {site.label!r} has both inline raw_data ({len(tensor.raw_data)} bytes) and external_data; "
+            "expected one or the other."
+        )
+    if len(tensor.external_data) == 0:
+        raise ExternalDataError(f"tensor {site.label!r} is marked EXTERNAL but has no external_data entries.")
+    entries = {entry.key: entry.value for entry in tensor.external_data}
+    if check_references:
+        try:
+            ref = parse_external_data(tensor, dst_dir, label=site.label)
+        except (ExternalDataError, FileNotFoundError) as exc:
+            raise DanglingReferenceError(
+                f"reused tensor {site.label!r} would dangle from {dst_dir!r}: {exc} Save the variant in the folder of "
+                "the model that owns its weights (locations must be relative, without '..'), or pass "
+                "check_references=False to write the reference as it is."
+            ) from exc
+        reused_files.setdefault(ref.identity, (site.label, ref.location))
+        return
+    location = entries.get("location", "")
+    identity = file_identity(os.path.join(dst_dir, location)) if location and "\x00" not in location else None
+    if identity is not None:
+        reused_files.setdefault(identity, (site.label, location))
+
+
+def _write_new_tensors(weights: StagedFile, plan: _SavePlan, progress: ProgressCallback | None) -> None:
+    payload = sum(item.length for item in plan.new)
+    done = 0
+    for item in plan.new:
+        data = memoryview(item.site.tensor.raw_data)
+        for start in range(0, item.length, _WRITE_SLICE):
+            piece = data[start : start + _WRITE_SLICE]
+            weights.write_all(piece, item.offset + start)
+            done += len(piece)
+            if progress is not None:
+                progress(done, payload)
+        del data
+    weights.set_size(plan.total_size)
+
+
+def _externalize(plan: _SavePlan) -> None:
+    """Point every new tensor at the secondary file, remembering what :func:`_restore` needs to undo it."""
+    for item in plan.new:
+        tensor = item.site.tensor
+        item.saved_entries = [(entry.key, entry.value) for entry in tensor.external_data]
+        item.saved_data_location = tensor.data_location if tensor.HasField("data_location") else None
+        tensor.ClearField("raw_data")
+        del tensor.external_data[:]
+        for key, value in (("location", plan.location), ("offset", str(item.offset)), ("length", str(item.length))):
+            entry = tensor.external_data.add()
+            entry.key = key
+            entry.value = value
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+
+
+def _restore(plan: _SavePlan, weights: StagedFile | None) -> None:
+    """Undo :func:`_externalize`, reading each tensor's bytes back from the (complete) weights file."""
+    if weights is None:
+        return
+    path = weights.final_path if weights.committed else weights.temp_path
+    with open(path, "rb") as source:
+        for item in plan.new:
+            tensor = item.site.tensor
+            source.seek(item.offset)
+            tensor.raw_data = source.read(item.length)
+            del tensor.external_data[:]
+            for key, value in item.saved_entries:
+                entry = tensor.external_data.add()
+                entry.key = key
+                entry.value = value
+            if item.saved_data_location is None:
+                tensor.ClearField("data_location")
+            else:
+                tensor.data_location = item.saved_data_location
