@@ -1,0 +1,21 @@
+"""The ``ai.rt`` operators for onnx's reference evaluator: kernels, schemas and their element types.
+
+Importing this package imports ``onnx.reference`` (through the kernel) but registers no schema: call
+:func:`register_schemas` for the checker and shape inference. It must never import ``onnx_light_ref.backend``.
+"""
+
+from __future__ import annotations
+
+from onnx_light_ref.ops.convert import delay_initializers
+from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
+from onnx_light_ref.ops.dtypes import ALLOWED_DTYPES
+from onnx_light_ref.ops.evaluate import reference_evaluator
+from onnx_light_ref.ops.schema import register_schemas
+
+__all__ = [
+    "ALLOWED_DTYPES",
+    "DelayedInitializer",
+    "delay_initializers",
+    "reference_evaluator",
+    "register_schemas",
+]

@@ -1,0 +1,177 @@
+"""The attribute rules of ``ai.rt::DelayedInitializer``, shared by the kernel and the schema's shape inference.
+
+Both the OpRun kernel (at evaluator construction, or per run for function-linked attributes) and the Python
+shape-inference function call :func:`validate_attributes`, so a node that passes inference is a node the kernel
+accepts and both report the same message. Checks run in a fixed order, the first failure wins: missing or mistyped
+attribute, ``load_device``, ``runtime_device``, empty ``filename`` (then a NUL byte in it), negative ``offset``,
+negative dimension, unsupported ``dtype``, then the byte size overflowing int64.
+
+This module must never touch the file system: it validates values only (where the file is, and whether it is
+there, is the kernel's business at read time).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+import onnx
+from onnx import AttributeProto
+
+from onnx_light_ref.ops.dtypes import describe_allowed, dtype_name, is_allowed_dtype, np_dtype_for
+
+__all__ = [
+    "ATTRIBUTE_TYPES",
+    "LOAD_DEVICES",
+    "RUNTIME_DEVICES",
+    "DelayedInitializerParams",
+    "describe_node",
+    "validate_attributes",
+]
+
+ATTRIBUTE_TYPES: dict[str, int] = {
+    "shape": AttributeProto.INTS,
+    "dtype": AttributeProto.INT,
+    "load_device": AttributeProto.STRING,
+    "runtime_device": AttributeProto.STRING,
+    "filename": AttributeProto.STRING,
+    "offset": AttributeProto.INT,
+}
+"""The six required attributes and their AttributeProto types, in the order the seed cases write them."""
+
+LOAD_DEVICES = ("cpu", "file")
+RUNTIME_DEVICES = ("cpu",)
+
+# Offsets and sizes are int64 in the reference implementation (and in every C++ consumer): a range ending past
+# this cannot be addressed there, so it is refused here too even though Python ints do not overflow.
+_INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class DelayedInitializerParams:
+    """Validated attribute values of one DelayedInitializer node (or one call of a function-linked node)."""
+
+    shape: tuple[int, ...]
+    dtype: int
+    load_device: str
+    runtime_device: str
+    filename: str
+    offset: int
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        """Native numpy dtype of the output."""
+        return np_dtype_for(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the tensor occupies in the file: element count (1 for a scalar) times the item size."""
+        return math.prod(self.shape) * self.np_dtype.itemsize
+
+
+def describe_node(node: onnx.NodeProto) -> str:
+    """How error messages name a node: by its name, else by its first output."""
+    if node.name:
+        return f"DelayedInitializer node {node.name!r}"
+    if len(node.output) > 0:
+        return f"DelayedInitializer node with output {node.output[0]!r}"
+    return "DelayedInitializer node (unnamed, no output)"
+
+
+def _type_label(value: object) -> str:
+    return type(value).__name__
+
+
+def _as_int(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    return None
+
+
+def _check_types(values: Mapping[str, object], where: str) -> dict[str, object]:
+    missing = [name for name in ATTRIBUTE_TYPES if name not in values or values[name] is None]
+    if missing:
+        names = ", ".join(repr(name) for name in missing)
+        raise ValueError(
+            f"{where}: missing required attribute(s) {names}; all six of {list(ATTRIBUTE_TYPES)} are required."
+        )
+    checked: dict[str, object] = {}
+    for name, attr_type in ATTRIBUTE_TYPES.items():
+        value = values[name]
+        if attr_type == AttributeProto.INTS:
+            items = [_as_int(v) for v in value] if isinstance(value, (list, tuple)) else None
+            if items is None or any(v is None for v in items):
+                raise ValueError(
+                    f"{where}: attribute {name!r} must be INTS (a list of integers), got {_type_label(value)} "
+                    f"{value!r}."
+                )
+            checked[name] = tuple(items)
+        elif attr_type == AttributeProto.INT:
+            number = _as_int(value)
+            if number is None:
+                raise ValueError(
+                    f"{where}: attribute {name!r} must be INT (an integer), got {_type_label(value)} {value!r}."
+                )
+            checked[name] = number
+        else:
+            if isinstance(value, bytes):
+                value = value.decode("utf-8", errors="replace")
+            if not isinstance(value, str):
+                raise ValueError(f"{where}: attribute {name!r} must be STRING, got {_type_label(value)} {value!r}.")
+            checked[name] = value
+    return checked
+
+
+def validate_attributes(values: Mapping[str, object], *, where: str) -> DelayedInitializerParams:
+    """Check the six attributes of one node and return them typed; ``ValueError`` naming ``where`` otherwise.
+
+    ``values`` maps attribute names to Python values as ``OpRun`` stores them (INTS -> list of int, INT -> int,
+    STRING -> str; ``bytes`` are accepted for STRING as ``onnx.helper.get_attribute_value`` returns them). Absent
+    or ``None`` means missing.
+    """
+    checked = _check_types(values, where)
+    shape = cast("tuple[int, ...]", checked["shape"])
+    dtype = cast(int, checked["dtype"])
+    load_device = cast(str, checked["load_device"])
+    runtime_device = cast(str, checked["runtime_device"])
+    filename = cast(str, checked["filename"])
+    offset = cast(int, checked["offset"])
+
+    if load_device not in LOAD_DEVICES:
+        raise ValueError(f"{where}: load_device must be 'cpu' or 'file', got {load_device!r}.")
+    if runtime_device not in RUNTIME_DEVICES:
+        raise ValueError(f"{where}: runtime_device must be 'cpu', got {runtime_device!r}.")
+    if not filename:
+        raise ValueError(f"{where}: filename must not be empty.")
+    if "\x00" in filename:
+        raise ValueError(f"{where}: filename {filename!r} contains a NUL byte.")
+    if offset < 0:
+        raise ValueError(f"{where}: offset must be non-negative, got {offset}.")
+    negative = [d for d in shape if d < 0]
+    if negative:
+        raise ValueError(
+            f"{where}: shape must not contain negative dimensions, got {list(shape)} (dimension {negative[0]})."
+        )
+    if not is_allowed_dtype(dtype):
+        raise ValueError(
+            f"{where}: dtype {dtype} ({dtype_name(dtype)}) is not supported; expected one of {describe_allowed()}."
+        )
+    params = DelayedInitializerParams(
+        shape=shape,
+        dtype=dtype,
+        load_device=load_device,
+        runtime_device=runtime_device,
+        filename=filename,
+        offset=offset,
+    )
+    if params.nbytes > _INT64_MAX or offset > _INT64_MAX - params.nbytes:
+        raise ValueError(
+            f"{where}: shape {list(shape)} of {dtype_name(dtype)} at offset {offset} is too large "
+            f"({params.nbytes} bytes); offset + size must fit in int64."
+        )
+    return params

@@ -1,0 +1,132 @@
+"""The ONNX schema of ``ai.rt::DelayedInitializer`` v1, registered on demand with Python shape inference.
+
+:func:`register_schemas` makes ``onnx.checker.check_model(model, check_custom_domain=True)`` validate the node
+(six required attributes with their types, no inputs, one output ``output`` of type ``T``) and
+``onnx.shape_inference.infer_shapes`` type its output from ``dtype`` and ``shape``. The inference function applies
+the kernel's own rules (``onnx_light_ref.ops.attributes``) and raises ``ValueError`` with the same messages.
+
+Ordering matters (see the onnx pitfalls): the inference function is attached *before* ``register_schema`` (set
+afterwards it is silently ignored), and a schema without inference would be worse than none. Registration is
+process-local and explicit: importing this module never registers anything, and this module must never import
+``onnx.reference`` (the kernel sets ``op_schema = None``, so the kernel does not depend on registration order).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import onnx
+import onnx.defs
+from onnx import AttributeProto
+from onnx.defs import OpSchema
+
+from onnx_light_ref.ops.attributes import ATTRIBUTE_TYPES, validate_attributes
+from onnx_light_ref.ops.dtypes import ALLOWED_TYPE_STRINGS
+
+__all__ = ["DOMAIN", "OP_TYPE", "SINCE_VERSION", "build_schema", "register_schemas"]
+
+logger = logging.getLogger(__name__)
+
+DOMAIN = "ai.rt"
+OP_TYPE = "DelayedInitializer"
+SINCE_VERSION = 1
+
+_ATTRIBUTE_DOCS = {
+    "shape": "Shape of the output tensor.",
+    "dtype": "Element type of the output tensor, encoded as a TensorProto::DataType value.",
+    "load_device": "Device where the initializer is first loaded: 'cpu' (read once when the kernel is built) or "
+    "'file' (read from the file at every execution).",
+    "runtime_device": "Device where the initializer is moved at runtime; must be 'cpu'.",
+    "filename": "File containing the tensor's raw little-endian bytes.",
+    "offset": "Byte offset of the tensor payload within filename.",
+}
+
+_ATTR_TYPE_ENUM = {
+    AttributeProto.INTS: OpSchema.AttrType.INTS,
+    AttributeProto.INT: OpSchema.AttrType.INT,
+    AttributeProto.STRING: OpSchema.AttrType.STRING,
+}
+
+_DOC = (
+    "Defers materialization of a tensor stored in an external weights file. load_device must be 'cpu' or 'file' "
+    "and runtime_device must be 'cpu'. The static output shape comes from the required shape attribute and the "
+    "element type from the required dtype attribute."
+)
+
+_lock = threading.Lock()
+
+
+def _infer_delayed_initializer(ctx: onnx.shape_inference.InferenceContext) -> None:
+    """Shape inference: validate like the kernel, then type output 0 as (dtype, shape). No file access."""
+    where = f"{OP_TYPE} shape inference"
+    if ctx.get_num_inputs() != 0:
+        raise ValueError(f"{where}: DelayedInitializer takes no inputs, got {ctx.get_num_inputs()}.")
+    if ctx.get_num_outputs() < 1:
+        raise ValueError(f"{where}: DelayedInitializer needs one output, got none.")
+    values: dict[str, object] = {}
+    for name, attr_type in ATTRIBUTE_TYPES.items():
+        attr = ctx.get_attribute(name)
+        if attr is None:
+            continue  # reported as missing by validate_attributes, with all other missing names
+        if attr.type != attr_type:
+            raise ValueError(
+                f"{where}: attribute {name!r} must be {AttributeProto.AttributeType.Name(attr_type)}, got "
+                f"{AttributeProto.AttributeType.Name(attr.type)}."
+            )
+        values[name] = onnx.helper.get_attribute_value(attr)
+    params = validate_attributes(values, where=where)
+    ctx.set_output_type(0, onnx.helper.make_tensor_type_proto(params.dtype, list(params.shape)))
+
+
+def build_schema() -> OpSchema:
+    """A fresh, unregistered OpSchema for ``ai.rt::DelayedInitializer`` v1, inference function attached."""
+    schema = OpSchema(
+        OP_TYPE,
+        DOMAIN,
+        SINCE_VERSION,
+        doc=_DOC,
+        inputs=[],
+        outputs=[OpSchema.FormalParameter("output", "T", "Tensor produced by the delayed initializer.")],
+        type_constraints=[
+            (
+                "T",
+                list(ALLOWED_TYPE_STRINGS),
+                "Constrain output to tensor types backed by raw byte storage.",
+            )
+        ],
+        attributes=[
+            OpSchema.Attribute(name, _ATTR_TYPE_ENUM[attr_type], _ATTRIBUTE_DOCS[name], required=True)
+            for name, attr_type in ATTRIBUTE_TYPES.items()
+        ],
+    )
+    # Must precede register_schema: onnx copies the schema at registration.
+    schema.set_type_and_shape_inference_function(_infer_delayed_initializer)
+    return schema
+
+
+def _is_registered() -> bool:
+    try:
+        onnx.defs.get_schema(OP_TYPE, SINCE_VERSION, DOMAIN)
+    except onnx.defs.SchemaError:
+        return False
+    return True
+
+
+def register_schemas() -> None:
+    """Register ``ai.rt::DelayedInitializer`` v1 in this process; calling it again does nothing.
+
+    Thread-safe. A schema registered by someone else under the same name, domain and version is left in place
+    (onnx refuses duplicates), so this function never raises because of an earlier registration.
+    """
+    with _lock:
+        if _is_registered():
+            return
+        try:
+            onnx.defs.register_schema(build_schema())
+        except onnx.defs.SchemaError as exc:
+            if not _is_registered():
+                raise
+            logger.debug("ai.rt::DelayedInitializer schema registered concurrently: %s", exc)
+            return
+        logger.debug("registered schema %s::%s v%d", DOMAIN, OP_TYPE, SINCE_VERSION)

@@ -1,0 +1,194 @@
+"""ai.rt::DelayedInitializer schema: registration, checker (check_custom_domain) and shape inference."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import onnx
+import onnx.defs
+import pytest
+from onnx import TensorProto
+from onnx import helper as oh
+
+from onnx_light_ref.ops import ALLOWED_DTYPES, register_schemas
+from onnx_light_ref.ops.attributes import ATTRIBUTE_TYPES
+from onnx_light_ref.ops.dtypes import ALLOWED_TYPE_STRINGS, np_dtype_for
+
+OPSETS = [oh.make_opsetid("", 18), oh.make_opsetid("ai.rt", 1)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _registered() -> None:
+    register_schemas()
+
+
+def make_node(drop: tuple[str, ...] = (), **overrides: object) -> onnx.NodeProto:
+    values: dict[str, object] = {
+        "shape": [2, 3],
+        "dtype": TensorProto.FLOAT,
+        "load_device": "file",
+        "runtime_device": "cpu",
+        "filename": "weights.bin",
+        "offset": 16,
+    }
+    values.update(overrides)
+    node = oh.make_node("DelayedInitializer", [], ["y"], domain="ai.rt", name="w")
+    for key, attr_type in ATTRIBUTE_TYPES.items():
+        if key in drop:
+            continue
+        value = values[key]
+        node.attribute.append(
+            value if isinstance(value, onnx.AttributeProto) else oh.make_attribute(key, value, attr_type=attr_type)
+        )
+    return node
+
+
+def model_with_identity(node: onnx.NodeProto) -> onnx.ModelProto:
+    """y -> Identity -> z, with z declared untyped-shape so inference must come from the op."""
+    identity = oh.make_node("Identity", ["y"], ["z"])
+    z = oh.make_tensor_value_info("z", TensorProto.UNDEFINED, None)
+    return oh.make_model(oh.make_graph([node, identity], "g", [], [z]), opset_imports=OPSETS)
+
+
+def model_declaring(node: onnx.NodeProto, elem_type: int, shape: list[int]) -> onnx.ModelProto:
+    y = oh.make_tensor_value_info("y", elem_type, shape)
+    return oh.make_model(oh.make_graph([node], "g", [], [y]), opset_imports=OPSETS)
+
+
+def test_register_schemas_is_idempotent() -> None:
+    register_schemas()
+    register_schemas()
+    schema = onnx.defs.get_schema("DelayedInitializer", 1, "ai.rt")
+    assert schema.domain == "ai.rt" and schema.since_version == 1
+    assert list(schema.inputs) == []
+    assert [o.name for o in schema.outputs] == ["output"]
+    assert sorted(schema.type_constraints[0].allowed_type_strs) == sorted(ALLOWED_TYPE_STRINGS)
+    assert set(schema.attributes) == set(ATTRIBUTE_TYPES)
+    assert all(attr.required for attr in schema.attributes.values())
+    assert schema.has_type_and_shape_inference_function
+
+
+def test_allowed_types_are_spelled_as_onnx_spells_them() -> None:
+    known = {t for schema in onnx.defs.get_all_schemas() for c in schema.type_constraints for t in c.allowed_type_strs}
+    assert set(ALLOWED_TYPE_STRINGS) <= known
+    assert len(ALLOWED_DTYPES) == 14
+    for forbidden in ("tensor(string)", "tensor(bfloat16)", "tensor(float8e4m3fn)", "tensor(int4)"):
+        assert forbidden not in ALLOWED_TYPE_STRINGS
+
+
+def test_registration_before_and_after_importing_onnx_reference() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        import onnx, numpy as np
+        from onnx import helper as oh
+        order = sys.argv[1]
+        if order == "schema-first":
+            from onnx_light_ref.ops.schema import register_schemas
+            register_schemas()
+            from onnx_light_ref.ops import DelayedInitializer
+        else:
+            from onnx_light_ref.ops import DelayedInitializer, register_schemas
+            register_schemas()
+        from onnx.reference import ReferenceEvaluator
+        node = oh.make_node("DelayedInitializer", [], ["y"], domain="ai.rt", shape=[0], dtype=1,
+                            load_device="file", runtime_device="cpu", filename="never.bin", offset=0)
+        model = oh.make_model(oh.make_graph([node], "g", [], [oh.make_tensor_value_info("y", 1, [0])]),
+                              opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("ai.rt", 1)])
+        onnx.checker.check_model(model, check_custom_domain=True)
+        assert ReferenceEvaluator(model, new_ops=[DelayedInitializer]).run(None, {})[0].shape == (0,)
+        """
+    )
+    for order in ("schema-first", "kernel-first"):
+        subprocess.run([sys.executable, "-c", code, order], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("dtype", ALLOWED_DTYPES)
+@pytest.mark.parametrize("load_device", ["cpu", "file"])
+def test_checker_accepts_valid_nodes(dtype: int, load_device: str) -> None:
+    model = model_declaring(make_node(dtype=dtype, load_device=load_device), dtype, [2, 3])
+    onnx.checker.check_model(model, check_custom_domain=True)
+    onnx.checker.check_model(model, full_check=True, check_custom_domain=True)
+
+
+@pytest.mark.parametrize("missing", list(ATTRIBUTE_TYPES))
+def test_checker_rejects_missing_attribute(missing: str) -> None:
+    model = model_declaring(make_node(drop=(missing,)), TensorProto.FLOAT, [2, 3])
+    with pytest.raises(onnx.checker.ValidationError, match=f"Required attribute '{missing}' is missing"):
+        onnx.checker.check_model(model, check_custom_domain=True)
+
+
+@pytest.mark.parametrize(
+    "attribute",
+    [
+        oh.make_attribute("shape", 3),
+        oh.make_attribute("dtype", "float"),
+        oh.make_attribute("load_device", 1),
+        oh.make_attribute("runtime_device", ["cpu"]),
+        oh.make_attribute("filename", 1.5),
+        oh.make_attribute("offset", [0]),
+    ],
+    ids=lambda a: a.name,
+)
+def test_checker_rejects_mistyped_attribute(attribute: onnx.AttributeProto) -> None:
+    model = model_declaring(make_node(**{attribute.name: attribute}), TensorProto.FLOAT, [2, 3])
+    with pytest.raises(onnx.checker.ValidationError, match=f"Mismatched attribute type in '.*{attribute.name}'"):
+        onnx.checker.check_model(model, check_custom_domain=True)
+
+
+def test_checker_rejects_unknown_attribute_and_inputs() -> None:
+    node = make_node()
+    node.attribute.append(oh.make_attribute("bogus", 1))
+    with pytest.raises(onnx.checker.ValidationError, match="Unrecognized attribute: bogus"):
+        onnx.checker.check_model(model_declaring(node, TensorProto.FLOAT, [2, 3]), check_custom_domain=True)
+    node = make_node()
+    node.input.append("x")
+    x = oh.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = oh.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    model = oh.make_model(oh.make_graph([node], "g", [x], [y]), opset_imports=OPSETS)
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(model, check_custom_domain=True)
+
+
+@pytest.mark.parametrize("dtype", ALLOWED_DTYPES)
+@pytest.mark.parametrize("shape", [[2, 3], [], [0, 5]])
+def test_infer_shapes_types_the_output(dtype: int, shape: list[int]) -> None:
+    inferred = onnx.shape_inference.infer_shapes(
+        model_with_identity(make_node(dtype=dtype, shape=shape)), check_type=True, strict_mode=True
+    )
+    by_name = {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]}
+    for name in ("y", "z"):
+        tensor_type = by_name[name].type.tensor_type
+        assert tensor_type.elem_type == dtype
+        assert [d.dim_value for d in tensor_type.shape.dim] == shape
+        assert oh.tensor_dtype_to_np_dtype(tensor_type.elem_type) == np_dtype_for(dtype)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "drop", "fragment"),
+    [
+        ({"load_device": "gpu"}, (), "load_device must be 'cpu' or 'file', got 'gpu'"),
+        ({"runtime_device": "cuda"}, (), "runtime_device must be 'cpu', got 'cuda'"),
+        ({"filename": ""}, (), "filename must not be empty"),
+        ({"offset": -8}, (), "offset must be non-negative, got -8"),
+        ({"shape": [2, -3]}, (), r"shape must not contain negative dimensions, got \[2, -3\]"),
+        ({"dtype": TensorProto.STRING}, (), r"dtype 8 \(string\) is not supported"),
+        ({"dtype": TensorProto.BFLOAT16}, (), r"dtype 16 \(bfloat16\) is not supported"),
+        ({"dtype": 0}, (), r"dtype 0 \(undefined\) is not supported"),
+        ({}, ("filename",), r"missing required attribute\(s\) 'filename'"),
+        ({"offset": oh.make_attribute("offset", "0")}, (), "attribute 'offset' must be INT, got STRING"),
+    ],
+)
+@pytest.mark.parametrize("strict", [False, True])
+def test_infer_shapes_validates_like_the_kernel(overrides: dict, drop: tuple, fragment: str, strict: bool) -> None:
+    model = model_with_identity(make_node(drop=drop, **overrides))
+    with pytest.raises(ValueError, match=f"DelayedInitializer shape inference: {fragment}"):
+        onnx.shape_inference.infer_shapes(model, strict_mode=strict)
+
+
+def test_strict_inference_reports_a_conflicting_declared_type() -> None:
+    model = model_declaring(make_node(dtype=TensorProto.INT64), TensorProto.FLOAT, [2, 3])
+    with pytest.raises(onnx.shape_inference.InferenceError):
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
