@@ -1,0 +1,125 @@
+"""``onnx-light-ref inspect MODEL.onnx``: print how the external tensors sit in their files, and what is wrong.
+
+A thin presentation of :func:`onnx_light_ref.io.layout_report.build_layout_report`: one row per external tensor
+(name, location, offset, length, alignment of the offset, status), the problems in words, totals per data file
+(tensors, bytes used, file size, gaps) and the largest alignment every tensor satisfies. Exit status 1 when any
+tensor is in error (partial overlap, out of bounds, missing file, unsafe location, malformed entry), 0 otherwise;
+the table is printed either way. Never reads weight bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from onnx_light_ref.errors import InvalidModelError
+from onnx_light_ref.io.layout_report import LayoutReport, TensorLayout, build_layout_report
+
+__all__ = ["format_alignment", "format_report", "register", "run_inspect"]
+
+# Alignments above this are shown as ">=1M": no loader asks for more, and a huge power of two (an offset of 2 GiB
+# is 2 GiB-aligned) says nothing useful.
+_ALIGNMENT_DISPLAY_CAP = 1024 * 1024
+
+_NAME_WIDTH_CAP = 40
+
+
+def format_alignment(alignment: int | None) -> str:
+    """``4096`` -> ``"4K"``; 0 (offset 0) -> ``"any"``; above 1 MiB -> ``">=1M"``; unknown -> ``"?"``."""
+    if alignment is None:
+        return "?"
+    if alignment == 0:
+        return "any"
+    if alignment > _ALIGNMENT_DISPLAY_CAP:
+        return ">=1M"
+    for unit, size in (("M", 1024 * 1024), ("K", 1024)):
+        if alignment >= size:
+            return f"{alignment // size}{unit}"
+    return str(alignment)
+
+
+def _cell(value: object) -> str:
+    return "?" if value is None else str(value)
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _status(tensor: TensorLayout) -> str:
+    if tensor.status == "shared":
+        return f"shared ({len(tensor.shared_with) + 1})"
+    return tensor.status
+
+
+def format_report(report: LayoutReport) -> str:
+    """The text ``inspect`` prints."""
+    lines = [f"model: {report.model_path}"]
+    if not report.tensors:
+        lines.append(f"no external tensors ({report.inline_tensors} inline).")
+        return "\n".join(lines) + "\n"
+    header = ("name", "location", "offset", "length", "align", "status")
+    rows = [
+        (
+            _shorten(t.name, _NAME_WIDTH_CAP),
+            _shorten(t.location, _NAME_WIDTH_CAP),
+            _cell(t.offset),
+            _cell(t.length),
+            format_alignment(t.alignment),
+            _status(t),
+        )
+        for t in report.tensors
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    right = {2, 3, 4}
+    for row in (header, *rows):
+        cells = [
+            cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    errors = report.errors
+    if errors:
+        lines.append("")
+        lines.append(f"{len(errors)} error(s):")
+        lines.extend(f"  {t.status}: {t.message}" for t in errors)
+    lines.append("")
+    lines.append("files:")
+    for file in report.files:
+        if file.size is None:
+            lines.append(f"  {file.location}: MISSING ({file.tensors} tensors refer to it)")
+            continue
+        gap_count = len(file.gaps)
+        lines.append(
+            f"  {file.location}: {file.tensors} tensors, {file.bytes_used} bytes used of {file.size}, "
+            f"{file.gap_bytes} gap bytes in {gap_count} gap{'s' if gap_count != 1 else ''}"
+        )
+    lines.append("")
+    common = report.common_alignment
+    lines.append(
+        f"{len(report.tensors)} external tensors, {report.inline_tensors} inline; every offset is aligned to "
+        f"{format_alignment(common) if common != 0 else 'any power of two (all offsets are 0)'}"
+        + (f" ({common} bytes)" if common and format_alignment(common) != str(common) else "")
+    )
+    lines.append("status: OK" if report.ok else f"status: {len(errors)} error(s)")
+    return "\n".join(lines) + "\n"
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    try:
+        report = build_layout_report(args.model)
+    except (FileNotFoundError, InvalidModelError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(format_report(report))
+    return 0 if report.ok else 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "inspect",
+        help="show the layout of a model's external tensors (offsets, alignment, gaps, overlaps, errors)",
+        description="Print one row per external tensor, the problems found, totals per data file and the largest "
+        "alignment every tensor satisfies. Exit status 1 if any reference is broken. Reads no weight bytes.",
+    )
+    parser.add_argument("model", help="path to the .onnx file")
+    parser.set_defaults(func=run_inspect)
