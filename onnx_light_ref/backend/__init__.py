@@ -1,0 +1,25 @@
+"""Conformance cases for ``ai.rt::DelayedInitializer`` in onnx's backend-test layout, and a Backend to run them.
+
+``generate(output_dir)`` writes ``node/<case>/model.onnx`` + ``test_data_set_0/*.pb`` + weights files;
+``DelayedInitializerBackend`` runs such models with onnx's ReferenceEvaluator. Nothing here touches onnx's global
+backend test registry.
+"""
+
+from __future__ import annotations
+
+from onnx_light_ref.backend.backend import DelayedInitializerBackend, DelayedInitializerBackendRep
+from onnx_light_ref.backend.cases import SEED_CASE_NAMES, build_cases, seed_weights_paths
+from onnx_light_ref.backend.expect import CaseRegistry, NodeCase, SideFile
+from onnx_light_ref.backend.generate import generate
+
+__all__ = [
+    "SEED_CASE_NAMES",
+    "CaseRegistry",
+    "DelayedInitializerBackend",
+    "DelayedInitializerBackendRep",
+    "NodeCase",
+    "SideFile",
+    "build_cases",
+    "generate",
+    "seed_weights_paths",
+]

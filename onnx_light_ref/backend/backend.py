@@ -1,0 +1,128 @@
+"""An ``onnx.backend.base.Backend`` running models with onnx's ReferenceEvaluator and the ``ai.rt`` kernels.
+
+onnx-style harnesses (``onnx.backend.test.runner.Runner``, ``run_model``, ``prepare(model, **test_kwargs)``) hand
+a backend a ``ModelProto``, never the model's folder. Pass ``base_dir=<case or model folder>`` as a keyword so that
+relative ``filename`` attributes resolve there (``DelayedInitializer.bind(base_dir)``); a model given as a path
+defaults to its own folder; without either, relative names resolve against the current directory at ``prepare``.
+
+This backend must never mutate the model it is given and never runs on anything but the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper as oh
+from onnx.backend.base import Backend, BackendRep, Device, DeviceType
+from onnx.reference import ReferenceEvaluator
+
+from onnx_light_ref.backend.expect import DEFAULT_IR_VERSION, DEFAULT_OPSET_IMPORTS
+from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
+from onnx_light_ref.ops.schema import register_schemas
+
+__all__ = ["DelayedInitializerBackend", "DelayedInitializerBackendRep"]
+
+
+class DelayedInitializerBackendRep(BackendRep):
+    """A prepared model: one ReferenceEvaluator, reused by every :meth:`run`."""
+
+    def __init__(self, session: ReferenceEvaluator) -> None:
+        self._session = session
+
+    @property
+    def session(self) -> ReferenceEvaluator:
+        """The underlying evaluator."""
+        return self._session
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Run once; ``inputs`` is a list of arrays (graph input order), a name->array mapping, or one array."""
+        names = list(self._session.input_names)
+        if isinstance(inputs, Mapping):
+            feeds = dict(inputs)
+        elif isinstance(inputs, np.ndarray):
+            feeds = dict(zip(names, [inputs], strict=True))
+        else:
+            values = list(inputs) if inputs is not None else []
+            if len(values) != len(names):
+                raise ValueError(f"the model takes {len(names)} inputs {names}, got {len(values)} arrays.")
+            feeds = dict(zip(names, values, strict=True))
+        return tuple(self._session.run(None, feeds))
+
+
+class DelayedInitializerBackend(Backend):
+    """Backend for models using ``ai.rt::DelayedInitializer`` (CPU only).
+
+    ``prepare`` checks the model with ``check_custom_domain=True`` after registering our schemas, then builds a
+    ``ReferenceEvaluator`` with ``new_ops=[DelayedInitializer.bind(base_dir)]``.
+    """
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        try:
+            return Device(device).type == DeviceType.CPU
+        except (AttributeError, ValueError):
+            return False
+
+    @classmethod
+    def prepare(
+        cls,
+        model: onnx.ModelProto | str | os.PathLike[str],
+        device: str = "CPU",
+        *,
+        base_dir: str | os.PathLike[str] | None = None,
+        **kwargs: Any,
+    ) -> DelayedInitializerBackendRep:
+        """Check ``model`` and build its evaluator; ``base_dir`` is where relative filenames resolve."""
+        if not cls.supports_device(device):
+            raise ValueError(f"{cls.__name__} runs on CPU only, got device {device!r}.")
+        if not isinstance(model, onnx.ModelProto):
+            path = os.fspath(model)
+            if base_dir is None:
+                base_dir = os.path.dirname(os.path.abspath(path))
+            model = onnx.load_model(path)
+        register_schemas()
+        onnx.checker.check_model(model, check_custom_domain=True)
+        op = DelayedInitializer.bind(base_dir if base_dir is not None else os.getcwd())
+        session = ReferenceEvaluator(model, new_ops=[op], **kwargs)
+        return DelayedInitializerBackendRep(session)
+
+    @classmethod
+    def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:
+        return cls.prepare(model, device, **kwargs).run(inputs)
+
+    @classmethod
+    def run_node(
+        cls,
+        node: onnx.NodeProto,
+        inputs: Any,
+        device: str = "CPU",
+        outputs_info: Sequence[tuple[np.dtype, tuple[int, ...]]] | None = None,
+        **kwargs: Any,
+    ) -> tuple[Any, ...]:
+        """Run one node: it is wrapped in a model importing ``"": 18`` and ``ai.rt: 1`` (``opset_imports=``)."""
+        opset_imports = kwargs.pop("opset_imports", DEFAULT_OPSET_IMPORTS)
+        values = list(inputs) if inputs is not None else []
+        graph_inputs = [
+            oh.make_tensor_value_info(name, oh.np_dtype_to_tensor_dtype(np.asarray(v).dtype), None)
+            for name, v in zip(node.input, values, strict=True)
+        ]
+        if outputs_info is not None:
+            graph_outputs = [
+                oh.make_tensor_value_info(name, oh.np_dtype_to_tensor_dtype(np.dtype(dt)), list(shape))
+                for name, (dt, shape) in zip(node.output, outputs_info, strict=True)
+            ]
+        else:
+            graph_outputs = [oh.make_tensor_value_info(name, onnx.TensorProto.UNDEFINED, None) for name in node.output]
+        model = oh.make_model(
+            oh.make_graph([node], "run_node", graph_inputs, graph_outputs),
+            opset_imports=[oh.make_opsetid(domain, version) for domain, version in opset_imports],
+        )
+        model.ir_version = DEFAULT_IR_VERSION
+        base_dir = kwargs.pop("base_dir", None)
+        op = DelayedInitializer.bind(base_dir if base_dir is not None else os.getcwd())
+        session = ReferenceEvaluator(model, new_ops=[op], **kwargs)
+        return DelayedInitializerBackendRep(session).run(values)
