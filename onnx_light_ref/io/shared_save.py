@@ -7,12 +7,15 @@ no byte of its file is read or written. A tensor carrying inline ``raw_data`` (a
 Guarantees: every check (reused references resolvable, secondary file not a reused file, no tensor both inline and
 external) happens before the first byte is written; files are published atomically (weights, then ``.onnx``); the
 caller's model is mutated only once everything is written. If publication fails after the mutation, the new
-tensors are restored from the fully written temp file, so on any error the model is exactly as it was. The new
+tensors are restored from the fully written temp file, so on any error the model is exactly as it was; a secondary
+file published before the ``.onnx`` failed is removed again unless a file of that name existed before (it has then
+been replaced: two renames cannot be made atomic together). The new
 weights are never copied as a whole in memory: each tensor's bytes are written, then released.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -90,6 +93,8 @@ def save_model_with_shared_external_data(
         raise ValueError(f"size_threshold must be an int >= 0, got {size_threshold!r}.")
     plan = _plan(model, os.path.abspath(os.fspath(dst_onnx_path)), location, step, size_threshold, check_references)
 
+    # A secondary file that did not exist is removed again if the `.onnx` cannot be published after it.
+    secondary_existed = os.path.lexists(plan.secondary_path)
     with staged_files() as files:
         weights = None
         if plan.new:
@@ -104,6 +109,9 @@ def save_model_with_shared_external_data(
             publish_all(([weights] if weights is not None else []) + [model_file])
         except BaseException:
             _restore(plan, weights)
+            if weights is not None and weights.committed and not secondary_existed:
+                with contextlib.suppress(OSError):
+                    os.unlink(weights.final_path)
             raise
     logger.info(
         "saved %s: %d reused tensors, %d new tensors in %s (%d bytes)",
@@ -132,13 +140,14 @@ def _plan(
     secondary_path = os.path.join(dst_dir, location)
 
     reused_files: dict[FileIdentity, tuple[str, str]] = {}  # identity -> (tensor, location)
+    reused_paths: dict[str, tuple[str, str]] = {}  # normalized path -> (tensor, location), for files not yet there
     new: list[_NewTensor] = []
     reused = cursor = total = 0
     for site in iter_tensors(model):
         tensor = site.tensor
         if is_external(tensor):
             reused += 1
-            _check_reused(site, dst_dir, check_references, reused_files)
+            _check_reused(site, dst_dir, check_references, reused_files, reused_paths)
         elif tensor.HasField("raw_data") and len(tensor.raw_data) >= size_threshold:
             length = len(tensor.raw_data)
             offset = align_up(cursor, step)
@@ -149,6 +158,15 @@ def _plan(
     secondary_id = file_identity(secondary_path)
     if os.path.abspath(secondary_path) == dst_onnx:
         raise DestinationConflictError(f"the secondary weights file and the model file are the same: {dst_onnx!r}.")
+    # With check_references=False a reused location may name a file that does not exist yet; if it names the
+    # secondary file, the reused tensor would silently read the new weights, so compare names as well as inodes.
+    name_clash = reused_paths.get(os.path.normpath(secondary_path))
+    if new and name_clash is not None:
+        raise DestinationConflictError(
+            f"the secondary weights file {secondary_path!r} is where reused tensor {name_clash[0]!r} (location "
+            f"{name_clash[1]!r}) points from {dst_dir!r}: it would read the new weights. Save the variant next to "
+            "the model that owns the reused weights, or pass another `location`."
+        )
     for identity, (name, reused_location) in reused_files.items():
         if new and identity == secondary_id:
             raise DestinationConflictError(
@@ -164,7 +182,11 @@ def _plan(
 
 
 def _check_reused(
-    site: TensorSite, dst_dir: str, check_references: bool, reused_files: dict[FileIdentity, tuple[str, str]]
+    site: TensorSite,
+    dst_dir: str,
+    check_references: bool,
+    reused_files: dict[FileIdentity, tuple[str, str]],
+    reused_paths: dict[str, tuple[str, str]],
 ) -> None:
     tensor = site.tensor
     if tensor.HasField("raw_data"):
@@ -178,7 +200,7 @@ def _check_reused(
     if check_references:
         try:
             ref = parse_external_data(tensor, dst_dir, label=site.label)
-        except (ExternalDataError, FileNotFoundError) as exc:
+        except (ExternalDataError, OSError) as exc:  # OSError: also a location through a file (NotADirectoryError)
             raise DanglingReferenceError(
                 f"reused tensor {site.label!r} would dangle from {dst_dir!r}: {exc} Save the variant in the folder of "
                 "the model that owns its weights (locations must be relative, without '..'), or pass "
@@ -187,7 +209,14 @@ def _check_reused(
         reused_files.setdefault(ref.identity, (site.label, ref.location))
         return
     location = entries.get("location", "")
-    identity = file_identity(os.path.join(dst_dir, location)) if location and "\x00" not in location else None
+    if not location or "\x00" in location:
+        return
+    path = os.path.join(dst_dir, location)
+    reused_paths.setdefault(os.path.normpath(path), (site.label, location))
+    try:
+        identity = file_identity(path)
+    except OSError:  # e.g. a location through a regular file: unchecked references are written as they are
+        identity = None
     if identity is not None:
         reused_files.setdefault(identity, (site.label, location))
 
