@@ -5,6 +5,11 @@ from __future__ import annotations
 __all__ = ["align_up", "validate_alignment"]
 
 
+class _AlignmentTypeError(TypeError, ValueError):
+    """A non-int alignment: a ``TypeError`` by Python convention, and the ``ValueError`` the public API documents
+    for every invalid alignment (so ``except ValueError`` and the CLI's error handling catch it too)."""
+
+
 def validate_alignment(alignment: int, name: str = "alignment") -> int:
     """Return the effective alignment (1 for packed), or raise ``ValueError``.
 
@@ -12,7 +17,7 @@ def validate_alignment(alignment: int, name: str = "alignment") -> int:
     positive power of two so that aligned offsets stay aligned for every smaller power of two a loader may want.
     """
     if isinstance(alignment, bool) or not isinstance(alignment, int):
-        raise TypeError(f"{name} must be an int, got {type(alignment).__name__}.")
+        raise _AlignmentTypeError(f"{name} must be an int, got {type(alignment).__name__}.")
     if alignment < 0:
         raise ValueError(f"{name} must be >= 0 (0 or 1 = packed, else a power of two), got {alignment}.")
     if alignment in (0, 1):

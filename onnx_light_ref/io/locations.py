@@ -204,7 +204,8 @@ def parse_external_data(tensor: onnx.TensorProto, base_dir: str, *, label: str |
         length = _parse_int_entry(name, "length", raw["length"])
         if expected is not None and length != expected:
             raise ExternalDataError(
-                f"tensor {name!r}: external data length {length} does not match dims {list(tensor.dims)} and "
+                f"tensor {name!r}: external data length {length} (in {raw.get('location')!r}) does not match dims "
+                f"{list(tensor.dims)} and "
                 f"data type {onnx.helper.tensor_dtype_to_string(tensor.data_type)} ({expected} bytes)."
             )
     elif expected is not None:

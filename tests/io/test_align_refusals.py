@@ -1,0 +1,262 @@
+"""Every refusal of the aligners: the documented error, a message that names the problem, and nothing written.
+
+The story of each test: a model folder ``model/`` (``model.onnx`` pointing at ``w.bin``) next to an ``outside/``
+folder holding a secret file; one thing is wrong; both aligners must raise before touching the disk, so the hash
+snapshot of the whole tree (sources, outside file, destination folder) is identical before and after.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming
+from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, UnsafeLocationError
+
+WEIGHTS = np.arange(16, dtype=np.float32)  # 64 bytes in model/w.bin
+
+
+def write_model(folder: Path, entries: dict[str, str], *, dims: tuple[int, ...] = (16,), name: str = "model.onnx"):
+    """``folder/name`` whose one initializer ``w`` (float32, ``dims``) has exactly these external_data ``entries``."""
+    tensor = numpy_helper.from_array(np.zeros(dims, dtype=np.float32), "w")
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in entries.items():
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["w"], ["y"])],
+        "g",
+        [],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(dims))],
+        initializer=[tensor],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=10)
+    onnx.save_model(model, str(folder / name))
+    return folder / name
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Path:
+    """``model/model.onnx`` + ``model/w.bin`` (valid), ``outside/secret.bin``; returns the model folder."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "w.bin").write_bytes(WEIGHTS.tobytes())
+    write_model(folder, {"location": "w.bin", "offset": "0", "length": "64"})
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.bin").write_bytes(b"secret" * 20)
+    return folder
+
+
+def _bad_entries(entries: dict[str, str], dims: tuple[int, ...] = (16,)) -> Callable[[Path], dict]:
+    def setup(folder: Path) -> dict:
+        write_model(folder, entries, dims=dims)
+        return {}
+
+    return setup
+
+
+def _args(**kwargs: object) -> Callable[[Path], dict]:
+    return lambda folder: kwargs
+
+
+def _symlinked_file(folder: Path) -> dict:
+    os.symlink(folder.parent / "outside" / "secret.bin", folder / "link.bin")
+    write_model(folder, {"location": "link.bin", "length": "64"})
+    return {}
+
+
+def _symlinked_folder(folder: Path) -> dict:
+    os.symlink(folder.parent / "outside", folder / "linkdir")
+    write_model(folder, {"location": "linkdir/secret.bin", "length": "64"})
+    return {}
+
+
+def _hard_linked_source(folder: Path) -> dict:
+    os.link(folder / "w.bin", folder.parent / "outside" / "w-link.bin")
+    return {}
+
+
+def _dst_weights_is_source(folder: Path) -> dict:
+    return {"dst_weights_path": folder / "w.bin"}
+
+
+def _dst_weights_is_hard_link_of_source(folder: Path) -> dict:
+    os.link(folder / "w.bin", folder / "w-link.bin")
+    return {"dst_weights_path": folder / "w-link.bin"}
+
+
+def _dst_weights_is_symlink_to_source(folder: Path) -> dict:
+    os.symlink("w.bin", folder / "w-sym.bin")
+    return {"dst_weights_path": folder / "w-sym.bin"}
+
+
+def _default_weights_collide_with_source(folder: Path) -> dict:
+    # onnx's own default name: model.onnx + model.onnx.data, re-aligned in place with the default dst weights.
+    os.rename(folder / "w.bin", folder / "model.onnx.data")
+    write_model(folder, {"location": "model.onnx.data", "length": "64"})
+    return {"dst_onnx_path": folder / "model.onnx"}
+
+
+def _dst_weights_outside(folder: Path) -> dict:
+    return {"dst_weights_path": folder.parent / "outside" / "new.bin"}
+
+
+def _dst_weights_is_source_model(folder: Path) -> dict:
+    return {"dst_weights_path": folder / "model.onnx", "dst_onnx_path": folder / "out.onnx"}
+
+
+def _missing_model(folder: Path) -> dict:
+    return {"src_onnx_path": folder / "nope.onnx"}
+
+
+def _not_a_model(folder: Path) -> dict:
+    (folder / "garbage.onnx").write_bytes(b"\xff\x00 not a protobuf \xff" * 3)
+    return {"src_onnx_path": folder / "garbage.onnx"}
+
+
+# case: (setup, error type, fragments the message must contain)
+REFUSALS = {
+    "alignment 3": (_args(alignment=3), ValueError, ["alignment", "power of two", "3"]),
+    "alignment -1": (_args(alignment=-1), ValueError, ["alignment", "-1"]),
+    "alignment '4096'": (_args(alignment="4096"), ValueError, ["alignment", "int", "str"]),
+    "alignment 4096.0": (_args(alignment=4096.0), ValueError, ["alignment", "float"]),
+    "chunk_size 0": (_args(chunk_size=0), ValueError, ["chunk_size", "0"]),
+    "chunk_size -5": (_args(chunk_size=-5), ValueError, ["chunk_size", "-5"]),
+    "'..' location": (
+        _bad_entries({"location": "../outside/secret.bin", "length": "64"}),
+        UnsafeLocationError,
+        ["'w'", "'..'"],
+    ),
+    "absolute location": (
+        _bad_entries({"location": "/etc/hostname", "length": "64"}),
+        UnsafeLocationError,
+        ["'w'", "absolute"],
+    ),
+    "empty location": (_bad_entries({"location": "", "length": "64"}), UnsafeLocationError, ["'w'", "empty"]),
+    "no location": (_bad_entries({"length": "64"}), ExternalDataError, ["'w'", "location"]),
+    "symlink escaping": (_symlinked_file, UnsafeLocationError, ["'w'", "link.bin", "outside the model's folder"]),
+    "symlinked folder escaping": (_symlinked_folder, UnsafeLocationError, ["'w'", "linkdir/secret.bin", "outside"]),
+    "missing file": (_bad_entries({"location": "gone.bin", "length": "64"}), FileNotFoundError, ["'w'", "gone.bin"]),
+    "folder as file": (
+        _bad_entries({"location": ".", "length": "64"}),
+        UnsafeLocationError,
+        ["'w'", "does not name a file"],
+    ),
+    "offset past the end": (
+        _bad_entries({"location": "w.bin", "offset": "65", "length": "0"}, dims=(0,)),
+        ExternalDataError,
+        ["'w'", "w.bin", "offset 65", "64 bytes"],
+    ),
+    "range past the end": (
+        _bad_entries({"location": "w.bin", "offset": "8", "length": "64"}),
+        ExternalDataError,
+        ["'w'", "w.bin", "offset 8", "+64", "64 bytes"],
+    ),
+    "length vs dims": (
+        _bad_entries({"location": "w.bin", "length": "60"}),
+        ExternalDataError,
+        ["'w'", "w.bin", "length 60", "[16]", "64 bytes"],
+    ),
+    "negative offset": (
+        _bad_entries({"location": "w.bin", "offset": "-1", "length": "64"}),
+        ExternalDataError,
+        ["'w'", "-1"],
+    ),
+    "offset not a number": (
+        _bad_entries({"location": "w.bin", "offset": "0x10", "length": "64"}),
+        ExternalDataError,
+        ["'0x10'"],
+    ),
+    "unknown key": (_bad_entries({"location": "w.bin", "length": "64", "sha": "x"}), ExternalDataError, ["'w'", "sha"]),
+    "hard-linked source": (_hard_linked_source, UnsafeLocationError, ["'w'", "w.bin", "hard links"]),
+    "dst weights == source weights": (
+        _dst_weights_is_source,
+        DestinationConflictError,
+        ["w.bin", "another dst_weights_path"],
+    ),
+    "dst weights hard link of source": (
+        _dst_weights_is_hard_link_of_source,
+        DestinationConflictError,
+        ["w-link.bin", "hard link", "another dst_weights_path"],
+    ),
+    "dst weights symlink to source": (
+        _dst_weights_is_symlink_to_source,
+        DestinationConflictError,
+        ["another dst_weights_path"],
+    ),
+    "default <dst>.data is the source": (
+        _default_weights_collide_with_source,
+        DestinationConflictError,
+        ["model.onnx.data", "another dst_weights_path"],
+    ),
+    "dst weights is the source model": (_dst_weights_is_source_model, DestinationConflictError, ["source model file"]),
+    "dst weights outside the folder": (
+        _dst_weights_outside,
+        UnsafeLocationError,
+        ["new.bin", "inside the folder", "'..'"],
+    ),
+    "dst weights == dst model": (_args(dst_weights_path="SAME"), DestinationConflictError, ["same file"]),
+    "missing model": (_missing_model, FileNotFoundError, ["nope.onnx"]),
+    "not a model": (_not_a_model, ValueError, ["garbage.onnx", "not a valid ONNX model"]),
+}
+
+
+def _call(aligner: str, folder: Path, overrides: dict) -> int:
+    arguments = {"src_onnx_path": folder / "model.onnx", "dst_onnx_path": folder / "out.onnx", **overrides}
+    if arguments.get("dst_weights_path") == "SAME":
+        arguments["dst_weights_path"] = arguments["dst_onnx_path"]
+    if aligner == "streaming":
+        return align_external_data_streaming(**arguments)
+    return align_external_data_in_memory(**arguments)
+
+
+# Only the streaming aligner has a chunk size.
+CASES = [
+    (case, aligner)
+    for case in REFUSALS
+    for aligner in ("streaming", "in_memory")
+    if not (aligner == "in_memory" and case.startswith("chunk_size"))
+]
+
+
+@pytest.mark.parametrize(("case", "aligner"), CASES)
+def test_refusal_raises_and_writes_nothing(tmp_path, layout, sha256_of_tree, assert_no_temp_files, case, aligner):
+    setup, error, fragments = REFUSALS[case]
+    overrides = setup(layout)
+    before = sha256_of_tree(tmp_path)
+
+    with pytest.raises(error) as raised:
+        _call(aligner, layout, overrides)
+
+    message = str(raised.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+    assert sha256_of_tree(tmp_path) == before
+    assert_no_temp_files(tmp_path)
+
+
+def test_every_refusal_is_a_value_error_or_a_missing_file():
+    """Callers can catch ValueError (bad input) and FileNotFoundError (missing input) and nothing else."""
+    for setup, error, _ in REFUSALS.values():
+        assert issubclass(error, (ValueError, FileNotFoundError)), setup
+
+
+def test_a_refused_run_keeps_a_previous_destination_intact(tmp_path, layout, sha256_of_tree):
+    """A destination that already exists from an earlier run is neither truncated nor replaced by a failed run."""
+    align_external_data_streaming(layout / "model.onnx", layout / "out.onnx", alignment=64)
+    write_model(layout, {"location": "w.bin", "length": "60"})  # now inconsistent
+    before = sha256_of_tree(tmp_path)
+
+    with pytest.raises(ExternalDataError):
+        align_external_data_streaming(layout / "model.onnx", layout / "out.onnx", alignment=64)
+
+    assert sha256_of_tree(tmp_path) == before
+    reloaded = onnx.load_model(str(layout / "out.onnx"))
+    np.testing.assert_array_equal(numpy_helper.to_array(reloaded.graph.initializer[0]), WEIGHTS)
