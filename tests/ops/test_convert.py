@@ -15,6 +15,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from lazy_models import (
+    IR_VERSION,
+    OPSET,
+    build_control_flow_model,
+    control_flow_feeds,
+    run_onnxruntime,
+    save_external,
+    value_info,
+)
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 from onnx.reference import ReferenceEvaluator
@@ -23,86 +32,15 @@ from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.ops import ALLOWED_DTYPES, DelayedInitializer, delay_initializers
 from onnx_light_ref.ops.dtypes import np_dtype_for
 
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 
-OPSET = 18
-IR_VERSION = 10
 # onnxruntime has no complex tensor type at all ("MLDataType for: tensor(complex64) is not currently registered").
 ORT_UNSUPPORTED = {TensorProto.COMPLEX64, TensorProto.COMPLEX128}
-
-
-def _vi(name: str, elem: int, shape: list[int] | None) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, elem, shape)
-
-
-def build_control_flow_model() -> onnx.ModelProto:
-    """MatMul/Add/Mul in the main graph, an If and a Loop whose bodies have their own initializers and use outer ones.
-
-    ``B`` is used by four nodes (main graph, else branch, loop body): one initializer shared by several nodes.
-    """
-    rng = np.random.default_rng(0)
-    W = numpy_helper.from_array(rng.standard_normal((3, 4)).astype(np.float32), "W")
-    B = numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "B")
-    T = numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "T")
-    L = numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "L")
-    then_branch = helper.make_graph(
-        [helper.make_node("Add", ["y", "T"], ["t"])], "then", [], [_vi("t", TensorProto.FLOAT, [2, 4])], [T]
-    )
-    else_branch = helper.make_graph(
-        [helper.make_node("Sub", ["y2", "B"], ["e"])], "else", [], [_vi("e", TensorProto.FLOAT, [2, 4])]
-    )
-    body = helper.make_graph(
-        [
-            helper.make_node("Add", ["v", "L"], ["v1"]),
-            helper.make_node("Add", ["v1", "B"], ["v_out"]),
-            helper.make_node("Identity", ["c"], ["c_out"]),
-        ],
-        "body",
-        [_vi("i", TensorProto.INT64, []), _vi("c", TensorProto.BOOL, []), _vi("v", TensorProto.FLOAT, [2, 4])],
-        [_vi("c_out", TensorProto.BOOL, []), _vi("v_out", TensorProto.FLOAT, [2, 4])],
-        [L],
-    )
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["x", "W"], ["m"]),
-            helper.make_node("Add", ["m", "B"], ["y"]),
-            helper.make_node("Mul", ["y", "B"], ["y2"]),
-            helper.make_node("If", ["cond"], ["z"], then_branch=then_branch, else_branch=else_branch),
-            # onnx's reference Loop runs zero iterations when the optional condition is omitted: pass it.
-            helper.make_node(
-                "Constant", [], ["keep_going"], value=helper.make_tensor("k", TensorProto.BOOL, [], [True])
-            ),
-            helper.make_node("Loop", ["trip", "keep_going", "y"], ["looped"], body=body),
-        ],
-        "control_flow",
-        [_vi("x", TensorProto.FLOAT, [2, 3]), _vi("cond", TensorProto.BOOL, []), _vi("trip", TensorProto.INT64, [])],
-        [_vi("z", TensorProto.FLOAT, [2, 4]), _vi("looped", TensorProto.FLOAT, [2, 4])],
-        [W, B],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
-
-
-def save_external(model: onnx.ModelProto, path: Path, location: str = "weights.data") -> Path:
-    """Save with onnx's own writer, every tensor external."""
-    onnx.save_model(model, str(path), save_as_external_data=True, location=location, size_threshold=0)
-    return path
-
-
-def control_flow_feeds(cond: bool) -> dict[str, np.ndarray]:
-    return {
-        "x": np.arange(6, dtype=np.float32).reshape(2, 3) / 7,
-        "cond": np.array(cond),
-        "trip": np.array(3, dtype=np.int64),
-    }
+_vi = value_info
 
 
 def run_converted(model: onnx.ModelProto, base_dir: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     sess = ReferenceEvaluator(model, new_ops=[DelayedInitializer.bind(base_dir)], check_shape_annotations=True)
-    return sess.run(None, feeds)
-
-
-def run_onnxruntime(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
 
 

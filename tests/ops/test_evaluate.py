@@ -1,0 +1,166 @@
+"""reference_evaluator(path): the one-call lazy evaluator gives what ReferenceEvaluator(path) and onnxruntime give."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from lazy_models import (
+    IR_VERSION,
+    OPSET,
+    build_control_flow_model,
+    control_flow_feeds,
+    run_onnxruntime,
+    save_external,
+    value_info,
+)
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+from onnx_light_ref.ops import reference_evaluator
+
+
+@pytest.mark.parametrize("load_device", ["file", "cpu"])
+def test_matches_plain_evaluator_and_onnxruntime(tmp_path, load_device):
+    path = save_external(build_control_flow_model(), tmp_path / "model.onnx")
+
+    sess = reference_evaluator(path, load_device, check_shape_annotations=True)
+
+    for cond in (True, False):
+        feeds = control_flow_feeds(cond)
+        got = sess.run(None, feeds)
+        for g, e in zip(got, ReferenceEvaluator(str(path)).run(None, feeds), strict=True):
+            np.testing.assert_array_equal(g, e)
+        for g, o in zip(got, run_onnxruntime(path, feeds), strict=True):
+            np.testing.assert_allclose(g, o, rtol=1e-6, atol=1e-6)
+
+
+def test_file_mode_reads_nothing_at_construction_and_rereads_at_each_run(tmp_path, monkeypatch):
+    path = save_external(build_control_flow_model(), tmp_path / "model.onnx")
+    data = os.path.realpath(tmp_path / "weights.data")
+    real_open = os.open
+    opened: list[str] = []
+
+    def counting_open(file, *args, **kwargs):
+        if os.path.realpath(os.fsdecode(file)) == data:
+            opened.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+
+    sess = reference_evaluator(str(path), "file")
+    assert opened == []
+    sess.run(None, control_flow_feeds(True))
+    first_run = len(opened)
+    assert first_run > 0
+    # New bytes in the file are seen by the next run: nothing was cached.
+    (tmp_path / "weights.data").write_bytes(b"\0" * os.path.getsize(data))
+    zero = sess.run(None, control_flow_feeds(True))
+    assert len(opened) == 2 * first_run
+    np.testing.assert_array_equal(zero[0], np.zeros((2, 4), dtype=np.float32))
+
+
+def test_cpu_mode_reads_at_construction_only(tmp_path):
+    path = save_external(build_control_flow_model(), tmp_path / "model.onnx")
+    feeds = control_flow_feeds(False)
+    expected = ReferenceEvaluator(str(path)).run(None, feeds)
+
+    sess = reference_evaluator(path, "cpu")
+    os.remove(tmp_path / "weights.data")
+
+    for g, e in zip(sess.run(None, feeds), expected, strict=True):
+        np.testing.assert_array_equal(g, e)
+
+
+def test_works_from_another_working_directory(tmp_path, monkeypatch):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    path = save_external(build_control_flow_model(), folder / "model.onnx")
+    monkeypatch.chdir(tmp_path)
+
+    got = reference_evaluator(os.path.relpath(path), "file").run(None, control_flow_feeds(True))
+
+    np.testing.assert_array_equal(got[0], ReferenceEvaluator(str(path)).run(None, control_flow_feeds(True))[0])
+
+
+def test_missing_weights_file_is_reported_at_construction(tmp_path):
+    path = save_external(build_control_flow_model(), tmp_path / "model.onnx")
+    os.remove(tmp_path / "weights.data")
+
+    with pytest.raises(FileNotFoundError, match=r"weights\.data"):
+        reference_evaluator(path)
+
+
+def test_overridable_initializer_is_loaded_eagerly_and_can_be_overridden(tmp_path):
+    default = np.arange(4, dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "bias"], ["y"])],
+        "overridable",
+        [value_info("x", TensorProto.FLOAT, [4]), value_info("bias", TensorProto.FLOAT, [4])],
+        [value_info("y", TensorProto.FLOAT, [4])],
+        [numpy_helper.from_array(default, "bias")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    path = save_external(model, tmp_path / "model.onnx")
+    x = np.ones(4, dtype=np.float32)
+
+    sess = reference_evaluator(path)
+
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], x + default)
+    np.testing.assert_array_equal(sess.run(None, {"x": x, "bias": x})[0], x + x)
+
+
+def test_external_constant_attribute_is_loaded_eagerly(tmp_path):
+    value = numpy_helper.from_array(np.arange(6, dtype=np.float32), "c")
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["y"], value=value)], "const", [], [value_info("y", TensorProto.FLOAT, [6])]
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    onnx.save_model(
+        model,
+        str(tmp_path / "model.onnx"),
+        save_as_external_data=True,
+        size_threshold=0,
+        location="w.data",
+        convert_attribute=True,
+    )
+    assert (
+        onnx.load_model(str(tmp_path / "model.onnx"), load_external_data=False)
+        .graph.node[0]
+        .attribute[0]
+        .t.data_location
+        == TensorProto.EXTERNAL
+    )
+
+    got = reference_evaluator(tmp_path / "model.onnx").run(None, {})
+
+    np.testing.assert_array_equal(got[0], np.arange(6, dtype=np.float32))
+
+
+def test_user_new_ops_are_kept(tmp_path):
+    class Twice(OpRun):
+        op_domain = "custom"
+
+        def _run(self, x):
+            return (x * 2,)
+
+    graph = helper.make_graph(
+        [helper.make_node("Twice", ["W"], ["y"], domain="custom")],
+        "custom_op",
+        [],
+        [value_info("y", TensorProto.FLOAT, [3])],
+        [numpy_helper.from_array(np.arange(3, dtype=np.float32), "W")],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("custom", 1)],
+        ir_version=IR_VERSION,
+    )
+    path = save_external(model, tmp_path / "model.onnx")
+
+    got = reference_evaluator(path, new_ops=[Twice]).run(None, {})
+
+    np.testing.assert_array_equal(got[0], np.arange(3, dtype=np.float32) * 2)
