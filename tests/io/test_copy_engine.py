@@ -1,0 +1,241 @@
+"""The copy engine: byte ranges between real files, through each method of the chain and each fallback."""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming
+from onnx_light_ref.errors import ExternalDataError
+from onnx_light_ref.io.copy_engine import CopyRange, RangeCopier, merge_ranges
+from onnx_light_ref.io.locations import file_identity
+
+SOURCE_BYTES = bytes(range(256)) * 40  # 10240 bytes, every offset distinguishable modulo 256
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    path = tmp_path / "src.bin"
+    path.write_bytes(SOURCE_BYTES)
+    return path
+
+
+def ranges_from(path: Path) -> list[CopyRange]:
+    """Three slices of the source, reordered and spaced out in the destination."""
+    return [
+        CopyRange(str(path), 5000, 0, 1000),
+        CopyRange(str(path), 17, 4096, 3000),
+        CopyRange(str(path), 9000, 8192, 1240),
+    ]
+
+
+def expected_output(ranges: list[CopyRange]) -> bytes:
+    size = max(r.dst_offset + r.length for r in ranges)
+    out = bytearray(size)
+    for r in ranges:
+        out[r.dst_offset : r.dst_offset + r.length] = SOURCE_BYTES[r.src_offset : r.src_offset + r.length]
+    return bytes(out)
+
+
+def copy_to(dst: Path, ranges: list[CopyRange], **options) -> RangeCopier:
+    """Run a copier into a new ``dst``; return it (closed) for its ``used_methods``."""
+    chunk_size, progress = options.pop("chunk_size", 1024), options.pop("progress", None)
+    fd = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        with RangeCopier(fd, chunk_size, **options) as copier:
+            copier.copy(ranges, progress)
+    finally:
+        os.close(fd)
+    return copier
+
+
+def raising(code: int):
+    def fail(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    return fail
+
+
+# ------------------------------------------------------------------------------------------------------ merge_ranges
+
+
+def test_ranges_contiguous_in_source_and_destination_become_one_copy():
+    ranges = [CopyRange("a", 100, 0, 10), CopyRange("a", 110, 10, 5), CopyRange("a", 115, 15, 1)]
+    assert merge_ranges(ranges) == [CopyRange("a", 100, 0, 16)]
+
+
+def test_ranges_are_not_merged_across_gaps_or_files():
+    gap_in_destination = [CopyRange("a", 0, 0, 10), CopyRange("a", 10, 64, 10)]
+    gap_in_source = [CopyRange("a", 0, 0, 10), CopyRange("a", 11, 10, 10)]
+    other_file = [CopyRange("a", 0, 0, 10), CopyRange("b", 10, 10, 10)]
+    for ranges in (gap_in_destination, gap_in_source, other_file):
+        assert merge_ranges(ranges) == ranges
+
+
+def test_merge_orders_by_destination_and_drops_empty_ranges():
+    ranges = [CopyRange("a", 10, 10, 10), CopyRange("a", 50, 20, 0), CopyRange("a", 0, 0, 10)]
+    assert merge_ranges(ranges) == [CopyRange("a", 0, 0, 20)]
+
+
+# ---------------------------------------------------------------------------------------------- methods and fallbacks
+
+
+@pytest.mark.parametrize("method", ["copy_file_range", "sendfile", "pread_pwrite"])
+@pytest.mark.parametrize("chunk_size", [7, 4096, 4 * 1024 * 1024])
+def test_each_method_copies_the_exact_ranges(tmp_path, source, method, chunk_size):
+    ranges = ranges_from(source)
+    copier = copy_to(tmp_path / "dst.bin", ranges, chunk_size=chunk_size, methods=[method])
+
+    assert copier.used_methods == {method}
+    # The copier leaves gaps as holes and does not set the final size: the file ends with the last range.
+    assert (tmp_path / "dst.bin").read_bytes() == expected_output(ranges)
+
+
+@pytest.mark.parametrize("code", [errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP])
+def test_copy_file_range_unsupported_falls_back_to_sendfile(tmp_path, source, monkeypatch, code):
+    monkeypatch.setattr(os, "copy_file_range", raising(code))
+    ranges = ranges_from(source)
+
+    copier = copy_to(tmp_path / "dst.bin", ranges)
+
+    assert copier.used_methods == {"sendfile"}
+    assert (tmp_path / "dst.bin").read_bytes() == expected_output(ranges)
+
+
+def test_without_both_kernel_copies_the_bounded_buffer_loop_is_used(tmp_path, source, monkeypatch):
+    monkeypatch.setattr(os, "copy_file_range", raising(errno.EXDEV))
+    monkeypatch.setattr(os, "sendfile", raising(errno.ENOSYS))
+    ranges = ranges_from(source)
+
+    copier = copy_to(tmp_path / "dst.bin", ranges, chunk_size=333)
+
+    assert copier.used_methods == {"pread_pwrite"}
+    assert len(copier._buffer) == 333  # the one bounded user-space buffer
+    assert (tmp_path / "dst.bin").read_bytes() == expected_output(ranges)
+
+
+def test_a_real_io_error_is_not_mistaken_for_an_unsupported_method(tmp_path, source, monkeypatch):
+    sendfile_calls = []
+    monkeypatch.setattr(os, "copy_file_range", raising(errno.EIO))
+    monkeypatch.setattr(os, "sendfile", lambda *a: sendfile_calls.append(a))
+
+    with pytest.raises(OSError) as raised:
+        copy_to(tmp_path / "dst.bin", ranges_from(source))
+
+    assert raised.value.errno == errno.EIO
+    assert sendfile_calls == []
+
+
+def test_each_call_moves_at_most_chunk_size_bytes(tmp_path, source, monkeypatch):
+    counts = []
+    real = os.copy_file_range
+
+    def recording(src, dst, count, offset_src=None, offset_dst=None):
+        counts.append(count)
+        return real(src, dst, count, offset_src, offset_dst)
+
+    monkeypatch.setattr(os, "copy_file_range", recording)
+    copy_to(tmp_path / "dst.bin", ranges_from(source), chunk_size=100)
+
+    assert max(counts) == 100
+    assert sum(counts) == 1000 + 3000 + 1240
+
+
+def test_a_source_file_is_opened_once_for_all_its_ranges(tmp_path, source, monkeypatch):
+    opened = []
+    real_open = os.open
+
+    def recording_open(path, flags, *args, **kwargs):
+        opened.append(os.fspath(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    fd = os.open(tmp_path / "dst.bin", os.O_RDWR | os.O_CREAT, 0o644)
+    monkeypatch.setattr(os, "open", recording_open)
+    try:
+        with RangeCopier(fd, 64) as copier:
+            copier.copy(ranges_from(source))
+    finally:
+        os.close(fd)
+
+    assert opened == [str(source)]
+
+
+def test_a_source_replaced_after_validation_is_refused(tmp_path, source):
+    identity = file_identity(str(source))
+    os.rename(source, tmp_path / "old.bin")
+    source.write_bytes(SOURCE_BYTES)  # same name and content, another file
+
+    with pytest.raises(ExternalDataError, match="replaced after it was validated"):
+        copy_to(tmp_path / "dst.bin", [CopyRange(str(source), 0, 0, 10, identity)])
+
+
+def test_a_source_truncated_during_the_copy_is_reported(tmp_path, source):
+    with pytest.raises(ExternalDataError, match="ended at offset 10240"):
+        copy_to(tmp_path / "dst.bin", [CopyRange(str(source), 10000, 0, 500)], methods=["copy_file_range"])
+
+
+def test_progress_is_monotonic_and_ends_at_the_payload_total(tmp_path, source):
+    calls = []
+    copy_to(tmp_path / "dst.bin", ranges_from(source), chunk_size=500, progress=lambda d, t: calls.append((d, t)))
+
+    done = [d for d, _ in calls]
+    assert len(calls) > 3
+    assert done == sorted(done)
+    assert calls[-1] == (5240, 5240)
+    assert {t for _, t in calls} == {5240}
+
+
+@pytest.mark.parametrize("bad", [{"chunk_size": 0}, {"chunk_size": -5}, {"methods": []}, {"methods": ["splice"]}])
+def test_invalid_options_are_refused(tmp_path, bad):
+    fd = os.open(tmp_path / "dst.bin", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        with pytest.raises(ValueError):
+            RangeCopier(fd, **{"chunk_size": 64, **bad})
+    finally:
+        os.close(fd)
+
+
+# -------------------------------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.parametrize(
+    "patches",
+    [{"copy_file_range": errno.EXDEV}, {"copy_file_range": errno.ENOSYS, "sendfile": errno.EINVAL}],
+    ids=["sendfile", "pread_pwrite"],
+)
+def test_aligned_output_is_identical_whichever_method_copies(tmp_path, build_zoo_model, monkeypatch, patches):
+    src = build_zoo_model("several_files", tmp_path).path
+    align_external_data_in_memory(src, tmp_path / "oracle.onnx", alignment=64)
+    for name, code in patches.items():
+        monkeypatch.setattr(os, name, raising(code))
+
+    align_external_data_streaming(src, tmp_path / "out.onnx", alignment=64, chunk_size=7)
+
+    assert (tmp_path / "out.onnx.data").read_bytes() == (tmp_path / "oracle.onnx.data").read_bytes()
+
+
+def _tmpfs_folder() -> str | None:
+    shm = "/dev/shm"
+    if not os.path.isdir(shm) or not os.access(shm, os.W_OK):
+        return None
+    return shm
+
+
+@pytest.mark.skipif(_tmpfs_folder() is None, reason="needs a writable tmpfs at /dev/shm for a real cross-device copy")
+def test_a_real_cross_filesystem_copy(tmp_path, source):
+    with tempfile.TemporaryDirectory(dir=_tmpfs_folder()) as shm_dir:
+        if os.stat(shm_dir).st_dev == os.stat(tmp_path).st_dev:
+            pytest.skip("/dev/shm is on the same device as tmp_path here")
+        remote = Path(shm_dir) / "src.bin"
+        remote.write_bytes(SOURCE_BYTES)
+        ranges = ranges_from(remote)
+
+        copier = copy_to(tmp_path / "dst.bin", ranges)
+
+    # copy_file_range fails with EXDEV between tmpfs and most disks; sendfile still copies in the kernel.
+    assert copier.used_methods in ({"sendfile"}, {"copy_file_range"})
+    assert (tmp_path / "dst.bin").read_bytes() == expected_output(ranges)
