@@ -1,0 +1,380 @@
+"""Run one measured operation in a fresh process and report its wall time and peak memory as one JSON line.
+
+Usage: ``python -m benchmarks.child <scenario> '<args json>'`` (the parent side is :func:`run_in_child`).
+
+Why a fresh process: peak memory is a high-water mark. Measured in the pytest process it would include everything
+the suite did before; a forked child inherits the parent's mark in ``ru_maxrss``. A child that ``exec``s starts from
+zero, and ``VmHWM`` in ``/proc/self/status`` is read twice: after importing and preparing everything the scenario
+needs (the *baseline*), and after each phase of the operation. The reported delta (peak - baseline) is what the
+operation itself added. Wall time is ``time.perf_counter`` around the operation only (interpreter start-up, imports
+and preparation are excluded).
+
+A scenario is a function ``prepare(args) -> list[(phase name, callable)]``: preparation runs before the baseline;
+each phase callable receives the previous phase's return value (``None`` for the first).
+
+This module never prints anything but the result line on stdout; a scenario whose API is missing (an op still being
+written) reports ``{"skipped": reason}`` instead of failing, so the suite runs before and after it lands.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RESULT_PREFIX", "ScenarioUnavailableError", "run_in_child"]
+
+RESULT_PREFIX = "BENCH_RESULT "
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+# Nothing in the suite should take this long at 4 GiB on a slow shared disk; a hung child must not hang the run.
+_CHILD_TIMEOUT_S = 1800
+
+Phase = tuple[str, Callable[[Any], Any]]
+
+
+class ScenarioUnavailableError(Exception):
+    """The scenario's API is not available (yet); the parent turns this into ``pytest.skip``."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Parent side
+
+
+def run_in_child(scenario: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Run ``scenario`` in a fresh interpreter and return its result record (raises on failure)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.child", scenario, json.dumps(args)],
+        cwd=_REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=_CHILD_TIMEOUT_S,
+        check=False,
+    )
+    lines = [line for line in completed.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if completed.returncode != 0 or not lines:
+        raise RuntimeError(
+            f"benchmark child {scenario!r} failed (exit {completed.returncode}) with args {args}:\n"
+            f"{completed.stderr[-4000:]}"
+        )
+    record = json.loads(lines[-1][len(RESULT_PREFIX) :])
+    if "skipped" in record:
+        raise ScenarioUnavailableError(record["skipped"])
+    return record
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Child side: measurement
+
+
+def _status_kib(*fields: str) -> dict[str, int]:
+    """Selected ``/proc/self/status`` fields (``VmHWM``, ``VmRSS``, ``RssAnon``, ``RssFile``) in KiB."""
+    values: dict[str, int] = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            key, _, rest = line.partition(":")
+            if key in fields:
+                values[key] = int(rest.split()[0])
+    return values
+
+
+def _mib(kib: int) -> float:
+    return round(kib / 1024, 2)
+
+
+def _measure(phases: list[Phase]) -> dict[str, Any]:
+    gc.collect()
+    base = _status_kib("VmHWM", "VmRSS")
+    cpu_start = os.times()
+    record: dict[str, Any] = {"baseline_hwm_mib": _mib(base["VmHWM"]), "baseline_rss_mib": _mib(base["VmRSS"])}
+    phase_records: dict[str, dict[str, float]] = {}
+    value: Any = None
+    total = 0.0
+    for name, call in phases:
+        start = time.perf_counter()
+        value = call(value)
+        seconds = time.perf_counter() - start
+        total += seconds
+        hwm = _status_kib("VmHWM")["VmHWM"]
+        phase_records[name] = {"seconds": seconds, "peak_mib": _mib(hwm), "delta_mib": _mib(hwm - base["VmHWM"])}
+    cpu_end = os.times()
+    end = _status_kib("VmHWM", "RssAnon", "RssFile")
+    record.update(
+        seconds=total,
+        peak_mib=_mib(end["VmHWM"]),
+        delta_mib=_mib(end["VmHWM"] - base["VmHWM"]),
+        rss_anon_end_mib=_mib(end["RssAnon"]),
+        rss_file_end_mib=_mib(end["RssFile"]),
+        user_s=cpu_end.user - cpu_start.user,
+        sys_s=cpu_end.system - cpu_start.system,
+        phases=phase_records,
+    )
+    if isinstance(value, dict):
+        record["extra"] = value
+    return record
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Child side: scenarios. Each imports what it needs *before* returning its phases, so imports stay in the baseline.
+
+
+def _fsync_file_and_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _align_streaming(args: dict[str, Any]) -> list[Phase]:
+    from onnx_light_ref.io import align_external_data_streaming
+
+    def run(_: Any) -> dict[str, Any]:
+        written = align_external_data_streaming(
+            args["src"], args["dst"], alignment=args["alignment"], chunk_size=args["chunk_size"]
+        )
+        return {"bytes_written": written}
+
+    return [("align", run)]
+
+
+def _align_in_memory(args: dict[str, Any]) -> list[Phase]:
+    from onnx_light_ref.io import align_external_data_in_memory
+
+    def run(_: Any) -> dict[str, Any]:
+        return {"bytes_written": align_external_data_in_memory(args["src"], args["dst"], alignment=args["alignment"])}
+
+    return [("align", run)]
+
+
+def _onnx_load_save(args: dict[str, Any]) -> list[Phase]:
+    import onnx
+
+    def load(_: Any) -> onnx.ModelProto:
+        return onnx.load(args["src"], load_external_data=True)
+
+    def save(model: onnx.ModelProto) -> dict[str, Any]:
+        # onnx's writer has no alignment option: tensors are appended densely. It does not fsync either.
+        onnx.save_model(
+            model, args["dst"], save_as_external_data=True, all_tensors_to_one_file=True, location=args["location"],
+            size_threshold=0,
+        )  # fmt: skip
+        return {"bytes_written": os.path.getsize(os.path.join(os.path.dirname(args["dst"]), args["location"]))}
+
+    return [("load", load), ("save", save)]
+
+
+def _onnx_ir_save(args: dict[str, Any]) -> list[Phase]:
+    import onnx_ir as ir
+
+    def load(_: Any) -> Any:
+        return ir.load(args["src"])  # lazy: external tensors stay on disk
+
+    def save(model: Any) -> dict[str, Any]:
+        # align_threshold=0: align every tensor like ours (onnx-ir's default aligns only tensors above 1 MiB).
+        ir.save(
+            model, args["dst"], external_data=args["location"], size_threshold_bytes=0,
+            alignment=args["alignment"], align_threshold=0,
+        )  # fmt: skip
+        data_path = os.path.join(os.path.dirname(args["dst"]), args["location"])
+        if args["fsync"]:
+            # onnx-ir does not fsync; the fsync variant adds what ours does before publishing (file, then folder).
+            _fsync_file_and_dir(data_path)
+        return {"bytes_written": os.path.getsize(data_path)}
+
+    return [("load", load), ("save", save)]
+
+
+def _copy_file_range(args: dict[str, Any]) -> list[Phase]:
+    def run(_: Any) -> dict[str, Any]:
+        dst = os.open(args["dst"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        written = 0
+        try:
+            for path in args["srcs"]:
+                src = os.open(path, os.O_RDONLY)
+                try:
+                    remaining = os.fstat(src).st_size
+                    position = 0
+                    while remaining:
+                        moved = os.copy_file_range(src, dst, min(remaining, 1 << 30), position, written)
+                        if moved == 0:
+                            raise OSError(f"{path} ended early")
+                        position += moved
+                        written += moved
+                        remaining -= moved
+                finally:
+                    os.close(src)
+            if args["fsync"]:
+                os.fsync(dst)
+        finally:
+            os.close(dst)
+        if args["fsync"]:
+            _fsync_file_and_dir(args["dst"])  # the folder too, as ours does when it publishes
+        return {"bytes_written": written}
+
+    return [("copy", run)]
+
+
+def _new_head(nbytes: int) -> Any:
+    from onnx import TensorProto
+
+    return TensorProto(name="head.weight", data_type=TensorProto.FLOAT, dims=[nbytes // 4], raw_data=os.urandom(nbytes))
+
+
+def _shared_save(args: dict[str, Any]) -> list[Phase]:
+    import onnx
+
+    from onnx_light_ref.io import save_model_with_shared_external_data
+
+    model = onnx.load(args["base"], load_external_data=False)
+    model.graph.initializer.append(_new_head(args["new_bytes"]))
+
+    def run(_: Any) -> dict[str, Any]:
+        return {"bytes_written": save_model_with_shared_external_data(model, args["dst"], alignment=4096)}
+
+    return [("save", run)]
+
+
+def _write_alone(args: dict[str, Any]) -> list[Phase]:
+    payload = os.urandom(args["new_bytes"])
+
+    def run(_: Any) -> dict[str, Any]:
+        fd = os.open(args["dst"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return {"bytes_written": len(payload)}
+
+    return [("write", run)]
+
+
+def _onnx_full_save(args: dict[str, Any]) -> list[Phase]:
+    import onnx
+
+    start = time.perf_counter()
+    model = onnx.load(args["base"], load_external_data=True)  # the variant, every weight in memory
+    load_seconds = time.perf_counter() - start
+    model.graph.initializer.append(_new_head(args["new_bytes"]))
+
+    def run(_: Any) -> dict[str, Any]:
+        onnx.save_model(
+            model, args["dst"], save_as_external_data=True, all_tensors_to_one_file=True, location=args["location"],
+            size_threshold=0,
+        )  # fmt: skip
+        data_path = os.path.join(os.path.dirname(args["dst"]), args["location"])
+        return {"bytes_written": os.path.getsize(data_path), "load_seconds_excluded": load_seconds}
+
+    return [("save", run)]
+
+
+def _delayed_run(args: dict[str, Any]) -> list[Phase]:
+    import numpy as np
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        from onnx_light_ref.ops import DelayedInitializer
+    except ImportError as exc:
+        raise ScenarioUnavailableError(f"onnx_light_ref.ops.DelayedInitializer is not available: {exc}") from None
+    if not hasattr(DelayedInitializer, "bind"):
+        raise ScenarioUnavailableError("DelayedInitializer.bind is not available yet")
+    model = onnx.load(args["model"], load_external_data=False)
+    op = DelayedInitializer.bind(os.path.dirname(args["model"]))
+
+    def construct(_: Any) -> Any:
+        return ReferenceEvaluator(model, new_ops=[op])
+
+    def run(evaluator: Any) -> dict[str, Any]:
+        (y,) = evaluator.run(None, {})
+        return {"checksum": float(np.asarray(y[:: max(1, y.size // 4096)], dtype=np.float64).sum()), "nbytes": y.nbytes}
+
+    return [("construct", construct), ("run", run)]
+
+
+def _np_fromfile(args: dict[str, Any]) -> list[Phase]:
+    import numpy as np
+
+    def run(_: Any) -> dict[str, Any]:
+        y = np.fromfile(args["path"], dtype=np.float32, count=args["count"], offset=args["offset"])
+        return {"checksum": float(np.asarray(y[:: max(1, y.size // 4096)], dtype=np.float64).sum()), "nbytes": y.nbytes}
+
+    return [("read", run)]
+
+
+def _evaluator(args: dict[str, Any]) -> list[Phase]:
+    import numpy as np
+    import onnx.reference
+
+    mode = args["mode"]
+    if mode == "plain":
+
+        def construct(_: Any) -> Any:
+            return onnx.reference.ReferenceEvaluator(args["model"])  # loads every weight from the path
+
+    else:
+        try:
+            from onnx_light_ref.ops import reference_evaluator
+        except ImportError as exc:
+            raise ScenarioUnavailableError(f"onnx_light_ref.ops.reference_evaluator is not available: {exc}") from None
+
+        def construct(_: Any) -> Any:
+            return reference_evaluator(args["model"], load_device=mode)
+
+    x = np.full((1, args["width"]), 0.5, dtype=np.float32)
+
+    def run(evaluator: Any) -> dict[str, Any]:
+        (y,) = evaluator.run(None, {"X": x})
+        return {"checksum": float(np.asarray(y, dtype=np.float64).sum())}
+
+    return [("construct", construct), ("run", run)]
+
+
+_SCENARIOS: dict[str, Callable[[dict[str, Any]], list[Phase]]] = {
+    "align_streaming": _align_streaming,
+    "align_in_memory": _align_in_memory,
+    "onnx_load_save": _onnx_load_save,
+    "onnx_ir_save": _onnx_ir_save,
+    "copy_file_range": _copy_file_range,
+    "shared_save": _shared_save,
+    "write_alone": _write_alone,
+    "onnx_full_save": _onnx_full_save,
+    "delayed_run": _delayed_run,
+    "np_fromfile": _np_fromfile,
+    "evaluator": _evaluator,
+}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[1] not in _SCENARIOS:
+        sys.stderr.write(f"usage: python -m benchmarks.child {{{','.join(_SCENARIOS)}}} '<args json>'\n")
+        return 2
+    scenario, args = argv[1], json.loads(argv[2])
+    try:
+        phases = _SCENARIOS[scenario](args)
+    except ScenarioUnavailableError as exc:
+        record: dict[str, Any] = {"scenario": scenario, "skipped": str(exc)}
+    else:
+        record = {"scenario": scenario, **_measure(phases)}
+    sys.stdout.write(RESULT_PREFIX + json.dumps(record) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

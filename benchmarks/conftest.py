@@ -1,0 +1,221 @@
+"""Fixtures of the benchmark suite: the size, generated models (once per session), and interleaved comparisons.
+
+How a comparison is measured, and why this way:
+
+* every measured operation runs in a fresh child process (:mod:`benchmarks.child`), which reports the operation's
+  own wall time and its peak RSS above an import-only baseline;
+* the methods of one comparison run *interleaved*: round 1 runs A, B, C; round 2 runs B, C, A; ... The machine is
+  shared and noisy, so a burst of load hits every method of a round instead of all the rounds of one method. The
+  report uses medians per method and the ratios of those medians;
+* every child gets a fresh, empty destination, and ``os.sync()`` runs first (outside the measurement), so writeback
+  of the previous run's dirty pages does not land on the next one. Sources are warm (in the page cache).
+
+pytest-benchmark integration: one test = one comparison. ``benchmark.pedantic(one_round, rounds=N)`` drives the
+rounds; what pytest-benchmark times is a whole round of child processes (interpreter start-up included), which is
+*not* the figure we compare. The child-reported numbers go into ``benchmark.extra_info`` (``results``: every record;
+``summary``: medians), and ``python -m benchmarks.report`` reads them from pytest-benchmark's JSON. With
+``--benchmark-disable`` (the normal test run) pedantic runs one round, so every scenario still runs once at tiny size.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import uuid
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.child import ScenarioUnavailableError, run_in_child
+from benchmarks.models import (
+    ENV_SIZE,
+    GIB,
+    AlignModel,
+    DelayedModel,
+    MlpModel,
+    make_align_model,
+    make_delayed_model,
+    make_mlp_model,
+    parse_size,
+    scaled,
+)
+
+ENV_ROUNDS = "ONNX_LIGHT_REF_BENCH_ROUNDS"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    size_name: str
+    total: int
+    rounds: int
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.total < 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Method:
+    """One contender of a comparison: a child scenario and its arguments.
+
+    In every string of ``args`` (and of the optional ``cleanup`` list), ``{fresh}`` becomes an empty folder made for
+    this one run (deleted after it) and ``{run_id}`` a unique token, for outputs that must live elsewhere (a variant
+    saved next to its base model); ``cleanup`` names such outputs, deleted after the run.
+    """
+
+    label: str
+    scenario: str
+    args: dict[str, Any]
+    cleanup: tuple[str, ...] = ()
+
+    def resolve(self, fresh: str, run_id: str) -> tuple[dict[str, Any], list[str]]:
+        def fill(value: Any) -> Any:
+            if isinstance(value, str):
+                return value.replace("{fresh}", fresh).replace("{run_id}", run_id)
+            if isinstance(value, list):
+                return [fill(item) for item in value]
+            return value
+
+        return {key: fill(value) for key, value in self.args.items()}, [fill(path) for path in self.cleanup]
+
+
+class ModelCache:
+    """Generates each benchmark model on first use, once per session, and deletes them all at the end."""
+
+    def __init__(self, root: Path, total: int) -> None:
+        self.root = root
+        self.total = total
+        self._align: dict[str, AlignModel] = {}
+        self._delayed: DelayedModel | None = None
+        self._mlp: MlpModel | None = None
+
+    def align(self, shape: str) -> AlignModel:
+        if shape not in self._align:
+            self._align[shape] = make_align_model(self.root / shape, shape, self.total)
+            os.sync()  # sources clean and warm: no writeback of generation during the first measurement
+        return self._align[shape]
+
+    def delayed(self) -> DelayedModel:
+        if self._delayed is None:
+            self._delayed = make_delayed_model(self.root / "delayed", scaled(self.total, 256 * 1024 * 1024))
+            os.sync()
+        return self._delayed
+
+    def mlp(self) -> MlpModel:
+        if self._mlp is None:
+            self._mlp = make_mlp_model(self.root / "mlp", scaled(self.total, 512 * 1024 * 1024))
+            os.sync()
+        return self._mlp
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def bench_config() -> BenchConfig:
+    size_name = os.environ.get(ENV_SIZE, "tiny")
+    total = parse_size(size_name)
+    default_rounds = 1 if total < GIB // 4 else 5
+    rounds = int(os.environ.get(ENV_ROUNDS, default_rounds))
+    return BenchConfig(size_name, total, max(1, rounds))
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory, bench_config: BenchConfig) -> Iterator[ModelCache]:
+    cache = ModelCache(tmp_path_factory.mktemp("bench-models"), bench_config.total)
+    yield cache
+    cache.remove()  # GiB-sized files must not outlive the session (pytest keeps old basetemps around)
+
+
+@pytest.fixture(scope="session")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("bench-runs")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians (and min/max) of one method's records: total and per-phase seconds and peak-RSS deltas."""
+    seconds = [r["seconds"] for r in records]
+    summary: dict[str, Any] = {
+        "n": len(records),
+        "seconds": _median(seconds),
+        "seconds_min": min(seconds),
+        "seconds_max": max(seconds),
+        "delta_mib": _median([r["delta_mib"] for r in records]),
+        "baseline_mib": _median([r["baseline_hwm_mib"] for r in records]),
+        "phases": {},
+    }
+    for phase in records[0]["phases"]:
+        summary["phases"][phase] = {
+            "seconds": _median([r["phases"][phase]["seconds"] for r in records]),
+            "delta_mib": _median([r["phases"][phase]["delta_mib"] for r in records]),
+        }
+    if "extra" in records[0]:
+        summary["extra"] = records[0]["extra"]
+    return summary
+
+
+@pytest.fixture
+def compare(benchmark: Any, bench_config: BenchConfig, scratch: Path) -> Callable[..., dict[str, dict[str, Any]]]:
+    """``compare(group, methods, **info)``: run the methods interleaved for the configured rounds; return summaries."""
+
+    def run(group: str, methods: Sequence[Method], **info: Any) -> dict[str, dict[str, Any]]:
+        results: dict[str, list[dict[str, Any]]] = {m.label: [] for m in methods}
+        skipped: dict[str, str] = {}
+        rounds_done = 0
+
+        def one_round() -> None:
+            nonlocal rounds_done
+            shift = rounds_done % len(methods)
+            for position, method in enumerate([*methods[shift:], *methods[:shift]]):
+                if method.label in skipped:
+                    continue
+                run_id = uuid.uuid4().hex[:8]
+                fresh = scratch / f"{group}-{run_id}"
+                fresh.mkdir()
+                args, cleanup = method.resolve(str(fresh), run_id)
+                os.sync()
+                try:
+                    record = run_in_child(method.scenario, args)
+                except ScenarioUnavailableError as exc:
+                    skipped[method.label] = str(exc)
+                    continue
+                finally:
+                    shutil.rmtree(fresh, ignore_errors=True)
+                    for path in cleanup:
+                        if os.path.exists(path):
+                            os.remove(path)
+                record.update(round=rounds_done, position=position)
+                results[method.label].append(record)
+            rounds_done += 1
+
+        benchmark.pedantic(one_round, rounds=bench_config.rounds, iterations=1, warmup_rounds=0)
+        summaries = {label: summarize(records) for label, records in results.items() if records}
+        benchmark.extra_info.update(
+            group=group,
+            size=bench_config.size_name,
+            total_bytes=bench_config.total,
+            rounds=rounds_done,
+            order=[m.label for m in methods],
+            skipped=skipped,
+            summary=summaries,
+            results=results,
+            **info,
+        )
+        if skipped and not summaries:
+            pytest.skip("; ".join(f"{label}: {reason}" for label, reason in skipped.items()))
+        for label, reason in skipped.items():
+            warnings.warn(f"benchmark {group}/{label} skipped: {reason}", UserWarning, stacklevel=2)
+        return summaries
+
+    return run

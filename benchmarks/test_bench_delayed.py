@@ -1,0 +1,35 @@
+"""DelayedInitializer and lazy evaluation: file mode vs cpu mode vs ``np.fromfile``; ``reference_evaluator`` vs
+``onnx.reference.ReferenceEvaluator`` on an MLP with 512 MiB of weights (scaled with the size).
+
+Written against the documented API (``DelayedInitializer.bind(folder)``, ``reference_evaluator(path, load_device)``);
+a child whose API is missing reports it as unavailable and the method is left out with a warning.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.conftest import Method, ModelCache
+
+
+def test_delayed_initializer(compare: Any, models: ModelCache) -> None:
+    model = models.delayed()
+    methods = [
+        Method("file", "delayed_run", {"model": model.onnx_paths["file"]}),
+        Method("cpu", "delayed_run", {"model": model.onnx_paths["cpu"]}),
+        Method("np_fromfile", "np_fromfile", {"path": model.data_path, "offset": model.offset, "count": model.count}),
+    ]
+    summary = compare("delayed", methods, tensor_bytes=model.nbytes)
+    sums = {label: s["extra"]["checksum"] for label, s in summary.items()}
+    assert len(set(sums.values())) == 1, sums  # every method read the same bytes
+
+
+def test_reference_evaluator(compare: Any, models: ModelCache) -> None:
+    mlp = models.mlp()
+    methods = [
+        Method(label, "evaluator", {"model": mlp.onnx_path, "mode": mode, "width": mlp.width})
+        for label, mode in (("plain", "plain"), ("lazy_file", "file"), ("lazy_cpu", "cpu"))
+    ]
+    summary = compare("evaluator", methods, weight_bytes=mlp.weight_bytes, width=mlp.width, layers=mlp.layers)
+    sums = {label: s["extra"]["checksum"] for label, s in summary.items()}
+    assert max(sums.values()) - min(sums.values()) <= 1e-3 * max(1.0, abs(sums["plain"])), sums
