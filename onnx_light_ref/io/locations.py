@@ -110,7 +110,8 @@ def resolve_location(base_dir: str, location: str, *, tensor_name: str) -> str:
 
     Checks the syntax, then that the real path stays inside the real ``base_dir`` (a symlinked file or parent folder
     pointing outside is refused), and that it is an existing regular file. Raises :class:`UnsafeLocationError`,
-    ``FileNotFoundError`` or :class:`ExternalDataError` (not a regular file).
+    ``FileNotFoundError`` (also for a path through a regular file) or :class:`ExternalDataError` (not a regular
+    file, or not accessible: a symlink loop, a name too long).
     """
     check_location_syntax(location, tensor_name=tensor_name)
     real_base = os.path.realpath(base_dir)
@@ -123,10 +124,15 @@ def resolve_location(base_dir: str, location: str, *, tensor_name: str) -> str:
         )
     try:
         st = os.stat(real)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # ENOTDIR: a component is a file ('w.bin/x'), so no such file
         raise FileNotFoundError(
             f"tensor {tensor_name!r}: external data file {location!r} does not exist (looked for {joined!r})."
         ) from None
+    except OSError as exc:  # ELOOP, ENAMETOOLONG, EACCES...: the location names nothing we can read
+        raise ExternalDataError(
+            f"tensor {tensor_name!r}: external data location {location!r} ({joined!r}) cannot be accessed: "
+            f"{exc.strerror or exc}."
+        ) from exc
     if not stat.S_ISREG(st.st_mode):
         raise ExternalDataError(
             f"tensor {tensor_name!r}: external data location {location!r} ({real!r}) is not a regular file."
