@@ -1,0 +1,319 @@
+"""The whole job on a generated model, end to end: what ``onnx-light-ref demo`` runs.
+
+1. Build a 4-layer MLP whose float32 weights (``size`` bytes in total) are spread over two data files, written
+   block by block (the weights are never all in memory).
+2. Re-align it to 4096 into one data file with :func:`~onnx_light_ref.io.align.align_external_data_streaming`, and
+   check the alignment from the files themselves (:func:`~onnx_light_ref.io.layout_report.build_layout_report`).
+3. Save a variant with a new head next to it with
+   :func:`~onnx_light_ref.io.shared_save.save_model_with_shared_external_data`: only the head is written, every
+   other tensor still points into the aligned model's data file.
+4. Evaluate the source, the aligned model and the variant with
+   :func:`~onnx_light_ref.ops.evaluate.reference_evaluator` (``file`` and ``cpu``) and with onnxruntime when it is
+   installed, and check that every output agrees.
+
+This module only works inside the folder it is given and never prints: it returns a :class:`DemoResult` whose lines
+the command prints (progress bars go to stderr through tqdm). Peak memory is read from ``getrusage``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from tqdm import tqdm
+
+from onnx_light_ref.io import align_external_data_streaming, save_model_with_shared_external_data
+from onnx_light_ref.io.layout_report import build_layout_report
+from onnx_light_ref.ops import reference_evaluator
+
+__all__ = ["DEFAULT_SIZE", "DemoResult", "MlpShape", "build_two_file_mlp", "mlp_shape", "parse_size", "run_demo"]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+DEFAULT_SIZE = 64 * 1024 * 1024
+# Below this the hidden width would be a handful of units: nothing left to demonstrate.
+_MIN_SIZE = 64 * 1024
+_ALIGNMENT = 4096
+_INPUT_WIDTH = 64
+_OUTPUT_WIDTH = 16
+_BATCH = 4
+# Weights are generated and written this many bytes at a time, so building the model needs no more memory.
+_WRITE_BLOCK = 4 * 1024 * 1024
+# float32 MatMul chains summed in different orders (numpy vs onnxruntime's MLAS) differ by a few ulps per layer.
+_RTOL = 1e-4
+_ATOL = 1e-5
+_OPSET = 18
+_IR_VERSION = 10  # what onnxruntime >= 1.17 reads
+
+
+def parse_size(text: str) -> int:
+    """``"64M"`` -> 67108864; suffixes K, M, G (powers of 1024, optional ``iB``/``B``), or a plain byte count."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, flags=re.IGNORECASE)
+    if match is None:
+        raise ValueError(f"size must be a number of bytes with an optional K/M/G suffix (e.g. 8M), got {text!r}.")
+    factor = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[match.group(2).upper()]
+    return int(match.group(1)) * factor
+
+
+@dataclass(frozen=True)
+class MlpShape:
+    """Widths of the demo MLP: x[batch, d_in] -> h -> h -> h -> y[batch, d_out], ReLU between layers."""
+
+    d_in: int
+    hidden: int
+    d_out: int
+
+    @property
+    def layers(self) -> list[tuple[int, int]]:
+        return [
+            (self.d_in, self.hidden),
+            (self.hidden, self.hidden),
+            (self.hidden, self.hidden),
+            (self.hidden, self.d_out),
+        ]
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * sum(fan_in * fan_out + fan_out for fan_in, fan_out in self.layers)
+
+
+def mlp_shape(size: int) -> MlpShape:
+    """The MLP whose weights come closest to ``size`` bytes from below (hidden width a multiple of 16)."""
+    if size < _MIN_SIZE:
+        raise ValueError(f"size must be at least {_MIN_SIZE} bytes (64K), got {size}.")
+    # 4 bytes * (2h^2 + (d_in + d_out + 3)h + d_out) = size
+    linear = _INPUT_WIDTH + _OUTPUT_WIDTH + 3
+    hidden = (-linear + math.sqrt(linear * linear + 8 * (size / 4 - _OUTPUT_WIDTH))) / 4
+    return MlpShape(_INPUT_WIDTH, max(16, int(hidden) // 16 * 16), _OUTPUT_WIDTH)
+
+
+@dataclass
+class DemoResult:
+    """What the demo did and found; ``ok`` is False when any output disagreed or a check failed."""
+
+    workdir: str
+    lines: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _peak_rss_mib() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1024 / (1024 if sys.platform == "darwin" else 1)  # bytes on macOS, KiB elsewhere
+
+
+@contextmanager
+def _byte_progress(description: str, enabled: bool) -> Iterator[Callable[[int, int], None]]:
+    """A ``progress(done, total)`` callback drawing a tqdm bar of bytes."""
+    bar = tqdm(desc=description, unit="B", unit_scale=True, unit_divisor=1024, disable=not enabled, leave=False)
+
+    def update(done: int, total: int) -> None:
+        if bar.total != total:
+            bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        yield update
+    finally:
+        bar.close()
+
+
+def _external_tensor(name: str, dims: list[int], location: str, offset: int) -> TensorProto:
+    tensor = TensorProto(name=name, dims=dims, data_type=TensorProto.FLOAT, data_location=TensorProto.EXTERNAL)
+    length = 4 * math.prod(dims)
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    return tensor
+
+
+def _mlp_graph(shape: MlpShape, initializers: list[TensorProto]) -> onnx.ModelProto:
+    nodes: list[onnx.NodeProto] = []
+    current = "x"
+    for index in range(len(shape.layers)):
+        nodes.append(helper.make_node("MatMul", [current, f"W{index}"], [f"m{index}"], name=f"matmul{index}"))
+        last = index == len(shape.layers) - 1
+        added = "y" if last else f"a{index}"
+        nodes.append(helper.make_node("Add", [f"m{index}", f"b{index}"], [added], name=f"add{index}"))
+        if not last:
+            nodes.append(helper.make_node("Relu", [added], [f"h{index}"], name=f"relu{index}"))
+            current = f"h{index}"
+    graph = helper.make_graph(
+        nodes,
+        "demo_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", shape.d_in])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", shape.d_out])],
+        initializers,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], ir_version=_IR_VERSION)
+
+
+def build_two_file_mlp(folder: str, shape: MlpShape, *, seed: int = 0, progress: bool = False) -> str:
+    """Write ``folder/mlp.onnx`` with layers 0-1 in ``mlp_a.data`` and layers 2-3 in ``mlp_b.data`` (packed).
+
+    Weights are N(0, 1/fan_in), generated and written ``_WRITE_BLOCK`` bytes at a time. Returns the model path.
+    """
+    rng = np.random.default_rng(seed)
+    initializers: list[TensorProto] = []
+    files = {"mlp_a.data": [0, 1], "mlp_b.data": [2, 3]}
+    with tqdm(
+        total=shape.nbytes, desc="write weights", unit="B", unit_scale=True, unit_divisor=1024, disable=not progress
+    ) as bar:
+        for location, layer_indices in files.items():
+            with open(os.path.join(folder, location), "wb") as data:
+                for index in layer_indices:
+                    fan_in, fan_out = shape.layers[index]
+                    scale = np.float32(1 / math.sqrt(fan_in))
+                    for name, dims in ((f"W{index}", [fan_in, fan_out]), (f"b{index}", [fan_out])):
+                        initializers.append(_external_tensor(name, dims, location, data.tell()))
+                        remaining = math.prod(dims)
+                        while remaining:
+                            count = min(remaining, _WRITE_BLOCK // 4)
+                            (rng.standard_normal(count, dtype=np.float32) * scale).tofile(data)
+                            remaining -= count
+                            bar.update(4 * count)
+    path = os.path.join(folder, "mlp.onnx")
+    onnx.save_model(_mlp_graph(shape, initializers), path)
+    return path
+
+
+def _new_head(model: onnx.ModelProto, shape: MlpShape, seed: int) -> None:
+    """Replace the last layer's external weights with new inline tensors (what fine-tuning a head produces)."""
+    rng = np.random.default_rng(seed)
+    last = len(shape.layers) - 1
+    fan_in, fan_out = shape.layers[last]
+    new = {
+        f"W{last}": (rng.standard_normal((fan_in, fan_out), dtype=np.float32) / np.float32(math.sqrt(fan_in))),
+        f"b{last}": rng.standard_normal(fan_out, dtype=np.float32),
+    }
+    for index, tensor in enumerate(model.graph.initializer):
+        if tensor.name in new:
+            model.graph.initializer[index].CopyFrom(numpy_helper.from_array(new[tensor.name], tensor.name))
+
+
+def _timed(function: Callable[[], _T]) -> tuple[_T, float]:
+    start = time.perf_counter()
+    value = function()
+    return value, time.perf_counter() - start
+
+
+def _evaluate(result: DemoResult, label: str, path: str, x: np.ndarray, ort_module: object | None) -> np.ndarray:
+    """Run ``path`` in file and cpu modes (and onnxruntime); record timings; return the file-mode output."""
+    outputs: dict[str, np.ndarray] = {}
+    for load_device in ("file", "cpu"):
+        sess, built = _timed(lambda device=load_device: reference_evaluator(path, device, check_shape_annotations=True))
+        (y,), ran = _timed(lambda sess=sess: sess.run(None, {"x": x}))  # type: ignore[attr-defined]
+        outputs[load_device] = y
+        result.lines.append(
+            f"  {label:<8} reference_evaluator load_device={load_device:<4}  build {built:6.3f} s  run {ran:6.3f} s  "
+            f"peak RSS so far {_peak_rss_mib():7.1f} MiB"
+        )
+    if not np.array_equal(outputs["file"], outputs["cpu"]):
+        result.problems.append(
+            f"{label}: file and cpu modes disagree (max |diff| {np.max(np.abs(outputs['file'] - outputs['cpu']))})."
+        )
+    if ort_module is not None:
+        session_cls = ort_module.InferenceSession  # type: ignore[attr-defined]
+        sess, built = _timed(lambda: session_cls(path, providers=["CPUExecutionProvider"]))
+        (y,), ran = _timed(lambda: sess.run(None, {"x": x}))  # type: ignore[attr-defined]
+        result.lines.append(
+            f"  {label:<8} onnxruntime                          build {built:6.3f} s  run {ran:6.3f} s  "
+            f"peak RSS so far {_peak_rss_mib():7.1f} MiB"
+        )
+        try:
+            np.testing.assert_allclose(y, outputs["file"], rtol=_RTOL, atol=_ATOL)
+        except AssertionError as exc:
+            result.problems.append(f"{label}: onnxruntime disagrees with the reference evaluator: {exc}")
+    return outputs["file"]
+
+
+def _check_alignment(result: DemoResult, label: str, path: str, *, expect_aligned: bool = True) -> None:
+    """Read the layout back from the files; every reference must be valid, and aligned when expected."""
+    report = build_layout_report(path)
+    common = report.common_alignment
+    files = ", ".join(f"{f.location} ({f.size} B, {f.tensors} tensors)" for f in report.files)
+    result.lines.append(f"  {label:<8} every offset aligned to {common if common else 'any'} bytes; files: {files}")
+    if not report.ok:
+        result.problems.extend(f"{label}: {t.status}: {t.message}" for t in report.errors)
+    if expect_aligned and (common is None or (common != 0 and common < _ALIGNMENT)):
+        result.problems.append(f"{label}: offsets are only {common}-byte aligned, expected {_ALIGNMENT}.")
+
+
+def run_demo(size: int, workdir: str, *, progress: bool = False, seed: int = 0) -> DemoResult:
+    """Run the demo in ``workdir`` (which must exist); see the module docstring. Never raises for a mismatch."""
+    shape = mlp_shape(size)
+    result = DemoResult(workdir)
+    try:
+        import onnxruntime as ort_module
+    except ImportError:
+        ort_module = None
+    source_dir = os.path.join(workdir, "source")
+    model_dir = os.path.join(workdir, "model")
+    os.makedirs(source_dir, exist_ok=True)
+    os.makedirs(model_dir, exist_ok=True)
+    result.lines.append(
+        f"MLP {shape.d_in} -> {shape.hidden} -> {shape.hidden} -> {shape.hidden} -> {shape.d_out}: "
+        f"{shape.nbytes:,} bytes of float32 weights in {workdir}"
+    )
+
+    source, took = _timed(lambda: build_two_file_mlp(source_dir, shape, seed=seed, progress=progress))
+    result.lines.append(f"1. wrote source/mlp.onnx, weights over 2 files (packed) in {took:.3f} s")
+    _check_alignment(result, "source", source, expect_aligned=False)
+
+    aligned = os.path.join(model_dir, "mlp.onnx")
+    with _byte_progress("align", progress) as callback:
+        written, took = _timed(
+            lambda: align_external_data_streaming(source, aligned, alignment=_ALIGNMENT, progress=callback)
+        )
+    result.lines.append(
+        f"2. re-aligned to {_ALIGNMENT} (streaming) into model/mlp.onnx.data: {written:,} bytes "
+        f"({written - shape.nbytes:,} padding) in {took:.3f} s ({written / 2**20 / max(took, 1e-9):.0f} MiB/s)"
+    )
+    _check_alignment(result, "aligned", aligned)
+
+    variant = os.path.join(model_dir, "variant.onnx")
+    model = onnx.load_model(aligned, load_external_data=False)
+    _new_head(model, shape, seed + 1)
+    with _byte_progress("save variant", progress) as callback:
+        written, took = _timed(
+            lambda: save_model_with_shared_external_data(model, variant, _ALIGNMENT, progress=callback)
+        )
+    result.lines.append(
+        f"3. saved model/variant.onnx with a new head: wrote {written:,} bytes to variant.onnx.data, shares "
+        f"{shape.nbytes - 4 * (shape.hidden * shape.d_out + shape.d_out):,} bytes with mlp.onnx.data, in {took:.3f} s"
+    )
+    _check_alignment(result, "variant", variant)
+
+    result.lines.append("4. evaluate (outputs compared across evaluators and models)")
+    x = np.random.default_rng(seed + 2).standard_normal((_BATCH, shape.d_in), dtype=np.float32)
+    y_source = _evaluate(result, "source", source, x, ort_module)
+    y_aligned = _evaluate(result, "aligned", aligned, x, ort_module)
+    y_variant = _evaluate(result, "variant", variant, x, ort_module)
+    if not np.array_equal(y_source, y_aligned):
+        result.problems.append("aligned model's output differs from the source model's: re-alignment changed bytes.")
+    if np.allclose(y_variant, y_aligned):
+        result.problems.append("variant's output equals the base model's: its new head was not used.")
+    if ort_module is None:
+        result.lines.append("  (onnxruntime not installed: skipped)")
+    result.lines.append(
+        f"peak RSS of this process: {_peak_rss_mib():.1f} MiB (weights: {shape.nbytes / 2**20:.1f} MiB)"
+    )
+    result.lines.append("result: OK, all outputs agree" if result.ok else f"result: {len(result.problems)} problem(s)")
+    return result

@@ -1,0 +1,76 @@
+"""``onnx-light-ref demo``: a newcomer's first command runs the whole job and says it worked."""
+
+from __future__ import annotations
+
+import os
+
+import onnx
+import pytest
+
+from onnx_light_ref import demo
+from onnx_light_ref.cli import main
+from onnx_light_ref.io.layout_report import build_layout_report
+
+
+def test_demo_runs_end_to_end_in_a_temporary_folder(capsys):
+    status = main(["demo", "--size", "2M", "--no-progress"])
+
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "re-aligned to 4096 (streaming)" in out
+    assert "aligned  every offset aligned to 4096 bytes" in out
+    assert "result: OK, all outputs agree" in out
+    workdir = out.splitlines()[0].rsplit(" in ", 1)[1]
+    assert not os.path.exists(workdir)
+
+
+def test_demo_keep_leaves_aligned_model_and_sharing_variant(tmp_path, capsys):
+    keep = tmp_path / "demo"
+
+    assert main(["demo", "--size", "1M", "--keep", str(keep), "--no-progress"]) == 0
+
+    assert f"files kept in {keep}" in capsys.readouterr().out
+    aligned = build_layout_report(keep / "model" / "mlp.onnx")
+    assert aligned.ok and all(t.offset % 4096 == 0 for t in aligned.tensors)
+    variant = onnx.load_model(str(keep / "model" / "variant.onnx"), load_external_data=False)
+    locations = {
+        t.name: next(e.value for e in t.external_data if e.key == "location") for t in variant.graph.initializer
+    }
+    assert locations["W0"] == locations["W2"] == "mlp.onnx.data"
+    assert locations["W3"] == locations["b3"] == "variant.onnx.data"
+    assert os.path.getsize(keep / "model" / "variant.onnx.data") < os.path.getsize(keep / "model" / "mlp.onnx.data")
+
+
+def test_demo_keep_refuses_a_non_empty_folder(tmp_path, capsys):
+    (tmp_path / "precious.txt").write_text("keep me")
+
+    assert main(["demo", "--size", "1M", "--keep", str(tmp_path), "--no-progress"]) == 1
+    assert "not empty" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == ["precious.txt"]
+
+
+def test_demo_reports_a_mismatch_with_exit_status_1(monkeypatch, capsys):
+    monkeypatch.setattr(demo, "_new_head", lambda model, shape, seed: None)  # the variant would equal the base
+
+    assert main(["demo", "--size", "1M", "--no-progress"]) == 1
+    assert "MISMATCH: variant's output equals the base model's" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "size"), [("2M", 2 * 2**20), ("64MiB", 64 * 2**20), ("8k", 8192), ("1000", 1000)])
+def test_parse_size(text, size):
+    assert demo.parse_size(text) == size
+
+
+def test_size_too_small_or_malformed(capsys):
+    with pytest.raises(SystemExit):
+        main(["demo", "--size", "two"])
+    assert "K/M/G suffix" in capsys.readouterr().err
+    assert main(["demo", "--size", "1K", "--no-progress"]) == 1
+    assert "at least 65536 bytes" in capsys.readouterr().err
+
+
+def test_mlp_shape_stays_under_the_requested_size():
+    for size in (2**16, 2**21, 2**26):
+        shape = demo.mlp_shape(size)
+        assert shape.nbytes <= size
+        assert shape.nbytes > size * 0.8 or size == 2**16
