@@ -1,0 +1,150 @@
+"""Parsing and validating external references: what is accepted, what is refused and what the message says."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
+from onnx_light_ref.io.locations import (
+    check_location_syntax,
+    check_not_hard_linked,
+    expected_nbytes,
+    parse_external_data,
+    resolve_location,
+)
+
+
+def external_tensor(entries: dict[str, str], dims=(4,), data_type=onnx.TensorProto.FLOAT) -> onnx.TensorProto:
+    tensor = onnx.TensorProto(name="w", dims=list(dims), data_type=data_type, data_location=onnx.TensorProto.EXTERNAL)
+    for key, value in entries.items():
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    return tensor
+
+
+@pytest.mark.parametrize("location", ["w.bin", "sub/w.bin", "./w.bin", "a..b.bin", "sub/./w.bin"])
+def test_relative_locations_inside_the_folder_are_accepted(location):
+    check_location_syntax(location, tensor_name="w")
+
+
+@pytest.mark.parametrize(
+    ("location", "fragment"),
+    [
+        ("", "empty"),
+        ("/abs/w.bin", "absolute"),
+        ("../w.bin", "'..'"),
+        ("sub/../../w.bin", "'..'"),
+        ("sub/..", "'..'"),
+        ("sub\\w.bin", "backslash"),
+        ("w\x00.bin", "NUL"),
+        (".", "does not name a file"),
+        ("./", "does not name a file"),
+    ],
+)
+def test_unsafe_locations_are_refused_by_syntax(location, fragment):
+    with pytest.raises(UnsafeLocationError, match=fragment) as raised:
+        check_location_syntax(location, tensor_name="w")
+    assert "'w'" in str(raised.value)
+
+
+def test_a_symlink_inside_the_folder_is_followed(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "real.bin").write_bytes(b"x" * 8)
+    os.symlink("data/real.bin", tmp_path / "alias.bin")
+
+    assert resolve_location(str(tmp_path), "alias.bin", tensor_name="w") == str(tmp_path / "data" / "real.bin")
+
+
+def test_a_folder_is_not_a_data_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(ExternalDataError, match="not a regular file"):
+        resolve_location(str(tmp_path), "sub", tensor_name="w")
+
+
+def test_length_is_computed_from_dims_when_missing(tmp_path):
+    (tmp_path / "w.bin").write_bytes(bytes(40))
+
+    ref = parse_external_data(external_tensor({"location": "w.bin", "offset": "24"}), str(tmp_path))
+
+    assert (ref.offset, ref.length, ref.file_size, ref.checksum) == (24, 16, 40, None)
+    assert ref.path == str(tmp_path / "w.bin")
+
+
+def test_a_range_ending_exactly_at_the_end_of_the_file_is_valid(tmp_path):
+    (tmp_path / "w.bin").write_bytes(bytes(16))
+    assert parse_external_data(external_tensor({"location": "w.bin", "length": "16"}), str(tmp_path)).length == 16
+    empty = external_tensor({"location": "w.bin", "offset": "16", "length": "0"}, dims=(0,))
+    assert parse_external_data(empty, str(tmp_path)).offset == 16
+
+
+@pytest.mark.parametrize(
+    ("tensor", "fragment"),
+    [
+        (external_tensor({}), "no external_data entries"),
+        (external_tensor({"location": "w.bin", "length": "16", "length ": "1"}), "unknown external_data keys"),
+        (external_tensor({"location": "w.bin", "offset": "99999999999999999999"}), "does not fit in int64"),
+        (external_tensor({"location": "w.bin", "length": "1.5"}), "non-negative integer"),
+        (external_tensor({"location": "w.bin"}, data_type=onnx.TensorProto.STRING), "no external_data 'length'"),
+    ],
+)
+def test_malformed_entries_are_refused(tmp_path, tensor, fragment):
+    (tmp_path / "w.bin").write_bytes(bytes(16))
+    with pytest.raises(ExternalDataError, match=fragment):
+        parse_external_data(tensor, str(tmp_path))
+
+
+def test_duplicated_keys_and_inline_bytes_are_refused(tmp_path):
+    (tmp_path / "w.bin").write_bytes(bytes(16))
+    duplicated = external_tensor({"location": "w.bin"})
+    duplicated.external_data.add(key="location", value="other.bin")
+    with pytest.raises(ExternalDataError, match="duplicated keys"):
+        parse_external_data(duplicated, str(tmp_path))
+    both = external_tensor({"location": "w.bin", "length": "16"})
+    both.raw_data = bytes(16)
+    with pytest.raises(ExternalDataError, match="both inline raw_data"):
+        parse_external_data(both, str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("data_type", "dims", "nbytes"),
+    [
+        (onnx.TensorProto.FLOAT, (2, 3), 24),
+        (onnx.TensorProto.DOUBLE, (5,), 40),
+        (onnx.TensorProto.FLOAT16, (3,), 6),
+        (onnx.TensorProto.BFLOAT16, (3,), 6),
+        (onnx.TensorProto.FLOAT8E4M3FN, (3,), 3),
+        (onnx.TensorProto.BOOL, (7,), 7),
+        (onnx.TensorProto.COMPLEX64, (2,), 16),
+        (onnx.TensorProto.INT4, (5,), 3),
+        (onnx.TensorProto.UINT4, (4,), 2),
+        (onnx.TensorProto.FLOAT, (), 4),
+        (onnx.TensorProto.FLOAT, (0, 8), 0),
+        (onnx.TensorProto.STRING, (2,), None),
+    ],
+)
+def test_expected_nbytes_follows_dims_and_type(data_type, dims, nbytes):
+    assert expected_nbytes(onnx.TensorProto(dims=list(dims), data_type=data_type)) == nbytes
+
+
+def test_expected_nbytes_agrees_with_numpy_raw_data():
+    for dtype in (np.float32, np.int64, np.uint16, np.int8, np.float16):
+        tensor = numpy_helper.from_array(np.zeros((3, 5), dtype=dtype))
+        assert expected_nbytes(tensor) == len(tensor.raw_data)
+
+
+def test_a_hard_linked_data_file_is_refused(tmp_path):
+    (tmp_path / "w.bin").write_bytes(bytes(16))
+    ref = parse_external_data(external_tensor({"location": "w.bin"}), str(tmp_path))
+    check_not_hard_linked(ref)  # one link: fine
+    os.link(tmp_path / "w.bin", tmp_path / "second-name.bin")
+
+    linked = parse_external_data(external_tensor({"location": "w.bin"}), str(tmp_path))
+
+    assert linked.link_count == 2
+    with pytest.raises(UnsafeLocationError, match="2 hard links"):
+        check_not_hard_linked(linked)
