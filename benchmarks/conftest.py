@@ -8,7 +8,9 @@ How a comparison is measured, and why this way:
   shared and noisy, so a burst of load hits every method of a round instead of all the rounds of one method. The
   report uses medians per method and the ratios of those medians;
 * every child gets a fresh, empty destination, and ``os.sync()`` runs first (outside the measurement), so writeback
-  of the previous run's dirty pages does not land on the next one. Sources are warm (in the page cache).
+  of the previous run's dirty pages does not land on the next one. Sources are warm (in the page cache);
+* at tiny size (the normal test run) the children of a round run side by side and without ``os.sync()``: those
+  numbers are start-up noise, the run only proves every scenario still works.
 
 pytest-benchmark integration: one test = one comparison. ``benchmark.pedantic(one_round, rounds=N)`` drives the
 rounds; what pytest-benchmark times is a whole round of child processes (interpreter start-up included), which is
@@ -25,6 +27,7 @@ import statistics
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,29 +177,39 @@ def compare(benchmark: Any, bench_config: BenchConfig, scratch: Path) -> Callabl
         skipped: dict[str, str] = {}
         rounds_done = 0
 
+        def run_one(position: int, method: Method) -> None:
+            run_id = uuid.uuid4().hex[:8]
+            fresh = scratch / f"{group}-{run_id}"
+            fresh.mkdir()
+            args, cleanup = method.resolve(str(fresh), run_id)
+            if not bench_config.is_tiny:
+                os.sync()
+            try:
+                record = run_in_child(method.scenario, args)
+            except ScenarioUnavailableError as exc:
+                skipped[method.label] = str(exc)
+                return
+            finally:
+                shutil.rmtree(fresh, ignore_errors=True)
+                for path in cleanup:
+                    if os.path.exists(path):
+                        os.remove(path)
+            record.update(round=rounds_done, position=position)
+            results[method.label].append(record)
+
         def one_round() -> None:
             nonlocal rounds_done
             shift = rounds_done % len(methods)
-            for position, method in enumerate([*methods[shift:], *methods[:shift]]):
-                if method.label in skipped:
-                    continue
-                run_id = uuid.uuid4().hex[:8]
-                fresh = scratch / f"{group}-{run_id}"
-                fresh.mkdir()
-                args, cleanup = method.resolve(str(fresh), run_id)
-                os.sync()
-                try:
-                    record = run_in_child(method.scenario, args)
-                except ScenarioUnavailableError as exc:
-                    skipped[method.label] = str(exc)
-                    continue
-                finally:
-                    shutil.rmtree(fresh, ignore_errors=True)
-                    for path in cleanup:
-                        if os.path.exists(path):
-                            os.remove(path)
-                record.update(round=rounds_done, position=position)
-                results[method.label].append(record)
+            order = [m for m in [*methods[shift:], *methods[:shift]] if m.label not in skipped]
+            if bench_config.is_tiny:
+                # Tiny runs only prove that every scenario works (their numbers are start-up noise): run the children
+                # side by side so the whole suite stays within seconds of the normal test command.
+                with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+                    for future in [pool.submit(run_one, i, m) for i, m in enumerate(order)]:
+                        future.result()
+            else:
+                for position, method in enumerate(order):
+                    run_one(position, method)
             rounds_done += 1
 
         benchmark.pedantic(one_round, rounds=bench_config.rounds, iterations=1, warmup_rounds=0)
