@@ -1,0 +1,158 @@
+"""``onnx-light-ref align``: what a user types, what they see, and the files they get."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from onnx_light_ref.cli import main
+from onnx_light_ref.commands.align import parse_size
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("7", 7), ("4096", 4096), ("64K", 65536), ("64k", 65536), ("4M", 4194304), ("4MiB", 4194304), ("1G", 2**30)],
+)
+def test_sizes_accept_binary_suffixes(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "4X", "-1", "1.5M", "M"])
+def test_invalid_sizes_are_usage_errors(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="invalid size"):
+        parse_size(text)
+
+
+def test_align_writes_the_aligned_pair_and_prints_one_summary_line(
+    tmp_path, make_external_model, reference_tensors, capsys
+):
+    src = make_external_model(tmp_path, reference_tensors())
+    dst = tmp_path / "out.onnx"
+
+    status = main(["align", str(src), str(dst), "--alignment", "64", "--chunk-size", "7"])
+
+    assert status == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    assert "3 tensors, 196 bytes written (88 padding)" in out
+    assert "MiB/s" in out
+    assert (tmp_path / "out.onnx.data").stat().st_size == 196
+    loaded = onnx.load_model(str(dst))
+    for tensor in loaded.graph.initializer:
+        np.testing.assert_array_equal(numpy_helper.to_array(tensor), reference_tensors()[tensor.name])
+
+
+def test_weights_path_and_size_suffixes(tmp_path, make_external_model, reference_tensors, capsys):
+    src = make_external_model(tmp_path, reference_tensors())
+    (tmp_path / "sub").mkdir()
+
+    status = main(["align", str(src), str(src), "--weights", str(tmp_path / "sub" / "w.bin"), "--alignment", "64K"])
+
+    assert status == 0
+    model = onnx.load_model(str(src), load_external_data=False)
+    assert [(t.external_data[0].value, t.external_data[1].value) for t in model.graph.initializer] == [
+        ("sub/w.bin", "0"),
+        ("sub/w.bin", "65536"),
+        ("sub/w.bin", "131072"),
+    ]
+    assert "sub/w.bin: 3 tensors" in capsys.readouterr().out
+
+
+def test_a_model_without_external_tensors_is_reported(tmp_path, build_identity_model, capsys):
+    src = tmp_path / "inline.onnx"
+    onnx.save_model(build_identity_model({"w": np.ones(2, dtype=np.float32)}), str(src))
+
+    assert main(["align", str(src), str(tmp_path / "out.onnx")]) == 0
+
+    assert "no external tensor" in capsys.readouterr().out
+    assert not (tmp_path / "out.onnx.data").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--alignment", "3"], "power of two"),
+        (["--chunk-size", "0"], "chunk_size"),
+        (["--weights", "SRC_WEIGHTS"], "another dst_weights_path"),
+        (["--weights", "OUTSIDE"], "inside the folder"),
+    ],
+)
+def test_library_errors_print_one_line_and_exit_1(
+    tmp_path, make_external_model, reference_tensors, sha256_of_tree, capsys, extra, fragment
+):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    src = make_external_model(folder, reference_tensors())
+    substitutions = {"SRC_WEIGHTS": str(folder / "model.onnx.data"), "OUTSIDE": str(tmp_path / "w.bin")}
+    extra = [substitutions.get(arg, arg) for arg in extra]
+    before = sha256_of_tree(tmp_path)
+
+    status = main(["align", str(src), str(folder / "out.onnx"), *extra])
+
+    assert status == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("error: ")
+    assert captured.err.count("\n") == 1
+    assert fragment in captured.err
+    assert "Traceback" not in captured.err
+    assert sha256_of_tree(tmp_path) == before
+
+
+def test_a_missing_source_is_one_error_line(tmp_path, capsys):
+    assert main(["align", str(tmp_path / "nope.onnx"), str(tmp_path / "out.onnx")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ONNX model file not found")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_invalid_size_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["align", "a.onnx", "b.onnx", "--chunk-size", "4X"])
+    assert raised.value.code == 2
+    assert "invalid size '4X'" in capsys.readouterr().err
+
+
+def test_the_installed_command_exits_1_without_traceback(tmp_path, make_external_model, reference_tensors):
+    src = make_external_model(tmp_path, reference_tensors())
+
+    done = subprocess.run(
+        [sys.executable, "-m", "onnx_light_ref", "align", str(src), str(src)],  # default weights = the source's
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: ")
+    assert "Traceback" not in done.stderr
+    assert "another dst_weights_path" in done.stderr
+
+
+def test_the_progress_bar_follows_the_bytes_to_the_total(
+    tmp_path, make_external_model, reference_tensors, monkeypatch, capsys
+):
+    """On a terminal the bar is shown; here it is forced on, as if stderr were one."""
+    import onnx_light_ref.commands.align as command
+
+    bars = []
+
+    class VisibleBar(command.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "disable": False})
+            bars.append(self)
+
+    monkeypatch.setattr(command, "tqdm", VisibleBar)
+    src = make_external_model(tmp_path, reference_tensors())
+
+    assert main(["align", str(src), str(tmp_path / "out.onnx"), "--chunk-size", "5"]) == 0
+
+    (bar,) = bars
+    assert (bar.n, bar.total) == (108, 108)
+    assert "108/108" in capsys.readouterr().err
