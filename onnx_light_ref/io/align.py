@@ -130,6 +130,13 @@ def _destination_location(dst_onnx: str, dst_weights: str) -> str:
             f"dst_weights_path {dst_weights!r} must be inside the folder of dst_onnx_path {dst_onnx!r}: loaders refuse "
             f"locations with '..' or absolute paths (it would be stored as {location!r})."
         ) from None
+    if ".." in location:
+        # onnx's loader refuses any location containing "..", even inside a name such as "w..1.bin": such a model
+        # would be written fine and then be unloadable.
+        raise UnsafeLocationError(
+            f"dst_weights_path {dst_weights!r} would be stored as location {location!r}, which contains '..'; "
+            "onnx refuses to load such locations. Choose a weights file name without '..'."
+        )
     return location
 
 

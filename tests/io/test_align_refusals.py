@@ -202,6 +202,11 @@ REFUSALS = {
         UnsafeLocationError,
         ["new.bin", "inside the folder", "'..'"],
     ),
+    "dst weights name with '..'": (
+        _args(dst_weights_path="WEIGHTS_WITH_DOTDOT"),
+        UnsafeLocationError,
+        ["'my..w.bin'", "onnx refuses"],
+    ),
     "dst weights == dst model": (_args(dst_weights_path="SAME"), DestinationConflictError, ["same file"]),
     "missing model": (_missing_model, FileNotFoundError, ["nope.onnx"]),
     "not a model": (_not_a_model, ValueError, ["garbage.onnx", "not a valid ONNX model"]),
@@ -212,6 +217,8 @@ def _call(aligner: str, folder: Path, overrides: dict) -> int:
     arguments = {"src_onnx_path": folder / "model.onnx", "dst_onnx_path": folder / "out.onnx", **overrides}
     if arguments.get("dst_weights_path") == "SAME":
         arguments["dst_weights_path"] = arguments["dst_onnx_path"]
+    if arguments.get("dst_weights_path") == "WEIGHTS_WITH_DOTDOT":
+        arguments["dst_weights_path"] = folder / "my..w.bin"
     if aligner == "streaming":
         return align_external_data_streaming(**arguments)
     return align_external_data_in_memory(**arguments)
