@@ -36,7 +36,13 @@ import onnx
 import onnx.inliner
 from onnx import AttributeProto
 
-from onnx_light_ref.io.locations import ExternalRef, expected_nbytes, is_external, parse_external_data
+from onnx_light_ref.io.locations import (
+    ExternalRef,
+    check_not_hard_linked,
+    expected_nbytes,
+    is_external,
+    parse_external_data,
+)
 from onnx_light_ref.io.model_file import load_model_metadata
 from onnx_light_ref.io.walker import iter_tensors
 from onnx_light_ref.ops.attributes import LOAD_DEVICES
@@ -145,7 +151,10 @@ def plan_delayed_initializers(
                 f"base_dir is required when converting an in-memory model with external initializers (first: "
                 f"{site.label!r}, location in {site.where}); pass the folder its locations are relative to."
             )
-        delayed.append(DelayedTensor(tensor, graph, parse_external_data(tensor, folder, label=site.label), site.where))
+        ref = parse_external_data(tensor, folder, label=site.label)
+        # onnx (>= 1.21) refuses to read a hard-linked data file; the converted model must not be a way around that.
+        check_not_hard_linked(ref)
+        delayed.append(DelayedTensor(tensor, graph, ref, site.where))
     return ConversionPlan(model, folder or "", delayed, kept_shadowed, kept_small)
 
 
@@ -230,7 +239,8 @@ def delay_initializers(
     length matching dims and dtype) without reading a byte of weights. Raises ``ValueError`` for an unsupported
     ``load_device``/``min_size``, for an initializer whose dtype the op cannot produce (unless ``min_size``
     excludes it), and for a proto with external initializers but no ``base_dir``; the io errors
-    (``UnsafeLocationError``, ``ExternalDataError``, ``FileNotFoundError``) for bad references.
+    (``UnsafeLocationError``, ``ExternalDataError``, ``FileNotFoundError``) for bad references; a data file with
+    several hard links is refused (``UnsafeLocationError``) as onnx refuses it.
     """
     if load_device not in LOAD_DEVICES:
         raise ValueError(f"load_device must be one of {list(LOAD_DEVICES)}, got {load_device!r}.")

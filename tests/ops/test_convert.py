@@ -225,6 +225,14 @@ def test_symlink_escaping_the_folder_is_refused(tmp_path):
         delay_initializers(model, base_dir=model_dir)
 
 
+def test_hard_linked_data_file_is_refused_as_onnx_does(tmp_path):
+    model = _single_tensor_model(tmp_path, "weights.data")
+    os.link(tmp_path / "weights.data", tmp_path / "elsewhere.data")
+
+    with pytest.raises(UnsafeLocationError, match="hard links"):
+        delay_initializers(model, base_dir=tmp_path)
+
+
 def test_length_disagreeing_with_shape_is_refused(tmp_path):
     model = _single_tensor_model(tmp_path, "weights.data", length=40)
 
