@@ -267,3 +267,30 @@ def test_a_refused_run_keeps_a_previous_destination_intact(tmp_path, layout, sha
     assert sha256_of_tree(tmp_path) == before
     reloaded = onnx.load_model(str(layout / "out.onnx"))
     np.testing.assert_array_equal(numpy_helper.to_array(reloaded.graph.initializer[0]), WEIGHTS)
+
+
+def test_an_io_error_during_the_copy_leaves_no_output_and_no_temp_file(
+    tmp_path, layout, sha256_of_tree, assert_no_temp_files, monkeypatch
+):
+    import errno
+
+    def failing_copy(*args):
+        raise OSError(errno.EIO, "simulated disk error")
+
+    monkeypatch.setattr(os, "copy_file_range", failing_copy)
+    before = sha256_of_tree(tmp_path)
+
+    with pytest.raises(OSError, match="simulated disk error"):
+        align_external_data_streaming(layout / "model.onnx", layout / "out.onnx", alignment=64)
+
+    assert sha256_of_tree(tmp_path) == before
+    assert_no_temp_files(tmp_path)
+
+
+def test_a_missing_destination_folder_is_refused_before_copying(tmp_path, layout, sha256_of_tree):
+    before = sha256_of_tree(tmp_path)
+
+    with pytest.raises(FileNotFoundError, match="destination folder does not exist"):
+        align_external_data_streaming(layout / "model.onnx", layout / "out.onnx", layout / "missing" / "w.bin")
+
+    assert sha256_of_tree(tmp_path) == before
