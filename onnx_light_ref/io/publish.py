@@ -62,14 +62,18 @@ class StagedFile:
 
     def __init__(self, final_path: str) -> None:
         self.final_path = os.path.abspath(final_path)
-        folder, name = os.path.split(self.final_path)
+        folder = os.path.dirname(self.final_path)
         if not os.path.isdir(folder):
             raise FileNotFoundError(errno.ENOENT, f"destination folder does not exist: {folder!r}", folder)
         remove_stale_temp_files(self.final_path)
-        self.temp_path = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(8)}{_TEMP_SUFFIX}")
+        self.temp_path = self._temp_name()
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         self.fd: int | None = os.open(self.temp_path, flags, 0o666)
         self.committed = False
+
+    def _temp_name(self) -> str:
+        folder, name = os.path.split(self.final_path)
+        return os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(8)}{_TEMP_SUFFIX}")
 
     def write_all(self, data: bytes | memoryview, offset: int) -> None:
         """Write ``data`` at ``offset`` (positional, loops on short writes)."""
@@ -99,6 +103,39 @@ class StagedFile:
         os.replace(self.temp_path, self.final_path)
         self.committed = True
         _fsync_folder(os.path.dirname(self.final_path))
+
+    def keep_previous(self) -> str | None:
+        """Hard-link the file now at the final path (if any) to a temp name, so :meth:`roll_back` can restore it.
+
+        The backup is named like a temp file, so one left by a killed run is removed as stale like any other.
+        Returns None when there is no previous file, or when the filesystem cannot hard-link (then a failed batch
+        cannot restore the previous version; the failure is logged).
+        """
+        backup = self._temp_name()
+        try:
+            os.link(self.final_path, backup, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            logger.warning("cannot keep the previous %s to restore it on failure: %s", self.final_path, exc)
+            return None
+        return backup
+
+    def roll_back(self, backup: str | None) -> None:
+        """Undo :meth:`commit`: the new file goes back to its temp name, ``backup`` (if any) back to the final path."""
+        # Each rename target is known to be absent: the temp name was freed by commit, the final name by the first
+        # rename (or it still holds the previous version, and then only the backup goes).
+        if self.committed:
+            os.rename(self.final_path, self.temp_path)
+            self.committed = False
+            if backup is None:
+                _fsync_folder(os.path.dirname(self.final_path))
+        if backup is not None:
+            if os.path.lexists(self.final_path):
+                os.unlink(backup)  # this file's own commit failed: the previous version never left
+            else:
+                os.rename(backup, self.final_path)
+            _fsync_folder(os.path.dirname(self.final_path))
 
     def discard(self) -> None:
         """Close and delete the temp file (no-op after commit)."""
@@ -136,8 +173,29 @@ def staged_files() -> Iterator[list[StagedFile]]:
 
 
 def publish_all(files: Sequence[StagedFile]) -> None:
-    """Flush every file first, then rename them in order (weights before the ``.onnx`` that points at them)."""
+    """Flush every file first, then rename them in order (weights before the ``.onnx`` that points at them).
+
+    Several renames cannot be one atomic step, so a failure part-way (a rename or folder fsync raising) undoes the
+    renames already done: each published file goes back to its temp name (the caller's cleanup deletes it) and the
+    file it replaced, kept as a hard-linked backup, takes its name again. The destinations are then exactly as
+    before the call, so an old ``.onnx`` never ends up beside new weights it does not describe. Only a crash (the
+    process killed between two renames) can still leave the new weights beside the previous ``.onnx``.
+    """
     for staged in files:
         staged.flush()
-    for staged in files:
-        staged.commit()
+    done: list[tuple[StagedFile, str | None]] = []
+    try:
+        for staged in files:
+            done.append((staged, staged.keep_previous()))
+            staged.commit()
+    except BaseException:
+        for staged, backup in reversed(done):
+            try:
+                staged.roll_back(backup)
+            except OSError as exc:  # keep the original error; say what could not be undone
+                logger.error("could not restore %s after a failed publication: %s", staged.final_path, exc)
+        raise
+    for _, backup in done:
+        if backup is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(backup)
