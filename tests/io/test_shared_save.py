@@ -445,7 +445,8 @@ def test_failed_rename_leaves_no_file_and_the_model_unchanged(
     with pytest.raises(OSError, match="simulated"):
         save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64)
 
-    assert [Path(p).name for p in calls] == ["second.onnx.data", "second.onnx"][:failing_rename]
+    # Only the first renames are ours to check: publication may rename more while undoing (publish.py's business).
+    assert [Path(p).name for p in calls[:failing_rename]] == ["second.onnx.data", "second.onnx"][:failing_rename]
     assert variant.SerializeToString() == before_model
     assert tree(tmp_path) == before_files and temp_files(tmp_path) == []
 
