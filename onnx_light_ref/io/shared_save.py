@@ -7,9 +7,9 @@ no byte of its file is read or written. A tensor carrying inline ``raw_data`` (a
 Guarantees: every check (reused references resolvable, secondary file not a reused file, no tensor both inline and
 external) happens before the first byte is written; files are published atomically (weights, then ``.onnx``); the
 caller's model is mutated only once everything is written. If publication fails after the mutation, the new
-tensors are restored from the fully written temp file, so on any error the model is exactly as it was; a secondary
-file published before the ``.onnx`` failed is removed again unless a file of that name existed before (it has then
-been replaced: two renames cannot be made atomic together). The new
+tensors are restored from the weights file, so on any error the model is exactly as it was; ``publish_all`` undoes
+the weights rename when the ``.onnx`` rename fails, and a secondary file that did not exist before is removed if that
+undo itself failed. The new
 weights are never copied as a whole in memory: each tensor's bytes are written, then released.
 """
 
