@@ -7,8 +7,9 @@ Method chain, chosen at run time and remembered per (source device, destination 
    and tmpfs, for instance);
 3. ``os.preadv`` into one ``chunk_size`` buffer + ``os.pwrite``: the portable last resort.
 
-A method is dropped for a device pair when it fails with EINVAL, ENOSYS, EXDEV, EOPNOTSUPP/ENOTSUP or EPERM before
-moving a byte of the current call; any other error (EIO, ENOSPC...) propagates. Each system call moves at most
+A method is dropped for a device pair when it fails with EINVAL, ENOSYS, EXDEV, EOPNOTSUPP/ENOTSUP or EPERM, or
+moves nothing where the validated range says bytes exist; any other error (EIO, ENOSPC...) propagates, and a source
+that really ended early is reported by the last method. Each system call moves at most
 ``chunk_size`` bytes. Ranges contiguous in both source and destination are merged into one. Every source file is
 opened once, checked to be the very file that was validated (device and inode), and closed at the end.
 
@@ -159,6 +160,7 @@ class RangeCopier:
         self, src_fd: int, disabled: set[CopyMethod], item: CopyRange, src_offset: int, dst_offset: int, count: int
     ) -> int:
         """Move up to ``count`` bytes with the first method not ``disabled`` for this device pair."""
+        moved_nothing = False
         for method in self.methods:
             if method in disabled:
                 continue
@@ -171,13 +173,20 @@ class RangeCopier:
                     continue
                 raise
             if moved == 0:
-                raise ExternalDataError(
-                    f"source file {item.src_path!r} ended at offset {src_offset} while {count} more bytes were "
-                    f"expected (range at offset {item.src_offset}, {item.length} bytes); was it truncated during "
-                    "the copy?"
-                )
+                # Some filesystems (FUSE, network, pseudo files) make the in-kernel calls return 0 although the
+                # planned range is in the file: let the next method decide; a truly short source fails in all.
+                logger.debug("%s moved nothing from %r at %d; falling back", method, item.src_path, src_offset)
+                disabled.add(method)
+                moved_nothing = True
+                continue
             self.used_methods.add(method)
             return moved
+        if moved_nothing:
+            raise ExternalDataError(
+                f"source file {item.src_path!r} ended at offset {src_offset} while {count} more bytes were "
+                f"expected (range at offset {item.src_offset}, {item.length} bytes); was it truncated during "
+                "the copy?"
+            )
         raise OSError(errno.ENOTSUP, f"no copy method works from {item.src_path!r} to the destination")
 
     def _call(self, method: CopyMethod, src_fd: int, src_offset: int, dst_offset: int, count: int) -> int:

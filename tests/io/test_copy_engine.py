@@ -239,3 +239,19 @@ def test_a_real_cross_filesystem_copy(tmp_path, source):
     # copy_file_range fails with EXDEV between tmpfs and most disks; sendfile still copies in the kernel.
     assert copier.used_methods in ({"sendfile"}, {"copy_file_range"})
     assert (tmp_path / "dst.bin").read_bytes() == expected_output(ranges)
+
+
+def test_a_kernel_method_that_moves_nothing_falls_back_instead_of_failing(tmp_path, source, monkeypatch):
+    # Some filesystems (FUSE, network) answer copy_file_range with 0 although the range exists.
+    monkeypatch.setattr(os, "copy_file_range", lambda *args, **kwargs: 0)
+    ranges = ranges_from(source)
+
+    copier = copy_to(tmp_path / "dst.bin", ranges)
+
+    assert copier.used_methods == {"sendfile"}
+    assert (tmp_path / "dst.bin").read_bytes() == expected_output(ranges)
+
+
+def test_a_truncated_source_fails_after_every_method_moved_nothing(tmp_path, source):
+    with pytest.raises(ExternalDataError, match="ended at offset 10240"):
+        copy_to(tmp_path / "dst.bin", [CopyRange(str(source), 10000, 0, 500)])
