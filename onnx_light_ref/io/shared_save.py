@@ -7,15 +7,13 @@ no byte of its file is read or written. A tensor carrying inline ``raw_data`` (a
 Guarantees: every check (reused references resolvable, secondary file not a reused file, no tensor both inline and
 external) happens before the first byte is written; files are published atomically (weights, then ``.onnx``); the
 caller's model is mutated only once everything is written. If publication fails after the mutation, the new
-tensors are restored from the weights file, so on any error the model is exactly as it was; ``publish_all`` undoes
-the weights rename when the ``.onnx`` rename fails, and a secondary file that did not exist before is removed if that
-undo itself failed. The new
-weights are never copied as a whole in memory: each tensor's bytes are written, then released.
+tensors are restored from the weights file, so on any error the model is exactly as it was (and ``publish_all``
+undoes the weights rename when the ``.onnx`` rename fails). The new weights are never copied as a whole in memory:
+each tensor's bytes are written, then released.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -93,8 +91,6 @@ def save_model_with_shared_external_data(
         raise ValueError(f"size_threshold must be an int >= 0, got {size_threshold!r}.")
     plan = _plan(model, os.path.abspath(os.fspath(dst_onnx_path)), location, step, size_threshold, check_references)
 
-    # A secondary file that did not exist is removed again if the `.onnx` cannot be published after it.
-    secondary_existed = os.path.lexists(plan.secondary_path)
     with staged_files() as files:
         weights = None
         if plan.new:
@@ -109,9 +105,6 @@ def save_model_with_shared_external_data(
             publish_all(([weights] if weights is not None else []) + [model_file])
         except BaseException:
             _restore(plan, weights)
-            if weights is not None and weights.committed and not secondary_existed:
-                with contextlib.suppress(OSError):
-                    os.unlink(weights.final_path)
             raise
     logger.info(
         "saved %s: %d reused tensors, %d new tensors in %s (%d bytes)",
