@@ -97,12 +97,13 @@ class StagedFile:
             finally:
                 os.close(fd)
 
-    def commit(self) -> None:
-        """fsync, rename over the final path, fsync the folder."""
+    def commit(self, *, sync_folder: bool = True) -> None:
+        """fsync, rename over the final path, fsync the folder (unless the caller does it once for several files)."""
         self.flush()
         os.replace(self.temp_path, self.final_path)
         self.committed = True
-        _fsync_folder(os.path.dirname(self.final_path))
+        if sync_folder:
+            _fsync_folder(os.path.dirname(self.final_path))
 
     def keep_previous(self) -> str | None:
         """Hard-link the file now at the final path (if any) to a temp name, so :meth:`roll_back` can restore it.
@@ -179,23 +180,28 @@ def publish_all(files: Sequence[StagedFile]) -> None:
     renames already done: each published file goes back to its temp name (the caller's cleanup deletes it) and the
     file it replaced, kept as a hard-linked backup, takes its name again. The destinations are then exactly as
     before the call, so an old ``.onnx`` never ends up beside new weights it does not describe. Only a crash (the
-    process killed between two renames) can still leave the new weights beside the previous ``.onnx``.
+    process killed between two renames) can still leave the new weights beside the previous ``.onnx``: so the renames
+    follow each other with nothing in between (backups are made before the first, folders are fsynced once after
+    the last), which keeps that window to one ``rename`` system call.
     """
     for staged in files:
         staged.flush()
-    done: list[tuple[StagedFile, str | None]] = []
+    backups: list[str | None] = []
     try:
         for staged in files:
-            done.append((staged, staged.keep_previous()))
-            staged.commit()
+            backups.append(staged.keep_previous())
+        for staged in files:
+            staged.commit(sync_folder=False)
     except BaseException:
-        for staged, backup in reversed(done):
+        for staged, backup in reversed(list(zip(files, backups, strict=False))):  # backups may be shorter
             try:
                 staged.roll_back(backup)
             except OSError as exc:  # keep the original error; say what could not be undone
                 logger.error("could not restore %s after a failed publication: %s", staged.final_path, exc)
         raise
-    for _, backup in done:
+    for folder in dict.fromkeys(os.path.dirname(staged.final_path) for staged in files):
+        _fsync_folder(folder)
+    for backup in backups:
         if backup is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(backup)
