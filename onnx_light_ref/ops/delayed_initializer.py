@@ -8,7 +8,7 @@ construction and reads it at every run with a positional read straight into the 
 Where a relative ``filename`` points: against the bound folder, or, when unbound, against the process's current
 directory *at evaluator construction* (made absolute then, so a later ``os.chdir`` changes nothing). A relative
 name must stay inside that folder: no ``..`` component, no NUL, no backslash, and (checked when the file is read)
-no symbolic link resolving outside. Absolute names are used as they are.
+no symbolic link resolving outside, no file with several hard links. Absolute names are used as they are.
 
 This module must never seek a shared file descriptor (every read opens its own descriptor and uses ``preadv``, so
 concurrent runs of one evaluator are safe), never read more than ``offset + nbytes`` bytes of a file, never hand out
@@ -57,13 +57,15 @@ def _pread_into(fd: int, buffer: memoryview, position: int) -> int:
     return len(data)
 
 
-def read_exact_into(path: str, offset: int, out: np.ndarray, *, where: str) -> None:
+def read_exact_into(path: str, offset: int, out: np.ndarray, *, where: str, refuse_hard_links: bool = False) -> None:
     """Fill the C-contiguous array ``out`` with the ``out.nbytes`` bytes of ``path`` starting at ``offset``.
 
     Zero bytes: returns without opening anything. Otherwise opens its own read-only descriptor, checks with
     ``fstat`` that it is a regular file holding ``offset + out.nbytes`` bytes, and loops on ``preadv`` until the
     buffer is full. Raises ``FileNotFoundError`` (missing) or ``ValueError`` (not a regular file, too short, or
-    shrinking while read), each naming ``where``, the file, the offset and the byte counts.
+    shrinking while read), each naming ``where``, the file, the offset and the byte counts. With
+    ``refuse_hard_links``, a file with several hard links raises :class:`UnsafeLocationError` (checked on the open
+    descriptor, so the file cannot be swapped after the check).
     """
     nbytes = out.nbytes
     if nbytes == 0:
@@ -79,6 +81,11 @@ def read_exact_into(path: str, offset: int, out: np.ndarray, *, where: str) -> N
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{where}: {path!r} is not a regular file (needed {wanted}).")
+        if refuse_hard_links and st.st_nlink > 1:
+            raise UnsafeLocationError(
+                f"{where}: file {path!r} has {st.st_nlink} hard links; refused as onnx does (a hard link can expose "
+                "a file from outside the model's folder). Copy the file instead of hard-linking it."
+            )
         if offset + nbytes > st.st_size:
             raise ValueError(
                 f"{where}: file {path!r} is too short: needed {wanted} (up to byte {offset + nbytes}) but the "
@@ -179,7 +186,15 @@ class DelayedInitializer(OpRun):
         """A new native-endian array of the node's shape and dtype filled from the file."""
         out = np.empty(params.shape, dtype=little_endian_dtype(params.dtype))
         if params.nbytes > 0:
-            read_exact_into(self._rt_path(params), params.offset, out, where=self._rt_where)
+            # A relative name promises a file inside the base folder; a hard link there can be any file
+            # (CVE-2026-34446), which delay_initializers already refuses: the kernel must not be the way around it.
+            read_exact_into(
+                self._rt_path(params),
+                params.offset,
+                out,
+                where=self._rt_where,
+                refuse_hard_links=not os.path.isabs(params.filename),
+            )
         # A no-op on little-endian hosts; a converting copy on big-endian ones.
         return out.astype(params.np_dtype, copy=False)
 
