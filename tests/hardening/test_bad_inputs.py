@@ -1034,6 +1034,23 @@ OP_CASES = [
         UnsafeLocationError,
         "outside the model's folder",
     ),
+    (
+        "filename-hard-linked",
+        op_prepare(lambda s: os.link(s.outside / "secret.bin", s.model_dir / "hl.bin"), filename="hl.bin", offset=0),
+        UnsafeLocationError,
+        "hard links",
+    ),
+    (
+        "filename-hard-linked-cpu",
+        op_prepare(
+            lambda s: os.link(s.outside / "secret.bin", s.model_dir / "hl.bin"),
+            filename="hl.bin",
+            offset=0,
+            load_device="cpu",
+        ),
+        UnsafeLocationError,
+        "hard links",
+    ),
     ("file-missing-file-mode", op_prepare(filename="missing.bin"), FileNotFoundError, "does not exist"),
     ("file-missing-cpu-mode", op_prepare(filename="missing.bin", load_device="cpu"), FileNotFoundError, "not exist"),
     ("offset-past-eof", op_prepare(offset=4096), ValueError, "too short"),
