@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnx_light_ref.errors import DestinationConflictError, UnsafeLocationError
+from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.alignment import align_up, validate_alignment
-from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, RangeCopier
+from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, RangeCopier, open_source
 from onnx_light_ref.io.locations import (
     ExternalRef,
     FileIdentity,
@@ -196,6 +196,26 @@ def _publish(plan: AlignPlan, weights: StagedFile | None, files: list[StagedFile
     return plan.total_size
 
 
+def _read_range(item: CopyRange) -> bytes:
+    """The range's bytes, read from the very file that was validated (same checks as the copy engine)."""
+    fd = open_source(item)
+    try:
+        payload = bytearray(item.length)
+        view = memoryview(payload)
+        done = 0
+        while done < item.length:
+            got = os.preadv(fd, [view[done:]], item.src_offset + done)
+            if got == 0:
+                raise ExternalDataError(
+                    f"source file {item.src_path!r} ended at offset {item.src_offset + done} while "
+                    f"{item.length - done} more bytes were expected; was it truncated while being read?"
+                )
+            done += got
+        return bytes(payload)
+    finally:
+        os.close(fd)
+
+
 def align_external_data_streaming(
     src_onnx_path: PathLike,
     dst_onnx_path: PathLike,
@@ -243,13 +263,7 @@ def align_external_data_in_memory(
     with the weights. Useful when the weights are small, and as the byte-for-byte oracle of the streaming version.
     """
     plan = plan_alignment(src_onnx_path, dst_onnx_path, dst_weights_path, alignment)
-    payloads: list[bytes] = []
-    for item in plan.ranges:
-        with open(item.src_path, "rb") as source:
-            source.seek(item.src_offset)
-            payloads.append(source.read(item.length))
-        if len(payloads[-1]) != item.length:
-            raise OSError(f"short read from {item.src_path!r}: the file changed while it was being read.")
+    payloads = [_read_range(item) for item in plan.ranges]
     with staged_files() as files:
         weights = None
         if plan.placements:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.locations import FileIdentity
 
-__all__ = ["CopyMethod", "CopyRange", "ProgressCallback", "RangeCopier", "merge_ranges"]
+__all__ = ["CopyMethod", "CopyRange", "ProgressCallback", "RangeCopier", "merge_ranges", "open_source"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +82,32 @@ def merge_ranges(ranges: Iterable[CopyRange]) -> list[CopyRange]:
         else:
             merged.append(item)
     return merged
+
+
+def open_source(item: CopyRange) -> int:
+    """Open ``item``'s source read-only, refusing a file that is no longer the one that was validated.
+
+    The path was resolved and checked before (no symlink, inside the model folder); between that check and this
+    open, someone with write access to the folder could have swapped the file, for a symlink pointing anywhere or
+    for another file. ``O_NOFOLLOW`` refuses the first, the device/inode comparison the second: both raise
+    :class:`ExternalDataError`, and nothing is read from the swapped file.
+    """
+    try:
+        fd = os.open(item.src_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK):  # O_NOFOLLOW on a symlink (EMLINK on FreeBSD)
+            raise ExternalDataError(
+                f"source file {item.src_path!r} was replaced after it was validated (it is now a symbolic link); "
+                "nothing was published."
+            ) from exc
+        raise
+    st = os.fstat(fd)
+    if item.src_identity is not None and FileIdentity(st.st_dev, st.st_ino) != item.src_identity:
+        os.close(fd)
+        raise ExternalDataError(
+            f"source file {item.src_path!r} was replaced after it was validated; nothing was published."
+        )
+    return fd
 
 
 @dataclass
@@ -146,15 +172,10 @@ class RangeCopier:
         opened = self._src_fds.get(item.src_path)
         if opened is not None:
             return opened
-        fd = os.open(item.src_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
-        st = os.fstat(fd)
-        if item.src_identity is not None and FileIdentity(st.st_dev, st.st_ino) != item.src_identity:
-            os.close(fd)
-            raise ExternalDataError(
-                f"source file {item.src_path!r} was replaced after it was validated; nothing was published."
-            )
-        self._src_fds[item.src_path] = (fd, st.st_dev)
-        return fd, st.st_dev
+        fd = open_source(item)
+        src_dev = os.fstat(fd).st_dev
+        self._src_fds[item.src_path] = (fd, src_dev)
+        return fd, src_dev
 
     def _copy_once(
         self, src_fd: int, disabled: set[CopyMethod], item: CopyRange, src_offset: int, dst_offset: int, count: int
