@@ -71,6 +71,7 @@ class Scene:
     protos: list[onnx.ModelProto] = field(default_factory=list)  # in-memory inputs that must stay unchanged
     destinations: list[Path] = field(default_factory=list)  # paths that must not appear
     cleanups: list[Callable[[], None]] = field(default_factory=list)
+    after_call: list[Callable[[], None]] = field(default_factory=list)  # undo what the row did to the sources
 
     def __post_init__(self) -> None:
         self.model_dir = self.root / "model"
@@ -110,6 +111,8 @@ def test_bad_input_is_refused_and_changes_nothing(case: Row, tmp_path: Path, mon
         with pytest.raises(case.error) as caught:
             call()
         monkeypatch.undo()  # read the tree back with the real os functions
+        for undo in scene.after_call:
+            undo()
         assert case.fragment in str(caught.value), f"{case.fragment!r} not in {caught.value!r}"
         assert temp_files_under(tmp_path) == []
         for destination in scene.destinations:
@@ -587,6 +590,40 @@ def failing(name: str, code: int, *, after: int = 0, times: int | None = None) -
     return setup
 
 
+def swap_source_after_validation(replacement: str) -> Callable[[Scene], None]:
+    """Between validation and copy, replace model.onnx.data (an attacker with write access to the model folder).
+
+    ``replacement``: ``"symlink"`` (a symlink to outside/secret.bin) or ``"copy"`` (a new file, same bytes). The
+    original is put back after the call, so the tree snapshot still proves nothing else changed.
+    """
+
+    def setup(scene: Scene) -> None:
+        import onnx_light_ref.io.align as align_module
+
+        data = scene.model_dir / DATA
+        original = scene.root / "original.data.keep"
+        real_plan = align_module.plan_alignment
+
+        def plan_then_swap(*args, **kwargs):
+            plan = real_plan(*args, **kwargs)
+            os.link(data, original)
+            if replacement == "symlink":
+                data.unlink()
+                data.symlink_to(scene.outside / "secret.bin")
+            else:
+                data.unlink()
+                data.write_bytes(original.read_bytes())
+            return plan
+
+        def put_back() -> None:
+            os.replace(original, data)
+
+        scene.monkeypatch.setattr(align_module, "plan_alignment", plan_then_swap)
+        scene.after_call.append(put_back)
+
+    return setup
+
+
 def previous_destination(scene: Scene) -> None:
     """A complete previous output (packed) sits at the destination: a failed run must leave it exactly as it was."""
     align_external_data_in_memory(scene.src, scene.dst_dir / "out.onnx", alignment=0)
@@ -707,6 +744,22 @@ ALIGN_CASES = [
         {},
         OSError,
         "Input/output error",
+    ),
+    (
+        "source-swapped-for-symlink-after-validation",
+        default_dst,
+        swap_source_after_validation("symlink"),
+        {},
+        ExternalDataError,
+        "was replaced after it was validated",
+    ),
+    (
+        "source-swapped-for-new-file-after-validation",
+        default_dst,
+        swap_source_after_validation("copy"),
+        {},
+        ExternalDataError,
+        "was replaced after it was validated",
     ),
     ("alignment-not-power-of-two", default_dst, None, {"alignment": 3}, ValueError, "power of two"),
     ("alignment-negative", default_dst, None, {"alignment": -4096}, ValueError, "must be >= 0"),
