@@ -123,7 +123,7 @@ class ModelCache:
 def bench_config() -> BenchConfig:
     size_name = os.environ.get(ENV_SIZE, "tiny")
     total = parse_size(size_name)
-    default_rounds = 1 if total < GIB // 4 else 5
+    default_rounds = 1 if total < GIB // 4 else 7
     rounds = int(os.environ.get(ENV_ROUNDS, default_rounds))
     return BenchConfig(size_name, total, max(1, rounds))
 

@@ -41,6 +41,9 @@ def align_methods(model: AlignModel) -> list[Method]:
         Method("onnx_ir_fsync", "onnx_ir_save", {**ir_args, "fsync": True}),
         Method("cfr", "copy_file_range", {"srcs": model.data_paths, "dst": _DST + ".data", "fsync": False}),
         Method("cfr_fsync", "copy_file_range", {"srcs": model.data_paths, "dst": _DST + ".data", "fsync": True}),
+        Method(
+            "cfr_ranges_fsync", "copy_file_range_ranges", {"src": src, "dst": _DST + ".data", "alignment": ALIGNMENT}
+        ),
     ]
 
 
@@ -61,16 +64,18 @@ def test_align(compare: Any, models: ModelCache, shape: str) -> None:
     assert summary["streaming"]["extra"]["bytes_written"] == expected
     assert summary["in_memory"]["extra"]["bytes_written"] == expected
     assert summary["cfr"]["extra"]["bytes_written"] == model.data_bytes
+    assert summary["cfr_ranges_fsync"]["extra"]["bytes_written"] == expected
     assert summary["onnx_ir"]["extra"]["bytes_written"] >= model.payload_bytes
     assert summary["onnx"]["extra"]["bytes_written"] == model.payload_bytes  # onnx packs densely
 
 
-def test_streaming_chunk_sizes(compare: Any, models: ModelCache) -> None:
-    model = models.align("large")
+@pytest.mark.parametrize("shape", ["large", "small"])
+def test_streaming_chunk_sizes(compare: Any, models: ModelCache, shape: str) -> None:
+    model = models.align(shape)
     summary = compare(
-        "chunk-sizes",
+        f"chunk-sizes-{shape}",
         [_streaming(label, model, size) for label, size in CHUNK_SIZES.items()],
-        shape="large",
+        shape=shape,
         tensor_count=model.tensor_count,
         tensor_bytes=model.tensor_bytes,
         payload_bytes=model.payload_bytes,
