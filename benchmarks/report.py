@@ -110,6 +110,23 @@ class Target:
 # Loading
 
 
+def annotate(raw: Path, command: str) -> None:
+    """Record in a pytest-benchmark JSON file the command that produced it (shown in the report)."""
+    data = json.loads(raw.read_text())
+    data["onnx_light_ref"] = {"command": command}
+    raw.write_text(json.dumps(data, indent=1))
+
+
+def run_commands(paths: list[Path]) -> list[str]:
+    """The commands that produced these JSON files, as recorded by :func:`annotate`."""
+    commands = []
+    for path in paths:
+        command = json.loads(path.read_text()).get("onnx_light_ref", {}).get("command")
+        if command and command not in commands:
+            commands.append(command)
+    return commands
+
+
 def load_results(paths: list[Path]) -> dict[str, dict[str, dict[str, Any]]]:
     """``{size: {group: extra_info}}`` from pytest-benchmark JSON files (later files win)."""
     results: dict[str, dict[str, dict[str, Any]]] = {}
@@ -181,7 +198,7 @@ def evaluate_targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[Targ
             chunks = results[size].get(f"chunk-sizes-{shape}")
             if chunks is None:
                 continue
-            label = f"{chunks['tensor_count']} x {chunks['tensor_bytes'] / MIB:g} MiB"
+            label = _shape_label(chunks)
             for method, chunk in chunks["chunk_sizes"].items():
                 limit_mib = chunk / MIB + 32
                 delta = _get(chunks, method, "delta_mib")
@@ -260,6 +277,14 @@ def _machine() -> dict[str, str]:
     }
 
 
+def _fmt_bytes(nbytes: float) -> str:
+    return f"{nbytes / MIB:g} MiB" if nbytes >= MIB else f"{nbytes / 1024:g} KiB"
+
+
+def _shape_label(info: dict[str, Any]) -> str:
+    return f"{info['tensor_count']} x {_fmt_bytes(info['tensor_bytes'])}"
+
+
 def _fmt_s(seconds: float) -> str:
     if math.isnan(seconds):
         return "-"
@@ -310,10 +335,9 @@ def _group_title(group: str, info: dict[str, Any]) -> str:
     family = _family(group)
     if family == "align":
         return (f"Re-alignment at 4096, {info['shape']} tensors: {info['tensor_count']} x "
-                f"{info['tensor_bytes'] / MIB:g} MiB in {info['source_files']} source file(s)")  # fmt: skip
+                f"{_fmt_bytes(info['tensor_bytes'])} in {info['source_files']} source file(s)")  # fmt: skip
     if family == "chunk-sizes":
-        return (f"Streaming re-alignment by chunk size, {info['shape']} tensors: {info['tensor_count']} x "
-                f"{info['tensor_bytes'] / MIB:g} MiB")  # fmt: skip
+        return f"Streaming re-alignment by chunk size, {info['shape']} tensors: {_shape_label(info)}"
     if family == "shared-save":
         return f"Shared save: {info['reused_bytes'] / MIB:,.0f} MiB reused + {info['new_bytes'] / MIB:g} MiB new"
     if family == "delayed":
@@ -323,11 +347,11 @@ def _group_title(group: str, info: dict[str, Any]) -> str:
 
 
 def write_markdown(results: dict[str, dict[str, dict[str, Any]]], targets: list[Target], path: Path,
-                   command: str, machine: dict[str, str]) -> None:  # fmt: skip
+                   commands: list[str], machine: dict[str, str]) -> None:  # fmt: skip
     lines = [
         "# onnx_light_ref benchmark results",
         "",
-        f"Command: `{command}`  ",
+        "Commands: " + ", ".join(f"`{command}`" for command in commands) + "  ",
         f"Machine: {machine['cpu']}, {machine['memory']}, disk {machine['disk']}, Linux {machine['kernel']}, "
         f"Python {machine['python']} ({machine['versions']}). Shared and noisy: every comparison runs its methods "
         "interleaved in fresh child processes and reports medians; compare ratios, not absolute times.  ",
@@ -377,7 +401,7 @@ def write_chart(results: dict[str, dict[str, dict[str, Any]]], path: Path) -> No
             if info is None:
                 continue
             values = [max(_get(info, m, key), 0.05) if log else _get(info, m, key) for m in align_methods]
-            label = f"{shape}: {info['tensor_count']} x {info['tensor_bytes'] / MIB:g} MiB"
+            label = f"{shape}: {_shape_label(info)}"
             ax.bar([i + offset for i in range(len(align_methods))], values, width, label=label)
         ax.set_xticks(range(len(align_methods)), align_methods, rotation=30, ha="right")
         ax.set_title(title)
@@ -403,7 +427,7 @@ def write_chart(results: dict[str, dict[str, dict[str, Any]]], path: Path) -> No
     for offset, shape in ((-width / 2, "large"), (width / 2, "small")):
         chunks = groups.get(f"chunk-sizes-{shape}")
         if chunks is not None:
-            label = f"{shape}: {chunks['tensor_count']} x {chunks['tensor_bytes'] / MIB:g} MiB"
+            label = f"{shape}: {_shape_label(chunks)}"
             values = [_get(chunks, m) for m in methods]
             axes[1][0].bar([i + offset for i in range(len(methods))], values, width, label=label)
     axes[1][0].set_xticks(range(len(methods)), [m.split("_")[1] for m in methods])
@@ -466,6 +490,15 @@ def _run_suite(size: str, rounds: int | None, keyword: str | None, out: Path) ->
     return raw, printable
 
 
+def _report_command(args: argparse.Namespace) -> str:
+    parts = ["python -m benchmarks.report", f"--size {args.size}"]
+    if args.rounds is not None:
+        parts.append(f"--rounds {args.rounds}")
+    if args.keyword:
+        parts.append(f"-k '{args.keyword}'")
+    return " ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="1G", help="model size of the run: tiny, 512M, 1G (default), 4G")
@@ -478,16 +511,16 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.json:
         paths = args.json
-        command = "python -m benchmarks.report --json " + " ".join(str(p) for p in paths)
     else:
-        _, command = _run_suite(args.size, args.rounds, args.keyword, args.out)
+        raw, _ = _run_suite(args.size, args.rounds, args.keyword, args.out)
+        annotate(raw, _report_command(args))
         paths = sorted(args.out.glob("raw-*.json"))
-        command = f"python -m benchmarks.report --size {args.size}"
+    commands = run_commands(paths) or ["python -m benchmarks.report --json " + " ".join(str(p) for p in paths)]
     results = load_results(paths)
     if not results:
         raise SystemExit(f"no benchmark results in {[str(p) for p in paths]}")
     targets = evaluate_targets(results)
-    write_markdown(results, targets, args.out / "results.md", command, _machine())
+    write_markdown(results, targets, args.out / "results.md", commands, _machine())
     write_chart(results, args.out / "results.png")
     print((args.out / "results.md").read_text())
     return 0
