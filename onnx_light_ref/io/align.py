@@ -26,6 +26,7 @@ from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, RangeCopi
 from onnx_light_ref.io.locations import (
     ExternalRef,
     FileIdentity,
+    LocationResolver,
     check_location_syntax,
     check_not_hard_linked,
     file_identity,
@@ -93,9 +94,9 @@ def plan_alignment(
     location = _destination_location(dst_onnx, dst_weights)
 
     model = load_model_metadata(src_onnx)
-    src_dir = os.path.dirname(src_onnx)
+    resolver = LocationResolver(os.path.dirname(src_onnx))
     externals = [
-        (site.tensor, parse_external_data(site.tensor, src_dir, label=site.label))
+        (site.tensor, parse_external_data(site.tensor, resolver, label=site.label))
         for site in iter_tensors(model)
         if is_external(site.tensor)
     ]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
-from onnx_light_ref.io.locations import expected_nbytes, is_external, parse_external_data, resolve_location
+from onnx_light_ref.io.locations import LocationResolver, expected_nbytes, is_external, parse_external_data
 from onnx_light_ref.io.model_file import load_model_metadata
 from onnx_light_ref.io.walker import iter_tensors
 
@@ -137,7 +137,9 @@ def _entry_str(tensor: onnx.TensorProto, key: str) -> str:
     return ""
 
 
-def _check_tensor(tensor: onnx.TensorProto, label: str, where: str, base_dir: str) -> tuple[TensorLayout, str | None]:
+def _check_tensor(
+    tensor: onnx.TensorProto, label: str, where: str, resolver: LocationResolver
+) -> tuple[TensorLayout, str | None]:
     """Validate one reference; return its layout and its resolved path (None if it does not resolve)."""
     has_offset = any(entry.key == "offset" for entry in tensor.external_data)
     offset = _entry_int(tensor, "offset") if has_offset else 0
@@ -146,7 +148,7 @@ def _check_tensor(tensor: onnx.TensorProto, label: str, where: str, base_dir: st
         length = expected_nbytes(tensor)
     layout = TensorLayout(label, where, _entry_str(tensor, "location"), offset, length)
     try:
-        ref = parse_external_data(tensor, base_dir, label=label)
+        ref = parse_external_data(tensor, resolver, label=label)
     except UnsafeLocationError as exc:
         layout.status, layout.message = "unsafe location", str(exc)
         return layout, None
@@ -157,10 +159,10 @@ def _check_tensor(tensor: onnx.TensorProto, label: str, where: str, base_dir: st
         layout.message = str(exc)
         layout.status = "invalid"
         try:
-            path = resolve_location(base_dir, layout.location, tensor_name=label)
+            path, st = resolver.resolve(layout.location, tensor_name=label)
         except (ExternalDataError, FileNotFoundError):
             return layout, None
-        size = os.stat(path).st_size
+        size = st.st_size
         if offset is not None and length is not None and offset + length > size:
             layout.status = "out of bounds"
         return layout, path
@@ -219,7 +221,7 @@ def build_layout_report(model_path: str | os.PathLike[str]) -> LayoutReport:
     """
     path = os.path.abspath(os.fspath(model_path))
     model = load_model_metadata(path)
-    base_dir = os.path.dirname(path)
+    resolver = LocationResolver(os.path.dirname(path))
     tensors: list[TensorLayout] = []
     files: dict[str, FileLayout] = {}  # keyed by resolved path (two spellings of one file are one file)
     members: dict[str, list[TensorLayout]] = {}
@@ -228,7 +230,7 @@ def build_layout_report(model_path: str | os.PathLike[str]) -> LayoutReport:
         if not is_external(site.tensor):
             inline += 1
             continue
-        layout, resolved = _check_tensor(site.tensor, site.label, site.where, base_dir)
+        layout, resolved = _check_tensor(site.tensor, site.label, site.where, resolver)
         tensors.append(layout)
         if layout.status == "unsafe location":
             continue  # names no file we may look at

@@ -25,6 +25,8 @@ from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 __all__ = [
     "ExternalRef",
     "FileIdentity",
+    "LocationResolver",
+    "check_external_structure",
     "check_location_syntax",
     "check_not_hard_linked",
     "expected_nbytes",
@@ -113,8 +115,34 @@ def resolve_location(base_dir: str, location: str, *, tensor_name: str) -> str:
     ``FileNotFoundError`` (also for a path through a regular file) or :class:`ExternalDataError` (not a regular
     file, or not accessible: a symlink loop, a name too long).
     """
+    return _resolve_and_stat(os.path.realpath(base_dir), location, tensor_name)[0]
+
+
+class LocationResolver:
+    """Resolves locations against one folder, each distinct location once (see :func:`resolve_location`).
+
+    Models keep thousands of tensors in a handful of files; resolving every tensor anew costs two ``realpath`` walks
+    and two ``stat`` calls, which was half the time of re-aligning 8192 small tensors. Only successes are cached,
+    so every error still names the tensor that hit it. Use one resolver per plan: the copy engine re-checks device
+    and inode when it opens each file, so a file swapped after planning is still caught.
+    """
+
+    def __init__(self, base_dir: str) -> None:
+        self.base_dir = base_dir
+        self._real_base = os.path.realpath(base_dir)
+        self._resolved: dict[str, tuple[str, os.stat_result]] = {}
+
+    def resolve(self, location: str, *, tensor_name: str) -> tuple[str, os.stat_result]:
+        """The real path of ``location`` and its ``stat`` result."""
+        hit = self._resolved.get(location)
+        if hit is None:
+            hit = _resolve_and_stat(self._real_base, location, tensor_name)
+            self._resolved[location] = hit
+        return hit
+
+
+def _resolve_and_stat(real_base: str, location: str, tensor_name: str) -> tuple[str, os.stat_result]:
     check_location_syntax(location, tensor_name=tensor_name)
-    real_base = os.path.realpath(base_dir)
     joined = os.path.join(real_base, location)
     real = os.path.realpath(joined)
     if os.path.commonpath([real_base, real]) != real_base:
@@ -137,7 +165,7 @@ def resolve_location(base_dir: str, location: str, *, tensor_name: str) -> str:
         raise ExternalDataError(
             f"tensor {tensor_name!r}: external data location {location!r} ({real!r}) is not a regular file."
         )
-    return real
+    return real, st
 
 
 def expected_nbytes(tensor: onnx.TensorProto) -> int | None:
@@ -169,13 +197,8 @@ def _parse_int_entry(tensor_name: str, key: str, value: str) -> int:
     return number
 
 
-def parse_external_data(tensor: onnx.TensorProto, base_dir: str, *, label: str | None = None) -> ExternalRef:
-    """Validate one EXTERNAL tensor's entries against its file and return where its bytes are.
-
-    Uses onnx's :class:`ExternalDataInfo` for the key whitelist (unknown keys are an error here, not a warning: a
-    writer that adds keys we would silently drop is better told). ``length`` is required unless dims and dtype give
-    it; when both exist they must agree. ``offset + length`` must fit in the file.
-    """
+def check_external_structure(tensor: onnx.TensorProto, *, label: str | None = None) -> None:
+    """Refuse an EXTERNAL tensor that also carries inline ``raw_data``, or that has no ``external_data`` entries."""
     name = label or tensor.name
     if tensor.HasField("raw_data"):
         raise ExternalDataError(
@@ -184,6 +207,21 @@ def parse_external_data(tensor: onnx.TensorProto, base_dir: str, *, label: str |
         )
     if len(tensor.external_data) == 0:
         raise ExternalDataError(f"tensor {name!r} is marked EXTERNAL but has no external_data entries.")
+
+
+def parse_external_data(
+    tensor: onnx.TensorProto, base_dir: str | LocationResolver, *, label: str | None = None
+) -> ExternalRef:
+    """Validate one EXTERNAL tensor's entries against its file and return where its bytes are.
+
+    ``base_dir`` is the model's folder, or a :class:`LocationResolver` for it when validating many tensors.
+
+    Uses onnx's :class:`ExternalDataInfo` for the key whitelist (unknown keys are an error here, not a warning: a
+    writer that adds keys we would silently drop is better told). ``length`` is required unless dims and dtype give
+    it; when both exist they must agree. ``offset + length`` must fit in the file.
+    """
+    name = label or tensor.name
+    check_external_structure(tensor, label=name)
     keys = [entry.key for entry in tensor.external_data]
     duplicated = sorted({k for k in keys if keys.count(k) > 1})
     if duplicated:
@@ -221,8 +259,8 @@ def parse_external_data(tensor: onnx.TensorProto, base_dir: str, *, label: str |
             f"tensor {name!r} has no external_data 'length' and its data type "
             f"{tensor.data_type} does not give a byte size."
         )
-    path = resolve_location(base_dir, location, tensor_name=name)
-    st = os.stat(path)
+    resolver = base_dir if isinstance(base_dir, LocationResolver) else LocationResolver(base_dir)
+    path, st = resolver.resolve(location, tensor_name=name)
     if offset > st.st_size or length > st.st_size - offset:
         raise ExternalDataError(
             f"tensor {name!r}: external data range [offset {offset}, +{length} bytes) exceeds the size of "

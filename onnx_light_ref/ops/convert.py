@@ -38,6 +38,7 @@ from onnx import AttributeProto
 
 from onnx_light_ref.io.locations import (
     ExternalRef,
+    LocationResolver,
     check_not_hard_linked,
     expected_nbytes,
     is_external,
@@ -121,6 +122,7 @@ def plan_delayed_initializers(
         # node (and every initializer reference) lives in the main graph or its subgraphs.
         model = onnx.inliner.inline_local_functions(model)
 
+    resolver = LocationResolver(folder) if folder is not None else None
     delayed: list[DelayedTensor] = []
     kept_shadowed: list[str] = []
     kept_small: list[str] = []
@@ -146,12 +148,12 @@ def plan_delayed_initializers(
                 f"{describe_allowed()}). Raise min_size above its size ({size} bytes) to keep it as an initializer, "
                 "or convert it to an allowed type."
             )
-        if folder is None:
+        if resolver is None:
             raise ValueError(
                 f"base_dir is required when converting an in-memory model with external initializers (first: "
                 f"{site.label!r}, location in {site.where}); pass the folder its locations are relative to."
             )
-        ref = parse_external_data(tensor, folder, label=site.label)
+        ref = parse_external_data(tensor, resolver, label=site.label)
         # onnx (>= 1.21) refuses to read a hard-linked data file; the converted model must not be a way around that.
         check_not_hard_linked(ref)
         delayed.append(DelayedTensor(tensor, graph, ref, site.where))
