@@ -54,7 +54,7 @@ _UNSUPPORTED_ERRNOS = frozenset(
 _ALL_METHODS: tuple[CopyMethod, ...] = ("copy_file_range", "sendfile", "pread_pwrite")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CopyRange:
     """Copy ``length`` bytes from ``src_path`` at ``src_offset`` to the destination at ``dst_offset``."""
 

@@ -50,7 +50,7 @@ for _name, _per_byte in (("FLOAT4E2M1", 2), ("INT2", 4), ("UINT2", 4)):
         _SUB_BYTE_ELEMENTS_PER_BYTE[getattr(onnx.TensorProto, _name)] = _per_byte
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileIdentity:
     """What makes two paths the same file: device and inode (catches hard links and symlinks)."""
 
@@ -58,7 +58,7 @@ class FileIdentity:
     inode: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ExternalRef:
     """One validated external reference: where a tensor's bytes are, already checked against the file."""
 

@@ -47,7 +47,7 @@ PathLike = str | os.PathLike[str]
 _WRITE_SLICE = 8 * 1024 * 1024
 
 
-@dataclass
+@dataclass(slots=True)
 class _NewTensor:
     """A tensor whose inline bytes move to the secondary file, and what is needed to undo that in memory."""
 

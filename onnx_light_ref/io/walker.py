@@ -36,7 +36,7 @@ TensorKind = Literal[
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorSite:
     """A tensor and its place in the model.
 
