@@ -24,7 +24,7 @@ from typing import Literal
 
 import onnx
 
-__all__ = ["TensorKind", "TensorSite", "iter_tensors"]
+__all__ = ["TensorKind", "TensorSite", "iter_graphs", "iter_tensors"]
 
 TensorKind = Literal[
     "initializer",
@@ -61,6 +61,18 @@ def iter_tensors(model: onnx.ModelProto) -> Iterator[TensorSite]:
     yield from _iter_graph(model.graph, f"graph {model.graph.name!r}")
     for function in model.functions:
         yield from _iter_nodes(function, function.node, f"function {function.domain}::{function.name}")
+
+
+def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """Yield ``graph`` and every subgraph of its nodes (``g`` and ``graphs`` attributes), depth-first, in the order
+    :func:`iter_tensors` visits them."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                yield from iter_graphs(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from iter_graphs(subgraph)
 
 
 def _iter_graph(graph: onnx.GraphProto, where: str) -> Iterator[TensorSite]:

@@ -45,7 +45,7 @@ from onnx_light_ref.io.locations import (
     parse_external_data,
 )
 from onnx_light_ref.io.model_file import load_model_metadata
-from onnx_light_ref.io.walker import iter_tensors
+from onnx_light_ref.io.walker import iter_graphs, iter_tensors
 from onnx_light_ref.ops.attributes import LOAD_DEVICES
 from onnx_light_ref.ops.dtypes import describe_allowed, dtype_name, is_allowed_dtype
 from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE, SINCE_VERSION
@@ -180,19 +180,7 @@ def _make_node(item: DelayedTensor, load_device: str, name: str) -> onnx.NodePro
 
 
 def _unique_names(model: onnx.ModelProto) -> set[str]:
-    names: set[str] = set()
-
-    def visit(graph: onnx.GraphProto) -> None:
-        for node in graph.node:
-            names.add(node.name)
-            for attribute in node.attribute:
-                if attribute.HasField("g"):
-                    visit(attribute.g)
-                for subgraph in attribute.graphs:
-                    visit(subgraph)
-
-    visit(model.graph)
-    return names
+    return {node.name for graph in iter_graphs(model.graph) for node in graph.node}
 
 
 def _copy(node: onnx.NodeProto) -> onnx.NodeProto:

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnx_light_ref.io.walker import iter_tensors
+from onnx_light_ref.io.walker import iter_graphs, iter_tensors
 
 
 def tensor(name: str, value: float = 0.0) -> onnx.TensorProto:
@@ -126,3 +126,15 @@ def test_the_walker_never_opens_external_files(tmp_path):
     names = [site.tensor.name for site in iter_tensors(model)]
 
     assert names[0] == "init_0"
+
+
+def test_iter_graphs_visits_the_graphs_in_the_order_iter_tensors_does():
+    model = model_with_every_kind_of_tensor()
+
+    graphs = [graph.name for graph in iter_graphs(model.graph)]
+    graphs_holding_tensors = list(
+        dict.fromkeys(s.container.name for s in iter_tensors(model) if s.kind == "initializer")
+    )
+
+    assert graphs == ["main", "g", "gs0", "gs1"]
+    assert graphs_holding_tensors == graphs
