@@ -210,7 +210,7 @@ def _publish(plan: AlignPlan, weights: StagedFile | None, files: list[StagedFile
     return plan.total_size
 
 
-def _read_range(item: CopyRange) -> bytes:
+def _read_range(item: CopyRange) -> bytearray:
     """The range's bytes, read from the very file that was validated (same checks as the copy engine)."""
     fd = open_source(item)
     try:
@@ -225,7 +225,7 @@ def _read_range(item: CopyRange) -> bytes:
                     f"{item.length - done} more bytes were expected; was it truncated while being read?"
                 )
             done += got
-        return bytes(payload)
+        return payload  # not bytes(payload): that would hold a second copy of every tensor for a moment
     finally:
         os.close(fd)
 

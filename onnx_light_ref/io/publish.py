@@ -75,7 +75,7 @@ class StagedFile:
         folder, name = os.path.split(self.final_path)
         return os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(8)}{_TEMP_SUFFIX}")
 
-    def write_all(self, data: bytes | memoryview, offset: int) -> None:
+    def write_all(self, data: bytes | bytearray | memoryview, offset: int) -> None:
         """Write ``data`` at ``offset`` (positional, loops on short writes)."""
         assert self.fd is not None
         view = memoryview(data).cast("B")
