@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import resource
 import sys
 import time
@@ -38,7 +37,7 @@ from onnx_light_ref.io import align_external_data_streaming, save_model_with_sha
 from onnx_light_ref.io.layout_report import build_layout_report
 from onnx_light_ref.ops import reference_evaluator
 
-__all__ = ["DEFAULT_SIZE", "DemoResult", "MlpShape", "build_two_file_mlp", "mlp_shape", "parse_size", "run_demo"]
+__all__ = ["DEFAULT_SIZE", "DemoResult", "MlpShape", "build_two_file_mlp", "mlp_shape", "run_demo"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,15 +57,6 @@ _RTOL = 1e-4
 _ATOL = 1e-5
 _OPSET = 18
 _IR_VERSION = 10  # what onnxruntime >= 1.17 reads
-
-
-def parse_size(text: str) -> int:
-    """``"64M"`` -> 67108864; suffixes K, M, G (powers of 1024, optional ``iB``/``B``), or a plain byte count."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, flags=re.IGNORECASE)
-    if match is None:
-        raise ValueError(f"size must be a number of bytes with an optional K/M/G suffix (e.g. 8M), got {text!r}.")
-    factor = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[match.group(2).upper()]
-    return int(match.group(1)) * factor
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import pytest
 
 from onnx_light_ref import demo
 from onnx_light_ref.cli import main
+from onnx_light_ref.commands.sizes import parse_size
 from onnx_light_ref.io.layout_report import build_layout_report
 
 
@@ -58,13 +59,13 @@ def test_demo_reports_a_mismatch_with_exit_status_1(monkeypatch, capsys):
 
 @pytest.mark.parametrize(("text", "size"), [("2M", 2 * 2**20), ("64MiB", 64 * 2**20), ("8k", 8192), ("1000", 1000)])
 def test_parse_size(text, size):
-    assert demo.parse_size(text) == size
+    assert parse_size(text) == size
 
 
 def test_size_too_small_or_malformed(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--size", "two"])
-    assert "K/M/G suffix" in capsys.readouterr().err
+    assert "optional K/M/G suffix" in capsys.readouterr().err
     assert main(["demo", "--size", "1K", "--no-progress"]) == 1
     assert "at least 65536 bytes" in capsys.readouterr().err
 

@@ -11,24 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 
 from tqdm import tqdm
 
-__all__ = ["parse_size", "register", "run_align"]
+from onnx_light_ref.commands.sizes import size_argument
 
-_SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
-_SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:I?B)?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """``"4M"`` -> 4194304; accepts a plain byte count or a K/M/G suffix (binary units; ``KiB``/``MB`` too)."""
-    match = _SIZE_PATTERN.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}: expected bytes such as 4096, 64K, 4M or 1G")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+__all__ = ["register", "run_align"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,14 +41,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--alignment",
         metavar="N",
-        type=parse_size,
+        type=size_argument,
         default=4096,
         help="power of two every tensor offset is a multiple of, e.g. 4096 or 64K; 0 or 1 = packed (default: 4096)",
     )
     parser.add_argument(
         "--chunk-size",
         metavar="SIZE",
-        type=parse_size,
+        type=size_argument,
         default=4 * 1024 * 1024,
         help="bytes moved per system call, the only buffer in the read/write fallback (default: 4M)",
     )

@@ -12,16 +12,9 @@ import os
 import sys
 import tempfile
 
+from onnx_light_ref.commands.sizes import size_argument
+
 __all__ = ["register", "run_demo_command"]
-
-
-def _size(text: str) -> int:
-    from onnx_light_ref.demo import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
@@ -58,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "peak memory and times. Exit status 1 if any output disagrees.",
     )
     parser.add_argument(
-        "--size", type=_size, default="64M", help="total weight bytes, with optional K/M/G suffix (default 64M)"
+        "--size", type=size_argument, default="64M", help="total weight bytes, with optional K/M/G suffix (default 64M)"
     )
     parser.add_argument("--keep", metavar="DIR", help="work in DIR (created, must be empty) and keep the files")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (default: shown on a terminal)")

@@ -12,7 +12,7 @@ import pytest
 from onnx import numpy_helper
 
 from onnx_light_ref.cli import main
-from onnx_light_ref.commands.align import parse_size
+from onnx_light_ref.commands.sizes import parse_size, size_argument
 
 
 @pytest.mark.parametrize(
@@ -26,6 +26,8 @@ def test_sizes_accept_binary_suffixes(text, size):
 @pytest.mark.parametrize("text", ["", "4X", "-1", "1.5M", "M"])
 def test_invalid_sizes_are_usage_errors(text):
     with pytest.raises(argparse.ArgumentTypeError, match="invalid size"):
+        size_argument(text)
+    with pytest.raises(ValueError, match="invalid size"):
         parse_size(text)
 
 
