@@ -219,6 +219,29 @@ def test_checksum_entries_are_kept(tmp_path, build_zoo_model):
         )
 
 
+def test_entries_in_another_order_or_with_other_keys_are_rewritten_canonically(tmp_path, make_external_model):
+    src = make_external_model(tmp_path, {"a": np.arange(3, dtype=np.float32), "b": np.ones(5, dtype=np.int64)})
+    model = onnx.load_model(str(src), load_external_data=False)
+    a, b = model.graph.initializer
+    for tensor, order in ((a, ["length", "location", "offset"]), (b, ["offset", "basepath", "location", "length"])):
+        values = {e.key: e.value for e in tensor.external_data} | {"basepath": ""}
+        del tensor.external_data[:]
+        for key in order:
+            tensor.external_data.add(key=key, value=values[key])
+    onnx.save_model(model, str(src))
+
+    align_external_data_streaming(src, tmp_path / "out.onnx", alignment=64)
+
+    aligned = onnx.load_model(str(tmp_path / "out.onnx"), load_external_data=False)
+    assert [[(e.key, e.value) for e in t.external_data] for t in aligned.graph.initializer] == [
+        [("location", "out.onnx.data"), ("offset", "0"), ("length", "12")],
+        [("location", "out.onnx.data"), ("offset", "64"), ("length", "40")],
+    ]
+    loaded = onnx.load_model(str(tmp_path / "out.onnx"))
+    np.testing.assert_array_equal(numpy_helper.to_array(loaded.graph.initializer[0]), np.arange(3, dtype=np.float32))
+    np.testing.assert_array_equal(numpy_helper.to_array(loaded.graph.initializer[1]), np.ones(5, dtype=np.int64))
+
+
 def test_zero_length_tensors_get_aligned_offsets_inside_the_file(tmp_path, build_zoo_model):
     src = build_zoo_model("zero_length", tmp_path).path
 
