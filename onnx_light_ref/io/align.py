@@ -239,24 +239,34 @@ def _publish(plan: AlignPlan, weights: StagedFile | None, files: list[StagedFile
     return plan.total_size
 
 
-def _read_range(item: CopyRange) -> bytearray:
-    """The range's bytes, read from the very file that was validated (same checks as the copy engine)."""
-    fd = open_source(item)
+def _read_all(ranges: list[CopyRange]) -> list[bytearray]:
+    """Every range's bytes, each source opened once and checked to be the very file that was validated."""
+    fds: dict[str, int] = {}
+    payloads = []
     try:
-        payload = bytearray(item.length)
-        view = memoryview(payload)
-        done = 0
-        while done < item.length:
-            got = os.preadv(fd, [view[done:]], item.src_offset + done)
-            if got == 0:
-                raise ExternalDataError(
-                    f"source file {item.src_path!r} ended at offset {item.src_offset + done} while "
-                    f"{item.length - done} more bytes were expected; was it truncated while being read?"
-                )
-            done += got
-        return payload  # not bytes(payload): that would hold a second copy of every tensor for a moment
+        for item in ranges:
+            if item.src_path not in fds:
+                fds[item.src_path] = open_source(item)
+            payloads.append(_read_range(fds[item.src_path], item))
     finally:
-        os.close(fd)
+        for fd in fds.values():
+            os.close(fd)
+    return payloads
+
+
+def _read_range(fd: int, item: CopyRange) -> bytearray:
+    payload = bytearray(item.length)  # kept as is: bytes(payload) would hold a second copy for a moment
+    view = memoryview(payload)
+    done = 0
+    while done < item.length:
+        got = os.preadv(fd, [view[done:]], item.src_offset + done)
+        if got == 0:
+            raise ExternalDataError(
+                f"source file {item.src_path!r} ended at offset {item.src_offset + done} while "
+                f"{item.length - done} more bytes were expected; was it truncated while being read?"
+            )
+        done += got
+    return payload
 
 
 def align_external_data_streaming(
@@ -306,7 +316,7 @@ def align_external_data_in_memory(
     with the weights. Useful when the weights are small, and as the byte-for-byte oracle of the streaming version.
     """
     plan = plan_alignment(src_onnx_path, dst_onnx_path, dst_weights_path, alignment)
-    payloads = [_read_range(item) for item in plan.ranges]
+    payloads = _read_all(plan.ranges)
     with staged_files() as files:
         weights = None
         if plan.placements:
