@@ -97,13 +97,11 @@ class StagedFile:
             finally:
                 os.close(fd)
 
-    def commit(self, *, sync_folder: bool = True) -> None:
-        """fsync, rename over the final path, fsync the folder (unless the caller does it once for several files)."""
+    def commit(self) -> None:
+        """fsync (if not done yet) and rename over the final path; :func:`publish_all` fsyncs the folder after."""
         self.flush()
         os.replace(self.temp_path, self.final_path)
         self.committed = True
-        if sync_folder:
-            _fsync_folder(os.path.dirname(self.final_path))
 
     def keep_previous(self) -> str | None:
         """Hard-link the file now at the final path (if any) to a temp name, so :meth:`roll_back` can restore it.
@@ -191,7 +189,7 @@ def publish_all(files: Sequence[StagedFile]) -> None:
         for staged in files:
             backups.append(staged.keep_previous())
         for staged in files:
-            staged.commit(sync_folder=False)
+            staged.commit()
     except BaseException:
         for staged, backup in reversed(list(zip(files, backups, strict=False))):  # backups may be shorter
             try:
