@@ -13,7 +13,8 @@ from onnx.external_data_helper import set_external_data
 from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.cli import main
 from onnx_light_ref.commands.inspect import format_alignment
-from onnx_light_ref.io.layout_report import build_layout_report, offset_alignment
+from onnx_light_ref.io.alignment import offset_alignment
+from onnx_light_ref.io.layout_report import build_layout_report
 
 
 def write_model(folder: Path, refs: dict[str, tuple[str, int]], files: dict[str, int]) -> Path:

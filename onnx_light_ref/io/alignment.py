@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["align_up", "validate_alignment"]
+__all__ = ["align_up", "offset_alignment", "validate_alignment"]
 
 
 class _AlignmentTypeError(TypeError, ValueError):
@@ -30,3 +30,8 @@ def validate_alignment(alignment: int, name: str = "alignment") -> int:
 def align_up(offset: int, alignment: int) -> int:
     """Smallest multiple of ``alignment`` (a power of two, or 1) that is >= ``offset``."""
     return (offset + alignment - 1) & ~(alignment - 1)
+
+
+def offset_alignment(offset: int) -> int:
+    """Largest power of two that divides ``offset``; 0 for offset 0 (which satisfies every alignment)."""
+    return offset & -offset

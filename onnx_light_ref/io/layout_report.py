@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
+from onnx_light_ref.io.alignment import offset_alignment
 from onnx_light_ref.io.locations import LocationResolver, expected_nbytes, is_external, parse_external_data
 from onnx_light_ref.io.model_file import load_model_metadata
 from onnx_light_ref.io.walker import iter_tensors
@@ -33,7 +34,6 @@ __all__ = [
     "LayoutReport",
     "TensorLayout",
     "build_layout_report",
-    "offset_alignment",
 ]
 
 ERROR_STATUSES = frozenset({"overlap", "out of bounds", "missing file", "unsafe location", "invalid"})
@@ -111,11 +111,6 @@ class LayoutReport:
             return None
         nonzero = [a for a in alignments if a > 0]
         return min(nonzero) if nonzero else 0
-
-
-def offset_alignment(offset: int) -> int:
-    """Largest power of two that divides ``offset``; 0 for offset 0 (which satisfies every alignment)."""
-    return offset & -offset
 
 
 def _entry_int(tensor: onnx.TensorProto, key: str) -> int | None:
