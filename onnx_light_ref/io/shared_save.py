@@ -163,6 +163,7 @@ def _plan(
             f"{name_clash[1]!r}) points from {dst_dir!r}: it would read the new weights. Save the variant next to "
             "the model that owns the reused weights, or pass another `location`."
         )
+    dst_onnx_id = file_identity(dst_onnx)
     for identity, (name, reused_location) in reused_files.items():
         if new and identity == secondary_id:
             raise DestinationConflictError(
@@ -170,7 +171,7 @@ def _plan(
                 f"{name!r} points to (same file or a hard link): writing it would destroy the shared weights. Save "
                 "the variant under another name, or pass another `location`."
             )
-        if identity == file_identity(dst_onnx):
+        if identity == dst_onnx_id:
             raise DestinationConflictError(
                 f"dst_onnx_path {dst_onnx!r} is the file {reused_location!r} that reused tensor {name!r} points to."
             )
@@ -194,7 +195,6 @@ def _check_reused(
     tensor = site.tensor
     check_external_structure(tensor, label=site.label)
     dst_dir = resolver.base_dir
-    entries = {entry.key: entry.value for entry in tensor.external_data}
     if check_references:
         try:
             ref = parse_external_data(tensor, resolver, label=site.label)
@@ -206,11 +206,13 @@ def _check_reused(
             ) from exc
         reused_files.setdefault(ref.identity, (site.label, ref.location))
         return
-    location = entries.get("location", "")
+    location = next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
     if not location or "\x00" in location:
         return
     path = os.path.join(dst_dir, location)
-    reused_paths.setdefault(os.path.normpath(path), (site.label, location))
+    if os.path.normpath(path) in reused_paths:
+        return  # an earlier tensor in the same file already recorded it: one stat per file, not per tensor
+    reused_paths[os.path.normpath(path)] = (site.label, location)
     try:
         identity = file_identity(path)
     except OSError:  # e.g. a location through a regular file: unchecked references are written as they are
