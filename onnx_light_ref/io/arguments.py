@@ -1,0 +1,46 @@
+"""Argument types and checks shared by every public function: path type, int64 bound, int and bool checks.
+
+One place for them, so every entry point refuses the same bad values with the same wording. A wrong *type* raises
+:class:`ArgumentTypeError`, which is both a ``TypeError`` (Python's convention) and a ``ValueError`` (what the public
+API documents for every invalid argument, and what the CLI's error handling catches).
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["INT64_MAX", "ArgumentTypeError", "PathLike", "check_bool", "check_int", "check_optional_int"]
+
+PathLike = str | os.PathLike[str]
+"""Paths accepted by the public API; converted once at the boundary with ``os.fspath``."""
+
+INT64_MAX = 2**63 - 1
+"""Largest ``offset``/``length``/size an ONNX loader can address (int64 in onnx, onnxruntime and onnx-light):
+anything above cannot come from a valid writer and would overflow C++ consumers (OpenVINO #34070)."""
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type: a ``TypeError`` by convention and the documented ``ValueError``."""
+
+
+def check_int(name: str, value: object, *, minimum: int = 0, maximum: int = INT64_MAX) -> int:
+    """Return ``value`` if it is an int (not a bool) within ``[minimum, maximum]``; raise otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}.")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}.")
+    if value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}.")
+    return value
+
+
+def check_optional_int(name: str, value: object, *, minimum: int = 0, maximum: int = INT64_MAX) -> int | None:
+    """Like :func:`check_int`, but ``None`` is accepted and returned as is."""
+    return None if value is None else check_int(name, value, minimum=minimum, maximum=maximum)
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Return ``value`` if it is a bool; ``ArgumentTypeError`` otherwise (``0``/``1``/``"yes"`` are refused)."""
+    if not isinstance(value, bool):
+        raise ArgumentTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}.")
+    return value

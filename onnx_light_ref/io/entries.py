@@ -1,0 +1,128 @@
+"""The one reader and the one writer of a tensor's ``external_data`` entries (``location``/``offset``/...).
+
+Reading checks keys against :data:`KNOWN_KEYS` (the keys of onnx's ``ExternalDataInfo``: an unknown key is an error,
+since a rewrite would otherwise drop it silently), refuses duplicated keys and non-UTF-8 values, and parses numbers
+strictly: ASCII digits only, within int64. ``int()`` would also take ``"+0"``, ``" 64"``, ``"6_4"`` or non-ASCII
+digits, which onnxruntime refuses, so a model we accept or write must never contain them.
+
+Writing always produces the canonical entries ``location``, ``offset``, ``length`` (then ``checksum`` when one is
+kept), in that order, and marks the tensor EXTERNAL. Entries that already have those keys in that order only get new
+values: protobuf arenas never give a deleted entry back, so rebuilding every entry grew memory for nothing.
+
+This module never touches the file system; where a location leads is :mod:`onnx_light_ref.io.locations`' business.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+
+from onnx_light_ref.errors import ExternalDataError
+from onnx_light_ref.io.arguments import INT64_MAX
+
+__all__ = [
+    "KNOWN_KEYS",
+    "Entries",
+    "entry_text",
+    "is_external",
+    "parse_entry_int",
+    "read_entries",
+    "write_entries",
+]
+
+KNOWN_KEYS = frozenset({"location", "offset", "length", "checksum", "basepath"})
+"""Keys onnx's ``ExternalDataInfo`` knows; ``basepath`` is accepted on read (onnx sets it) and never written."""
+
+_CANONICAL = ("location", "offset", "length")
+
+
+def is_external(tensor: onnx.TensorProto) -> bool:
+    """True when the tensor declares ``data_location == EXTERNAL``."""
+    return tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+@dataclass(frozen=True, slots=True)
+class Entries:
+    """A tensor's entries as strings, keys checked; numbers not parsed yet (see :func:`parse_entry_int`)."""
+
+    values: dict[str, str]
+
+    def get(self, key: str) -> str | None:
+        return self.values.get(key)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.values
+
+
+def entry_text(value: str | bytes, *, label: str, what: str) -> str:
+    """A protobuf string field as ``str``: protobuf hands back ``bytes`` when the stored value is not UTF-8."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ExternalDataError(
+                f"tensor {label!r}: external data {what} is not valid UTF-8 ({value[:64]!r}); onnx and onnxruntime "
+                "cannot open such a name."
+            ) from None
+    return value
+
+
+def read_entries(tensor: onnx.TensorProto, *, label: str) -> Entries:
+    """Return the tensor's entries; :class:`ExternalDataError` for duplicated, unknown or non-UTF-8 keys/values."""
+    values: dict[str, str] = {}
+    duplicated: list[str] = []
+    unknown: list[str] = []
+    for entry in tensor.external_data:
+        key = entry_text(entry.key, label=label, what="key")
+        value = entry_text(entry.value, label=label, what=f"{key!r} value")
+        if key in values:
+            duplicated.append(key)
+        elif key not in KNOWN_KEYS:
+            unknown.append(key)
+        values[key] = value
+    if duplicated:
+        raise ExternalDataError(f"tensor {label!r}: external_data has duplicated keys {sorted(set(duplicated))}.")
+    if unknown:
+        raise ExternalDataError(
+            f"tensor {label!r}: unknown external_data keys {sorted(unknown)}; expected only location, offset, "
+            "length, checksum."
+        )
+    return Entries(values)
+
+
+def parse_entry_int(value: str, *, label: str, key: str) -> int:
+    """Parse an ``offset``/``length`` value: ASCII digits only, no sign, no space, no underscore, at most int64."""
+    if not value or not value.isascii() or not value.isdigit():
+        raise ExternalDataError(
+            f"tensor {label!r}: external data {key!r} must be a non-negative integer written with ASCII digits "
+            f"only, got {value!r}."
+        )
+    number = int(value)
+    if number > INT64_MAX:
+        raise ExternalDataError(f"tensor {label!r}: external data {key!r} = {number} does not fit in int64.")
+    return number
+
+
+def write_entries(
+    tensor: onnx.TensorProto, location: str, offset: int, length: int, checksum: str | None = None
+) -> None:
+    """Point ``tensor`` at ``length`` bytes of ``location`` at ``offset`` (canonical entries) and mark it EXTERNAL.
+
+    Inline data is not touched here: callers moving a tensor out clear ``raw_data`` (and typed fields) themselves.
+    """
+    wanted = [(_CANONICAL[0], location), (_CANONICAL[1], str(offset)), (_CANONICAL[2], str(length))]
+    if checksum is not None:
+        wanted.append(("checksum", checksum))
+    entries = tensor.external_data
+    if [entry.key for entry in entries] == [key for key, _ in wanted]:
+        for entry, (_, value) in zip(entries, wanted, strict=True):
+            if entry.value != value:
+                entry.value = value
+    else:
+        del entries[:]
+        for key, value in wanted:
+            entry = entries.add()
+            entry.key = key
+            entry.value = value
+    tensor.data_location = onnx.TensorProto.EXTERNAL
