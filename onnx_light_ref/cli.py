@@ -17,7 +17,7 @@ __all__ = ["build_parser", "main"]
 
 # Imported lazily by name so that `onnx-light-ref --help` stays fast and a broken optional command cannot break the
 # others at import time.
-_COMMAND_MODULES = ("align", "inspect", "demo", "run", "generate_tests")
+_COMMAND_MODULES = ("align", "inspect", "verify", "run", "undelay", "demo", "generate_tests")
 
 
 def build_parser() -> argparse.ArgumentParser:
