@@ -4,27 +4,39 @@ All io functions (and the op converter) iterate tensors through :func:`iter_tens
 exist and in which order; the order decides destination offsets, hence byte-identical outputs between the streaming
 and in-memory aligners.
 
-Order (deterministic, depth-first, in proto field order):
+Every place ``onnx.proto`` lets a model hold a tensor is visited: graph initializers and sparse initializers, node
+attributes (``t``, ``tensors``, ``sparse_tensor``, ``sparse_tensors``, and the graphs in ``g``/``graphs``), the
+default attribute values of model-local functions (``FunctionProto.attribute_proto``) and the graphs of
+``ModelProto.training_info``. Nothing else in the format holds one: ``TypeProto``, ``value_info``,
+``quantization_annotation``, metadata and the training bindings only hold names and strings.
+
+Order (deterministic, depth-first, in proto field order; places added later come after the older ones, so a model
+without them keeps the order, and the outputs, it always had):
 
 1. the main graph, visited as below;
-2. ``model.functions`` in order, each visited like a graph that has no initializers.
+2. ``model.functions`` in order: each function's nodes (as a graph's nodes), then its default attribute values
+   (``attribute_proto`` in order, each visited like a node attribute);
+3. ``model.training_info`` in order: each entry's ``initialization`` graph, then its ``algorithm`` graph.
 
 Visiting a graph yields its ``initializer`` list, then each ``sparse_initializer``'s ``values`` and ``indices``,
 then for each node in order and each attribute in order: ``t``, ``tensors``, ``sparse_tensor`` (values, indices),
 ``sparse_tensors``, and finally the subgraphs ``g`` and ``graphs``, visited recursively right there.
+
+Each :class:`TensorSite` says what the tensor is (``kind``), which part of the model it belongs to (``scope``:
+the main graph, a function, or training information) and a readable path (``where``).
 
 The walker yields the live protos: callers may mutate them. It never reads external data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 import onnx
 
-__all__ = ["TensorKind", "TensorSite", "iter_graphs", "iter_tensors"]
+__all__ = ["TensorKind", "TensorScope", "TensorSite", "iter_graphs", "iter_tensors"]
 
 TensorKind = Literal[
     "initializer",
@@ -33,7 +45,30 @@ TensorKind = Literal[
     "attribute",
     "sparse_attribute_values",
     "sparse_attribute_indices",
+    "function_default",
+    "sparse_function_default_values",
+    "sparse_function_default_indices",
 ]
+"""What a tensor is in its container. ``function_default*``: a default attribute value of a model-local function
+(``FunctionProto.attribute_proto``); such a tensor has no node. Initializers of a subgraph are ``initializer`` too:
+``scope`` and ``container`` tell them apart."""
+
+TensorScope = Literal["model", "function", "training"]
+"""Which part of the model holds the tensor: ``model`` (the main graph and its subgraphs, what inference runs),
+``function`` (a model-local function, its subgraphs and default attributes) or ``training``
+(``ModelProto.training_info``: initialization and algorithm graphs, which inference never runs)."""
+
+# The kinds an attribute's tensors get, for node attributes and for function default attributes.
+_NODE_ATTRIBUTE_KINDS: tuple[TensorKind, TensorKind, TensorKind] = (
+    "attribute",
+    "sparse_attribute_values",
+    "sparse_attribute_indices",
+)
+_FUNCTION_DEFAULT_KINDS: tuple[TensorKind, TensorKind, TensorKind] = (
+    "function_default",
+    "sparse_function_default_values",
+    "sparse_function_default_indices",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +76,8 @@ class TensorSite:
     """A tensor and its place in the model.
 
     ``container`` is the GraphProto or FunctionProto that holds it; ``node`` the node whose attribute holds it (None
-    for initializers); ``where`` a readable path such as ``graph 'main' / node 'If_0' (If) / then_branch``.
+    for initializers and function default attributes); ``where`` a readable path such as
+    ``graph 'main' / node 'If_0' (If) / then_branch``; ``scope`` the part of the model (see :data:`TensorScope`).
     """
 
     tensor: onnx.TensorProto
@@ -49,6 +85,7 @@ class TensorSite:
     container: onnx.GraphProto | onnx.FunctionProto
     node: onnx.NodeProto | None
     where: str
+    scope: TensorScope = "model"
 
     @property
     def label(self) -> str:
@@ -57,15 +94,42 @@ class TensorSite:
 
 
 def iter_tensors(model: onnx.ModelProto) -> Iterator[TensorSite]:
-    """Yield every tensor of ``model`` (graphs, subgraphs, attributes, sparse tensors, functions) in the order above."""
-    yield from _iter_graph(model.graph, f"graph {model.graph.name!r}")
+    """Yield every tensor of ``model``, in the order documented in this module.
+
+    Args:
+        model: the model to walk; its protos are yielded live, not copied.
+
+    Returns:
+        An iterator of :class:`TensorSite`, one per ``TensorProto`` (sparse tensors yield their values, then their
+        indices).
+    """
+    yield from _iter_graph(model.graph, f"graph {model.graph.name!r}", "model")
     for function in model.functions:
-        yield from _iter_nodes(function, function.node, f"function {function.domain}::{function.name}")
+        where = f"function {function.domain}::{function.name}"
+        yield from _iter_nodes(function, function.node, where, "function")
+        for attribute in function.attribute_proto:
+            yield from _iter_attribute(
+                function, None, attribute, f"{where} / default of attribute {attribute.name!r}", "function"
+            )
+    for index, training in enumerate(model.training_info):
+        for field in ("initialization", "algorithm"):
+            if training.HasField(field):
+                graph = getattr(training, field)
+                yield from _iter_graph(graph, f"training_info[{index}] {field} graph {graph.name!r}", "training")
 
 
 def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """Yield ``graph`` and every subgraph of its nodes (``g`` and ``graphs`` attributes), depth-first, in the order
-    :func:`iter_tensors` visits them."""
+    """Yield ``graph`` and every subgraph of its nodes (``g`` and ``graphs`` attributes), depth-first.
+
+    The order is the one :func:`iter_tensors` visits them in. Training graphs and function bodies are not reached
+    from a graph: walk ``model.training_info`` or ``model.functions`` for those.
+
+    Args:
+        graph: the graph to start from (usually ``model.graph``).
+
+    Returns:
+        An iterator of the live GraphProtos, ``graph`` first.
+    """
     yield graph
     for node in graph.node:
         for attribute in node.attribute:
@@ -75,33 +139,44 @@ def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield from iter_graphs(subgraph)
 
 
-def _iter_graph(graph: onnx.GraphProto, where: str) -> Iterator[TensorSite]:
+def _iter_graph(graph: onnx.GraphProto, where: str, scope: TensorScope) -> Iterator[TensorSite]:
     for tensor in graph.initializer:
-        yield TensorSite(tensor, "initializer", graph, None, where)
+        yield TensorSite(tensor, "initializer", graph, None, where, scope)
     for sparse in graph.sparse_initializer:
-        yield TensorSite(sparse.values, "sparse_initializer_values", graph, None, where)
-        yield TensorSite(sparse.indices, "sparse_initializer_indices", graph, None, where)
-    yield from _iter_nodes(graph, graph.node, where)
+        yield TensorSite(sparse.values, "sparse_initializer_values", graph, None, where, scope)
+        yield TensorSite(sparse.indices, "sparse_initializer_indices", graph, None, where, scope)
+    yield from _iter_nodes(graph, graph.node, where, scope)
 
 
 def _iter_nodes(
-    container: onnx.GraphProto | onnx.FunctionProto, nodes: list[onnx.NodeProto], where: str
+    container: onnx.GraphProto | onnx.FunctionProto, nodes: Iterable[onnx.NodeProto], where: str, scope: TensorScope
 ) -> Iterator[TensorSite]:
     for index, node in enumerate(nodes):
         node_where = f"{where} / node {node.name or f'#{index}'!r} ({node.op_type})"
         for attribute in node.attribute:
-            attr_where = f"{node_where} / {attribute.name}"
-            if attribute.HasField("t"):
-                yield TensorSite(attribute.t, "attribute", container, node, attr_where)
-            for tensor in attribute.tensors:
-                yield TensorSite(tensor, "attribute", container, node, attr_where)
-            sparse_tensors = list(attribute.sparse_tensors)
-            if attribute.HasField("sparse_tensor"):
-                sparse_tensors.insert(0, attribute.sparse_tensor)
-            for sparse in sparse_tensors:
-                yield TensorSite(sparse.values, "sparse_attribute_values", container, node, attr_where)
-                yield TensorSite(sparse.indices, "sparse_attribute_indices", container, node, attr_where)
-            if attribute.HasField("g"):
-                yield from _iter_graph(attribute.g, attr_where)
-            for subgraph in attribute.graphs:
-                yield from _iter_graph(subgraph, attr_where)
+            yield from _iter_attribute(container, node, attribute, f"{node_where} / {attribute.name}", scope)
+
+
+def _iter_attribute(
+    container: onnx.GraphProto | onnx.FunctionProto,
+    node: onnx.NodeProto | None,
+    attribute: onnx.AttributeProto,
+    where: str,
+    scope: TensorScope,
+) -> Iterator[TensorSite]:
+    """One attribute's tensors; ``node`` None means a function's default attribute value."""
+    dense, values, indices = _NODE_ATTRIBUTE_KINDS if node is not None else _FUNCTION_DEFAULT_KINDS
+    if attribute.HasField("t"):
+        yield TensorSite(attribute.t, dense, container, node, where, scope)
+    for tensor in attribute.tensors:
+        yield TensorSite(tensor, dense, container, node, where, scope)
+    sparse_tensors = list(attribute.sparse_tensors)
+    if attribute.HasField("sparse_tensor"):
+        sparse_tensors.insert(0, attribute.sparse_tensor)
+    for sparse in sparse_tensors:
+        yield TensorSite(sparse.values, values, container, node, where, scope)
+        yield TensorSite(sparse.indices, indices, container, node, where, scope)
+    if attribute.HasField("g"):
+        yield from _iter_graph(attribute.g, where, scope)
+    for subgraph in attribute.graphs:
+        yield from _iter_graph(subgraph, where, scope)
