@@ -1,0 +1,118 @@
+"""Find blobs whose bytes are identical, so that the destination stores each distinct content once.
+
+Equality is decided on the bytes themselves: blobs are first grouped by length (a blob of unique length is never
+read), then each candidate is read once, chunk by chunk, to compute a BLAKE2b digest; blobs whose digests match are
+then compared byte by byte, chunk by chunk, against the first of their group before they are merged. A hash
+collision therefore never merges two different blobs, and a model without duplicates reads each candidate once.
+Memory stays bounded by two chunk buffers whatever the number of candidates.
+
+Blobs are described by :class:`BlobSource`: a byte range of an open file (external data, or an inline payload
+inside the ``.onnx`` itself) or bytes already in memory (typed-field tensors converted to raw bytes). This module
+reads through the descriptors it is given and never opens, writes or closes a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from onnx_light_ref.errors import ExternalDataError
+from onnx_light_ref.io.posix import pread_exact
+
+__all__ = ["BlobSource", "find_duplicates"]
+
+_DIGEST_SIZE = 32  # BLAKE2b-256: candidates with equal digests are still compared byte by byte
+
+
+@dataclass(frozen=True, slots=True)
+class BlobSource:
+    """Where a blob's bytes are: ``data`` in memory, or ``length`` bytes of descriptor ``fd`` at ``offset``."""
+
+    length: int
+    fd: int | None = None
+    offset: int = 0
+    data: bytes | None = None
+    label: str = ""  # names the tensor and file in errors
+    key: object = None  # equal keys mean the same bytes by construction (same file, offset and length)
+
+
+def find_duplicates(blobs: Sequence[BlobSource], chunk_size: int) -> list[int]:
+    """For each blob, the index of the first blob with identical bytes (itself when it is the first).
+
+    Raises :class:`ExternalDataError` when a file ends before a blob's range (it changed since it was validated).
+    """
+    first = list(range(len(blobs)))
+    by_key: dict[object, int] = {}
+    by_length: dict[int, list[int]] = {}
+    for index, blob in enumerate(blobs):
+        if blob.key is not None:
+            if blob.key in by_key:
+                first[index] = by_key[blob.key]
+                continue
+            by_key[blob.key] = index
+        by_length.setdefault(blob.length, []).append(index)
+    reader = _ChunkReader(chunk_size)
+    for length, members in by_length.items():
+        if len(members) < 2:
+            continue
+        if length == 0:
+            for index in members[1:]:
+                first[index] = members[0]
+            continue
+        by_digest: dict[bytes, list[int]] = {}
+        for index in members:
+            by_digest.setdefault(reader.digest(blobs[index]), []).append(index)
+        for group in by_digest.values():
+            _merge_equal(group, blobs, reader, first)
+    # Blobs merged by key point at a representative that may itself have been merged by content.
+    return [first[first[index]] for index in range(len(blobs))]
+
+
+def _merge_equal(group: list[int], blobs: Sequence[BlobSource], reader: _ChunkReader, first: list[int]) -> None:
+    """Merge each blob of ``group`` into the first earlier one it is byte-identical to."""
+    representatives: list[int] = []
+    for index in group:
+        match = next((rep for rep in representatives if reader.equal(blobs[rep], blobs[index])), None)
+        if match is None:
+            representatives.append(index)
+        else:
+            first[index] = match
+
+
+class _ChunkReader:
+    """Reads blobs through two reusable buffers of ``chunk_size`` bytes."""
+
+    def __init__(self, chunk_size: int) -> None:
+        self.chunk_size = chunk_size
+        self._a = bytearray(chunk_size)
+        self._b = bytearray(chunk_size)
+
+    def digest(self, blob: BlobSource) -> bytes:
+        hasher = hashlib.blake2b(digest_size=_DIGEST_SIZE)
+        self._each_chunk(blob, self._a, hasher.update)
+        return hasher.digest()
+
+    def equal(self, left: BlobSource, right: BlobSource) -> bool:
+        for start in range(0, left.length, self.chunk_size):
+            count = min(self.chunk_size, left.length - start)
+            if self._read(left, start, count, self._a) != self._read(right, start, count, self._b):
+                return False
+        return True
+
+    def _each_chunk(self, blob: BlobSource, buffer: bytearray, sink: Callable[[memoryview], object]) -> None:
+        for start in range(0, blob.length, self.chunk_size):
+            sink(self._read(blob, start, min(self.chunk_size, blob.length - start), buffer))
+
+    def _read(self, blob: BlobSource, start: int, count: int, buffer: bytearray) -> memoryview:
+        if blob.data is not None:
+            return memoryview(blob.data)[start : start + count]
+        assert blob.fd is not None
+        view = memoryview(buffer)[:count]
+        got = pread_exact(blob.fd, view, blob.offset + start)
+        if got != count:
+            raise ExternalDataError(
+                f"{blob.label}: the file ended at offset {blob.offset + start + got} while {count - got} more bytes "
+                "were expected; was it truncated while being read?"
+            )
+        return view
