@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from google.protobuf.message import Message
 from onnx import helper, numpy_helper
 
 from onnx_light_ref.io.walker import iter_graphs, iter_tensors
@@ -138,3 +139,160 @@ def test_iter_graphs_visits_the_graphs_in_the_order_iter_tensors_does():
 
     assert graphs == ["main", "g", "gs0", "gs1"]
     assert graphs_holding_tensors == graphs
+
+
+def model_with_function_defaults_and_training_info() -> onnx.ModelProto:
+    """The places added after the first walker: a function's default attributes and the training graphs."""
+    function = helper.make_function(
+        "ai.test",
+        "F",
+        ["X"],
+        ["Y"],
+        [helper.make_node("Identity", ["X"], ["Y"], name="body")],
+        opset_imports=[helper.make_opsetid("", 18)],
+    )
+    function.attribute_proto.extend(
+        [
+            helper.make_attribute("alpha", tensor("default_t")),
+            helper.make_attribute("many", [tensor("default_tensors_0"), tensor("default_tensors_1")]),
+            helper.make_attribute("sparse", sparse("default_sparse")),
+            helper.make_attribute("body", subgraph("default_g", "default_g_init")),
+        ]
+    )
+    graph = helper.make_graph(
+        [helper.make_node("F", ["x"], ["y"], name="call", domain="ai.test")],
+        "main",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+        initializer=[tensor("init_0")],
+    )
+    model = helper.make_model(graph, functions=[function], opset_imports=[helper.make_opsetid("", 18)])
+    first = model.training_info.add()
+    first.initialization.CopyFrom(helper.make_graph([], "init", [], [], initializer=[tensor("training_init")]))
+    first.algorithm.CopyFrom(subgraph("algo", "algo_init"))
+    binding = first.update_binding.add()
+    binding.key, binding.value = "init_0", "algo_out"
+    second = model.training_info.add()  # an algorithm without initialization graph
+    second.algorithm.CopyFrom(subgraph("algo2", "algo2_init"))
+    return model
+
+
+def test_function_defaults_then_training_graphs_come_after_the_older_places():
+    sites = list(iter_tensors(model_with_function_defaults_and_training_info()))
+
+    assert [(site.scope, site.kind, site.tensor.name) for site in sites] == [
+        ("model", "initializer", "init_0"),
+        ("function", "function_default", "default_t"),  # attribute_proto in its order
+        ("function", "function_default", "default_tensors_0"),
+        ("function", "function_default", "default_tensors_1"),
+        ("function", "sparse_function_default_values", "default_sparse"),
+        ("function", "sparse_function_default_indices", ""),
+        ("function", "initializer", "default_g_init"),  # a default graph is visited like any subgraph
+        ("function", "attribute", "default_g_attr"),
+        ("training", "initializer", "training_init"),  # training_info[0]: initialization, then algorithm
+        ("training", "initializer", "algo_init"),
+        ("training", "attribute", "algo_attr"),
+        ("training", "initializer", "algo2_init"),  # training_info[1] has no initialization graph
+        ("training", "attribute", "algo2_attr"),
+    ]
+
+
+def test_function_defaults_and_training_sites_say_where_they_are():
+    model = model_with_function_defaults_and_training_info()
+    sites = {site.label: site for site in iter_tensors(model)}
+
+    default = sites["default_t"]
+    assert default.where == "function ai.test::F / default of attribute 'alpha'"
+    assert default.node is None
+    assert default.container is model.functions[0]
+    assert sites["default_g_attr"].where == (
+        "function ai.test::F / default of attribute 'body' / node 'default_g_const' (Constant) / value"
+    )
+    assert sites["training_init"].where == "training_info[0] initialization graph 'init'"
+    assert sites["training_init"].container is model.training_info[0].initialization
+    assert sites["algo2_init"].where == "training_info[1] algorithm graph 'algo2'"
+    assert (
+        sites["<unnamed sparse function default indices in function ai.test::F / default of attribute 'sparse'>"].kind
+        == "sparse_function_default_indices"
+    )
+
+
+def test_models_without_the_new_places_keep_their_order_and_scope():
+    sites = list(iter_tensors(model_with_every_kind_of_tensor()))
+
+    assert {site.scope for site in sites[:-1]} == {"model"}
+    assert sites[-1].scope == "function"
+    assert sites[-1].kind == "attribute"  # a node attribute inside a function is still an attribute
+
+
+def _fields_reaching_tensors() -> set[tuple[str, str]]:
+    """Every (message, field) of onnx.proto on a path from ModelProto to a TensorProto, read from the descriptors."""
+    tensor_name = onnx.TensorProto.DESCRIPTOR.full_name
+    reachable: set[str] = {tensor_name}
+    messages: dict[str, object] = {}
+
+    def collect(descriptor) -> None:
+        if descriptor.full_name in messages:
+            return
+        messages[descriptor.full_name] = descriptor
+        for field in descriptor.fields:
+            if field.message_type is not None:
+                collect(field.message_type)
+
+    collect(onnx.ModelProto.DESCRIPTOR)
+    changed = True
+    while changed:
+        changed = False
+        for name, descriptor in messages.items():
+            if name not in reachable and any(
+                f.message_type is not None and f.message_type.full_name in reachable for f in descriptor.fields
+            ):
+                reachable.add(name)
+                changed = True
+    return {
+        (descriptor.name, field.name)
+        for name, descriptor in messages.items()
+        if name != tensor_name
+        for field in descriptor.fields
+        if field.message_type is not None and field.message_type.full_name in reachable
+    }
+
+
+def test_the_walker_covers_every_field_of_onnx_proto_that_can_hold_a_tensor():
+    # If a future onnx adds a place for tensors, this fails until the walker (and this list) learn about it.
+    assert _fields_reaching_tensors() == {
+        ("ModelProto", "graph"),
+        ("ModelProto", "functions"),
+        ("ModelProto", "training_info"),
+        ("TrainingInfoProto", "initialization"),
+        ("TrainingInfoProto", "algorithm"),
+        ("GraphProto", "initializer"),
+        ("GraphProto", "sparse_initializer"),
+        ("GraphProto", "node"),
+        ("NodeProto", "attribute"),
+        ("FunctionProto", "node"),
+        ("FunctionProto", "attribute_proto"),
+        ("AttributeProto", "t"),
+        ("AttributeProto", "tensors"),
+        ("AttributeProto", "sparse_tensor"),
+        ("AttributeProto", "sparse_tensors"),
+        ("AttributeProto", "g"),
+        ("AttributeProto", "graphs"),
+        ("SparseTensorProto", "values"),
+        ("SparseTensorProto", "indices"),
+    }
+
+
+def test_every_tensor_in_the_serialized_model_is_yielded():
+    # Count TensorProtos by walking the message tree generically (ListFields), independent of the walker's code.
+    def count(message) -> int:
+        total = 1 if isinstance(message, onnx.TensorProto) else 0
+        for field, value in message.ListFields():
+            if field.message_type is None:
+                continue
+            items = [value] if isinstance(value, Message) else value  # a repeated field is a container
+            total += sum(count(item) for item in items)
+        return total
+
+    for model in (model_with_every_kind_of_tensor(), model_with_function_defaults_and_training_info()):
+        assert len(list(iter_tensors(model))) == count(model)
