@@ -1,0 +1,363 @@
+"""Parse a ``.onnx`` file's metadata without its inline tensor payloads, by reading the protobuf wire format.
+
+:func:`load_model_stripped` walks the file's protobuf encoding (tags, varints, length-delimited fields) and descends
+only into the messages that can hold a tensor: ModelProto → graph / training_info / functions, GraphProto → node /
+initializer / sparse_initializer, NodeProto and FunctionProto → attributes, AttributeProto → t / g / tensors /
+graphs / sparse_tensor(s), SparseTensorProto → values / indices, TensorProto → raw_data. Every ``raw_data`` payload
+of at least ``min_length`` bytes (and longer than :data:`PLACEHOLDER_LENGTH`) is recorded as an
+:class:`InlinePayload` (its byte offset and length in the file) and replaced by a short placeholder; the enclosing
+length prefixes are re-encoded and every other byte is copied verbatim. Only that stripped metadata is handed to
+protobuf, so a ``.onnx`` larger than protobuf's 2 GiB limit parses as long as its metadata is smaller.
+
+This module must never read the file whole, never read a payload larger than its read-ahead window (it seeks over
+them), never read past the end of the file, never loop without consuming bytes, and never raise anything for a bad
+file but :class:`InvalidModelError` (``FileNotFoundError`` for a missing one). ``docs/wire_format.md`` describes the
+format cases in detail.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import stat
+from dataclasses import dataclass, field
+
+import onnx
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+
+from onnx_light_ref.errors import InvalidModelError
+from onnx_light_ref.io.arguments import PathLike, check_int
+from onnx_light_ref.io.posix import pread_exact
+
+__all__ = [
+    "MAX_NESTING_DEPTH",
+    "PLACEHOLDER_LENGTH",
+    "InlinePayload",
+    "StrippedModel",
+    "load_model_stripped",
+]
+
+logger = logging.getLogger(__name__)
+
+# Protobuf wire types. Groups (3, 4) are deprecated and never used by ONNX; 6 and 7 do not exist.
+_VARINT, _I64, _LEN, _SGROUP, _EGROUP, _I32 = 0, 1, 2, 3, 4, 5
+
+_RAW_DATA = "raw_data"
+
+# Which fields lead to a TensorProto, checked against onnx.proto (tests/io/test_wire.py derives the same table from
+# onnx's descriptors, so a future onnx that adds a tensor-holding field fails that test instead of silently keeping
+# the new tensors inline). FunctionProto.node is field 7: field 3 is reserved (the old "status").
+_SCHEMA: dict[str, dict[int, str]] = {
+    "ModelProto": {7: "GraphProto", 20: "TrainingInfoProto", 25: "FunctionProto"},
+    "TrainingInfoProto": {1: "GraphProto", 2: "GraphProto"},
+    "GraphProto": {1: "NodeProto", 5: "TensorProto", 15: "SparseTensorProto"},
+    "NodeProto": {5: "AttributeProto"},
+    "FunctionProto": {7: "NodeProto", 11: "AttributeProto"},
+    "AttributeProto": {
+        5: "TensorProto",
+        6: "GraphProto",
+        10: "TensorProto",
+        11: "GraphProto",
+        22: "SparseTensorProto",
+        23: "SparseTensorProto",
+    },
+    "SparseTensorProto": {1: "TensorProto", 2: "TensorProto"},
+    "TensorProto": {9: _RAW_DATA},
+}
+
+# Protobuf's default recursion limit: a model nested deeper is refused by ParseFromString anyway, and the limit keeps
+# a hostile file from exhausting Python's stack.
+MAX_NESTING_DEPTH = 100
+
+# Metadata handed to ParseFromString must stay below protobuf's hard 2 GiB message limit; checked while copying so
+# that a hostile file cannot make us read gigabytes of "metadata" before protobuf would refuse it.
+_PROTOBUF_LIMIT = 2**31 - 1
+
+# Read-ahead window for tags and small fields: one pread per 64 KiB of metadata instead of one per field. A payload
+# longer than this is never read (at most its first window's worth may be, as read-ahead).
+_WINDOW = 64 * 1024
+
+_MAGIC = b"\x00olr-wire-stripped\x00"
+_NONCE_LENGTH = 16
+_INDEX_LENGTH = 8
+PLACEHOLDER_LENGTH = len(_MAGIC) + _NONCE_LENGTH + _INDEX_LENGTH
+"""Bytes of the placeholder that replaces a stripped payload; only longer payloads are stripped."""
+
+_MAX_VARINT_BYTES = 10
+_MAX_TAG = 2**32 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class InlinePayload:
+    """Where a stripped ``raw_data`` payload lies in the ``.onnx`` file: ``length`` bytes at byte ``offset``."""
+
+    offset: int
+    length: int
+
+
+@dataclass(eq=False)
+class StrippedModel:
+    """A model parsed without its large inline payloads, and where those payloads are in the file.
+
+    ``model`` is a real :class:`onnx.ModelProto`; every tensor whose payload was stripped carries a
+    :data:`PLACEHOLDER_LENGTH`-byte placeholder in ``raw_data`` instead of its data. Such a model must not be saved
+    or evaluated before each of those tensors has been rewritten (made external, or given its bytes back):
+    :meth:`payload` tells which tensors they are.
+
+    Attributes:
+        model: the parsed metadata.
+        path: the ``.onnx`` file, as given (``os.fspath``).
+        file_size: its size in bytes when it was parsed; every payload lies inside it.
+        payloads: every stripped payload, in file order (placeholder ``i`` names ``payloads[i]``).
+        metadata_size: bytes handed to protobuf.
+    """
+
+    model: onnx.ModelProto
+    path: str
+    file_size: int
+    payloads: tuple[InlinePayload, ...]
+    metadata_size: int
+    _prefix: bytes = field(repr=False)
+
+    def payload(self, tensor: onnx.TensorProto) -> InlinePayload | None:
+        """Return where ``tensor``'s ``raw_data`` really is, or ``None`` if it was not stripped.
+
+        ``None`` means the tensor's ``raw_data`` (possibly empty) is its real data: it was shorter than
+        ``min_length`` or than the placeholder, or the tensor uses typed fields or external data.
+
+        Args:
+            tensor: a TensorProto of :attr:`model` (or a copy of one).
+
+        Returns:
+            The payload's offset and length in :attr:`path`, or ``None``.
+        """
+        raw = tensor.raw_data
+        if len(raw) != PLACEHOLDER_LENGTH or not raw.startswith(self._prefix):
+            return None
+        index = int.from_bytes(raw[len(self._prefix) :], "big")
+        # The prefix holds a nonce drawn after the file was opened, so a real payload cannot name an index; the bound
+        # check only guards against a placeholder copied from another StrippedModel with the same nonce (impossible).
+        return self.payloads[index] if index < len(self.payloads) else None
+
+
+def load_model_stripped(path: PathLike, min_length: int) -> StrippedModel:
+    """Parse a model's metadata; record, instead of reading, every inline ``raw_data`` of at least ``min_length`` bytes.
+
+    The file is read through a bounded window; stripped payloads are seeked over, never read (beyond read-ahead of at
+    most 64 KiB). Tensors anywhere are covered: initializers and sparse initializers of the main graph, of every
+    subgraph (If/Loop/Scan bodies, at any depth), of ``training_info`` graphs; node attribute tensors ``t``,
+    ``tensors``, ``sparse_tensor``, ``sparse_tensors``; and the nodes and default attributes of model functions.
+    Payloads of at most :data:`PLACEHOLDER_LENGTH` bytes always stay in the model, as do typed fields
+    (``float_data``...) and external data entries. Works for files larger than 2 GiB, provided the metadata left after
+    stripping is below protobuf's 2 GiB limit.
+
+    Args:
+        path: the ``.onnx`` file.
+        min_length: strip payloads of at least this many bytes (0 strips every payload longer than the placeholder).
+
+    Returns:
+        The :class:`StrippedModel`.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist or is not a regular file.
+        InvalidModelError: the file is truncated or is not a valid protobuf encoding (the message names the byte
+            offset), its metadata exceeds 2 GiB, protobuf refuses the metadata, or the model has no graph.
+        ValueError: ``min_length`` is negative (``ArgumentTypeError`` if it is not an int).
+    """
+    min_length = check_int("min_length", min_length)
+    path = os.fspath(path)
+    try:
+        # O_NONBLOCK: opening a FIFO must not hang; it is refused below as not a regular file.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise FileNotFoundError(f"ONNX model file not found: {path!r}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileNotFoundError(f"ONNX model path is not a regular file: {path!r}")
+        prefix = _MAGIC + secrets.token_bytes(_NONCE_LENGTH)
+        scanner = _Scanner(_WindowReader(fd, st.st_size, path), path, min_length, prefix)
+        metadata = scanner.scan()
+    finally:
+        os.close(fd)
+    model = _parse_metadata(metadata, path)
+    logger.debug(
+        "%s: %d payloads stripped (%d bytes), %d metadata bytes parsed",
+        path,
+        len(scanner.payloads),
+        sum(p.length for p in scanner.payloads),
+        len(metadata),
+    )
+    return StrippedModel(model, path, st.st_size, tuple(scanner.payloads), len(metadata), prefix)
+
+
+def _parse_metadata(metadata: bytearray, path: str) -> onnx.ModelProto:
+    """Hand the stripped bytes to protobuf; its refusals become InvalidModelError."""
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(memoryview(metadata))
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise InvalidModelError(f"{path!r} is not a valid ONNX model (protobuf cannot parse it: {exc}).") from exc
+    if not model.HasField("graph"):
+        raise InvalidModelError(f"{path!r} is not a valid ONNX model (it has no graph; truncated or not ONNX?).")
+    return model
+
+
+def _encode_varint(value: int) -> bytes:
+    """Minimal protobuf varint of a non-negative int."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+class _WindowReader:
+    """Positional reads of a file of known size through one read-ahead window; never reads past ``size``."""
+
+    def __init__(self, fd: int, size: int, path: str) -> None:
+        self._fd = fd
+        self.size = size
+        self._path = path
+        self._buffer = bytearray()
+        self._start = 0
+
+    def view(self, pos: int, count: int) -> memoryview:
+        """Up to ``count`` (<= window) bytes at ``pos``: fewer only where the file ends."""
+        end = min(pos + count, self.size)
+        if pos < self._start or end > self._start + len(self._buffer):
+            self._fill(pos)
+        begin = pos - self._start
+        return memoryview(self._buffer)[begin : begin + end - pos]
+
+    def read(self, pos: int, count: int) -> bytes | bytearray | memoryview:
+        """Exactly ``count`` bytes at ``pos``; the caller has checked ``pos + count <= size``."""
+        if count <= _WINDOW:
+            return self.view(pos, count)
+        buffer = bytearray(count)
+        self._pread(buffer, pos)
+        return buffer
+
+    def _fill(self, pos: int) -> None:
+        buffer = bytearray(min(_WINDOW, self.size - pos))
+        self._pread(buffer, pos)
+        self._buffer, self._start = buffer, pos
+
+    def _pread(self, buffer: bytearray, pos: int) -> None:
+        # An OSError (EIO...) is the disk's problem, not the model's: it propagates as is.
+        got = pread_exact(self._fd, memoryview(buffer), pos)
+        if got != len(buffer):
+            raise InvalidModelError(
+                f"{self._path!r}: the file shrank while it was read (expected {len(buffer)} bytes at byte offset "
+                f"{pos}, got {got})."
+            )
+
+
+class _Scanner:
+    """One pass over the file: re-encodes the tensor-holding messages, records the payloads it strips."""
+
+    def __init__(self, reader: _WindowReader, path: str, min_length: int, prefix: bytes) -> None:
+        self._reader = reader
+        self._path = path
+        # A payload no longer than the placeholder would not shrink, and stripping it would only cost a lookup.
+        self._strip_from = max(min_length, PLACEHOLDER_LENGTH + 1)
+        self._prefix = prefix
+        self._kept = 0
+        self.payloads: list[InlinePayload] = []
+
+    def scan(self) -> bytearray:
+        out = bytearray()
+        self._message("ModelProto", 0, self._reader.size, 0, out)
+        return out
+
+    def _fail(self, what: str, pos: int, kind: str) -> InvalidModelError:
+        return InvalidModelError(
+            f"{self._path!r} is not a valid ONNX model: {what} at byte offset {pos} (in a {kind})."
+        )
+
+    def _varint(self, pos: int, end: int, kind: str, what: str) -> tuple[int, int]:
+        """Decode the varint at ``pos`` that must end before ``end``; return (value, position after it)."""
+        data = self._reader.view(pos, min(_MAX_VARINT_BYTES, end - pos))
+        value = 0
+        for i, byte in enumerate(data):
+            value |= (byte & 0x7F) << (7 * i)
+            if byte < 0x80:
+                return value, pos + i + 1
+        if len(data) == _MAX_VARINT_BYTES:
+            raise self._fail(f"{what} varint longer than {_MAX_VARINT_BYTES} bytes", pos, kind)
+        where = "file" if pos + len(data) == self._reader.size else "enclosing message"
+        raise self._fail(f"{what} varint truncated by the end of the {where}", pos, kind)
+
+    def _message(self, kind: str, start: int, end: int, depth: int, out: bytearray) -> None:
+        """Append the re-encoded content of the ``kind`` message in ``[start, end)`` to ``out``."""
+        if depth > MAX_NESTING_DEPTH:
+            raise self._fail(f"messages nested deeper than {MAX_NESTING_DEPTH} levels", start, kind)
+        children = _SCHEMA[kind]
+        pos = copy_from = start
+        while pos < end:
+            field_start = pos
+            tag, pos = self._varint(pos, end, kind, "field tag")
+            number, wire_type = tag >> 3, tag & 7
+            if tag > _MAX_TAG or number == 0:
+                raise self._fail(f"invalid field tag {tag} (field number {number})", field_start, kind)
+            if wire_type == _VARINT:
+                _, pos = self._varint(pos, end, kind, f"field {number} value")
+            elif wire_type in (_I64, _I32):
+                width = 8 if wire_type == _I64 else 4
+                if width > end - pos:
+                    raise self._truncated(f"field {number} ({width}-byte value)", field_start, end, kind)
+                pos += width
+            elif wire_type == _LEN:
+                length, pos = self._varint(pos, end, kind, f"field {number} length")
+                if length > end - pos:
+                    raise self._truncated(f"field {number} (length {length})", field_start, end, kind)
+                child = children.get(number)
+                if child == _RAW_DATA and length < self._strip_from:
+                    child = None  # a small payload stays in the verbatim run
+                if child is not None:
+                    self._flush(copy_from, field_start, out)
+                    self._child(child, number, pos, length, depth, out)
+                    copy_from = pos + length
+                pos += length
+            elif wire_type in (_SGROUP, _EGROUP):
+                raise self._fail(
+                    f"field {number} uses the group wire type {wire_type}, which ONNX never uses", field_start, kind
+                )
+            else:
+                raise self._fail(f"field {number} has the invalid wire type {wire_type}", field_start, kind)
+        self._flush(copy_from, end, out)
+
+    def _truncated(self, what: str, pos: int, end: int, kind: str) -> InvalidModelError:
+        where = "file" if end == self._reader.size else f"enclosing message (which ends at byte offset {end})"
+        return self._fail(f"{what} runs past the end of the {where}", pos, kind)
+
+    def _child(self, child: str, number: int, pos: int, length: int, depth: int, out: bytearray) -> None:
+        """Re-encode one tensor-holding field whose content is ``[pos, pos + length)``."""
+        key = _encode_varint((number << 3) | _LEN)
+        if child == _RAW_DATA:
+            placeholder = self._prefix + len(self.payloads).to_bytes(_INDEX_LENGTH, "big")
+            self.payloads.append(InlinePayload(pos, length))
+            out += key
+            out += _encode_varint(PLACEHOLDER_LENGTH)
+            out += placeholder
+            self._kept += len(key) + 1 + PLACEHOLDER_LENGTH
+            return
+        content = bytearray()
+        self._message(child, pos, pos + length, depth + 1, content)
+        out += key
+        out += _encode_varint(len(content))
+        out += content
+        self._kept += len(key) + _MAX_VARINT_BYTES
+
+    def _flush(self, start: int, end: int, out: bytearray) -> None:
+        """Copy ``[start, end)`` of the file verbatim, within protobuf's size limit."""
+        self._kept += end - start
+        if self._kept > _PROTOBUF_LIMIT:
+            raise InvalidModelError(
+                f"{self._path!r}: the model's metadata (everything but the stripped payloads) exceeds protobuf's "
+                f"2 GiB limit (reached at byte offset {end}); lower min_length or move tensors to external data."
+            )
+        if end > start:
+            out += self._reader.read(start, end - start)
