@@ -1,0 +1,448 @@
+"""Prove that two models hold the same tensors: names, data types, dims and bytes, however each side stores them.
+
+Every tensor the walker (:func:`onnx_light_ref.io.walker.iter_tensors`) finds is paired with the tensor at the same
+position of the other model: initializers, sparse initializers (values and indices), node attribute tensors
+(``t``/``tensors``/sparse), subgraphs and functions. A different count or order of tensors is a difference. Storage
+does not matter: a tensor inline in ``raw_data``, inline in a typed field (``float_data``, ``int64_data``...) or
+external, in one data file or many, compares by its little-endian bytes.
+
+The run is: parse both ``.onnx`` files without their weights → walk both and validate every external reference as
+the rest of the package does (inside the model's folder, in bounds, hard links refused) → compare names, places,
+data types and dims of every pair → only then compare bytes, stopping at the first difference.
+
+This module never writes a file and never holds more weight bytes than two ``chunk_size`` buffers (plus a bounded
+scratch block when comparing the tail of a tensor): external bytes are read with ``os.preadv`` into the two
+preallocated buffers, never with a whole-file ``read()``. Inline tensors are already in memory as part of the
+parsed model; those stored in typed fields are converted to raw bytes one tensor at a time (they are small: protobuf
+keeps big tensors in ``raw_data``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from onnx_light_ref.errors import ExternalDataError, InvalidModelError
+from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
+from onnx_light_ref.io.copy_engine import CopyRange, open_source
+from onnx_light_ref.io.locations import (
+    FileIdentity,
+    LocationResolver,
+    check_not_hard_linked,
+    expected_nbytes,
+    is_external,
+    parse_external_data,
+)
+from onnx_light_ref.io.model_file import load_model_metadata
+from onnx_light_ref.io.posix import check_single_link, pread_exact
+from onnx_light_ref.io.walker import TensorSite, iter_tensors
+
+__all__ = ["DEFAULT_CHUNK_SIZE", "ProgressCallback", "VerifyResult", "verify_models"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
+"""Bytes read per ``preadv`` and side: large enough to amortize system calls, small enough to bound memory."""
+
+# Comparing two whole buffers is one memcmp (bytearray equality). A partial buffer (the tail of a tensor) is compared
+# in blocks copied out with ``tobytes()``: memoryview equality unpacks element by element (~100x slower), and one
+# big ``tobytes()`` would allocate a chunk-sized copy. 256 KiB blocks cost ~1.3x a memcmp and bound the scratch.
+_COMPARE_BLOCK = 256 * 1024
+
+ProgressCallback = Callable[[int, int], None]
+"""``progress(done_bytes, total_bytes)``, called after each compared chunk."""
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyResult:
+    """What :func:`verify_models` found.
+
+    ``equal``: every tensor pair has the same name, place, data type, dims and bytes. ``tensors``: tensor pairs found
+    equal (all of them when ``equal``). ``bytes_compared``: payload bytes compared, counted once per pair.
+    ``first_difference``: None when equal, else one sentence naming the tensor, its place and what differs.
+    ``checksum_mismatches``: with ``check_checksums=True``, one sentence per ``checksum`` entry that matches neither
+    the SHA1 of its tensor's bytes nor that of its whole file (only tensors compared before a difference are checked).
+    """
+
+    equal: bool
+    tensors: int
+    bytes_compared: int
+    first_difference: str | None
+    checksum_mismatches: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _External:
+    """A validated external range: index into its side's file list, offset, length, checksum entry."""
+
+    file: int
+    offset: int
+    length: int
+    checksum: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    site: TensorSite
+    external: _External | None  # None: inline
+
+
+@dataclass
+class _Side:
+    """One model: its tensors in walker order and the data files they read, each opened at most once."""
+
+    name: str  # "A" or "B"
+    path: str
+    records: list[_Record]
+    files: list[tuple[str, str, FileIdentity]]  # (location, real path, identity)
+    allow_hard_links: bool
+    _fds: dict[int, int]
+
+    def fd(self, file: int) -> int:
+        """The descriptor of ``files[file]``, opened on first use and re-checked against what was validated."""
+        fd = self._fds.get(file)
+        if fd is None:
+            location, path, identity = self.files[file]
+            fd = open_source(CopyRange(path, 0, 0, 0, identity))  # O_NOFOLLOW + device/inode re-check
+            self._fds[file] = fd
+            if not self.allow_hard_links:
+                check_single_link(
+                    os.fstat(fd), what=f"model {self.name} ({self.path!r}): external data file {location!r}"
+                )
+        return fd
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def verify_models(
+    a_onnx_path: PathLike,
+    b_onnx_path: PathLike,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    check_checksums: bool = False,
+    allow_hard_links: bool = False,
+    progress: ProgressCallback | None = None,
+) -> VerifyResult:
+    """Compare every tensor of two models, streaming external bytes; report the first difference.
+
+    Tensors are paired by position in :func:`~onnx_light_ref.io.walker.iter_tensors` order; a pair is equal when
+    its name, kind and place (``where``), data type, dims and little-endian bytes are equal. How each side stores a
+    tensor does not matter: ``raw_data``, typed fields (``float_data``, ``int32_data``...: converted to their raw
+    bytes, as ``numpy_helper.from_array`` writes them), or external data in any number of files. STRING tensors
+    compare element by element.
+
+    Every external reference of both models is validated first (relative, inside its model's folder, in bounds,
+    not hard-linked), then names, places, data types and dims of every pair are compared, and only then bytes: a
+    metadata difference is reported before any byte is read, else the first byte difference in model order. Ranges
+    that are the same bytes of the same file (device and inode) are equal without being read, unless
+    ``check_checksums`` needs them. Each data file is opened once per side; memory holds two ``chunk_size`` buffers
+    and a 256 KiB comparison scratch, whatever the model size. Nothing is written.
+
+    Args:
+        a_onnx_path: the first ``.onnx`` file (``str`` or path-like); "A" in messages.
+        b_onnx_path: the second ``.onnx`` file; "B" in messages.
+        chunk_size: bytes read per system call and side (> 0); the two buffers are this size.
+        check_checksums: also check each external tensor's ``checksum`` entry: it must be the SHA1 (hex) of the
+            tensor's bytes or, as the ONNX external-data spec words it, of its whole file (hashed only when the
+            first does not match, once per file). Mismatches go to ``checksum_mismatches``; they do not change
+            ``equal``, which is about the tensors. Off by default: no known writer sets checksums consistently.
+        allow_hard_links: read data files that have several hard links. Off by default, as everywhere in the
+            package and in onnx >= 1.21: a hard link in a model's folder can name a file from outside it.
+        progress: called as ``progress(done_bytes, total_bytes)`` after each compared chunk.
+
+    Returns:
+        A :class:`VerifyResult`.
+
+    Raises:
+        TypeError, ValueError: a bad ``chunk_size``, ``check_checksums`` or ``allow_hard_links`` (before any I/O).
+        FileNotFoundError: a ``.onnx`` file or a referenced data file does not exist.
+        InvalidModelError: a ``.onnx`` file is not a model, or an inline tensor's typed data does not fit its dims.
+        UnsafeLocationError: a location is absolute, has ``..``, escapes the folder, or is a hard-linked file.
+        ExternalDataError: malformed ``external_data`` entries, a range past the end of its file, or a data file
+            replaced or shortened while being compared.
+    """
+    check_int("chunk_size", chunk_size, minimum=1)
+    check_bool("check_checksums", check_checksums)
+    check_bool("allow_hard_links", allow_hard_links)
+    sides = (
+        _load_side("A", a_onnx_path, allow_hard_links=allow_hard_links),
+        _load_side("B", b_onnx_path, allow_hard_links=allow_hard_links),
+    )
+    difference = _first_metadata_difference(*sides)
+    if difference is not None:
+        return VerifyResult(False, 0, 0, difference)
+    try:
+        return _Comparison(sides[0], sides[1], chunk_size, check_checksums, progress).run()
+    finally:
+        for side in sides:
+            side.close()
+
+
+def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool) -> _Side:
+    """Parse the model without weights and validate every external reference (stat only, nothing read)."""
+    path = os.path.abspath(os.fspath(onnx_path))
+    model = load_model_metadata(path)
+    resolver = LocationResolver(os.path.dirname(path))
+    files: list[tuple[str, str, FileIdentity]] = []
+    file_index: dict[FileIdentity, int] = {}
+    records: list[_Record] = []
+    for site in iter_tensors(model):
+        external = None
+        if is_external(site.tensor):
+            ref = parse_external_data(site.tensor, resolver, label=site.label)
+            if not allow_hard_links:
+                check_not_hard_linked(ref)
+            index = file_index.setdefault(ref.identity, len(files))
+            if index == len(files):
+                files.append((ref.location, ref.path, ref.identity))
+            external = _External(index, ref.offset, ref.length, ref.checksum)
+        records.append(_Record(site, external))
+    logger.debug("model %s %r: %d tensors, %d data files", name, path, len(records), len(files))
+    return _Side(name, path, records, files, allow_hard_links, {})
+
+
+def _describe(index: int, site: TensorSite) -> str:
+    return f"tensor #{index} {site.label!r} ({site.kind.replace('_', ' ')} in {site.where})"
+
+
+def _first_metadata_difference(a: _Side, b: _Side) -> str | None:
+    """The first pair whose name, kind, place, data type or dims differ, or a different tensor count."""
+    count_note = ""
+    if len(a.records) != len(b.records):
+        count_note = f"; A has {len(a.records)} tensors, B has {len(b.records)}"
+    for index, (ra, rb) in enumerate(zip(a.records, b.records, strict=False)):
+        ta, tb = ra.site.tensor, rb.site.tensor
+        what = None
+        if ta.name != tb.name:
+            what = f"name differs (A: {ta.name!r}, B: {tb.name!r})"
+        elif ra.site.kind != rb.site.kind or ra.site.where != rb.site.where:
+            what = (
+                f"place differs (A: {ra.site.kind.replace('_', ' ')} in {ra.site.where}, "
+                f"B: {rb.site.kind.replace('_', ' ')} in {rb.site.where})"
+            )
+        elif ta.data_type != tb.data_type:
+            what = f"data type differs (A: {_dtype_name(ta.data_type)}, B: {_dtype_name(tb.data_type)})"
+        elif list(ta.dims) != list(tb.dims):
+            what = f"dims differ (A: {list(ta.dims)}, B: {list(tb.dims)})"
+        if what is not None:
+            return f"{_describe(index, ra.site)}: {what}{count_note}"
+    if count_note:
+        shorter, longer = (a, b) if len(a.records) < len(b.records) else (b, a)
+        extra = len(shorter.records)
+        return f"{_describe(extra, longer.records[extra].site)} is only in {longer.name}{count_note}"
+    return None
+
+
+def _dtype_name(data_type: int) -> str:
+    try:
+        return onnx.helper.tensor_dtype_to_string(data_type).removeprefix("TensorProto.")
+    except (KeyError, ValueError):
+        return f"unknown data type {data_type}"
+
+
+def _inline_bytes(site: TensorSite, side: str) -> bytes:
+    """The little-endian raw bytes of an inline tensor (``raw_data`` read once: protobuf copies it per access)."""
+    tensor = site.tensor
+    if tensor.HasField("raw_data"):
+        return tensor.raw_data
+    try:
+        # Typed fields hold small tensors only; this is the conversion onnx itself uses, sub-byte packing included.
+        return numpy_helper.from_array(numpy_helper.to_array(tensor)).raw_data
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InvalidModelError(
+            f"model {side}: tensor {site.label!r} ({site.where}) has typed data that does not fit its dims "
+            f"{list(tensor.dims)} and data type {_dtype_name(tensor.data_type)}: {exc}"
+        ) from exc
+
+
+class _Comparison:
+    """The byte pass: two buffers, one descriptor per data file and side, stops at the first difference."""
+
+    def __init__(
+        self, a: _Side, b: _Side, chunk_size: int, check_checksums: bool, progress: ProgressCallback | None
+    ) -> None:
+        self.a, self.b = a, b
+        self.chunk_size = chunk_size
+        self.check_checksums = check_checksums
+        self.progress = progress
+        self.buffers = (bytearray(chunk_size), bytearray(chunk_size))
+        self.done = 0
+        self.total = sum(_planned_length(r) for r in a.records)
+        self.checksum_mismatches: list[str] = []
+        self._file_sha1: dict[tuple[str, int], str] = {}
+
+    def run(self) -> VerifyResult:
+        for index, (ra, rb) in enumerate(zip(self.a.records, self.b.records, strict=False)):
+            difference = self._compare_pair(ra, rb)
+            if difference is not None:
+                return self._result(index, f"{_describe(index, ra.site)}: {difference}")
+        return self._result(len(self.a.records), None)
+
+    def _result(self, tensors: int, difference: str | None) -> VerifyResult:
+        return VerifyResult(difference is None, tensors, self.done, difference, tuple(self.checksum_mismatches))
+
+    def _compare_pair(self, ra: _Record, rb: _Record) -> str | None:
+        if ra.site.tensor.data_type == onnx.TensorProto.STRING and ra.external is None and rb.external is None:
+            return _compare_strings(ra.site.tensor, rb.site.tensor)
+        if ra.site.tensor.data_type == onnx.TensorProto.STRING and (ra.external is None) != (rb.external is None):
+            return "storage differs: a STRING tensor is external in one model and inline in the other"
+        ea, eb = ra.external, rb.external
+        inline_a = None if ea is not None else _inline_bytes(ra.site, "A")
+        inline_b = None if eb is not None else _inline_bytes(rb.site, "B")
+        length_a = ea.length if ea is not None else len(inline_a or b"")
+        length_b = eb.length if eb is not None else len(inline_b or b"")
+        if length_a != length_b:
+            return f"length differs (A: {length_a} bytes, B: {length_b} bytes)"
+        if ea is not None and eb is not None and not self.check_checksums and self._same_range(ea, eb):
+            self._advance(length_a)
+            return None
+        hashes = (
+            hashlib.sha1() if self.check_checksums and ea is not None and ea.checksum is not None else None,
+            hashlib.sha1() if self.check_checksums and eb is not None and eb.checksum is not None else None,
+        )
+        difference = self._compare_bytes(ea, inline_a, eb, inline_b, length_a, hashes)
+        if difference is None:
+            self._check_checksum(self.a, ra, hashes[0])
+            self._check_checksum(self.b, rb, hashes[1])
+        return difference
+
+    def _same_range(self, ea: _External, eb: _External) -> bool:
+        return self.a.files[ea.file][2] == self.b.files[eb.file][2] and ea.offset == eb.offset
+
+    def _compare_bytes(
+        self,
+        ea: _External | None,
+        inline_a: bytes | None,
+        eb: _External | None,
+        inline_b: bytes | None,
+        length: int,
+        hashes: tuple[hashlib._Hash | None, hashlib._Hash | None],
+    ) -> str | None:
+        views_inline = (
+            memoryview(inline_a) if inline_a is not None else None,
+            memoryview(inline_b) if inline_b is not None else None,
+        )
+        position = 0
+        while position < length:
+            n = min(self.chunk_size, length - position)
+            view_a = self._chunk(self.a, ea, views_inline[0], 0, position, n)
+            view_b = self._chunk(self.b, eb, views_inline[1], 1, position, n)
+            for digest, view in zip(hashes, (view_a, view_b), strict=True):
+                if digest is not None:
+                    digest.update(view)
+            mismatch = _first_mismatch(view_a, view_b)
+            if mismatch is not None:
+                at = position + mismatch
+                return (
+                    f"bytes differ at offset {at} of {length} (A: 0x{view_a[mismatch]:02x}, "
+                    f"B: 0x{view_b[mismatch]:02x})"
+                )
+            position += n
+            self._advance(n)
+        return None
+
+    def _chunk(
+        self, side: _Side, external: _External | None, inline: memoryview | None, which: int, position: int, n: int
+    ) -> memoryview:
+        """``n`` bytes of the tensor at ``position``: a slice of the inline bytes, or read into this side's buffer."""
+        if inline is not None:
+            return inline[position : position + n]
+        assert external is not None
+        view = memoryview(self.buffers[which])[:n]
+        got = pread_exact(side.fd(external.file), view, external.offset + position)
+        if got != n:
+            location = side.files[external.file][0]
+            raise ExternalDataError(
+                f"model {side.name} ({side.path!r}): external data file {location!r} ended at byte "
+                f"{external.offset + position + got} while reading {n} bytes at offset {external.offset + position}; "
+                "it was shortened after it was validated."
+            )
+        return view
+
+    def _advance(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.total = max(self.total, self.done)
+            self.progress(self.done, self.total)
+
+    def _check_checksum(self, side: _Side, record: _Record, digest: hashlib._Hash | None) -> None:
+        external = record.external
+        if digest is None or external is None or external.checksum is None:
+            return
+        expected = external.checksum.strip().lower()
+        if digest.hexdigest() == expected or self._whole_file_sha1(side, external.file) == expected:
+            return
+        location = side.files[external.file][0]
+        self.checksum_mismatches.append(
+            f"model {side.name}: tensor {record.site.label!r} ({record.site.where}): checksum {external.checksum!r} "
+            f"matches neither the SHA1 of its {external.length} bytes in {location!r} nor that of the whole file"
+        )
+
+    def _whole_file_sha1(self, side: _Side, file: int) -> str:
+        key = (side.name, file)
+        cached = self._file_sha1.get(key)
+        if cached is None:
+            digest = hashlib.sha1()
+            fd = side.fd(file)
+            view = memoryview(self.buffers[0])
+            offset = 0
+            while True:
+                got = pread_exact(fd, view, offset)
+                digest.update(view[:got])
+                offset += got
+                if got < len(view):
+                    break
+            cached = self._file_sha1[key] = digest.hexdigest()
+        return cached
+
+
+def _planned_length(record: _Record) -> int:
+    if record.external is not None:
+        return record.external.length
+    return expected_nbytes(record.site.tensor) or 0
+
+
+def _first_mismatch(a: memoryview, b: memoryview) -> int | None:
+    """Index of the first byte where two equal-length byte views differ, or None."""
+    size = len(a)
+    whole_a, whole_b = _whole(a), _whole(b)
+    # Fast path, one memcmp: bytearray (and bytes vs bytes) equality goes through the buffer protocol.
+    if isinstance(whole_a, bytearray) and whole_a == b:
+        return None
+    if isinstance(whole_b, bytearray) and whole_b == a:
+        return None
+    if isinstance(whole_a, bytes) and isinstance(whole_b, bytes) and whole_a == whole_b:
+        return None
+    for start in range(0, size, _COMPARE_BLOCK):
+        stop = min(size, start + _COMPARE_BLOCK)
+        block_a, block_b = a[start:stop].tobytes(), b[start:stop].tobytes()
+        if block_a != block_b:
+            differing = np.frombuffer(block_a, np.uint8) != np.frombuffer(block_b, np.uint8)
+            return start + int(np.flatnonzero(differing)[0])
+    return None
+
+
+def _whole(view: memoryview) -> bytes | bytearray | None:
+    """The object ``view`` covers entirely, when it is a bytes-like one (a full buffer or a whole inline payload)."""
+    owner = view.obj
+    return owner if isinstance(owner, (bytes, bytearray)) and len(owner) == len(view) else None
+
+
+def _compare_strings(ta: onnx.TensorProto, tb: onnx.TensorProto) -> str | None:
+    values_a, values_b = list(ta.string_data), list(tb.string_data)
+    if len(values_a) != len(values_b):
+        return f"string element count differs (A: {len(values_a)}, B: {len(values_b)})"
+    for index, (va, vb) in enumerate(zip(values_a, values_b, strict=True)):
+        if va != vb:
+            return f"string element {index} differs (A: {va[:32]!r}, B: {vb[:32]!r})"
+    return None
