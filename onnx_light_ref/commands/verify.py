@@ -1,0 +1,93 @@
+"""``onnx-light-ref verify A.onnx B.onnx``: prove that two models hold the same tensors, whatever their layout.
+
+A thin front end of :func:`onnx_light_ref.io.verify.verify_models`: a tqdm progress bar (bytes, shown on a terminal
+only), then one line on stdout. Exit status 0 when every tensor is equal (``equal: N tensors, M bytes compared``);
+1 with ``different: <the first differing tensor and what differs>`` otherwise; 1 with a single ``error: ...`` line on
+stderr, and no traceback, when a model cannot be read or a reference is unsafe, malformed or out of bounds. With
+``--check-checksums``, ``checksum`` entries that match neither their tensor's bytes nor their file are listed and
+also give status 1. Never writes a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tqdm import tqdm
+
+from onnx_light_ref.commands.sizes import size_argument
+
+__all__ = ["register", "run_verify"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``verify`` sub-command."""
+    parser = subparsers.add_parser(
+        "verify",
+        help="check that two models hold the same tensors (names, dtypes, dims, bytes), inline or external",
+        description="Compare every tensor of A.onnx and B.onnx (initializers, subgraphs, attribute and sparse "
+        "tensors, functions) in model order: names, data types, dims and bytes must be equal, however each side "
+        "stores them (inline, external, one file or many). External bytes are streamed in chunks, never loaded "
+        "whole. Exit status 0 when equal, 1 on the first difference or an unreadable model.",
+    )
+    parser.add_argument("a", metavar="A.onnx", help="first model")
+    parser.add_argument("b", metavar="B.onnx", help="second model")
+    parser.add_argument(
+        "--chunk-size",
+        metavar="SIZE",
+        type=size_argument,
+        default=4 * 1024 * 1024,
+        help="bytes read per system call and model; the two read buffers are this size (default: 4M)",
+    )
+    parser.add_argument(
+        "--check-checksums",
+        action="store_true",
+        help="also check 'checksum' entries (SHA1 of the tensor's bytes or of its whole file); a mismatch exits 1",
+    )
+    parser.add_argument(
+        "--allow-hard-links",
+        action="store_true",
+        help="read data files that have several hard links (refused by default, as onnx does)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    parser.set_defaults(func=run_verify)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """Run the command; return the exit status."""
+    from onnx_light_ref.io.verify import verify_models
+
+    bar = tqdm(
+        desc="verify",
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        disable=True if args.no_progress else None,  # None: shown on a terminal only
+        file=sys.stderr,
+    )
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        result = verify_models(
+            args.a,
+            args.b,
+            chunk_size=args.chunk_size,
+            check_checksums=args.check_checksums,
+            allow_hard_links=args.allow_hard_links,
+            progress=progress,
+        )
+    except (ValueError, OSError) as exc:  # ExternalDataError/InvalidModelError are ValueErrors
+        bar.close()
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    bar.close()
+    for mismatch in result.checksum_mismatches:
+        print(f"checksum mismatch: {mismatch}")
+    if not result.equal:
+        print(f"different: {result.first_difference}")
+        return 1
+    print(f"equal: {result.tensors} tensors, {result.bytes_compared} bytes compared")
+    return 1 if result.checksum_mismatches else 0
