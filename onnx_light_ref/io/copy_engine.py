@@ -8,10 +8,22 @@ Method chain, chosen at run time and remembered per (source device, destination 
 3. ``os.preadv`` into one ``chunk_size`` buffer + ``os.pwrite``: the portable last resort.
 
 A method is dropped for a device pair when it fails with EINVAL, ENOSYS, EXDEV, EOPNOTSUPP/ENOTSUP or EPERM, or
-moves nothing where the validated range says bytes exist; any other error (EIO, ENOSPC...) propagates, and a source
-that really ended early is reported by the last method. Each system call moves at most
-``chunk_size`` bytes. Ranges contiguous in both source and destination are merged into one. Every source file is
-opened once, checked to be the very file that was validated (device and inode), and closed at the end.
+moves nothing where the validated range says bytes exist; any other error (EIO, ENOSPC, and EBADF, which means a
+descriptor bug, not an unsupported pair) propagates, and a source that really ended early is reported by the last
+method. Ranges contiguous in both source and destination are merged into one. Every source file is opened once,
+checked to be the very file that was validated (device and inode), and closed at the end.
+
+Reflinks: on XFS, btrfs and other cloning filesystems, ``copy_file_range`` between offsets that are both multiples
+of the block size shares extents instead of copying. The engine never breaks that: a range whose source and
+destination offsets have the same remainder modulo the destination's ``st_blksize`` is cut at block boundaries
+(a short head up to the first boundary, then whole blocks), and chunks are whole blocks; with a ``chunk_size``
+below the block size, an aligned ``copy_file_range`` call moves one block (no user-space buffer is involved). Each
+other system call moves at most ``chunk_size`` bytes. :class:`CopyStats` reports the clone-eligible bytes, and
+:meth:`RangeCopier.cloned_bytes` what the filesystem actually shares.
+
+Durability: with ``durable=True`` the copier starts writeback of each finished stretch of the destination while the
+next is copied (:mod:`onnx_light_ref.io.writeback`), so the caller's final ``fsync`` has little left. The copier
+never fsyncs: that stays with publication. Free space is the caller's too (:mod:`onnx_light_ref.io.space`).
 
 This module never reads weight bytes into Python objects except through the one bounded buffer of the last
 fallback, and it never writes padding: gaps are left as holes, which read as zeros (the caller sets the final size).
@@ -20,22 +32,37 @@ fallback, and it never writes padding: gaps are left as holes, which read as zer
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
+import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.locations import FileIdentity
+from onnx_light_ref.io.posix import pread_exact, pwrite_all
+from onnx_light_ref.io.space import shared_extent_bytes
+from onnx_light_ref.io.writeback import DEFAULT_STRETCH, WritebackPacer
 
-__all__ = ["CopyMethod", "CopyRange", "ProgressCallback", "RangeCopier", "merge_ranges", "open_source"]
+__all__ = [
+    "CopyMethod",
+    "CopyRange",
+    "CopyStats",
+    "ProgressCallback",
+    "RangeCopier",
+    "can_clone",
+    "merge_ranges",
+    "open_source",
+]
 
 logger = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[int, int], None]
 """``progress(done_bytes, total_bytes)``, called as bytes move."""
 
-CopyMethod = str  # "copy_file_range" | "sendfile" | "pread_pwrite"
+CopyMethod = Literal["copy_file_range", "sendfile", "pread_pwrite"]
 
 # errno values meaning "this method cannot copy between these two files", as opposed to a real I/O failure.
 _UNSUPPORTED_ERRNOS = frozenset(
@@ -47,11 +74,13 @@ _UNSUPPORTED_ERRNOS = frozenset(
         errno.EOPNOTSUPP,
         getattr(errno, "ENOTSUP", errno.EOPNOTSUPP),
         errno.EPERM,
-        errno.EBADF,
     )
 )
 
-_ALL_METHODS: tuple[CopyMethod, ...] = ("copy_file_range", "sendfile", "pread_pwrite")
+_ALL_METHODS: tuple[CopyMethod, ...] = get_args(CopyMethod)
+
+_FICLONERANGE = 0x4020940D  # _IOW(0x94, 13, struct file_clone_range)
+_CLONE_RANGE = struct.Struct("=qQQQ")  # src_fd, src_offset, src_length, dest_offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,31 +139,113 @@ def open_source(item: CopyRange) -> int:
     return fd
 
 
-@dataclass
+def can_clone(src_fd: int, dst_fd: int) -> bool:
+    """Whether the filesystem can share extents from ``src_fd`` into ``dst_fd`` (reflink), probed without effect.
+
+    Asks ``FICLONERANGE`` for zero bytes starting at the source's end: the kernel checks the pair (same
+    filesystem, reflink support, descriptor modes) and returns without touching either file. EXDEV, EOPNOTSUPP,
+    EINVAL and the like mean "no"; so does any platform without the ioctl.
+
+    Args:
+        src_fd: The source, open for reading.
+        dst_fd: The destination, open for writing.
+
+    Returns:
+        True when cloning between the two files is supported.
+    """
+    try:
+        end = os.fstat(src_fd).st_size
+        fcntl.ioctl(dst_fd, _FICLONERANGE, _CLONE_RANGE.pack(src_fd, end, 0, 0))
+    except (OSError, OverflowError) as exc:
+        logger.debug("no reflink between fd %d and fd %d: %s", src_fd, dst_fd, exc)
+        return False
+    return True
+
+
+def _clonable_part(src_offset: int, dst_offset: int, length: int, block: int) -> tuple[int, int]:
+    """(head, body): bytes before the first common block boundary, then whole blocks after it; (0, 0) if none."""
+    if src_offset % block != dst_offset % block:
+        return 0, 0
+    head = min(length, -src_offset % block)
+    body = (length - head) // block * block
+    return head, body
+
+
+@dataclass(slots=True)
+class CopyStats:
+    """What a :class:`RangeCopier` moved, and how.
+
+    Attributes:
+        bytes_by_method: Payload bytes moved by each method.
+        clone_eligible_bytes: Bytes moved by ``copy_file_range`` in whole blocks between block-aligned source and
+            destination offsets, on a device pair that supports cloning (:func:`can_clone`): what the filesystem
+            clones rather than copies. 0 on filesystems without reflinks (ext4, tmpfs) and across filesystems.
+        writeback_requests: ``sync_file_range`` calls made to overlap writeback with the copy (0 when not durable
+            or not supported).
+    """
+
+    bytes_by_method: dict[CopyMethod, int] = field(default_factory=dict)
+    clone_eligible_bytes: int = 0
+    writeback_requests: int = 0
+
+    @property
+    def copied_bytes(self) -> int:
+        """Bytes the kernel or the buffer loop really copied (all moved bytes minus the clone-eligible ones)."""
+        return sum(self.bytes_by_method.values()) - self.clone_eligible_bytes
+
+
 class RangeCopier:
     """Copies :class:`CopyRange` items into an open destination descriptor; use as a context manager.
 
     ``methods`` restricts the chain (tests force each fallback this way). ``used_methods`` records what actually
-    moved bytes, for reports and tests.
+    moved bytes and ``stats`` how many, for reports and tests.
     """
 
-    dst_fd: int
-    chunk_size: int
-    methods: Sequence[CopyMethod] = _ALL_METHODS
-    used_methods: set[CopyMethod] = field(default_factory=set)
-    _src_fds: dict[str, tuple[int, int]] = field(default_factory=dict)  # path -> (fd, st_dev)
-    _disabled: dict[tuple[int, int], set[CopyMethod]] = field(default_factory=dict)
-    _buffer: bytearray | None = None
+    def __init__(
+        self,
+        dst_fd: int,
+        chunk_size: int,
+        *,
+        durable: bool = True,
+        methods: Sequence[CopyMethod] = _ALL_METHODS,
+        writeback_stretch: int = DEFAULT_STRETCH,
+    ) -> None:
+        """Prepare a copier into ``dst_fd``.
 
-    def __post_init__(self) -> None:
-        if self.chunk_size <= 0:
-            raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}.")
-        unknown = set(self.methods) - set(_ALL_METHODS)
-        if unknown or not self.methods:
-            raise ValueError(f"methods must be a non-empty subset of {_ALL_METHODS}, got {tuple(self.methods)}.")
+        Args:
+            dst_fd: The destination, open for writing (not ``O_APPEND``); the caller closes it.
+            chunk_size: Most bytes one system call moves, and the size of the one buffer of the last fallback.
+                Aligned ``copy_file_range`` calls move whole blocks (see the module docstring).
+            durable: Start writeback of each finished stretch of the destination while the next is copied, so
+                the caller's final ``fsync`` is short. False leaves writeback to the kernel (for writers that will
+                not fsync). Either way the bytes written are the same and the copier never fsyncs.
+            methods: The allowed methods, in order; methods this platform lacks are skipped.
+            writeback_stretch: Destination bytes per writeback request when ``durable``.
+
+        Raises:
+            ValueError: On a non-positive ``chunk_size`` or ``writeback_stretch``, or unknown or no methods.
+        """
+        if chunk_size <= 0:
+            raise ValueError(f"chunk_size must be > 0, got {chunk_size}.")
+        unknown = set(methods) - set(_ALL_METHODS)
+        if unknown or not methods:
+            raise ValueError(f"methods must be a non-empty subset of {_ALL_METHODS}, got {tuple(methods)}.")
+        self.dst_fd = dst_fd
+        self.chunk_size = chunk_size
+        self.durable = durable
         # Platforms without a syscall (macOS has no copy_file_range) simply skip it.
-        self.methods = tuple(m for m in self.methods if m == "pread_pwrite" or hasattr(os, m))
-        self._dst_dev = os.fstat(self.dst_fd).st_dev
+        self.methods: tuple[CopyMethod, ...] = tuple(m for m in methods if m == "pread_pwrite" or hasattr(os, m))
+        self.used_methods: set[CopyMethod] = set()
+        self.stats = CopyStats()
+        dst_stat = os.fstat(dst_fd)
+        self._dst_dev = dst_stat.st_dev
+        self._block = max(1, dst_stat.st_blksize)
+        self._writeback = WritebackPacer(dst_fd, enabled=durable, stretch=writeback_stretch)
+        self._src_fds: dict[str, tuple[int, int]] = {}  # path -> (fd, st_dev)
+        self._disabled: dict[tuple[int, int], set[CopyMethod]] = {}
+        self._clones: dict[int, bool] = {}  # source device -> can_clone into the destination
+        self._clone_intervals: list[tuple[int, int]] = []  # destination (offset, length) of clone-eligible calls
+        self._buffer: bytearray | None = None
 
     def __enter__(self) -> RangeCopier:
         return self
@@ -148,8 +259,48 @@ class RangeCopier:
         for fd, _ in fds.values():
             os.close(fd)
 
+    def plan_clone_bytes(self, ranges: Sequence[CopyRange]) -> int:
+        """Bytes of ``ranges`` this copier expects to clone rather than copy (for :func:`~.space.reserve_space`).
+
+        Opens the sources (kept open for :meth:`copy`) and probes each device pair once with :func:`can_clone`;
+        nothing is written.
+
+        Args:
+            ranges: The ranges :meth:`copy` will be given.
+
+        Returns:
+            The whole blocks between block-aligned offsets on cloning device pairs; 0 without reflinks.
+        """
+        if "copy_file_range" not in self.methods:
+            return 0
+        total = 0
+        for item in merge_ranges(ranges):
+            src_fd, src_dev = self._open_source(item)
+            if self._can_clone(src_fd, src_dev):
+                total += _clonable_part(item.src_offset, item.dst_offset, item.length, self._block)[1]
+        return total
+
+    def cloned_bytes(self) -> int | None:
+        """Bytes of the clone-eligible stretches that the filesystem reports as shared extents (``FIEMAP``).
+
+        Meaningful on a destination this copier filled from empty. None when the filesystem cannot tell.
+        """
+        return shared_extent_bytes(self.dst_fd, self._clone_intervals)
+
     def copy(self, ranges: Sequence[CopyRange], progress: ProgressCallback | None = None) -> int:
-        """Copy every range (merged first); return the number of payload bytes moved."""
+        """Copy every range (merged first); return the number of payload bytes moved.
+
+        Args:
+            ranges: What to copy; ranges contiguous in source and destination are merged.
+            progress: Called as ``progress(done_bytes, total_bytes)`` after each system call.
+
+        Returns:
+            The payload bytes moved (the sum of the range lengths).
+
+        Raises:
+            ExternalDataError: A source was replaced after validation, or ended before its range.
+            OSError: A real I/O error (EIO, ENOSPC, ...), from the copy or from starting writeback.
+        """
         merged = merge_ranges(ranges)
         total = sum(r.length for r in merged)
         done = 0
@@ -158,15 +309,34 @@ class RangeCopier:
             disabled = self._disabled.setdefault((src_dev, self._dst_dev), set())
             position = 0
             while position < item.length:
-                count = min(self.chunk_size, item.length - position)
-                moved = self._copy_once(
-                    src_fd, disabled, item, item.src_offset + position, item.dst_offset + position, count
-                )
+                src_offset, dst_offset = item.src_offset + position, item.dst_offset + position
+                count = self._call_size(src_offset, dst_offset, item.length - position, disabled)
+                moved = self._copy_once(src_fd, src_dev, disabled, item, src_offset, dst_offset, count)
+                self._writeback.written(dst_offset, moved)
                 position += moved
                 done += moved
                 if progress is not None:
                     progress(done, total)
+        self._writeback.finish()
+        self.stats.writeback_requests = self._writeback.requests
         return done
+
+    def _call_size(self, src_offset: int, dst_offset: int, remaining: int, disabled: set[CopyMethod]) -> int:
+        """Bytes for the next call: ``chunk_size``, cut so that copy_file_range calls start on block boundaries."""
+        if "copy_file_range" not in self.methods or "copy_file_range" in disabled:
+            return min(self.chunk_size, remaining)
+        head, body = _clonable_part(src_offset, dst_offset, remaining, self._block)
+        if head:
+            return min(self.chunk_size, head)
+        if body:
+            return min(body, max(self._block, self.chunk_size // self._block * self._block))
+        return min(self.chunk_size, remaining)
+
+    def _can_clone(self, src_fd: int, src_dev: int) -> bool:
+        known = self._clones.get(src_dev)
+        if known is None:
+            known = self._clones[src_dev] = src_dev == self._dst_dev and can_clone(src_fd, self.dst_fd)
+        return known
 
     def _open_source(self, item: CopyRange) -> tuple[int, int]:
         opened = self._src_fds.get(item.src_path)
@@ -178,7 +348,14 @@ class RangeCopier:
         return fd, src_dev
 
     def _copy_once(
-        self, src_fd: int, disabled: set[CopyMethod], item: CopyRange, src_offset: int, dst_offset: int, count: int
+        self,
+        src_fd: int,
+        src_dev: int,
+        disabled: set[CopyMethod],
+        item: CopyRange,
+        src_offset: int,
+        dst_offset: int,
+        count: int,
     ) -> int:
         """Move up to ``count`` bytes with the first method not ``disabled`` for this device pair."""
         moved_nothing = False
@@ -200,7 +377,7 @@ class RangeCopier:
                 disabled.add(method)
                 moved_nothing = True
                 continue
-            self.used_methods.add(method)
+            self._record(method, src_fd, src_dev, src_offset, dst_offset, moved)
             return moved
         if moved_nothing:
             raise ExternalDataError(
@@ -210,9 +387,26 @@ class RangeCopier:
             )
         raise OSError(errno.ENOTSUP, f"no copy method works from {item.src_path!r} to the destination")
 
+    def _record(
+        self, method: CopyMethod, src_fd: int, src_dev: int, src_offset: int, dst_offset: int, moved: int
+    ) -> None:
+        self.used_methods.add(method)
+        self.stats.bytes_by_method[method] = self.stats.bytes_by_method.get(method, 0) + moved
+        if method != "copy_file_range" or src_offset % self._block or dst_offset % self._block:
+            return
+        blocks = moved // self._block * self._block
+        if blocks and self._can_clone(src_fd, src_dev):
+            self.stats.clone_eligible_bytes += blocks
+            last = self._clone_intervals[-1] if self._clone_intervals else None
+            if last is not None and last[0] + last[1] == dst_offset:
+                self._clone_intervals[-1] = (last[0], last[1] + blocks)
+            else:
+                self._clone_intervals.append((dst_offset, blocks))
+
     def _call(self, method: CopyMethod, src_fd: int, src_offset: int, dst_offset: int, count: int) -> int:
         if method == "copy_file_range":
             return os.copy_file_range(src_fd, self.dst_fd, count, src_offset, dst_offset)
+        count = min(count, self.chunk_size)  # an aligned call may exceed chunk_size; the buffered ones never do
         if method == "sendfile":
             # sendfile writes at the destination's file position: set it first (the descriptor is ours alone).
             os.lseek(self.dst_fd, dst_offset, os.SEEK_SET)
@@ -223,8 +417,6 @@ class RangeCopier:
         if self._buffer is None:
             self._buffer = bytearray(self.chunk_size)
         view = memoryview(self._buffer)[:count]
-        got = os.preadv(src_fd, [view], src_offset)
-        written = 0
-        while written < got:
-            written += os.pwrite(self.dst_fd, view[written:got], dst_offset + written)
+        got = pread_exact(src_fd, view, src_offset)
+        pwrite_all(self.dst_fd, view[:got], dst_offset)
         return got
