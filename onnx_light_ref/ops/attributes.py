@@ -4,7 +4,9 @@ Both the OpRun kernel (at evaluator construction, or per run for function-linked
 shape-inference function call :func:`validate_attributes`, so a node that passes inference is a node the kernel
 accepts and both report the same message. Checks run in a fixed order, the first failure wins: missing or mistyped
 attribute, ``load_device``, ``runtime_device``, empty ``filename`` (then a NUL byte in it), negative ``offset``,
-negative dimension, unsupported ``dtype``, then the byte size overflowing int64.
+negative dimension, more than 64 dimensions or a dimension above int64 (shapes numpy cannot build, even with zero
+elements), unsupported ``dtype``, then the byte size overflowing int64. :func:`check_node_structure` checks what
+the schema would (no input, exactly one output, each attribute once) for callers that cannot rely on the schema.
 
 This module must never touch the file system: it validates values only (where the file is, and whether it is
 there, is the kernel's business at read time).
@@ -26,8 +28,10 @@ from onnx_light_ref.ops.dtypes import describe_allowed, dtype_name, is_allowed_d
 __all__ = [
     "ATTRIBUTE_TYPES",
     "LOAD_DEVICES",
+    "MAX_RANK",
     "RUNTIME_DEVICES",
     "DelayedInitializerParams",
+    "check_node_structure",
     "describe_node",
     "validate_attributes",
 ]
@@ -48,6 +52,9 @@ RUNTIME_DEVICES = ("cpu",)
 # Offsets and sizes are int64 in the reference implementation (and in every C++ consumer): a range ending past
 # this cannot be addressed there, so it is refused here too even though Python ints do not overflow.
 _INT64_MAX = 2**63 - 1
+
+MAX_RANK = 64
+"""Most dimensions a numpy array can have (``numpy.ndarray``'s limit, 64 since numpy 2.0 and 32 before)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,26 @@ def describe_node(node: onnx.NodeProto) -> str:
     if len(node.output) > 0:
         return f"DelayedInitializer node with output {node.output[0]!r}"
     return "DelayedInitializer node (unnamed, no output)"
+
+
+def check_node_structure(node: onnx.NodeProto, *, where: str) -> None:
+    """Refuse a node with inputs, without exactly one output, or with an attribute given twice (``ValueError``).
+
+    The schema says as much, but the schema is only consulted when :func:`~onnx_light_ref.ops.register_schemas`
+    ran and the checker is called; onnx's evaluator would otherwise keep the last of two ``offset`` attributes
+    without a word. Function-linked attributes (``ref_attr_name``) count like literal ones.
+    """
+    if len(node.input) > 0:
+        raise ValueError(f"{where}: takes no inputs, got {len(node.input)} ({list(node.input)}).")
+    if len(node.output) != 1 or not node.output[0]:
+        raise ValueError(f"{where}: must have exactly one (named) output, got {list(node.output)}.")
+    seen: set[str] = set()
+    for attribute in node.attribute:
+        if attribute.name in seen:
+            raise ValueError(
+                f"{where}: attribute {attribute.name!r} is given more than once; each attribute must appear once."
+            )
+        seen.add(attribute.name)
 
 
 def _type_label(value: object) -> str:
@@ -157,6 +184,13 @@ def validate_attributes(values: Mapping[str, object], *, where: str) -> DelayedI
         raise ValueError(
             f"{where}: shape must not contain negative dimensions, got {list(shape)} (dimension {negative[0]})."
         )
+    if len(shape) > MAX_RANK:
+        raise ValueError(
+            f"{where}: shape has {len(shape)} dimensions; at most {MAX_RANK} are supported (numpy's limit)."
+        )
+    too_large = [d for d in shape if d > _INT64_MAX]
+    if too_large:
+        raise ValueError(f"{where}: shape dimension {too_large[0]} does not fit in int64.")
     if not is_allowed_dtype(dtype):
         raise ValueError(
             f"{where}: dtype {dtype} ({dtype_name(dtype)}) is not supported; expected one of {describe_allowed()}."
@@ -169,6 +203,14 @@ def validate_attributes(values: Mapping[str, object], *, where: str) -> DelayedI
         filename=filename,
         offset=offset,
     )
+    # numpy refuses a shape whose non-zero dimensions multiply past its maximum size even when another dimension is
+    # 0 (``[0, 2**63-1]``), so the bound is checked on that product, not only on the (zero) byte size.
+    nonzero_bytes = math.prod(d for d in shape if d != 0) * params.np_dtype.itemsize
+    if 0 in shape and nonzero_bytes > _INT64_MAX:
+        raise ValueError(
+            f"{where}: shape {list(shape)} of {dtype_name(dtype)} cannot be built: its non-zero dimensions span "
+            f"{nonzero_bytes} bytes, more than int64 can address (even with a zero dimension, numpy refuses it)."
+        )
     if params.nbytes > _INT64_MAX or offset > _INT64_MAX - params.nbytes:
         raise ValueError(
             f"{where}: shape {list(shape)} of {dtype_name(dtype)} at offset {offset} is too large "

@@ -7,6 +7,11 @@ builds the evaluator with the op bound to the model's folder. With ``load_device
 weight and each run reads the weights it uses, straight into the arrays it returns; with ``"cpu"`` construction
 reads each weight once.
 
+Confinement: the bound op reads only files inside the model's folder (symlinks followed, hard links refused), so
+a ``DelayedInitializer`` node already in the model with ``filename="/etc/passwd"`` raises
+:class:`~onnx_light_ref.errors.UnsafeLocationError` when the evaluator is built, before any byte is read.
+``allow_outside_folder=True`` trusts the model's absolute filenames (the spec's examples use ``/tmp`` paths).
+
 External tensors the converter leaves alone (initializers overridable by a graph input, tensors in node attributes
 such as ``Constant``'s value) are loaded eagerly with onnx's own loader, which applies onnx's location checks.
 
@@ -32,15 +37,34 @@ __all__ = ["reference_evaluator"]
 logger = logging.getLogger(__name__)
 
 
-def reference_evaluator(path: str | os.PathLike[str], load_device: str = "file", **kwargs: Any) -> ReferenceEvaluator:
+def reference_evaluator(
+    path: str | os.PathLike[str], load_device: str = "file", *, allow_outside_folder: bool = False, **kwargs: Any
+) -> ReferenceEvaluator:
     """Build ``onnx.reference.ReferenceEvaluator`` for the model at ``path`` without loading its weights eagerly.
 
-    ``load_device``: ``"file"`` (each run reads the weights, construction reads none) or ``"cpu"`` (construction
-    reads each weight once; runs return copies). Other keyword arguments go to ``ReferenceEvaluator``
-    (``verbose``, ``check_shape_annotations``, ``new_ops``...); your ``new_ops`` come after the bound
-    ``DelayedInitializer``, whose folder is the model's. Errors: those of
-    :func:`~onnx_light_ref.ops.convert.delay_initializers` (bad references are refused before anything is read).
+    External initializers become ``DelayedInitializer`` nodes bound to the model's folder; every
+    ``DelayedInitializer`` filename (converted or already in the model) must resolve inside that folder.
+
+    Args:
+        path: the ``.onnx`` file.
+        load_device: ``"file"`` (each run reads the weights, construction reads none) or ``"cpu"`` (construction
+            reads each weight once; runs return copies).
+        allow_outside_folder: trust absolute ``filename`` attributes pointing outside the model's folder (the
+            spec's behaviour). Relative names stay confined either way.
+        **kwargs: passed to ``ReferenceEvaluator`` (``verbose``, ``check_shape_annotations``, ``new_ops``...); your
+            ``new_ops`` come after the bound ``DelayedInitializer``.
+
+    Returns:
+        The evaluator.
+
+    Raises:
+        UnsafeLocationError: a filename outside the model's folder, a hard-linked data file.
+        FileNotFoundError: the model or a data file is missing.
+        ValueError: the errors of :func:`~onnx_light_ref.ops.convert.delay_initializers` and of the kernel's
+            attribute checks (bad references are refused before anything is read).
     """
+    if not isinstance(allow_outside_folder, bool):
+        raise TypeError(f"allow_outside_folder must be a bool, got {type(allow_outside_folder).__name__}.")
     model_path = os.path.abspath(os.fspath(path))
     folder = os.path.dirname(model_path)
     converted = delay_initializers(model_path, load_device, base_dir=folder)
@@ -53,5 +77,8 @@ def reference_evaluator(path: str | os.PathLike[str], load_device: str = "file",
             len(eager),
             ", ".join(site.label for site in eager[:5]) + (", ..." if len(eager) > 5 else ""),
         )
-    new_ops = [DelayedInitializer.bind(folder), *(kwargs.pop("new_ops", None) or [])]
+    new_ops = [
+        DelayedInitializer.bind(folder, allow_outside_folder=allow_outside_folder),
+        *(kwargs.pop("new_ops", None) or []),
+    ]
     return ReferenceEvaluator(converted, new_ops=new_ops, **kwargs)

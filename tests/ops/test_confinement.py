@@ -1,0 +1,355 @@
+"""A bound DelayedInitializer reads only files inside its folder; the unbound one keeps the spec's behaviour.
+
+Each case builds a real folder with real files, symlinks and hard links, and asserts the error type, that the
+message names the node and the file, and (where a file outside the folder exists) that it was never opened.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper as oh
+from onnx.reference import ReferenceEvaluator
+
+import onnx_light_ref.ops.delayed_initializer as kernel_module
+from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
+from onnx_light_ref.ops import DelayedInitializer, reference_evaluator
+
+OPSETS = [oh.make_opsetid("", 18), oh.make_opsetid("ai.rt", 1)]
+MODES = ["cpu", "file"]
+
+
+def make_node(filename: str, load_device: str = "cpu", *, shape=(3,), dtype=TensorProto.FLOAT, offset=0, name="w"):
+    node = oh.make_node("DelayedInitializer", [], ["y"], domain="ai.rt", name=name)
+    node.attribute.append(oh.make_attribute("shape", list(shape), attr_type=onnx.AttributeProto.INTS))
+    node.attribute.extend(
+        [
+            oh.make_attribute("dtype", dtype),
+            oh.make_attribute("load_device", load_device),
+            oh.make_attribute("runtime_device", "cpu"),
+            oh.make_attribute("filename", filename),
+            oh.make_attribute("offset", offset),
+        ]
+    )
+    return node
+
+
+def make_model(node: onnx.NodeProto, elem_type: int = TensorProto.FLOAT) -> onnx.ModelProto:
+    out = oh.make_tensor_value_info(node.output[0], elem_type, None)
+    return oh.make_model(oh.make_graph([node], "g", [], [out]), opset_imports=OPSETS)
+
+
+def build(node: onnx.NodeProto, op: type = DelayedInitializer) -> ReferenceEvaluator:
+    return ReferenceEvaluator(make_model(node), new_ops=[op])
+
+
+def f32(*values: float) -> bytes:
+    return np.array(values, dtype="<f4").tobytes()
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """``model/w.bin`` (float32 1, 2, 3) inside the model folder, ``secret/key.bin`` outside it."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "model" / "w.bin").write_bytes(f32(1, 2, 3))
+    (tmp_path / "secret" / "key.bin").write_bytes(f32(6, 6, 6))
+    return tmp_path
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every path the kernel module opens, in order."""
+    paths: list[str] = []
+    real_open = os.open
+
+    def spy(path, flags, *args):  # type: ignore[no-untyped-def]
+        paths.append(os.fspath(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(kernel_module.os, "open", spy)
+    yield paths
+
+
+def assert_refused_unread(info: pytest.ExceptionInfo[BaseException], filename: str, opened: list[str]) -> None:
+    message = str(info.value)
+    assert "DelayedInitializer node 'w'" in message and repr(filename) in message
+    assert not any("secret" in path for path in opened), opened
+
+
+# ------------------------------------------------------------------------------------------- refused when bound
+
+
+@pytest.mark.parametrize("load_device", MODES)
+def test_absolute_file_outside_the_folder(tree: Path, opened: list[str], load_device: str) -> None:
+    filename = str(tree / "secret" / "key.bin")
+    with pytest.raises(UnsafeLocationError, match=r"outside the model's folder.*allow_outside_folder") as info:
+        build(make_node(filename, load_device), DelayedInitializer.bind(tree / "model"))  # construction, both modes
+    assert_refused_unread(info, filename, opened)
+
+
+@pytest.mark.parametrize("load_device", MODES)
+def test_absolute_system_file(tree: Path, opened: list[str], load_device: str) -> None:
+    with pytest.raises(UnsafeLocationError, match="'/etc/passwd' resolves to") as info:
+        build(make_node("/etc/passwd", load_device, dtype=TensorProto.UINT8), DelayedInitializer.bind(tree / "model"))
+    assert opened == [] and "node 'w'" in str(info.value)
+
+
+@pytest.mark.parametrize("load_device", MODES)
+@pytest.mark.parametrize("kind", ["relative-file-link", "relative-folder-link", "absolute-file-link", "dotdot-abs"])
+def test_names_escaping_through_links_or_dotdot(tree: Path, opened: list[str], load_device: str, kind: str) -> None:
+    model = tree / "model"
+    (model / "link.bin").symlink_to(tree / "secret" / "key.bin")
+    (model / "outside").symlink_to(tree / "secret")
+    filename = {
+        "relative-file-link": "link.bin",
+        "relative-folder-link": "outside/key.bin",
+        "absolute-file-link": str(model / "link.bin"),
+        "dotdot-abs": f"{model}/../secret/key.bin",
+    }[kind]
+    with pytest.raises(UnsafeLocationError, match="outside the model's folder") as info:
+        build(make_node(filename, load_device), DelayedInitializer.bind(model))
+    assert_refused_unread(info, filename, opened)
+
+
+@pytest.mark.parametrize("load_device", MODES)
+def test_relative_dotdot_is_refused_even_when_it_lands_inside(tree: Path, opened: list[str], load_device: str) -> None:
+    with pytest.raises(UnsafeLocationError, match=r"'\.\.'"):
+        build(make_node("../model/w.bin", load_device), DelayedInitializer.bind(tree / "model"))
+    assert opened == []
+
+
+@pytest.mark.parametrize("load_device", MODES)
+@pytest.mark.parametrize("relative", [True, False])
+def test_hard_linked_file_inside_the_folder(tree: Path, opened: list[str], load_device: str, relative: bool) -> None:
+    os.link(tree / "secret" / "key.bin", tree / "model" / "hard.bin")
+    filename = "hard.bin" if relative else str(tree / "model" / "hard.bin")
+    sess_or_error = pytest.raises(UnsafeLocationError, match="2 hard links")
+    with sess_or_error as info:
+        sess = build(make_node(filename, load_device), DelayedInitializer.bind(tree / "model"))
+        sess.run(None, {})  # file mode: the link count is checked when the file is read
+    assert repr(filename) in str(info.value) and "node 'w'" in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------- accepted when bound
+
+
+@pytest.mark.parametrize("load_device", MODES)
+@pytest.mark.parametrize("kind", ["relative", "absolute", "absolute-with-dotdot", "through-folder-alias", "inner-link"])
+def test_names_resolving_inside_the_folder(tree: Path, load_device: str, kind: str) -> None:
+    model = tree / "model"
+    (model / "sub").mkdir()
+    (model / "inner.bin").symlink_to(model / "w.bin")
+    (tree / "alias").symlink_to(model)
+    filename = {
+        "relative": "w.bin",
+        "absolute": str(model / "w.bin"),
+        "absolute-with-dotdot": f"{model}/sub/../w.bin",
+        "through-folder-alias": str(tree / "alias" / "w.bin"),
+        "inner-link": "inner.bin",
+    }[kind]
+    sess = build(make_node(filename, load_device), DelayedInitializer.bind(model))
+    np.testing.assert_array_equal(sess.run(None, {})[0], [1, 2, 3])
+
+
+def test_bound_folder_given_through_a_symlink(tree: Path) -> None:
+    (tree / "alias").symlink_to(tree / "model")
+    sess = build(make_node(str(tree / "model" / "w.bin")), DelayedInitializer.bind(tree / "alias"))
+    np.testing.assert_array_equal(sess.run(None, {})[0], [1, 2, 3])
+
+
+def test_file_mode_file_created_after_construction(tree: Path) -> None:
+    sess = build(make_node("late.bin", "file"), DelayedInitializer.bind(tree / "model"))
+    (tree / "model" / "late.bin").write_bytes(f32(4, 5, 6))
+    np.testing.assert_array_equal(sess.run(None, {})[0], [4, 5, 6])
+
+
+# ------------------------------------------------------------------------------------------- opt-in and unbound
+
+
+@pytest.mark.parametrize("load_device", MODES)
+def test_allow_outside_folder_reads_absolute_names_anywhere(tree: Path, load_device: str) -> None:
+    bound = DelayedInitializer.bind(tree / "model", allow_outside_folder=True)
+    sess = build(make_node(str(tree / "secret" / "key.bin"), load_device), bound)
+    np.testing.assert_array_equal(sess.run(None, {})[0], [6, 6, 6])
+    (tree / "model" / "link.bin").symlink_to(tree / "secret" / "key.bin")
+    with pytest.raises(UnsafeLocationError, match="outside"):  # relative names stay confined
+        build(make_node("link.bin", load_device), bound)
+
+
+def test_allow_outside_folder_must_be_a_bool(tree: Path) -> None:
+    with pytest.raises(TypeError, match="allow_outside_folder must be a bool"):
+        DelayedInitializer.bind(tree, allow_outside_folder="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("load_device", MODES)
+def test_unbound_absolute_name_never_asks_for_the_cwd(
+    tree: Path, monkeypatch: pytest.MonkeyPatch, load_device: str
+) -> None:
+    def no_cwd() -> str:
+        raise FileNotFoundError(errno.ENOENT, "the current directory was deleted")
+
+    monkeypatch.setattr(kernel_module.os, "getcwd", no_cwd)
+    sess = build(make_node(str(tree / "secret" / "key.bin"), load_device))  # the spec: absolute names as they are
+    np.testing.assert_array_equal(sess.run(None, {})[0], [6, 6, 6])
+    with pytest.raises(FileNotFoundError, match="needs the current directory"):
+        build(make_node("w.bin", load_device))
+
+
+# ------------------------------------------------------------------------------------------- races at read time
+
+
+def test_parent_folder_swapped_after_validation(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tree / "model"
+    (model / "sub").mkdir()
+    (model / "sub" / "w.bin").write_bytes(f32(1, 2, 3))
+    (tree / "secret" / "w.bin").write_bytes(f32(6, 6, 6))
+    real_open = os.open
+
+    def swap_then_open(path, flags, *args):  # type: ignore[no-untyped-def]
+        if os.fspath(path).endswith("sub/w.bin"):
+            os.rename(model / "sub", model / "sub.old")
+            os.symlink(tree / "secret", model / "sub")
+        return real_open(path, flags, *args)
+
+    sess = build(make_node("sub/w.bin", "file"), DelayedInitializer.bind(model))
+    monkeypatch.setattr(kernel_module.os, "open", swap_then_open)
+    with pytest.raises(UnsafeLocationError, match=r"replaced after it was validated \(the file opened is not"):
+        sess.run(None, {})
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="the opened path is checked where /proc shows it")
+def test_parent_folder_swapped_before_the_stat(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tree / "model"
+    (model / "sub").mkdir()
+    (model / "sub" / "w.bin").write_bytes(f32(1, 2, 3))
+    (tree / "secret" / "w.bin").write_bytes(f32(6, 6, 6))
+    real_stat = os.stat
+
+    def swap_then_stat(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if os.fspath(path).endswith("sub/w.bin") and not os.path.islink(model / "sub"):
+            os.rename(model / "sub", model / "sub.old")
+            os.symlink(tree / "secret", model / "sub")
+        return real_stat(path, *args, **kwargs)
+
+    sess = build(make_node("sub/w.bin", "file"), DelayedInitializer.bind(model))
+    monkeypatch.setattr(kernel_module.os, "stat", swap_then_stat)
+    with pytest.raises(UnsafeLocationError, match=r"opened as '.*secret/w.bin', outside the model's folder"):
+        sess.run(None, {})
+
+
+def test_file_swapped_for_a_symlink_after_validation(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tree / "model"
+    real_open = os.open
+
+    def swap_then_open(path, flags, *args):  # type: ignore[no-untyped-def]
+        if os.fspath(path).endswith("model/w.bin"):
+            os.unlink(model / "w.bin")
+            os.symlink(tree / "secret" / "key.bin", model / "w.bin")
+        return real_open(path, flags, *args)
+
+    sess = build(make_node("w.bin", "file"), DelayedInitializer.bind(model))
+    monkeypatch.setattr(kernel_module.os, "open", swap_then_open)
+    with pytest.raises(UnsafeLocationError, match="replaced by a symbolic link"):
+        sess.run(None, {})
+
+
+# ------------------------------------------------------------------------------------------- reference_evaluator
+
+
+def test_reference_evaluator_confines_nodes_already_in_the_model(tree: Path) -> None:
+    path = tree / "model" / "m.onnx"
+    onnx.save(make_model(make_node(str(tree / "secret" / "key.bin"), "file")), path)
+    with pytest.raises(UnsafeLocationError, match="outside the model's folder"):
+        reference_evaluator(path)
+    got = reference_evaluator(path, allow_outside_folder=True).run(None, {})[0]
+    np.testing.assert_array_equal(got, [6, 6, 6])
+
+
+# ------------------------------------------------------------------------------------------- file errors, wrapped
+
+
+@pytest.mark.parametrize("load_device", MODES)
+def test_path_through_a_regular_file_is_file_not_found(tree: Path, load_device: str) -> None:
+    filename = str(tree / "secret" / "key.bin" / "x.bin")  # ENOTDIR
+    with pytest.raises(FileNotFoundError, match=r"node 'w': file .*key.bin/x.bin' does not exist") as info:
+        build(make_node(filename, load_device)).run(None, {})
+    assert info.value.errno == errno.ENOENT
+
+
+@pytest.mark.parametrize("load_device", MODES)
+@pytest.mark.parametrize("kind", ["symlink-loop", "name-too-long"])
+def test_inaccessible_absolute_names_are_value_errors(tree: Path, load_device: str, kind: str) -> None:
+    if kind == "symlink-loop":
+        (tree / "loop").symlink_to(tree / "loop")
+        filename = str(tree / "loop")
+    else:
+        filename = str(tree / ("n" * 300))
+    with pytest.raises(ExternalDataError, match=r"node 'w': file .* cannot be accessed"):
+        build(make_node(filename, load_device)).run(None, {})
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+@pytest.mark.parametrize("load_device", MODES)
+def test_unreadable_file_is_a_value_error(tree: Path, load_device: str) -> None:
+    path = tree / "secret" / "key.bin"
+    path.chmod(0)
+    with pytest.raises(ExternalDataError, match="cannot be opened"):
+        build(make_node(str(path), load_device)).run(None, {})
+
+
+# ------------------------------------------------------------------------------------------- too short, structure
+
+
+@pytest.mark.parametrize("load_device", MODES)
+@pytest.mark.parametrize("bound", [True, False])
+def test_shape_larger_than_the_file_fails_before_allocating(tree: Path, load_device: str, bound: bool) -> None:
+    node = make_node(str(tree / "model" / "w.bin"), load_device, shape=[2**36], dtype=TensorProto.UINT8)
+    op = DelayedInitializer.bind(tree / "model") if bound else DelayedInitializer
+    pattern = r"node 'w': file '.*w.bin' too short: needs 68719476736 bytes .*has 12 bytes"
+    with pytest.raises(ValueError, match=pattern):  # not MemoryError: nothing was allocated
+        ReferenceEvaluator(make_model(node, TensorProto.UINT8), new_ops=[op]).run(None, {})
+
+
+def _duplicated_offset(filename: str) -> onnx.NodeProto:
+    node = make_node(filename, offset=0)
+    node.attribute.append(oh.make_attribute("offset", 4))
+    return node
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda node: node.input.append("x"), "takes no inputs"),
+        (lambda node: node.output.append("z"), "exactly one"),
+        (lambda node: node.output.__setitem__(0, ""), "exactly one"),
+    ],
+)
+def test_node_structure_is_checked_by_the_kernel(tree: Path, mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    node = make_node(str(tree / "model" / "w.bin"))
+    mutate(node)
+    graph = oh.make_graph([node], "g", [oh.make_tensor_value_info("x", TensorProto.FLOAT, None)], [])
+    graph.output.append(oh.make_tensor_value_info("y", TensorProto.FLOAT, None))
+    with pytest.raises(ValueError, match=f"node 'w': .*{message}"):
+        ReferenceEvaluator(oh.make_model(graph, opset_imports=OPSETS), new_ops=[DelayedInitializer])
+
+
+def test_duplicated_attribute_is_refused(tree: Path) -> None:
+    with pytest.raises(ValueError, match="node 'w': attribute 'offset' is given more than once"):
+        build(_duplicated_offset(str(tree / "model" / "w.bin")))
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [([0, 2**63 - 1], "cannot be built"), ([0, 2**62, 2], "cannot be built"), ([1] * 65, "at most 64")],
+)
+def test_shapes_numpy_cannot_build_are_refused(tree: Path, shape: list[int], message: str) -> None:
+    with pytest.raises(ValueError, match=f"node 'w': shape .*{message}"):
+        build(make_node(str(tree / "model" / "w.bin"), shape=shape))
