@@ -3,8 +3,11 @@
 A thin presentation of :func:`onnx_light_ref.io.layout_report.build_layout_report`: one row per external tensor
 (name, location, offset, length, alignment of the offset, status), the problems in words, totals per data file
 (tensors, bytes used, file size, gaps) and the largest alignment every tensor satisfies. Exit status 1 when any
-tensor is in error (partial overlap, out of bounds, missing file, unsafe location, malformed entry), 0 otherwise;
-the table is printed either way. Never reads weight bytes.
+tensor is in error (partial overlap, out of bounds, missing file, unsafe location, hard-linked file, malformed
+entry), 0 otherwise; the table is printed either way. Never reads weight bytes.
+
+Names and locations come from the model, which may be hostile: every printed field goes through :func:`printable`,
+so a terminal escape sequence or a bidirectional override in a tensor name is shown escaped, never executed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import sys
 from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io.layout_report import LayoutReport, TensorLayout, build_layout_report
 
-__all__ = ["format_alignment", "format_report", "register", "run_inspect"]
+__all__ = ["format_alignment", "format_report", "printable", "register", "run_inspect"]
 
 # Alignments above this are shown as ">=1M": no loader asks for more, and a huge power of two (an offset of 2 GiB
 # is 2 GiB-aligned) says nothing useful.
@@ -38,8 +41,33 @@ def format_alignment(alignment: int | None) -> str:
     return str(alignment)
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal could act on shown as a Python escape (``\\x1b``, ``\\u202e``).
+
+    Non-printable characters (``str.isprintable``: controls such as ESC, BEL, CR, format characters such as bidi
+    overrides, line and paragraph separators, unassigned code points) would move the cursor, recolour or reorder the
+    output; they are escaped. Messages already quote names with ``repr``, which escapes the same characters.
+
+    Args:
+        text: any text taken from a model.
+
+    Returns:
+        The text, safe to print on one line.
+    """
+    if text.isprintable():
+        return text
+    return "".join(_escape(char) for char in text)
+
+
+def _escape(char: str) -> str:
+    if char.isprintable():
+        return char
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
 def _cell(value: object) -> str:
-    return "?" if value is None else str(value)
+    return "?" if value is None else printable(str(value))
 
 
 def _shorten(text: str, width: int) -> str:
@@ -48,21 +76,28 @@ def _shorten(text: str, width: int) -> str:
 
 def _status(tensor: TensorLayout) -> str:
     if tensor.status == "shared":
-        return f"shared ({len(tensor.shared_with) + 1})"
+        return f"shared ({len(tensor.shared_range)})"
     return tensor.status
 
 
 def format_report(report: LayoutReport) -> str:
-    """The text ``inspect`` prints."""
-    lines = [f"model: {report.model_path}"]
+    """The text ``inspect`` prints: the table, the errors, the files and the totals; every field escaped.
+
+    Args:
+        report: what :func:`~onnx_light_ref.io.layout_report.build_layout_report` found.
+
+    Returns:
+        The whole text, newline-terminated.
+    """
+    lines = [f"model: {printable(report.model_path)}"]
     if not report.tensors:
         lines.append(f"no external tensors ({report.inline_tensors} inline).")
         return "\n".join(lines) + "\n"
     header = ("name", "location", "offset", "length", "align", "status")
     rows = [
         (
-            _shorten(t.name, _NAME_WIDTH_CAP),
-            _shorten(t.location, _NAME_WIDTH_CAP),
+            _shorten(printable(t.name), _NAME_WIDTH_CAP),
+            _shorten(printable(t.location), _NAME_WIDTH_CAP),
             _cell(t.offset),
             _cell(t.length),
             format_alignment(t.alignment),
@@ -81,16 +116,16 @@ def format_report(report: LayoutReport) -> str:
     if errors:
         lines.append("")
         lines.append(f"{len(errors)} error(s):")
-        lines.extend(f"  {t.status}: {t.message}" for t in errors)
+        lines.extend(f"  {t.status}: {printable(t.message)} (in {printable(t.where)})" for t in errors)
     lines.append("")
     lines.append("files:")
     for file in report.files:
         if file.size is None:
-            lines.append(f"  {file.location}: MISSING ({file.tensors} tensors refer to it)")
+            lines.append(f"  {printable(file.location)}: MISSING ({file.tensors} tensors refer to it)")
             continue
         gap_count = len(file.gaps)
         lines.append(
-            f"  {file.location}: {file.tensors} tensors, {file.bytes_used} bytes used of {file.size}, "
+            f"  {printable(file.location)}: {file.tensors} tensors, {file.bytes_used} bytes used of {file.size}, "
             f"{file.gap_bytes} gap bytes in {gap_count} gap{'s' if gap_count != 1 else ''}"
         )
     lines.append("")
@@ -105,16 +140,25 @@ def format_report(report: LayoutReport) -> str:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
+    """Print the layout report of ``args.model``; exit status 1 when a tensor is in error or the model is unreadable.
+
+    Args:
+        args: the parsed command line (``model``).
+
+    Returns:
+        The process exit status.
+    """
     try:
         report = build_layout_report(args.model)
     except (FileNotFoundError, InvalidModelError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(str(exc))}", file=sys.stderr)
         return 1
     sys.stdout.write(format_report(report))
     return 0 if report.ok else 1
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``inspect`` sub-command to ``subparsers``."""
     parser = subparsers.add_parser(
         "inspect",
         help="show the layout of a model's external tensors (offsets, alignment, gaps, overlaps, errors)",

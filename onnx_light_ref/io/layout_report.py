@@ -1,14 +1,19 @@
 """Describe how a model's external tensors are laid out in their files: offsets, alignment, gaps, overlaps, errors.
 
-:func:`build_layout_report` walks every tensor with :func:`~onnx_light_ref.io.walker.iter_tensors`, validates each
-external reference with :func:`~onnx_light_ref.io.locations.parse_external_data` (the same checks every io function
-applies) and, instead of stopping at the first problem, records it on that tensor. It then looks at each file:
-which byte ranges are used, which are gaps (padding or orphaned bytes), which tensors share one identical range
-(normal: deduplicated or tied weights) and which ranges partially overlap (an error: two tensors would see each
-other's bytes).
+:func:`build_layout_report` walks every tensor with :func:`~onnx_light_ref.io.walker.iter_tensors` (function default
+attributes and training graphs included), reads its entries with :mod:`onnx_light_ref.io.entries`, validates the
+reference with :func:`~onnx_light_ref.io.locations.parse_external_data` (the same checks every io function applies)
+and, instead of stopping at the first problem, records it on that tensor. It then looks at each file: which byte
+ranges are used, which are gaps (padding or orphaned bytes), which tensors share one identical range (normal:
+deduplicated or tied weights) and which ranges partially overlap (an error: two tensors would see each other's
+bytes). Overlaps are found with one sort and binary searches, O(n log n): thousands of mutually overlapping ranges
+(a hostile or broken model) must not make ``inspect`` quadratic.
 
-Statuses: ``ok``, ``shared`` (identical range used by several tensors) are fine; ``overlap``, ``out of bounds``,
-``missing file``, ``unsafe location`` and ``invalid`` (any other malformed entry) are errors.
+Statuses (:data:`LayoutStatus`): ``ok``, ``shared`` (identical range used by several tensors) are fine; ``overlap``,
+``out of bounds``, ``missing file``, ``unsafe location`` (a location that escapes the model's folder or is
+malformed), ``hard-linked`` (the file has several hard links, which onnx and ``align`` refuse to read) and
+``invalid`` (any other malformed entry: unknown or duplicated keys, non-UTF-8 text, a number that is not plain
+ASCII digits, a length that disagrees with dims, negative dims) are errors.
 
 This module must never read weight bytes (it only ``stat``s files) and never writes anything; it returns plain
 dataclasses and leaves presentation to the caller (``onnx-light-ref inspect``).
@@ -16,15 +21,20 @@ dataclasses and leaves presentation to the caller (``onnx-light-ref inspect``).
 
 from __future__ import annotations
 
+import bisect
 import os
 from dataclasses import dataclass, field
+from typing import Literal
 
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.alignment import offset_alignment
-from onnx_light_ref.io.locations import LocationResolver, expected_nbytes, is_external, parse_external_data
+from onnx_light_ref.io.arguments import PathLike
+from onnx_light_ref.io.entries import is_external, parse_entry_int, read_entries
+from onnx_light_ref.io.locations import LocationResolver, expected_nbytes, parse_external_data
 from onnx_light_ref.io.model_file import load_model_metadata
+from onnx_light_ref.io.posix import check_single_link
 from onnx_light_ref.io.walker import iter_tensors
 
 __all__ = [
@@ -32,11 +42,19 @@ __all__ = [
     "FileLayout",
     "Gap",
     "LayoutReport",
+    "LayoutStatus",
     "TensorLayout",
     "build_layout_report",
 ]
 
-ERROR_STATUSES = frozenset({"overlap", "out of bounds", "missing file", "unsafe location", "invalid"})
+LayoutStatus = Literal[
+    "ok", "shared", "overlap", "out of bounds", "missing file", "unsafe location", "hard-linked", "invalid"
+]
+"""What was found checking one tensor's reference; see the module docstring for each value."""
+
+ERROR_STATUSES: frozenset[LayoutStatus] = frozenset(
+    {"overlap", "out of bounds", "missing file", "unsafe location", "hard-linked", "invalid"}
+)
 
 
 @dataclass
@@ -48,9 +66,19 @@ class TensorLayout:
     location: str
     offset: int | None  # None when the entry is missing or not a number
     length: int | None
-    status: str = "ok"
+    status: LayoutStatus = "ok"
     message: str = ""
-    shared_with: list[str] = field(default_factory=list)
+    # Names of every tensor on this identical range (itself included): one list object per group, shared by its
+    # members, so that thousands of tensors on one range cost O(n), not O(n^2). Empty when the range is not shared.
+    shared_range: list[str] = field(default_factory=list)
+
+    @property
+    def shared_with(self) -> list[str]:
+        """The other tensors using exactly this range (tied or deduplicated weights)."""
+        others = list(self.shared_range)
+        if self.name in others:
+            others.remove(self.name)
+        return others
 
     @property
     def alignment(self) -> int | None:
@@ -59,6 +87,7 @@ class TensorLayout:
 
     @property
     def is_error(self) -> bool:
+        """True for every status but ``ok`` and ``shared``."""
         return self.status in ERROR_STATUSES
 
 
@@ -83,6 +112,7 @@ class FileLayout:
 
     @property
     def gap_bytes(self) -> int:
+        """Bytes of the file no valid tensor uses."""
         return sum(gap.length for gap in self.gaps)
 
 
@@ -97,10 +127,12 @@ class LayoutReport:
 
     @property
     def errors(self) -> list[TensorLayout]:
+        """The tensors in error, in walk order."""
         return [t for t in self.tensors if t.is_error]
 
     @property
     def ok(self) -> bool:
+        """True when no tensor is in error."""
         return not self.errors
 
     @property
@@ -113,92 +145,122 @@ class LayoutReport:
         return min(nonzero) if nonzero else 0
 
 
-def _entry_int(tensor: onnx.TensorProto, key: str) -> int | None:
-    """The entry's value for display, or None; validation proper is parse_external_data's job."""
-    for entry in tensor.external_data:
-        if entry.key == key:
-            try:
-                value = int(entry.value)
-            except ValueError:
-                return None
-            return value if value >= 0 else None
-    return None
+def _display_text(value: str | bytes) -> str:
+    """A proto string for display: protobuf hands back ``bytes`` for text that is not UTF-8."""
+    return value.decode("utf-8", errors="backslashreplace") if isinstance(value, bytes) else value
 
 
-def _entry_str(tensor: onnx.TensorProto, key: str) -> str:
+def _raw_location(tensor: onnx.TensorProto) -> str:
+    """The ``location`` entry as written, for display when the entries cannot be read properly."""
     for entry in tensor.external_data:
-        if entry.key == key:
-            return entry.value
+        if _display_text(entry.key) == "location":
+            return _display_text(entry.value)
     return ""
+
+
+def _read_range(tensor: onnx.TensorProto, label: str, layout: TensorLayout) -> None:
+    """Fill ``layout``'s location, offset and length from the entries; raise ExternalDataError for a bad one.
+
+    ``parse_external_data`` checks these too; reading them here first gives the table its columns even when a later
+    check fails, and refuses what must never reach the report as "ok" (a negative length from negative dims).
+    """
+    entries = read_entries(tensor, label=label)
+    layout.location = entries.get("location") or ""
+    offset_text, length_text = entries.get("offset"), entries.get("length")
+    layout.offset = 0 if offset_text is None else parse_entry_int(offset_text, label=label, key="offset")
+    if length_text is not None:
+        layout.length = parse_entry_int(length_text, label=label, key="length")
+        return
+    negative = [dim for dim in tensor.dims if dim < 0]
+    if negative:
+        raise ExternalDataError(
+            f"tensor {label!r} has negative dims {list(tensor.dims)} and no external_data 'length'; its byte size "
+            "is undefined."
+        )
+    layout.length = expected_nbytes(tensor)
 
 
 def _check_tensor(
     tensor: onnx.TensorProto, label: str, where: str, resolver: LocationResolver
-) -> tuple[TensorLayout, str | None]:
-    """Validate one reference; return its layout and its resolved path (None if it does not resolve)."""
-    has_offset = any(entry.key == "offset" for entry in tensor.external_data)
-    offset = _entry_int(tensor, "offset") if has_offset else 0
-    length = _entry_int(tensor, "length")
-    if length is None and not any(entry.key == "length" for entry in tensor.external_data):
-        length = expected_nbytes(tensor)
-    layout = TensorLayout(label, where, _entry_str(tensor, "location"), offset, length)
+) -> tuple[TensorLayout, str | None, int | None]:
+    """Validate one reference; return its layout, its resolved path and the file size (None: does not resolve)."""
+    layout = TensorLayout(label, where, _raw_location(tensor), None, None)
+    try:
+        _read_range(tensor, label, layout)
+    except ExternalDataError as exc:
+        layout.status, layout.message = "invalid", str(exc)
+        return layout, None, None
     try:
         ref = parse_external_data(tensor, resolver, label=label)
     except UnsafeLocationError as exc:
         layout.status, layout.message = "unsafe location", str(exc)
-        return layout, None
+        return layout, None, None
     except FileNotFoundError as exc:
         layout.status, layout.message = "missing file", str(exc)
-        return layout, None
+        return layout, None, None
     except ExternalDataError as exc:
-        layout.message = str(exc)
-        layout.status = "invalid"
+        layout.status, layout.message = "invalid", str(exc)
         try:
             path, st = resolver.resolve(layout.location, tensor_name=label)
         except (ExternalDataError, FileNotFoundError):
-            return layout, None
-        size = st.st_size
-        if offset is not None and length is not None and offset + length > size:
+            return layout, None, None
+        if layout.offset is not None and layout.length is not None and layout.offset + layout.length > st.st_size:
             layout.status = "out of bounds"
-        return layout, path
+        return layout, path, st.st_size
     layout.offset, layout.length = ref.offset, ref.length
-    return layout, ref.path
+    _, st = resolver.resolve(ref.location, tensor_name=label)
+    try:
+        check_single_link(st, what=f"tensor {label!r}: external data file {ref.location!r} ({ref.path!r})")
+    except UnsafeLocationError as exc:
+        layout.status, layout.message = "hard-linked", str(exc)
+    return layout, ref.path, ref.file_size
 
 
-def _mark_overlap(
-    file: FileLayout, tensors: list[TensorLayout], other: tuple[int, int], others: list[TensorLayout]
-) -> None:
-    names = ", ".join(repr(t.name) for t in others)
-    for tensor in tensors:
-        tensor.status = "overlap"
-        tensor.message = (
-            f"tensor {tensor.name!r}: range [{tensor.offset}, +{tensor.length} bytes) of {file.location!r} partially "
-            f"overlaps [{other[0]}, +{other[1]} bytes) of {names}."
-        )
+def _mark_overlaps(file: FileLayout, by_range: dict[tuple[int, int], list[TensorLayout]]) -> None:
+    """Mark every tensor whose range partially overlaps another distinct range of the file, in O(n log n).
+
+    Two non-empty ranges ``[s, e)`` and ``[s', e')`` intersect iff ``s' < e`` and ``e' > s``. Over the sorted starts
+    and ends, the ranges intersecting ``[s, e)`` are those starting before ``e`` minus those ending at or before
+    ``s`` (which all start before ``e`` too), minus the range itself. Each message names one partner (the range
+    that reaches furthest among the earlier ones, or else the next one, both of which intersect it) and the count.
+    """
+    ranges = sorted(r for r in by_range if r[1] > 0)  # an empty range overlaps nothing
+    starts = [start for start, _ in ranges]
+    ends = sorted(start + length for start, length in ranges)
+    reach: tuple[int, int] | None = None  # the earlier range ending last
+    for index, (start, length) in enumerate(ranges):
+        end = start + length
+        count = bisect.bisect_left(starts, end) - bisect.bisect_right(ends, start) - 1
+        if count > 0:
+            partner = reach if reach is not None and reach[0] + reach[1] > start else ranges[index + 1]
+            names = ", ".join(repr(t.name) for t in by_range[partner])
+            more = f" and {count - 1} other range{'s' if count > 2 else ''}" if count > 1 else ""
+            for tensor in by_range[(start, length)]:
+                tensor.status = "overlap"
+                tensor.message = (
+                    f"tensor {tensor.name!r}: range [{start}, +{length} bytes) of {file.location!r} partially "
+                    f"overlaps [{partner[0]}, +{partner[1]} bytes) of {names}{more}."
+                )
+        if reach is None or end > reach[0] + reach[1]:
+            reach = (start, length)
 
 
 def _analyse_file(file: FileLayout, members: list[TensorLayout]) -> None:
     """Mark shared and partially overlapping ranges among valid tensors; compute used bytes and gaps."""
-    valid = [t for t in members if not t.is_error and t.offset is not None and t.length is not None]
     by_range: dict[tuple[int, int], list[TensorLayout]] = {}
-    for tensor in valid:
-        assert tensor.offset is not None and tensor.length is not None
-        by_range.setdefault((tensor.offset, tensor.length), []).append(tensor)
+    for tensor in members:
+        if not tensor.is_error and tensor.offset is not None and tensor.length is not None:
+            by_range.setdefault((tensor.offset, tensor.length), []).append(tensor)
     for group in by_range.values():
         if len(group) > 1:
+            names = [tensor.name for tensor in group]
             for tensor in group:
                 tensor.status = "shared"
-                tensor.shared_with = [other.name for other in group if other is not tensor]
-    ranges = sorted(r for r in by_range if r[1] > 0)  # an empty range overlaps nothing
-    for index, first in enumerate(ranges):
-        for second in ranges[index + 1 :]:
-            if second[0] >= first[0] + first[1]:
-                break  # sorted by start: no later range reaches back into `first`
-            _mark_overlap(file, by_range[first], second, by_range[second])
-            _mark_overlap(file, by_range[second], first, by_range[first])
+                tensor.shared_range = names
+    _mark_overlaps(file, by_range)
     file.tensors = len(members)
     cursor = used = 0
-    for start, length in ranges:
+    for start, length in sorted(r for r in by_range if r[1] > 0):
         if start > cursor:
             file.gaps.append(Gap(cursor, start - cursor))
         used += max(0, start + length - max(start, cursor))
@@ -208,11 +270,22 @@ def _analyse_file(file: FileLayout, members: list[TensorLayout]) -> None:
         file.gaps.append(Gap(cursor, file.size - cursor))
 
 
-def build_layout_report(model_path: str | os.PathLike[str]) -> LayoutReport:
+def build_layout_report(model_path: PathLike) -> LayoutReport:
     """Parse ``model_path`` (metadata only) and describe every external tensor and data file.
 
-    Raises only for the model file itself (``FileNotFoundError``, :class:`~onnx_light_ref.errors.InvalidModelError`);
-    every problem with a tensor's reference is recorded in the report.
+    Every problem with a tensor's reference is recorded in the report, with the tensor's status and a message;
+    nothing about a tensor raises. Files are ``stat``ed, never read.
+
+    Args:
+        model_path: the ``.onnx`` file; locations are resolved against its folder.
+
+    Returns:
+        A :class:`LayoutReport`: one :class:`TensorLayout` per external tensor in walk order, one :class:`FileLayout`
+        per data file that resolves (or is missing), and the count of inline tensors.
+
+    Raises:
+        FileNotFoundError: ``model_path`` does not exist.
+        InvalidModelError: ``model_path`` is not a parsable ONNX model.
     """
     path = os.path.abspath(os.fspath(model_path))
     model = load_model_metadata(path)
@@ -225,13 +298,12 @@ def build_layout_report(model_path: str | os.PathLike[str]) -> LayoutReport:
         if not is_external(site.tensor):
             inline += 1
             continue
-        layout, resolved = _check_tensor(site.tensor, site.label, site.where, resolver)
+        layout, resolved, size = _check_tensor(site.tensor, site.label, site.where, resolver)
         tensors.append(layout)
-        if layout.status == "unsafe location":
-            continue  # names no file we may look at
+        if resolved is None and layout.status != "missing file":
+            continue  # an unsafe or unreadable location names no file we may look at
         key = resolved if resolved is not None else f"\0{layout.location}"
         if key not in files:
-            size = os.stat(resolved).st_size if resolved is not None else None
             files[key] = FileLayout(layout.location, resolved, size)
         members.setdefault(key, []).append(layout)
     for key, file in files.items():

@@ -89,8 +89,15 @@ class TensorSite:
 
     @property
     def label(self) -> str:
-        """The tensor's name, or a description of its place when it has none (sparse indices often do not)."""
-        return self.tensor.name or f"<unnamed {self.kind.replace('_', ' ')} in {self.where}>"
+        """The tensor's name, or a description of its place when it has none (sparse indices often do not).
+
+        Always a ``str``: a name that is not UTF-8 (protobuf then hands back ``bytes``) is decoded with backslash
+        escapes, so that messages can name it.
+        """
+        name: str | bytes = self.tensor.name
+        if isinstance(name, bytes):
+            name = name.decode("utf-8", errors="backslashreplace")
+        return name or f"<unnamed {self.kind.replace('_', ' ')} in {self.where}>"
 
 
 def iter_tensors(model: onnx.ModelProto) -> Iterator[TensorSite]:
