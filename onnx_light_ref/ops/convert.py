@@ -10,13 +10,23 @@ folder). The kernel resolves a relative filename at evaluation time against the 
 ``DelayedInitializer.bind(folder)``; :func:`onnx_light_ref.ops.reference_evaluator` binds the model's folder for
 you. An unbound ``DelayedInitializer`` resolves against the current directory, which is rarely what you want.
 
-What is left as it was:
+What is left as it was (the evaluator then loads those external tensors eagerly, with onnx's own loader):
 
 * initializers also listed in their graph's inputs (overridable defaults, see :func:`_shadowed_by_inputs`);
 * initializers smaller than ``min_size`` bytes;
+* initializers whose element type the op cannot produce (bfloat16, float8, int4, string...: see
+  :mod:`onnx_light_ref.ops.dtypes`), logged and listed in :attr:`ConversionPlan.kept_dtype`;
+* subgraph initializers named like a value of an enclosing graph (see below);
+* initializers of ``ModelProto.training_info`` graphs, which inference never runs;
 * sparse initializers and tensors held in node attributes (``Constant``'s ``value``...): the op produces dense
   initializers only; onnx's evaluator loads such tensors itself (and refuses sparse initializers outright);
 * inline initializers (they already are in memory).
+
+A subgraph initializer may carry the name of a value of an enclosing graph (legal for an initializer, not for a
+node output: the graph would leave SSA form and the checker rejects it). Runtimes disagree on which value such a
+name resolves to (onnx's ReferenceEvaluator and onnxruntime both let the outer value win for node inputs, and
+differ for a subgraph output naming the initializer directly), so the converter does not pick a meaning: such an
+initializer stays as it is (:attr:`ConversionPlan.kept_shadowing`) and the runtime resolves it as it did before.
 
 Model-local functions are inlined first (``onnx.inliner.inline_local_functions``) when the model has any, because
 onnx's evaluator does not hand ``new_ops`` to the evaluators it builds for functions.
@@ -30,11 +40,11 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import onnx
 import onnx.inliner
-from onnx import AttributeProto
 
 from onnx_light_ref.io.locations import (
     ExternalRef,
@@ -48,16 +58,13 @@ from onnx_light_ref.io.model_file import load_model_metadata
 from onnx_light_ref.io.walker import iter_graphs, iter_tensors
 from onnx_light_ref.ops.attributes import LOAD_DEVICES
 from onnx_light_ref.ops.dtypes import describe_allowed, dtype_name, is_allowed_dtype
-from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE, SINCE_VERSION
+from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE, SINCE_VERSION, make_delayed_initializer_node
 
 __all__ = ["ConversionPlan", "DelayedTensor", "delay_initializers", "plan_delayed_initializers"]
 
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike[str]
-
-# The op's only runtime device in v1 (the schema and kernel refuse anything else).
-_RUNTIME_DEVICE = "cpu"
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,8 @@ class ConversionPlan:
     delayed: list[DelayedTensor]
     kept_shadowed: list[str]  # external initializers kept because a graph input overrides them
     kept_small: list[str]  # external initializers kept because they are smaller than min_size
+    kept_dtype: list[str]  # external initializers kept because the op cannot produce their element type
+    kept_shadowing: list[str]  # subgraph initializers kept because an enclosing graph defines the same name
 
 
 def _shadowed_by_inputs(graph: onnx.GraphProto) -> set[str]:
@@ -110,9 +119,17 @@ def plan_delayed_initializers(
 ) -> ConversionPlan:
     """Load (metadata only) or copy the model, inline its functions, and validate every initializer to convert.
 
-    Raises ``ValueError`` (arguments, unsupported dtype, proto without ``base_dir``), the io errors
-    (:class:`~onnx_light_ref.errors.UnsafeLocationError`, :class:`~onnx_light_ref.errors.ExternalDataError`,
-    ``FileNotFoundError``) for bad references. Nothing is modified.
+    Args:
+        model_or_path: A ``.onnx`` path or a ModelProto (copied).
+        base_dir: Folder the locations are relative to (default: the model's folder for a path).
+        min_size: Initializers smaller than this many bytes are kept.
+
+    Returns:
+        The plan: the private model copy, the validated tensors to convert and the names kept, by reason.
+
+    Raises:
+        ValueError: a bad ``min_size``, or a proto with external initializers to convert and no ``base_dir``.
+        UnsafeLocationError, ExternalDataError, FileNotFoundError: a bad reference (see :func:`delay_initializers`).
     """
     if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
         raise ValueError(f"min_size must be a non-negative int (bytes), got {min_size!r}.")
@@ -126,10 +143,14 @@ def plan_delayed_initializers(
     delayed: list[DelayedTensor] = []
     kept_shadowed: list[str] = []
     kept_small: list[str] = []
+    kept_dtype: list[str] = []
+    kept_shadowing: list[str] = []
+    outer_scopes: dict[int, tuple[onnx.GraphProto, frozenset[str]]] = {}
+    _outer_scopes(model.graph, frozenset(), outer_scopes)
     shadowed_cache: dict[int, set[str]] = {}
     for site in iter_tensors(model):
         tensor = site.tensor
-        if site.kind != "initializer" or not is_external(tensor):
+        if site.kind != "initializer" or site.scope != "model" or not is_external(tensor):
             continue
         graph = site.container
         assert isinstance(graph, onnx.GraphProto)  # initializers only live in graphs
@@ -137,17 +158,35 @@ def plan_delayed_initializers(
         if tensor.name in shadowed:
             kept_shadowed.append(tensor.name)
             continue
+        scope = outer_scopes.get(id(graph))
+        if scope is not None and scope[0] is not graph:
+            raise AssertionError("protobuf returned a new object for a live sub-message")  # pragma: no cover
+        if scope is not None and tensor.name in scope[1]:
+            logger.info(
+                "initializer %r in %s stays an external initializer: an enclosing graph defines the same name, and "
+                "a node output of that name would break SSA form",
+                site.label,
+                site.where,
+            )
+            kept_shadowing.append(tensor.name)
+            continue
         size = expected_nbytes(tensor)
         if size is not None and size < min_size:
             kept_small.append(tensor.name)
             continue
         if not is_allowed_dtype(tensor.data_type):
-            raise ValueError(
-                f"initializer {site.label!r} in {site.where} has data type {tensor.data_type} "
-                f"({dtype_name(tensor.data_type)}), which ai.rt::DelayedInitializer cannot produce (allowed: "
-                f"{describe_allowed()}). Raise min_size above its size ({size} bytes) to keep it as an initializer, "
-                "or convert it to an allowed type."
+            # Not an error: the evaluator loads such a tensor eagerly, as plain ReferenceEvaluator would.
+            logger.info(
+                "initializer %r in %s stays an external initializer: its data type %d (%s) is not one "
+                "ai.rt::DelayedInitializer can produce (%s)",
+                site.label,
+                site.where,
+                tensor.data_type,
+                dtype_name(tensor.data_type),
+                describe_allowed(),
             )
+            kept_dtype.append(tensor.name)
+            continue
         if resolver is None:
             raise ValueError(
                 f"base_dir is required when converting an in-memory model with external initializers (first: "
@@ -157,26 +196,51 @@ def plan_delayed_initializers(
         # onnx (>= 1.21) refuses to read a hard-linked data file; the converted model must not be a way around that.
         check_not_hard_linked(ref)
         delayed.append(DelayedTensor(tensor, graph, ref, site.where))
-    return ConversionPlan(model, folder or "", delayed, kept_shadowed, kept_small)
+    return ConversionPlan(model, folder or "", delayed, kept_shadowed, kept_small, kept_dtype, kept_shadowing)
 
 
 def _make_node(item: DelayedTensor, load_device: str, name: str) -> onnx.NodeProto:
     tensor = item.tensor
-    node = onnx.helper.make_node(
-        OP_TYPE,
-        inputs=[],
-        outputs=[tensor.name],
-        name=name,
-        domain=DOMAIN,
+    return make_delayed_initializer_node(
+        tensor.name,
+        shape=list(tensor.dims),
         dtype=tensor.data_type,
         load_device=load_device,
-        runtime_device=_RUNTIME_DEVICE,
         filename=item.ref.location,
         offset=item.ref.offset,
+        name=name,
     )
-    # make_attribute cannot infer the type of an empty list (a scalar's shape): say it.
-    node.attribute.insert(0, onnx.helper.make_attribute("shape", list(tensor.dims), attr_type=AttributeProto.INTS))
-    return node
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    for attribute in node.attribute:
+        if attribute.HasField("g"):
+            yield attribute.g
+        yield from attribute.graphs
+
+
+def _defined_names(graph: onnx.GraphProto) -> set[str]:
+    """Names a graph defines in its own scope: inputs, initializers and node outputs."""
+    names = {v.name for v in graph.input}
+    names.update(t.name for t in graph.initializer)
+    names.update(t.values.name for t in graph.sparse_initializer)
+    names.update(output for node in graph.node for output in node.output)
+    return names
+
+
+def _outer_scopes(
+    graph: onnx.GraphProto, outer: frozenset[str], into: dict[int, tuple[onnx.GraphProto, frozenset[str]]]
+) -> None:
+    """Record, for ``graph`` and every subgraph, the names defined by the graphs enclosing it, keyed by ``id``.
+
+    The graph itself is stored with its names: protobuf hands back the same Python object for a sub-message only
+    while one is alive, so keeping it alive keeps the ``id`` valid for the walker's later visits.
+    """
+    into[id(graph)] = (graph, outer)
+    inner = outer | _defined_names(graph)
+    for node in graph.node:
+        for subgraph in _subgraphs(node):
+            _outer_scopes(subgraph, inner, into)
 
 
 def _unique_names(model: onnx.ModelProto) -> set[str]:
@@ -214,23 +278,38 @@ def delay_initializers(
 ) -> onnx.ModelProto:
     """Return a new model where every external initializer of at least ``min_size`` bytes is a DelayedInitializer.
 
-    ``model_or_path``: a ``.onnx`` path (parsed without its weights; ``base_dir`` defaults to its folder) or a
-    ModelProto (copied, never mutated; ``base_dir`` is then required if any initializer is external).
-    ``load_device``: ``"file"`` (read at every run) or ``"cpu"`` (read once when the evaluator is built).
-
-    Each replaced initializer becomes a node ``ai.rt::DelayedInitializer`` with no inputs, the initializer's name
-    as output, and attributes ``shape``, ``dtype``, ``load_device``, ``runtime_device="cpu"``, ``filename`` (the
+    Each replaced initializer becomes a node ``ai.rt::DelayedInitializer`` (built by
+    :func:`~onnx_light_ref.ops.schema.make_delayed_initializer_node`) with no inputs, the initializer's name as
+    output, and attributes ``shape``, ``dtype``, ``load_device``, ``runtime_device="cpu"``, ``filename`` (the
     location as written, relative) and ``offset``. The node goes at the front of the node list of the graph that
     held the initializer, so it runs before every consumer, including nodes of nested subgraphs that use it as an
     outer-scope value. A ``value_info`` entry with the dtype and shape is added so evaluators checking shape
-    annotations verify what the op produces. The ``ai.rt`` opset import (version 1) is added.
+    annotations verify what the op produces. The ``ai.rt`` opset import (version 1) is added. Initializers the op
+    cannot stand for are kept as they are (see the module docstring): graph-input defaults, those below
+    ``min_size``, those of a dtype the op cannot produce (bfloat16, float8, int4...), subgraph initializers named
+    like an outer value, and training graphs' initializers.
 
     Every converted reference is validated first (relative, inside ``base_dir``, file present, range in bounds,
-    length matching dims and dtype) without reading a byte of weights. Raises ``ValueError`` for an unsupported
-    ``load_device``/``min_size``, for an initializer whose dtype the op cannot produce (unless ``min_size``
-    excludes it), and for a proto with external initializers but no ``base_dir``; the io errors
-    (``UnsafeLocationError``, ``ExternalDataError``, ``FileNotFoundError``) for bad references; a data file with
-    several hard links is refused (``UnsafeLocationError``) as onnx refuses it.
+    length matching dims and dtype) without reading a byte of weights.
+
+    Args:
+        model_or_path: A ``.onnx`` path (parsed without its weights) or a ModelProto (copied, never mutated).
+        load_device: ``"file"`` (read at every run) or ``"cpu"`` (read once when the evaluator is built).
+        base_dir: Folder the locations are relative to; defaults to the model's folder for a path, and is
+            required for a proto with external initializers.
+        min_size: Initializers smaller than this many bytes stay initializers.
+
+    Returns:
+        The converted model: always a new ModelProto, a copy even when nothing was converted.
+
+    Raises:
+        ValueError: an unsupported ``load_device`` or ``min_size``, a proto with external initializers and no
+            ``base_dir``, or an ``ai.rt`` opset import of another version.
+        UnsafeLocationError: a location escaping ``base_dir``, or a data file with several hard links (refused as
+            onnx refuses it).
+        ExternalDataError: a malformed reference (bad entries, range out of the file, length disagreeing with the
+            dims and dtype).
+        FileNotFoundError: a data file that does not exist.
     """
     if load_device not in LOAD_DEVICES:
         raise ValueError(f"load_device must be one of {list(LOAD_DEVICES)}, got {load_device!r}.")
@@ -274,10 +353,13 @@ def delay_initializers(
 
     _set_opset_import(model)
     logger.info(
-        "delayed %d initializers (%d bytes); kept %d overridable by graph inputs, %d below min_size",
+        "delayed %d initializers (%d bytes); kept %d overridable by graph inputs, %d below min_size, %d of a type "
+        "the op cannot produce, %d named like an outer value",
         len(plan.delayed),
         sum(item.ref.length for item in plan.delayed),
         len(plan.kept_shadowed),
         len(plan.kept_small),
+        len(plan.kept_dtype),
+        len(plan.kept_shadowing),
     )
     return model

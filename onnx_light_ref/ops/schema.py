@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 
 import onnx
 import onnx.defs
@@ -24,13 +25,23 @@ from onnx.defs import OpSchema
 from onnx_light_ref.ops.attributes import ATTRIBUTE_TYPES, validate_attributes
 from onnx_light_ref.ops.dtypes import ALLOWED_TYPE_STRINGS
 
-__all__ = ["DOMAIN", "OP_TYPE", "SINCE_VERSION", "build_schema", "register_schemas"]
+__all__ = [
+    "DOMAIN",
+    "OP_TYPE",
+    "RUNTIME_DEVICE",
+    "SINCE_VERSION",
+    "build_schema",
+    "make_delayed_initializer_node",
+    "register_schemas",
+]
 
 logger = logging.getLogger(__name__)
 
 DOMAIN = "ai.rt"
 OP_TYPE = "DelayedInitializer"
 SINCE_VERSION = 1
+# The op's only runtime device in v1 (the schema's inference and the kernel refuse anything else).
+RUNTIME_DEVICE = "cpu"
 
 _ATTRIBUTE_DOCS = {
     "shape": "Shape of the output tensor.",
@@ -55,6 +66,53 @@ _DOC = (
 )
 
 _lock = threading.Lock()
+
+
+def make_delayed_initializer_node(
+    output: str,
+    *,
+    shape: Sequence[int],
+    dtype: int,
+    load_device: str,
+    filename: str,
+    offset: int,
+    runtime_device: str = RUNTIME_DEVICE,
+    name: str = "",
+) -> onnx.NodeProto:
+    """Build an ``ai.rt::DelayedInitializer`` node, attributes in the reference order; the only builder there is.
+
+    ``onnx.helper.make_node`` sorts keyword attributes by name; onnx-light writes shape, dtype, load_device,
+    runtime_device, filename, offset (``ATTRIBUTE_TYPES`` order), so the attributes are appended explicitly, each
+    with its declared type (``shape`` stays INTS even when empty, which ``make_attribute`` cannot guess). Values
+    are not validated here: the checker (after :func:`register_schemas`) and the kernel do that, so tests can
+    build invalid nodes with it too.
+
+    Args:
+        output: Name of the node's single output (the tensor it produces).
+        shape: Dimensions of the output tensor (``[]`` for a scalar).
+        dtype: ``TensorProto.DataType`` value of the output.
+        load_device: ``"cpu"`` (read once at construction) or ``"file"`` (read at every run).
+        filename: File holding the tensor's raw little-endian bytes, absolute or relative to the model's folder.
+        offset: Byte offset of the tensor in ``filename``.
+        runtime_device: Where the tensor lives at run time; ``"cpu"`` is the only value v1 allows.
+        name: Node name (``""`` leaves it unnamed).
+
+    Returns:
+        A new ``NodeProto`` with no inputs, one output, domain ``ai.rt`` and the six attributes.
+    """
+    node = onnx.helper.make_node(OP_TYPE, [], [output], domain=DOMAIN, name=name)
+    values: dict[str, object] = {
+        "shape": list(shape),
+        "dtype": dtype,
+        "load_device": load_device,
+        "runtime_device": runtime_device,
+        "filename": filename,
+        "offset": offset,
+    }
+    node.attribute.extend(
+        onnx.helper.make_attribute(key, values[key], attr_type=attr_type) for key, attr_type in ATTRIBUTE_TYPES.items()
+    )
+    return node
 
 
 def _infer_delayed_initializer(ctx: onnx.shape_inference.InferenceContext) -> None:

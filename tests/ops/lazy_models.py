@@ -15,9 +15,11 @@ __all__ = [
     "IR_VERSION",
     "OPSET",
     "build_control_flow_model",
+    "build_shadowing_model",
     "control_flow_feeds",
     "run_onnxruntime",
     "save_external",
+    "shadowing_feeds",
     "value_info",
 ]
 
@@ -85,6 +87,83 @@ def build_control_flow_model() -> onnx.ModelProto:
         [W, B],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
+def build_shadowing_model() -> onnx.ModelProto:
+    """Subgraph initializers named like outer values (legal for initializers, not for node outputs).
+
+    Main graph: initializers ``W`` and ``B``. The first If's then-branch has its own ``W``; the second If's then-branch
+    returns its own ``W`` directly as its output. The Loop body has its own ``B`` and a nested If whose then-branch
+    uses the body's ``B`` and whose else-branch shadows ``B`` a third time. Every shadowing tensor holds different
+    values, so an evaluator resolving a name in the wrong scope computes something else.
+    """
+
+    def tensor(name: str, start: float) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.arange(start, start + 4, dtype=np.float32), name)
+
+    f4 = [4]
+    then_w = helper.make_graph(
+        [helper.make_node("Add", ["y", "W"], ["t"])], "then_w", [], [_vi("t", TensorProto.FLOAT, f4)], [tensor("W", 10)]
+    )
+    else_w = helper.make_graph(
+        [helper.make_node("Sub", ["y", "W"], ["e"])], "else_w", [], [_vi("e", TensorProto.FLOAT, f4)]
+    )
+    then_direct = helper.make_graph([], "then_direct", [], [_vi("W", TensorProto.FLOAT, f4)], [tensor("W", 20)])
+    else_direct = helper.make_graph(
+        [helper.make_node("Identity", ["W"], ["w_out"])], "else_direct", [], [_vi("w_out", TensorProto.FLOAT, f4)]
+    )
+    inner_then = helper.make_graph(
+        [helper.make_node("Mul", ["v1", "B"], ["tb"])], "inner_then", [], [_vi("tb", TensorProto.FLOAT, f4)]
+    )
+    inner_else = helper.make_graph(
+        [helper.make_node("Sub", ["v1", "B"], ["eb"])],
+        "inner_else",
+        [],
+        [_vi("eb", TensorProto.FLOAT, f4)],
+        [tensor("B", 40)],
+    )
+    body = helper.make_graph(
+        [
+            helper.make_node("Add", ["v", "B"], ["v1"]),
+            helper.make_node("If", ["flip"], ["v2"], then_branch=inner_then, else_branch=inner_else),
+            helper.make_node("Identity", ["c"], ["c_out"]),
+        ],
+        "body",
+        [_vi("i", TensorProto.INT64, []), _vi("c", TensorProto.BOOL, []), _vi("v", TensorProto.FLOAT, f4)],
+        [_vi("c_out", TensorProto.BOOL, []), _vi("v2", TensorProto.FLOAT, f4)],
+        [tensor("B", 30)],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["x", "W"], ["y"]),
+            helper.make_node("Mul", ["y", "B"], ["yb"]),
+            helper.make_node("If", ["cond"], ["z"], then_branch=then_w, else_branch=else_w),
+            helper.make_node("If", ["cond"], ["z2"], then_branch=then_direct, else_branch=else_direct),
+            helper.make_node(
+                "Constant", [], ["keep_going"], value=helper.make_tensor("k", TensorProto.BOOL, [], [True])
+            ),
+            helper.make_node("Loop", ["trip", "keep_going", "yb"], ["looped"], body=body),
+        ],
+        "shadowing",
+        [
+            _vi("x", TensorProto.FLOAT, f4),
+            _vi("cond", TensorProto.BOOL, []),
+            _vi("flip", TensorProto.BOOL, []),
+            _vi("trip", TensorProto.INT64, []),
+        ],
+        [_vi("z", TensorProto.FLOAT, f4), _vi("z2", TensorProto.FLOAT, f4), _vi("looped", TensorProto.FLOAT, f4)],
+        [tensor("W", 0), tensor("B", 1)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
+def shadowing_feeds(cond: bool, flip: bool) -> dict[str, np.ndarray]:
+    return {
+        "x": np.linspace(-1, 1, 4, dtype=np.float32),
+        "cond": np.array(cond),
+        "flip": np.array(flip),
+        "trip": np.array(2, dtype=np.int64),
+    }
 
 
 def save_external(model: onnx.ModelProto, path: Path, location: str = "weights.data") -> Path:

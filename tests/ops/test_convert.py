@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import io
+import logging
 import os
 from pathlib import Path
 
@@ -19,9 +20,11 @@ from lazy_models import (
     IR_VERSION,
     OPSET,
     build_control_flow_model,
+    build_shadowing_model,
     control_flow_feeds,
     run_onnxruntime,
     save_external,
+    shadowing_feeds,
     value_info,
 )
 from onnx import TensorProto, helper, numpy_helper
@@ -29,8 +32,17 @@ from onnx.external_data_helper import set_external_data
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
-from onnx_light_ref.ops import ALLOWED_DTYPES, DelayedInitializer, delay_initializers
+from onnx_light_ref.io.walker import iter_graphs
+from onnx_light_ref.ops import (
+    ALLOWED_DTYPES,
+    DelayedInitializer,
+    delay_initializers,
+    reference_evaluator,
+    register_schemas,
+)
+from onnx_light_ref.ops.convert import plan_delayed_initializers
 from onnx_light_ref.ops.dtypes import np_dtype_for
+from onnx_light_ref.ops.schema import make_delayed_initializer_node
 
 pytest.importorskip("onnxruntime")
 
@@ -240,25 +252,109 @@ def test_length_disagreeing_with_shape_is_refused(tmp_path):
         delay_initializers(model, base_dir=tmp_path)
 
 
-def test_unsupported_dtype_is_refused_unless_min_size_keeps_it(tmp_path):
-    bf16 = helper.make_tensor("H", TensorProto.BFLOAT16, [4], np.zeros(4, np.uint16).tobytes(), raw=True)
+def _exotic_dtype_model(tmp_path: Path) -> Path:
+    """bfloat16, float8 and int4 external initializers (no numpy dtype: the op cannot produce them) and a float one."""
+    exotic = [
+        helper.make_tensor(
+            "H", TensorProto.BFLOAT16, [4], np.array([0x3F80, 0xC000, 0x4049, 0], np.uint16).tobytes(), raw=True
+        ),
+        helper.make_tensor("E", TensorProto.FLOAT8E4M3FN, [4], bytes([0x38, 0x40, 0xB8, 0x00]), raw=True),
+        helper.make_tensor("Q", TensorProto.INT4, [4], bytes([0x21, 0xF7]), raw=True),
+    ]
     f32 = numpy_helper.from_array(np.arange(64, dtype=np.float32), "F")
     graph = helper.make_graph(
-        [helper.make_node("Cast", ["H"], ["h32"], to=TensorProto.FLOAT), helper.make_node("Identity", ["F"], ["f"])],
-        "bf16",
+        [
+            *(helper.make_node("Cast", [t.name], [f"{t.name.lower()}32"], to=TensorProto.FLOAT) for t in exotic),
+            helper.make_node("Identity", ["F"], ["f"]),
+        ],
+        "exotic",
         [],
-        [_vi("h32", TensorProto.FLOAT, [4]), _vi("f", TensorProto.FLOAT, [64])],
-        [bf16, f32],
+        [*(_vi(f"{t.name.lower()}32", TensorProto.FLOAT, [4]) for t in exotic), _vi("f", TensorProto.FLOAT, [64])],
+        [*exotic, f32],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
-    path = save_external(model, tmp_path / "model.onnx")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=IR_VERSION)
+    return save_external(model, tmp_path / "model.onnx")
 
-    with pytest.raises(ValueError, match=r"'H'.*bfloat16"):
-        delay_initializers(path)
-    converted = delay_initializers(path, min_size=9)
 
-    assert [t.name for t in converted.graph.initializer] == ["H"]
+def test_initializers_of_a_dtype_the_op_cannot_produce_are_kept(tmp_path, caplog):
+    path = _exotic_dtype_model(tmp_path)
+
+    with caplog.at_level(logging.INFO, logger="onnx_light_ref.ops.convert"):
+        plan = plan_delayed_initializers(path)
+        converted = delay_initializers(path)
+
+    assert plan.kept_dtype == ["H", "E", "Q"]
+    assert [item.tensor.name for item in plan.delayed] == ["F"]
+    assert [t.name for t in converted.graph.initializer] == ["H", "E", "Q"]
+    assert all(t.data_location == TensorProto.EXTERNAL for t in converted.graph.initializer)
     assert [n.output[0] for n in delayed_nodes(converted.graph)] == ["F"]
+    assert "'H'" in caplog.text and "bfloat16" in caplog.text and "float8e4m3fn" in caplog.text
+
+
+@pytest.mark.parametrize("load_device", ["file", "cpu"])
+def test_reference_evaluator_runs_exotic_dtypes_like_plain_reference_evaluator(tmp_path, load_device, sha256_of_tree):
+    path = _exotic_dtype_model(tmp_path)
+    before = sha256_of_tree(tmp_path)
+
+    got = reference_evaluator(path, load_device, check_shape_annotations=True).run(None, {})
+
+    expected = ReferenceEvaluator(str(path)).run(None, {})
+    assert len(got) == len(expected) == 4
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(g, e)
+    np.testing.assert_array_equal(got[0], np.array([1.0, -2.0, 3.140625, 0.0], np.float32))
+    np.testing.assert_array_equal(got[2], np.array([1, 2, 7, -1], np.float32))
+    assert sha256_of_tree(tmp_path) == before
+
+
+def test_subgraph_initializers_shadowing_outer_names_keep_ssa_form(tmp_path):
+    """An inner initializer named like an outer value stays an initializer; the result passes the checker."""
+    path = save_external(build_shadowing_model(), tmp_path / "model.onnx")
+    register_schemas()
+
+    plan = plan_delayed_initializers(path)
+    converted = delay_initializers(path)
+    converted_path = tmp_path / "converted.onnx"
+    onnx.save_model(converted, str(converted_path))
+
+    # By path, so that the kept external initializers resolve in the model's folder.
+    onnx.checker.check_model(str(converted_path), full_check=True, check_custom_domain=True)
+    assert [item.tensor.name for item in plan.delayed] == ["W", "B"]
+    assert plan.kept_shadowing == ["W", "W", "B", "B"]
+    assert [n.output[0] for n in delayed_nodes(converted.graph)] == ["W", "B"]
+    for graph in iter_graphs(converted.graph):
+        if graph is not converted.graph:
+            assert delayed_nodes(graph) == [], graph.name
+    # The source shows the checker would have rejected delaying the inner ones: a node output "W" in a branch.
+    for cond in (True, False):
+        for flip in (True, False):
+            feeds = shadowing_feeds(cond, flip)
+            expected = ReferenceEvaluator(str(path)).run(None, feeds)
+            for sess in (
+                ReferenceEvaluator(str(converted_path), new_ops=[DelayedInitializer.bind(tmp_path)]),
+                reference_evaluator(path),
+            ):
+                for g, e in zip(sess.run(None, feeds), expected, strict=True):
+                    np.testing.assert_array_equal(g, e)
+
+
+def test_delaying_a_shadowing_initializer_would_break_ssa(tmp_path):
+    """Why the converter keeps them: the same model with the inner W as a node output is rejected by the checker."""
+    model = build_shadowing_model()
+    register_schemas()
+    if_node = next(n for n in model.graph.node if n.op_type == "If")
+    then_branch = next(a.g for a in if_node.attribute if a.name == "then_branch")
+    inner = then_branch.initializer[0]
+    then_branch.node.insert(
+        0,
+        make_delayed_initializer_node(
+            inner.name, shape=list(inner.dims), dtype=inner.data_type, load_device="file", filename="w.bin", offset=0
+        ),
+    )
+    del then_branch.initializer[:]
+    model.opset_import.append(helper.make_opsetid("ai.rt", 1))
+    with pytest.raises(onnx.checker.ValidationError, match="single static assignment"):
+        onnx.checker.check_model(model, check_custom_domain=True)
 
 
 def test_min_size_keeps_small_initializers(tmp_path):
