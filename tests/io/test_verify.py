@@ -1,0 +1,576 @@
+"""``verify_models``: a user rewrote a model (re-aligned, sharded, inlined...) and wants proof that no tensor changed.
+
+Equal models are stored every way real producers store them (inline raw, inline typed fields, one data file, one file
+per tensor, onnx-ir shards, onnxruntime's optimized-model initializers file, our aligner); differences are planted
+with plain file edits and must be reported exactly; unsafe or broken references are refused before any comparison.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_light_ref import align_external_data_streaming
+from onnx_light_ref.errors import ExternalDataError, InvalidModelError, UnsafeLocationError
+from onnx_light_ref.io import verify as verify_module
+from onnx_light_ref.io.verify import VerifyResult, verify_models
+from onnx_light_ref.io.walker import iter_tensors
+
+IR_VERSION = 10
+OPSET = 18
+
+
+def weights() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(11)
+    return {
+        "w0": rng.standard_normal((32, 32)).astype(np.float32),  # 4096 bytes
+        "w1": rng.integers(-(2**40), 2**40, size=300, dtype=np.int64),  # 2400 bytes
+        "w2": rng.standard_normal(333).astype(np.float16),  # 666 bytes: not a multiple of any chunk used below
+        "w3": rng.standard_normal((8, 8)).astype(np.float32),
+    }
+
+
+def save_inline(model: onnx.ModelProto, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, str(path))
+    return path
+
+
+def internalized(path: Path, dst: Path) -> Path:
+    """A copy of the model at ``path`` with every external tensor moved inline (plain reads, no package code)."""
+    model = onnx.load_model(str(path), load_external_data=False)
+    for site in iter_tensors(model):
+        tensor = site.tensor
+        if tensor.data_location != TensorProto.EXTERNAL:
+            continue
+        entries = {e.key: e.value for e in tensor.external_data}
+        with open(path.parent / entries["location"], "rb") as data_file:
+            data_file.seek(int(entries.get("offset", "0")))
+            tensor.raw_data = data_file.read(int(entries["length"]))
+        del tensor.external_data[:]
+        tensor.data_location = TensorProto.DEFAULT
+    return save_inline(model, dst)
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as data_file:
+        data_file.seek(offset)
+        byte = data_file.read(1)
+        data_file.seek(offset)
+        data_file.write(bytes([byte[0] ^ 0x01]))
+
+
+def entries_of(model_path: Path, name: str) -> dict[str, str]:
+    model = onnx.load_model(str(model_path), load_external_data=False)
+    tensor = next(site.tensor for site in iter_tensors(model) if site.tensor.name == name)
+    return {e.key: e.value for e in tensor.external_data}
+
+
+def external_model(make_external_model, folder: Path) -> Path:
+    """The test weights saved by onnx's own writer into ``folder/model.onnx.data``, back to back."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return make_external_model(folder, weights(), size_threshold=0)
+
+
+def assert_equal(result: VerifyResult, tensors: int, nbytes: int) -> None:
+    assert result == VerifyResult(True, tensors, nbytes, None), result
+
+
+TOTAL = sum(a.nbytes for a in weights().values())
+
+
+# --- equal models, stored differently ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def inline_model(tmp_path, build_identity_model) -> Path:
+    return save_inline(build_identity_model(weights()), tmp_path / "inline" / "model.onnx")
+
+
+def test_inline_and_one_external_file_are_equal(tmp_path, inline_model, make_external_model):
+    external = external_model(make_external_model, tmp_path / "ext")
+
+    assert_equal(verify_models(inline_model, external), 4, TOTAL)
+    assert_equal(verify_models(external, inline_model, chunk_size=7), 4, TOTAL)
+
+
+def test_typed_fields_equal_their_raw_bytes_inline_or_external(tmp_path, build_identity_model, make_external_model):
+    tensors = weights()
+    typed = save_inline(build_identity_model(tensors, typed_inline=list(tensors)), tmp_path / "typed" / "model.onnx")
+    assert len(onnx.load(str(typed)).graph.initializer[1].int64_data) == 300  # really typed, not raw_data
+    external = external_model(make_external_model, tmp_path / "ext")
+
+    assert_equal(verify_models(typed, external, chunk_size=1000), 4, TOTAL)
+
+
+def test_sub_byte_and_bool_typed_tensors_equal_their_packed_raw_bytes(tmp_path):
+    def model_with(tensors: list[onnx.TensorProto], path: Path) -> Path:
+        graph = helper.make_graph([], "g", [], [], initializer=tensors)
+        return save_inline(helper.make_model(graph, ir_version=IR_VERSION), path)
+
+    values = [1, -2, 3, -4, 5]
+    typed = model_with(
+        [
+            helper.make_tensor("i4", TensorProto.INT4, [5], values),
+            helper.make_tensor("b", TensorProto.BOOL, [2], [1, 0]),
+        ],
+        tmp_path / "typed" / "model.onnx",
+    )
+    raw = model_with(
+        [
+            helper.make_tensor("i4", TensorProto.INT4, [5], bytes([0xE1, 0xC3, 0x05]), raw=True),
+            helper.make_tensor("b", TensorProto.BOOL, [2], b"\x01\x00", raw=True),
+        ],
+        tmp_path / "raw" / "model.onnx",
+    )
+
+    assert_equal(verify_models(typed, raw), 2, 5)
+
+
+def test_one_file_per_tensor_written_by_onnx_equals_one_file(tmp_path, build_identity_model, make_external_model):
+    per_tensor = tmp_path / "per_tensor" / "model.onnx"
+    per_tensor.parent.mkdir()
+    onnx.save_model(
+        build_identity_model(weights()),
+        str(per_tensor),
+        save_as_external_data=True,
+        all_tensors_to_one_file=False,
+        size_threshold=0,
+    )
+    assert sorted(os.listdir(per_tensor.parent)) == ["model.onnx", "w0", "w1", "w2", "w3"]
+    one_file = external_model(make_external_model, tmp_path / "one")
+
+    assert_equal(verify_models(per_tensor, one_file, chunk_size=1024), 4, TOTAL)
+
+
+def test_onnx_ir_shards_equal_the_source(tmp_path, inline_model):
+    ir = pytest.importorskip("onnx_ir")
+    sharded = tmp_path / "ir" / "model.onnx"
+    sharded.parent.mkdir()
+    ir.save(
+        ir.load(str(inline_model)),
+        str(sharded),
+        external_data="model.onnx.data",
+        size_threshold_bytes=0,
+        max_shard_size_bytes=3000,
+    )
+    assert len([name for name in os.listdir(sharded.parent) if name.endswith(".data")]) >= 3
+
+    assert_equal(verify_models(inline_model, sharded, chunk_size=512), 4, TOTAL)
+
+
+def test_onnxruntime_optimized_model_initializers_file_equals_the_source(tmp_path, inline_model):
+    ort = pytest.importorskip("onnxruntime")
+    optimized = tmp_path / "ort" / "model.onnx"
+    optimized.parent.mkdir()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.optimized_model_filepath = str(optimized)
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
+    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "100")
+    ort.InferenceSession(str(inline_model), options, providers=["CPUExecutionProvider"])
+    assert entries_of(optimized, "w0")["location"] == "weights.bin"
+
+    assert_equal(verify_models(inline_model, optimized), 4, TOTAL)
+
+
+def test_every_zoo_model_equals_its_aligned_and_its_inlined_copies(tmp_path, zoo_model):
+    aligned = tmp_path / "aligned" / "model.onnx"
+    aligned.parent.mkdir()
+    align_external_data_streaming(zoo_model.path, aligned, alignment=64)
+    inline = internalized(zoo_model.path, tmp_path / "inline" / "model.onnx")
+    count = len(list(iter_tensors(onnx.load_model(str(zoo_model.path), load_external_data=False))))
+
+    for a, b in ((zoo_model.path, aligned), (aligned, inline), (inline, zoo_model.path)):
+        result = verify_models(a, b, chunk_size=5)
+        assert result.equal, result.first_difference
+        assert result.tensors == count
+
+
+def test_a_model_equals_itself_without_reading_shared_ranges(make_external_model, tmp_path):
+    model = external_model(make_external_model, tmp_path)
+    calls = []
+
+    result = verify_models(model, model, progress=lambda done, total: calls.append((done, total)))
+
+    assert_equal(result, 4, TOTAL)
+    assert calls[-1] == (TOTAL, TOTAL)
+
+
+def test_progress_reports_every_chunk_up_to_the_total(tmp_path, inline_model, make_external_model):
+    external = external_model(make_external_model, tmp_path / "ext")
+    calls: list[tuple[int, int]] = []
+
+    verify_models(inline_model, external, chunk_size=1024, progress=lambda done, total: calls.append((done, total)))
+
+    dones = [done for done, _ in calls]
+    assert dones == sorted(dones) and calls[-1] == (TOTAL, TOTAL)
+    assert len(calls) == sum(-(-a.nbytes // 1024) for a in weights().values())
+
+
+# --- differences ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pair(tmp_path, make_external_model) -> tuple[Path, Path]:
+    """Two identical external models in two folders: tests edit B."""
+    return (
+        external_model(make_external_model, tmp_path / "a"),
+        external_model(make_external_model, tmp_path / "b"),
+    )
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 4096, 4 * 1024 * 1024])
+def test_a_tensor_differing_only_in_its_last_byte_is_found_exactly(pair, chunk_size):
+    a, b = pair
+    entries = entries_of(b, "w1")
+    flip_byte(b.parent / entries["location"], int(entries["offset"]) + 2399)
+
+    result = verify_models(a, b, chunk_size=chunk_size)
+
+    assert not result.equal
+    assert result.tensors == 1  # w0 was equal
+    assert result.first_difference is not None
+    assert result.first_difference.startswith("tensor #1 'w1' (initializer in graph 'identity'): ")
+    expected_a = weights()["w1"].tobytes()[2399]
+    assert result.first_difference.endswith(
+        f"bytes differ at offset 2399 of 2400 (A: 0x{expected_a:02x}, B: 0x{expected_a ^ 1:02x})"
+    )
+
+
+def test_external_bytes_differing_from_the_other_sides_inline_bytes(tmp_path, inline_model, make_external_model):
+    external = external_model(make_external_model, tmp_path / "ext")
+    entries = entries_of(external, "w2")
+    flip_byte(external.parent / entries["location"], int(entries["offset"]))
+
+    result = verify_models(inline_model, external, chunk_size=100)
+
+    assert "tensor #2 'w2'" in result.first_difference and "bytes differ at offset 0 of 666" in result.first_difference
+
+
+def edited(model_path: Path, dst: Path, edit) -> Path:
+    """A copy of ``model_path`` (and its folder) with ``edit(model)`` applied to the parsed model."""
+    shutil.copytree(model_path.parent, dst)
+    model = onnx.load_model(str(dst / model_path.name), load_external_data=False)
+    edit(model)
+    onnx.save_model(model, str(dst / model_path.name))
+    return dst / model_path.name
+
+
+def test_dims_difference_is_reported_before_any_byte_is_read(tmp_path, pair):
+    a, _ = pair
+    b = edited(a, tmp_path / "reshaped", lambda m: m.graph.initializer[0].dims.__setitem__(slice(None), [16, 64]))
+    calls = []
+
+    result = verify_models(a, b, progress=lambda *args: calls.append(args))
+
+    assert result == VerifyResult(
+        False, 0, 0, "tensor #0 'w0' (initializer in graph 'identity'): dims differ (A: [32, 32], B: [16, 64])"
+    )
+    assert calls == []
+
+
+def test_dtype_difference_with_the_same_bytes(tmp_path, pair):
+    a, _ = pair
+    b = edited(a, tmp_path / "retyped", lambda m: setattr(m.graph.initializer[3], "data_type", TensorProto.INT32))
+
+    result = verify_models(a, b)
+
+    assert result.first_difference == (
+        "tensor #3 'w3' (initializer in graph 'identity'): data type differs (A: FLOAT, B: INT32)"
+    )
+
+
+def test_renamed_tensor(tmp_path, pair):
+    a, _ = pair
+    b = edited(a, tmp_path / "renamed", lambda m: setattr(m.graph.initializer[2], "name", "w2_renamed"))
+
+    result = verify_models(a, b)
+
+    assert result.first_difference == (
+        "tensor #2 'w2' (initializer in graph 'identity'): name differs (A: 'w2', B: 'w2_renamed')"
+    )
+
+
+def test_missing_last_tensor(tmp_path, pair):
+    a, _ = pair
+    b = edited(a, tmp_path / "fewer", lambda m: m.graph.initializer.pop())
+
+    assert verify_models(a, b).first_difference == (
+        "tensor #3 'w3' (initializer in graph 'identity') is only in A; A has 4 tensors, B has 3"
+    )
+    assert verify_models(b, a).first_difference == (
+        "tensor #3 'w3' (initializer in graph 'identity') is only in B; A has 3 tensors, B has 4"
+    )
+
+
+def test_missing_middle_tensor_and_reordered_tensors(tmp_path, pair):
+    a, _ = pair
+    fewer = edited(a, tmp_path / "fewer", lambda m: m.graph.initializer.pop(1))
+
+    def swap(model: onnx.ModelProto) -> None:
+        first, second = onnx.TensorProto(), onnx.TensorProto()
+        first.CopyFrom(model.graph.initializer[0])
+        second.CopyFrom(model.graph.initializer[1])
+        model.graph.initializer[0].CopyFrom(second)
+        model.graph.initializer[1].CopyFrom(first)
+
+    swapped = edited(a, tmp_path / "swapped", swap)
+
+    assert verify_models(a, fewer).first_difference == (
+        "tensor #1 'w1' (initializer in graph 'identity'): name differs (A: 'w1', B: 'w2'); A has 4 tensors, B has 3"
+    )
+    assert verify_models(a, swapped).first_difference == (
+        "tensor #0 'w0' (initializer in graph 'identity'): name differs (A: 'w0', B: 'w1')"
+    )
+
+
+def subgraph_model(folder: Path, then_value: np.ndarray, externalize, *, external: bool) -> Path:
+    """``If`` whose then-branch holds a Constant tensor (external when asked) and an initializer."""
+    folder.mkdir(parents=True)
+    const = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(then_value, "then_const"), name="k")
+    then_graph = helper.make_graph(
+        [const], "then", [], [helper.make_tensor_value_info("c", TensorProto.FLOAT, list(then_value.shape))]
+    )
+    else_graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [4])],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["y"], then_branch=then_graph, else_branch=else_graph, name="if")],
+        "main",
+        [
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    if external:
+        then_branch = next(a.g for a in model.graph.node[0].attribute if a.name == "then_branch")
+        externalize([then_branch.node[0].attribute[0].t], folder, "sub/then.bin", gap=b"\xff" * 5)
+    return save_inline(model, folder / "model.onnx")
+
+
+def test_subgraph_tensor_difference_names_its_place(tmp_path, externalize):
+    value = np.arange(4, dtype=np.float32)
+    a = subgraph_model(tmp_path / "a", value, externalize, external=True)
+    same = subgraph_model(tmp_path / "same", value.copy(), externalize, external=False)
+    changed = value.copy()
+    changed[2] = 9.0
+    b = subgraph_model(tmp_path / "b", changed, externalize, external=False)
+
+    assert_equal(verify_models(a, same), 1, 16)
+    assert verify_models(a, b).first_difference == (
+        "tensor #0 'then_const' (attribute in graph 'main' / node 'if' (If) / then_branch / node 'k' (Constant) / "
+        "value): bytes differ at offset 10 of 16 (A: 0x00, B: 0x10)"
+    )
+
+
+def sparse_constant_model(folder: Path, indices: list[int], externalize, *, external: bool) -> Path:
+    """A Constant whose ``sparse_value`` attribute holds values and indices (external when asked)."""
+    folder.mkdir(parents=True)
+    values = numpy_helper.from_array(np.array([1.5, -2.5, 3.5], dtype=np.float32), "sp_values")
+    sparse = helper.make_sparse_tensor(values, numpy_helper.from_array(np.array(indices, dtype=np.int64), ""), [10])
+    node = helper.make_node("Constant", [], ["y"], sparse_value=sparse, name="sparse_const")
+    graph = helper.make_graph([node], "main", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [10])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    if external:
+        attribute = model.graph.node[0].attribute[0].sparse_tensor
+        externalize([attribute.values, attribute.indices], folder, "sparse.bin")
+    return save_inline(model, folder / "model.onnx")
+
+
+def test_sparse_attribute_tensors_compare_values_and_indices(tmp_path, externalize):
+    a = sparse_constant_model(tmp_path / "a", [1, 4, 8], externalize, external=True)
+    same = sparse_constant_model(tmp_path / "same", [1, 4, 8], externalize, external=False)
+    other = sparse_constant_model(tmp_path / "other", [1, 4, 9], externalize, external=False)
+
+    assert_equal(verify_models(a, same, chunk_size=3), 2, 12 + 24)
+    assert verify_models(a, other).first_difference == (
+        "tensor #1 \"<unnamed sparse attribute indices in graph 'main' / node 'sparse_const' (Constant) / "
+        "sparse_value>\" (sparse attribute indices in graph 'main' / node 'sparse_const' (Constant) / sparse_value): "
+        "bytes differ at offset 16 of 24 (A: 0x08, B: 0x09)"
+    )
+
+
+def test_string_tensors_compare_element_by_element(tmp_path):
+    def model_with(values: list[bytes], name: str) -> Path:
+        tensor = helper.make_tensor("s", TensorProto.STRING, [len(values)], values)
+        graph = helper.make_graph([], "g", [], [], initializer=[tensor])
+        return save_inline(helper.make_model(graph, ir_version=IR_VERSION), tmp_path / name / "model.onnx")
+
+    a = model_with([b"alpha", b"beta"], "a")
+    assert verify_models(a, model_with([b"alpha", b"beta"], "same")).equal
+    assert verify_models(a, model_with([b"alpha", b"bet"], "b")).first_difference == (
+        "tensor #0 's' (initializer in graph 'g'): string element 1 differs (A: b'beta', B: b'bet')"
+    )
+
+
+# --- checksums ------------------------------------------------------------------------------------------------------
+
+
+def test_checksums_of_tensor_bytes_or_whole_file_pass_and_wrong_ones_are_listed(
+    tmp_path, build_identity_model, externalize
+):
+    tensors = weights()
+    per_tensor = build_identity_model(tensors)
+    externalize(per_tensor.graph.initializer, tmp_path / "a", "w.bin", checksum=True)  # sha1 of each tensor's bytes
+    a = save_inline(per_tensor, tmp_path / "a" / "model.onnx")
+    whole_file = build_identity_model(tensors)
+    externalize(whole_file.graph.initializer, tmp_path / "b", "w.bin")
+    digest = hashlib.sha1((tmp_path / "b" / "w.bin").read_bytes()).hexdigest()  # the spec's wording: the whole file
+    for tensor in whole_file.graph.initializer:
+        tensor.external_data.add(key="checksum", value=digest)
+    whole_file.graph.initializer[2].external_data[-1].value = "0" * 40
+    b = save_inline(whole_file, tmp_path / "b" / "model.onnx")
+
+    result = verify_models(a, b, chunk_size=1000, check_checksums=True)
+
+    assert result.equal and result.tensors == 4
+    assert result.checksum_mismatches == (
+        "model B: tensor 'w2' (graph 'identity'): checksum '" + "0" * 40 + "' matches neither the SHA1 of its 666 "
+        "bytes in 'w.bin' nor that of the whole file",
+    )
+    assert verify_models(a, b).checksum_mismatches == ()  # not checked unless asked
+
+
+# --- refusals -------------------------------------------------------------------------------------------------------
+
+
+def with_location(model_path: Path, name: str, **changes: str) -> None:
+    model = onnx.load_model(str(model_path), load_external_data=False)
+    tensor = next(t for t in model.graph.initializer if t.name == name)
+    for entry in tensor.external_data:
+        if entry.key in changes:
+            entry.value = changes[entry.key]
+    onnx.save_model(model, str(model_path))
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "words"),
+    [
+        ({"location": "../outside.bin"}, UnsafeLocationError, ["'w3'", "'../outside.bin'", "'..' component"]),
+        ({"location": "missing.bin"}, FileNotFoundError, ["'w3'", "'missing.bin'", "does not exist"]),
+        ({"length": "256", "offset": "9000"}, ExternalDataError, ["'w3'", "[offset 9000, +256 bytes)", "exceeds"]),
+    ],
+    ids=["unsafe location", "missing file", "out of bounds"],
+)
+def test_broken_references_are_refused_before_any_comparison(
+    tmp_path, pair, sha256_of_tree, assert_no_temp_files, change, error, words
+):
+    a, b = pair
+    (tmp_path / "outside.bin").write_bytes(b"\0" * 1024)
+    with_location(b, "w3", **change)
+    # A metadata difference on the first tensor as well: validation still comes first.
+    with_location(a, "w0")
+    before = sha256_of_tree(tmp_path)
+    calls = []
+
+    with pytest.raises(error) as caught:
+        verify_models(a, b, progress=lambda *args: calls.append(args))
+
+    for word in words:
+        assert word in str(caught.value)
+    assert calls == []
+    assert sha256_of_tree(tmp_path) == before
+    assert_no_temp_files(tmp_path)
+
+
+def test_symlink_escaping_the_folder_is_refused(tmp_path, pair):
+    a, b = pair
+    (tmp_path / "secret.bin").write_bytes(b"\0" * 8192)
+    (b.parent / "link.bin").symlink_to(tmp_path / "secret.bin")
+    with_location(b, "w0", location="link.bin", offset="0")
+
+    with pytest.raises(UnsafeLocationError, match="outside the model's folder"):
+        verify_models(a, b)
+
+
+def test_hard_linked_data_file_is_refused_unless_allowed(tmp_path, pair):
+    a, b = pair
+    data = b.parent / entries_of(b, "w0")["location"]
+    os.link(data, tmp_path / "elsewhere.data")
+
+    with pytest.raises(UnsafeLocationError, match="2 hard links"):
+        verify_models(a, b)
+    assert_equal(verify_models(a, b, allow_hard_links=True), 4, TOTAL)
+
+
+def test_a_file_that_is_not_a_model_and_a_missing_model(tmp_path, pair):
+    a, _ = pair
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"\xff\xfenot a model at all")
+
+    with pytest.raises(InvalidModelError, match=r"garbage\.onnx"):
+        verify_models(a, garbage)
+    with pytest.raises(FileNotFoundError, match=r"nothing\.onnx"):
+        verify_models(tmp_path / "nothing.onnx", a)
+
+
+def test_typed_data_that_does_not_fit_its_dims_is_an_invalid_model(tmp_path, inline_model):
+    bad = helper.make_tensor("w0", TensorProto.FLOAT, [2], [1.0, 2.0])
+    bad.dims[:] = [5]
+    graph = helper.make_graph([], "g", [], [], initializer=[bad])
+    b = save_inline(helper.make_model(graph, ir_version=IR_VERSION), tmp_path / "bad" / "model.onnx")
+    same_meta = helper.make_tensor("w0", TensorProto.FLOAT, [5], [0.0] * 5)
+    a = save_inline(
+        helper.make_model(helper.make_graph([], "g", [], [], initializer=[same_meta]), ir_version=IR_VERSION),
+        tmp_path / "good" / "model.onnx",
+    )
+
+    with pytest.raises(InvalidModelError, match=r"'w0'.*does not fit its dims"):
+        verify_models(a, b)
+
+
+def test_a_data_file_shortened_during_the_comparison(pair):
+    a, b = pair
+    data = b.parent / entries_of(b, "w3")["location"]
+
+    def shorten(done: int, total: int) -> None:
+        if done == 4096:  # w0 compared: cut the file before w3 is read
+            os.truncate(data, 4096)
+
+    with pytest.raises(ExternalDataError, match="shortened after it was validated"):
+        verify_models(a, b, chunk_size=4096, progress=shorten)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"chunk_size": 0}, ValueError),
+        ({"chunk_size": 1.5}, TypeError),
+        ({"check_checksums": "yes"}, TypeError),
+        ({"allow_hard_links": 1}, TypeError),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_io(tmp_path, kwargs, error):
+    with pytest.raises(error):
+        verify_models(tmp_path / "none.onnx", tmp_path / "none.onnx", **kwargs)
+
+
+# --- memory by construction ----------------------------------------------------------------------------------------
+
+
+def test_the_read_path_only_uses_two_chunk_buffers_and_positional_reads():
+    tree = ast.parse(Path(verify_module.__file__).read_text())
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    names = {
+        node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None) for node in calls
+    }
+    # No whole-file reads, no mapping, no numpy file loaders, no open(): bytes only come through pread_exact.
+    assert names.isdisjoint({"read", "readinto", "read_bytes", "open", "mmap", "fromfile", "memmap", "load"})
+    assert "pread_exact" in names
+    allocations = [node for node in calls if getattr(node.func, "id", None) == "bytearray"]
+    assert len(allocations) == 2
+    assert all(ast.unparse(node.args[0]) == "chunk_size" for node in allocations)
