@@ -195,7 +195,7 @@ def test_every_zoo_model_equals_its_aligned_and_its_inlined_copies(tmp_path, zoo
         assert result.tensors == count
 
 
-def test_a_model_equals_itself_without_reading_shared_ranges(make_external_model, tmp_path):
+def test_a_model_equals_itself_and_progress_ends_at_the_total(make_external_model, tmp_path):
     model = external_model(make_external_model, tmp_path)
     calls = []
 

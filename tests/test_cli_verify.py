@@ -1,0 +1,116 @@
+"""``onnx-light-ref verify A.onnx B.onnx``: a user checks a rewritten model against its source from the shell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from onnx_light_ref import align_external_data_streaming
+from onnx_light_ref.cli import main
+
+TENSORS = {
+    "w0": np.arange(1000, dtype=np.float32),
+    "w1": np.arange(77, dtype=np.int64),
+}
+
+
+@pytest.fixture
+def source(tmp_path, make_external_model) -> Path:
+    folder = tmp_path / "src"
+    folder.mkdir()
+    return make_external_model(folder, TENSORS, size_threshold=0)
+
+
+def verify(capsys, *args: str) -> tuple[int, str, str]:
+    status = main(["verify", "--no-progress", *args])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_an_aligned_copy_verifies_equal(tmp_path, source, capsys):
+    aligned = tmp_path / "aligned.onnx"
+    align_external_data_streaming(source, aligned, alignment=4096)
+
+    status, out, err = verify(capsys, str(source), str(aligned), "--chunk-size", "1K")
+
+    assert (status, out, err) == (0, "equal: 2 tensors, 4616 bytes compared\n", "")
+
+
+def test_a_difference_names_the_tensor_and_what_differs(tmp_path, source, capsys):
+    with open(source.parent / "model.onnx.data", "r+b") as data_file:
+        data_file.seek(4000 + 77 * 8 - 1)
+        data_file.write(b"\x7f")
+
+    inline = tmp_path / "inline.onnx"
+    model = onnx.load_model(str(source))  # loads the edited bytes inline
+    model.graph.initializer[1].raw_data = TENSORS["w1"].tobytes()
+    for tensor in model.graph.initializer:
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
+    onnx.save_model(model, str(inline))
+
+    status, out, err = verify(capsys, str(inline), str(source))
+
+    assert status == 1
+    assert out == (
+        "different: tensor #1 'w1' (initializer in graph 'identity'): bytes differ at offset 615 of 616 "
+        "(A: 0x00, B: 0x7f)\n"
+    )
+    assert err == ""
+
+
+def test_an_unsafe_reference_is_one_error_line_without_traceback(tmp_path, source, capsys):
+    model = onnx.load_model(str(source), load_external_data=False)
+    model.graph.initializer[0].external_data[0].value = "../../etc/passwd"
+    bad = tmp_path / "src" / "bad.onnx"
+    onnx.save_model(model, str(bad))
+
+    status, out, err = verify(capsys, str(source), str(bad))
+
+    assert status == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: tensor 'w0': external data location '../../etc/passwd'")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("which", ["missing", "garbage"])
+def test_an_unreadable_model_is_one_error_line(tmp_path, source, capsys, which):
+    other = tmp_path / f"{which}.onnx"
+    if which == "garbage":
+        other.write_bytes(b"\x00\x01garbage")
+
+    status, out, err = verify(capsys, str(source), str(other))
+
+    assert status == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ") and f"{which}.onnx" in err
+
+
+def test_checksum_mismatches_are_listed_and_fail_only_when_asked(tmp_path, source, capsys):
+    model = onnx.load_model(str(source), load_external_data=False)
+    model.graph.initializer[0].external_data.add(key="checksum", value="deadbeef")
+    with_checksum = tmp_path / "src" / "checksum.onnx"
+    onnx.save_model(model, str(with_checksum))
+
+    assert verify(capsys, str(source), str(with_checksum))[0] == 0
+    status, out, _ = verify(capsys, str(source), str(with_checksum), "--check-checksums")
+
+    assert status == 1
+    assert out.splitlines() == [
+        "checksum mismatch: model B: tensor 'w0' (graph 'identity'): checksum 'deadbeef' matches neither the SHA1 of "
+        "its 4000 bytes in 'model.onnx.data' nor that of the whole file",
+        "equal: 2 tensors, 4616 bytes compared",
+    ]
+
+
+def test_a_bad_chunk_size_is_a_usage_error(source, capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(["verify", str(source), str(source), "--chunk-size", "lots"])
+    assert caught.value.code == 2
+    assert "invalid size 'lots'" in capsys.readouterr().err
+
+
+def test_a_zero_chunk_size_is_one_error_line(source, capsys):
+    status, _, err = verify(capsys, str(source), str(source), "--chunk-size", "0")
+    assert status == 1 and err.startswith("error: ") and "chunk_size" in err
