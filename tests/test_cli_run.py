@@ -78,7 +78,7 @@ def test_run_reports_bad_inputs(tmp_path, capsys):
     assert main(["run", str(path), "--input", f"x={tmp_path / 'missing.npy'}"]) == 1
     assert "cannot load input 'x'" in capsys.readouterr().err
     assert main(["run", str(path), "--output-dir", str(tmp_path / "o")]) == 1
-    assert "evaluation failed" in capsys.readouterr().err
+    assert "missing --input for ['x']" in capsys.readouterr().err
     (tmp_path / "w.data").unlink()
     assert main(["run", str(path), "--input", f"x={tmp_path / 'x.npy'}"]) == 1
     assert "w.data" in capsys.readouterr().err
@@ -94,3 +94,123 @@ def test_output_file_names_are_safe():
     assert output_file_name("logits") == "logits.npy"
     assert output_file_name("../../etc/passwd") == "_.._etc_passwd.npy"
     assert output_file_name("") == "output.npy"
+
+
+# ----------------------------------------------------------------------------------- ordinary mistakes: one line
+
+
+def one_error_line(capsys, fragment: str) -> None:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert fragment in lines[0], lines[0]
+    assert "Traceback" not in captured.err
+
+
+def run_cli(path: Path, out_dir: Path, *feeds: str, extra: tuple[str, ...] = ()) -> int:
+    argv = ["run", str(path), "--output-dir", str(out_dir), *extra]
+    for feed in feeds:
+        argv += ["--input", feed]
+    return main(argv)
+
+
+@pytest.mark.parametrize(
+    ("array", "fragment"),
+    [
+        (np.zeros((3, 8), dtype=np.float32), "input 'x' has shape [3, 8], the model expects [2, 8]"),
+        (np.zeros((2, 8, 1), dtype=np.float32), "input 'x' has shape [2, 8, 1], the model expects [2, 8]"),
+        (np.zeros((2, 8), dtype=np.float64), "input 'x' has dtype float64, the model expects float32"),
+    ],
+)
+def test_wrong_feed_is_one_error_line(tmp_path, capsys, array, fragment):
+    path = save_linear_model(tmp_path)
+    np.save(tmp_path / "x.npy", array)
+    assert run_cli(path, tmp_path / "out", f"x={tmp_path / 'x.npy'}") == 1
+    one_error_line(capsys, fragment)
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_dir_that_is_a_file(tmp_path, capsys):
+    path = save_linear_model(tmp_path)
+    np.save(tmp_path / "x.npy", np.zeros((2, 8), dtype=np.float32))
+    (tmp_path / "out").write_bytes(b"keep me")
+    assert run_cli(path, tmp_path / "out", f"x={tmp_path / 'x.npy'}") == 1
+    one_error_line(capsys, "exists and is not a folder")
+    assert (tmp_path / "out").read_bytes() == b"keep me"
+    assert run_cli(path, tmp_path / "out" / "sub", f"x={tmp_path / 'x.npy'}") == 1
+    one_error_line(capsys, "cannot write the outputs")
+
+
+def test_model_the_converter_refuses(tmp_path, capsys):
+    path = save_linear_model(tmp_path)
+    model = onnx.load(str(path), load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = "../w.data"
+    onnx.save(model, str(path))
+    np.save(tmp_path / "x.npy", np.zeros((2, 8), dtype=np.float32))
+    assert run_cli(path, tmp_path / "out", f"x={tmp_path / 'x.npy'}") == 1
+    one_error_line(capsys, "'..'")
+    assert not (tmp_path / "out").exists()
+
+
+def delayed_model(folder: Path, filename: str, *, runtime_device: str = "cpu") -> Path:
+    node = helper.make_node(
+        "DelayedInitializer",
+        [],
+        ["y"],
+        domain="ai.rt",
+        name="w",
+        dtype=TensorProto.FLOAT,
+        load_device="file",
+        runtime_device=runtime_device,
+        filename=filename,
+        offset=0,
+    )
+    node.attribute.insert(0, helper.make_attribute("shape", [2]))
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("ai.rt", 1)]
+    path = folder / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=10), str(path))
+    return path
+
+
+def test_bad_kernel_attribute(tmp_path, capsys):
+    (tmp_path / "w.bin").write_bytes(np.array([1, 2], dtype="<f4").tobytes())
+    path = delayed_model(tmp_path, "w.bin", runtime_device="gpu")
+    assert run_cli(path, tmp_path / "out") == 1
+    one_error_line(capsys, "runtime_device must be 'cpu', got 'gpu'")
+    assert not (tmp_path / "out").exists()
+
+
+def test_file_outside_the_model_folder_needs_the_flag(tmp_path, capsys):
+    (tmp_path / "model").mkdir()
+    outside = tmp_path / "elsewhere.bin"
+    outside.write_bytes(np.array([1.5, -2], dtype="<f4").tobytes())
+    path = delayed_model(tmp_path / "model", str(outside))
+    assert run_cli(path, tmp_path / "out") == 1
+    one_error_line(capsys, "outside the model's folder")
+    assert not (tmp_path / "out").exists()
+    assert run_cli(path, tmp_path / "out", extra=("--allow-outside-folder",)) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "y.npy"), [1.5, -2])
+
+
+def test_sequence_output_is_refused_before_writing_anything(tmp_path, capsys):
+    graph = helper.make_graph(
+        [
+            helper.make_node("Identity", ["x"], ["t"]),
+            helper.make_node("SequenceConstruct", ["x", "x"], ["seq"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [
+            helper.make_tensor_value_info("t", TensorProto.FLOAT, [2]),
+            helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, [2]),
+        ],
+    )
+    path = tmp_path / "seq.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(path))
+    np.save(tmp_path / "x.npy", np.ones(2, dtype=np.float32))
+    assert run_cli(path, tmp_path / "out", f"x={tmp_path / 'x.npy'}") == 1
+    one_error_line(capsys, "output 'seq' is a sequence of 2 values")
+    assert not (tmp_path / "out").exists()

@@ -1,23 +1,40 @@
 """``onnx-light-ref run MODEL.onnx --input name=file.npy ...``: evaluate a model lazily and save its outputs.
 
 Builds the evaluator with :func:`onnx_light_ref.ops.reference_evaluator` (external weights become
-``DelayedInitializer`` nodes bound to the model's folder), feeds the ``.npy`` inputs, and writes each output to
-``<output-dir>/<name>.npy``, printing its shape and dtype. Never loads ``.npy`` files with pickle.
+``DelayedInitializer`` nodes bound to, and confined to, the model's folder unless ``--allow-outside-folder``),
+checks the feeds against the model's declared inputs, runs it, and writes each output to
+``<output-dir>/<name>.npy``, printing its shape and dtype.
+
+Every ordinary mistake (a feed of the wrong shape or type, an output folder that is a file, a model the converter
+or the kernel refuses, an output that is a sequence or a map) prints one ``error: ...`` line and exits 1. Outputs are
+written only once all of them are known to be savable, and appear together (temp files renamed at the end), so a
+failed run leaves no half-written ``.npy``. Never loads ``.npy`` files with pickle.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
 import sys
 import time
+from typing import Any
 
 import numpy as np
+import onnx
 
-from onnx_light_ref.errors import ExternalDataError, InvalidModelError
+from onnx_light_ref.io.publish import StagedFile, publish_all, staged_files
 
 __all__ = ["output_file_name", "parse_input_spec", "register", "run_model"]
+
+# What evaluating an arbitrary model can raise for a user's mistake (bad feed, unsupported model, bad attribute,
+# unreadable weights), as opposed to a bug: reported as one line rather than a traceback.
+_USER_ERRORS = (OSError, ValueError, TypeError, KeyError, IndexError, RuntimeError, NotImplementedError)
+
+
+class _RunError(Exception):
+    """A problem to report as ``error: <message>`` with exit status 1."""
 
 
 def parse_input_spec(spec: str) -> tuple[str, str]:
@@ -34,62 +51,145 @@ def output_file_name(name: str) -> str:
     return (safe or "output") + ".npy"
 
 
-def run_model(args: argparse.Namespace) -> int:
-    from onnx_light_ref.ops import reference_evaluator
-
+def _load_feeds(specs: list[tuple[str, str]]) -> dict[str, np.ndarray]:
     feeds: dict[str, np.ndarray] = {}
-    for name, path in args.input:
+    for name, path in specs:
         if name in feeds:
-            print(f"error: input {name!r} given twice.", file=sys.stderr)
-            return 1
+            raise _RunError(f"input {name!r} given twice.")
         try:
             feeds[name] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
-            print(f"error: cannot load input {name!r} from {path!r}: {exc}", file=sys.stderr)
-            return 1
-    start = time.perf_counter()
-    try:
-        sess = reference_evaluator(args.model, args.load_device)
-    except (FileNotFoundError, InvalidModelError, ExternalDataError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    built = time.perf_counter()
+            raise _RunError(f"cannot load input {name!r} from {path!r}: {exc}") from exc
+        if not isinstance(feeds[name], np.ndarray):  # an .npz archive
+            raise _RunError(f"input {name!r} from {path!r} is not a single array (.npy); .npz is not supported.")
+    return feeds
+
+
+def _check_output_dir(folder: str) -> None:
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise _RunError(f"--output-dir {folder!r} exists and is not a folder.")
+
+
+def _check_feed(name: str, value: np.ndarray, declared: Any) -> None:
+    """Compare a feed with the graph input's declared tensor type (element type, rank, fixed dimensions)."""
+    if not isinstance(declared, onnx.TypeProto) or not declared.HasField("tensor_type"):
+        return
+    tensor_type = declared.tensor_type
+    if tensor_type.elem_type:
+        expected = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+        if value.dtype != expected:
+            raise _RunError(f"input {name!r} has dtype {value.dtype}, the model expects {expected}.")
+    if tensor_type.HasField("shape"):
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+        shown = [d if d is not None else "?" for d in dims]
+        mismatch = len(dims) != value.ndim or any(d not in (None, v) for d, v in zip(dims, value.shape, strict=False))
+        if mismatch:
+            raise _RunError(f"input {name!r} has shape {list(value.shape)}, the model expects {shown}.")
+
+
+def _check_feeds(sess: Any, feeds: dict[str, np.ndarray]) -> None:
     unknown = [name for name in feeds if name not in sess.input_names]
     if unknown:
-        print(f"error: the model has no input(s) {unknown}; its inputs are {sess.input_names}.", file=sys.stderr)
-        return 1
-    try:
-        outputs = sess.run(None, feeds)
-    except (KeyError, RuntimeError, ValueError, FileNotFoundError) as exc:
-        # A missing feed (KeyError/RuntimeError from onnx), a weight file that vanished or shrank since
-        # construction, or feeds of the wrong shape: report it as the user's problem, not a crash.
-        print(f"error: evaluation failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    done = time.perf_counter()
-    os.makedirs(args.output_dir, exist_ok=True)
+        raise _RunError(f"the model has no input(s) {unknown}; its inputs are {sess.input_names}.")
+    missing = [name for name in sess.input_names if name not in feeds]
+    if missing:
+        raise _RunError(f"missing --input for {missing} (the model's inputs are {sess.input_names}).")
+    for name, declared in zip(sess.input_names, sess.input_types, strict=False):
+        _check_feed(name, feeds[name], declared)
+
+
+def _as_savable(name: str, value: object) -> np.ndarray:
+    if isinstance(value, (list, tuple)):
+        raise _RunError(
+            f"output {name!r} is a sequence of {len(value)} values; only tensor outputs can be saved as .npy "
+            "(nothing was written)."
+        )
+    if isinstance(value, dict):
+        raise _RunError(f"output {name!r} is a map; only tensor outputs can be saved as .npy (nothing was written).")
+    array = np.asarray(value)
+    if array.dtype == object:
+        try:
+            array = array.astype(str)  # string tensors: save as fixed-width unicode, never pickled
+        except (TypeError, ValueError) as exc:
+            raise _RunError(f"output {name!r} holds Python objects that .npy cannot store: {exc}") from exc
+    return array
+
+
+def _plan_outputs(folder: str, names: list[str], values: list[object]) -> list[tuple[str, str, np.ndarray]]:
     used: set[str] = set()
-    for name, value in zip(sess.output_names, outputs, strict=True):
+    planned = []
+    for name, value in zip(names, values, strict=True):
+        array = _as_savable(name, value)
         file_name = output_file_name(name)
         stem, suffix = file_name[: -len(".npy")], 1
         while file_name in used:  # two names sanitized alike
             suffix += 1
             file_name = f"{stem}_{suffix}.npy"
         used.add(file_name)
-        target = os.path.join(args.output_dir, file_name)
-        array = np.asarray(value)
-        np.save(target, array, allow_pickle=False)
+        planned.append((name, os.path.join(folder, file_name), array))
+    return planned
+
+
+def _save_outputs(folder: str, planned: list[tuple[str, str, np.ndarray]]) -> None:
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with staged_files() as files:
+            for _, target, array in planned:
+                buffer = io.BytesIO()
+                np.save(buffer, array, allow_pickle=False)
+                staged = StagedFile(target)
+                files.append(staged)
+                staged.write_all(buffer.getbuffer(), 0)
+            publish_all(files)
+    except OSError as exc:
+        raise _RunError(f"cannot write the outputs to {folder!r}: {exc}") from exc
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from onnx_light_ref.ops import reference_evaluator
+
+    feeds = _load_feeds(args.input)
+    _check_output_dir(args.output_dir)
+    start = time.perf_counter()
+    try:
+        sess = reference_evaluator(args.model, args.load_device, allow_outside_folder=args.allow_outside_folder)
+    except _USER_ERRORS as exc:
+        raise _RunError(f"cannot evaluate {args.model!r}: {exc}") from exc
+    built = time.perf_counter()
+    _check_feeds(sess, feeds)
+    try:
+        outputs = sess.run(None, feeds)
+    except _USER_ERRORS as exc:
+        # A weight file that vanished or shrank since construction, an op failing on these values: the model's or
+        # the data's problem, reported without a traceback.
+        raise _RunError(f"evaluation failed: {type(exc).__name__}: {exc}") from exc
+    done = time.perf_counter()
+    planned = _plan_outputs(args.output_dir, list(sess.output_names), list(outputs))
+    _save_outputs(args.output_dir, planned)
+    for name, target, array in planned:
         print(f"{name}: shape {list(array.shape)} dtype {array.dtype} -> {target}")
     print(f"built in {built - start:.3f} s (load_device={args.load_device}), ran in {done - built:.3f} s")
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def run_model(args: argparse.Namespace) -> int:
+    """The ``run`` handler: 0 on success, 1 with one ``error:`` line on stderr otherwise."""
+    try:
+        return _evaluate(args)
+    except _RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``run`` sub-command."""
     parser = subparsers.add_parser(
         "run",
         help="evaluate a model lazily with the reference evaluator and save its outputs as .npy",
         description="Evaluate MODEL with onnx's reference evaluator, its external weights turned into "
         "ai.rt::DelayedInitializer nodes (read from the files when needed), and save each output as "
-        "<output-dir>/<name>.npy.",
+        "<output-dir>/<name>.npy. Every file the model names must be inside its folder unless "
+        "--allow-outside-folder.",
     )
     parser.add_argument("model", help="path to the .onnx file")
     parser.add_argument(
@@ -108,4 +208,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "when the evaluator is built",
     )
     parser.add_argument("--output-dir", default=".", help="folder for the output .npy files (default: current)")
+    parser.add_argument(
+        "--allow-outside-folder",
+        action="store_true",
+        help="trust the model: let DelayedInitializer nodes read absolute filenames outside the model's folder "
+        "(the spec's examples use /tmp paths); refused by default",
+    )
     parser.set_defaults(func=run_model)
