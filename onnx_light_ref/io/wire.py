@@ -78,7 +78,7 @@ _PROTOBUF_LIMIT = 2**31 - 1
 # longer than this is never read (at most its first window's worth may be, as read-ahead).
 _WINDOW = 64 * 1024
 
-_MAGIC = b"\x00olr-wire-stripped\x00"
+_MAGIC = b"\x00olrwire"  # the NUL makes a placeholder unlike any text; the nonce makes it unlike any payload
 _NONCE_LENGTH = 16
 _INDEX_LENGTH = 8
 PLACEHOLDER_LENGTH = len(_MAGIC) + _NONCE_LENGTH + _INDEX_LENGTH
