@@ -1,4 +1,4 @@
-"""The ``ai.rt`` operators for onnx's reference evaluator: kernels, schemas and their element types.
+"""The ``ai.rt`` operators for onnx's reference evaluator: kernels, schemas, element types, delay/undelay.
 
 Importing this package imports ``onnx.reference`` (through the kernel) but registers no schema: call
 :func:`register_schemas` for the checker and shape inference. It must never import ``onnx_light_ref.backend``.
@@ -11,6 +11,7 @@ from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
 from onnx_light_ref.ops.dtypes import ALLOWED_DTYPES
 from onnx_light_ref.ops.evaluate import reference_evaluator
 from onnx_light_ref.ops.schema import register_schemas
+from onnx_light_ref.ops.undelay import undelay_initializers
 
 __all__ = [
     "ALLOWED_DTYPES",
@@ -18,4 +19,5 @@ __all__ = [
     "delay_initializers",
     "reference_evaluator",
     "register_schemas",
+    "undelay_initializers",
 ]

@@ -1,0 +1,397 @@
+"""Turn ``ai.rt::DelayedInitializer`` nodes back into external initializers: models for onnx-light, run anywhere.
+
+:func:`undelay_initializers` is the inverse of :func:`~onnx_light_ref.ops.convert.delay_initializers`. Every
+``DelayedInitializer`` node of the main graph and of every subgraph (If/Loop/Scan bodies), whatever its
+``load_device``, becomes an initializer of the graph that held it, named after the node's output, with the node's
+``dtype`` and ``shape``, stored as external data in the destination's weights file at an aligned offset. The bytes
+are copied file to file by the streaming copy engine (in-kernel where possible), never loaded. The result runs in
+onnxruntime, onnx-ir, or any tool that reads standard external data.
+
+External tensors the source already has (initializers the converter left alone, ``Constant`` values...) move into
+the same weights file, so the destination is self-contained; inline tensors stay inline.
+
+Order of work, as every writer here: validate every argument, node, file and range and plan every offset (nothing
+written), then copy into temp files, then publish the weights file and the ``.onnx`` as one transaction. This module
+must never read weight bytes into Python objects, never write into a source file, and never read a file outside the
+source's folder unless the caller passed ``allow_outside_folder=True``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import onnx
+
+from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, UnsafeLocationError
+from onnx_light_ref.io.alignment import align_up, validate_alignment
+from onnx_light_ref.io.arguments import check_bool, check_int
+from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, RangeCopier
+from onnx_light_ref.io.entries import write_entries
+from onnx_light_ref.io.locations import (
+    FileIdentity,
+    LocationResolver,
+    check_location_syntax,
+    check_not_hard_linked,
+    file_identity,
+    is_external,
+    parse_external_data,
+)
+from onnx_light_ref.io.model_file import load_model_metadata, serialize_model
+from onnx_light_ref.io.posix import check_single_link
+from onnx_light_ref.io.publish import OutputTransaction
+from onnx_light_ref.io.walker import iter_graphs, iter_tensors
+from onnx_light_ref.ops.attributes import (
+    ATTRIBUTE_TYPES,
+    DelayedInitializerParams,
+    check_node_structure,
+    describe_node,
+    validate_attributes,
+)
+
+__all__ = ["undelay_initializers"]
+
+logger = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike[str]
+
+_DOMAIN = "ai.rt"
+_OP_TYPE = "DelayedInitializer"
+
+# The copy engine's default: one buffer of this size is the most its last fallback holds in memory.
+_DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A validated source file: real path, identity and size."""
+
+    path: str
+    identity: FileIdentity
+    size: int
+
+
+@dataclass
+class _Payload:
+    """One tensor to place in the destination weights file."""
+
+    label: str
+    source: _Source
+    src_offset: int
+    length: int
+    dst_offset: int = 0
+
+
+def _is_delayed(node: onnx.NodeProto) -> bool:
+    return node.domain == _DOMAIN and node.op_type == _OP_TYPE
+
+
+def _inside(real_base: str, real: str) -> bool:
+    return os.path.commonpath([real_base, real]) == real_base
+
+
+class _SourceResolver:
+    """Resolves DelayedInitializer filenames against the source folder, each distinct filename once."""
+
+    def __init__(self, folder: str, allow_outside_folder: bool) -> None:
+        self.real_base = os.path.realpath(folder)
+        self.allow_outside_folder = allow_outside_folder
+        self._cache: dict[str, _Source] = {}
+
+    def resolve(self, filename: str, where: str) -> _Source:
+        hit = self._cache.get(filename)
+        if hit is None:
+            hit = self._resolve(filename, where)
+            self._cache[filename] = hit
+        return hit
+
+    def _resolve(self, filename: str, where: str) -> _Source:
+        absolute = os.path.isabs(filename)
+        if not absolute:
+            try:
+                check_location_syntax(filename, tensor_name=where)
+            except UnsafeLocationError as exc:
+                raise UnsafeLocationError(f"{where}: filename {filename!r} is not allowed: {exc}") from exc
+        real = os.path.realpath(os.path.join(self.real_base, filename))
+        confined = not (absolute and self.allow_outside_folder)
+        if confined and not _inside(self.real_base, real):
+            hint = " Pass allow_outside_folder=True (CLI: --allow-outside-folder) to trust it." if absolute else ""
+            raise UnsafeLocationError(
+                f"{where}: filename {filename!r} resolves to {real!r}, outside the source model's folder "
+                f"{self.real_base!r}; nothing was written.{hint}"
+            )
+        try:
+            st = os.stat(real)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise FileNotFoundError(f"{where}: file {filename!r} does not exist (looked for {real!r}).") from exc
+        except OSError as exc:
+            raise ExternalDataError(f"{where}: file {filename!r} cannot be accessed: {exc.strerror or exc}.") from exc
+        if not stat.S_ISREG(st.st_mode):
+            raise ExternalDataError(f"{where}: {filename!r} ({real!r}) is not a regular file.")
+        if confined:
+            check_single_link(st, what=f"{where}: file {filename!r} ({real!r})")
+        return _Source(real, FileIdentity(st.st_dev, st.st_ino), st.st_size)
+
+
+@dataclass
+class _Plan:
+    model: onnx.ModelProto
+    payloads: list[_Payload]
+    weights_location: str
+    total: int
+
+
+def _node_params(node: onnx.NodeProto, where: str) -> DelayedInitializerParams:
+    check_node_structure(node, where=where)
+    linked = [attribute.name for attribute in node.attribute if attribute.ref_attr_name]
+    if linked:
+        raise ValueError(
+            f"{where}: attribute(s) {linked} are function-linked (ref_attr_name): their values are only known per "
+            "call of the function, so the node cannot be undelayed statically; inline the function with literal "
+            "attributes first."
+        )
+    values = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.name in ATTRIBUTE_TYPES}
+    return validate_attributes(values, where=where)
+
+
+def _check_functions(model: onnx.ModelProto) -> None:
+    for function in model.functions:
+        for node in function.node:
+            if _is_delayed(node):
+                where = f"{describe_node(node)} in model function {function.domain}::{function.name}"
+                _node_params(node, where)  # a function-linked one gets that message
+                raise ValueError(
+                    f"{where}: a function has no initializers to turn the node into; inline the function "
+                    "(onnx.inliner.inline_local_functions) before undelaying."
+                )
+
+
+def _iter_delayed(model: onnx.ModelProto) -> Iterator[tuple[onnx.GraphProto, int, onnx.NodeProto]]:
+    for graph in iter_graphs(model.graph):
+        for index, node in enumerate(graph.node):
+            if _is_delayed(node):
+                yield graph, index, node
+
+
+def _make_initializer(name: str, params: DelayedInitializerParams) -> onnx.TensorProto:
+    tensor = onnx.TensorProto()
+    tensor.name = name
+    tensor.data_type = params.dtype
+    tensor.dims.extend(params.shape)
+    if params.nbytes == 0:
+        tensor.raw_data = b""  # nothing to point at: an empty tensor stays inline
+    return tensor
+
+
+def _plan_delayed(model: onnx.ModelProto, resolver: _SourceResolver) -> list[tuple[onnx.TensorProto, _Payload | None]]:
+    """Validate every node, replace it by its initializer in the (private) model; return the tensors to place."""
+    placed: list[tuple[onnx.TensorProto, _Payload | None]] = []
+    removals: dict[int, tuple[onnx.GraphProto, list[int]]] = {}
+    for graph, index, node in _iter_delayed(model):
+        where = describe_node(node)
+        params = _node_params(node, where)
+        name = node.output[0]
+        taken = {t.name for t in graph.initializer} | {v.name for v in graph.input}
+        if name in taken:
+            raise ValueError(f"{where}: graph {graph.name!r} already has an initializer or input named {name!r}.")
+        payload = None
+        if params.nbytes > 0:
+            source = resolver.resolve(params.filename, where)
+            end = params.offset + params.nbytes
+            if end > source.size:
+                raise ExternalDataError(
+                    f"{where}: file {params.filename!r} too short: needs {end} bytes ({params.nbytes} bytes at offset "
+                    f"{params.offset}), has {source.size}; nothing was written."
+                )
+            payload = _Payload(name, source, params.offset, params.nbytes)
+        tensor = graph.initializer.add()  # a reference into the graph: the layout step fills its entries later
+        tensor.CopyFrom(_make_initializer(name, params))
+        placed.append((tensor, payload))
+        removals.setdefault(id(graph), (graph, []))[1].append(index)
+    for graph, indices in removals.values():
+        for index in reversed(indices):
+            del graph.node[index]
+    return placed
+
+
+def _plan_existing(model: onnx.ModelProto, folder: str) -> list[tuple[onnx.TensorProto, _Payload]]:
+    """External tensors already in the source: validated like any reference, to move into the destination file.
+
+    Called after the nodes became initializers, which are not marked EXTERNAL yet, so they are not seen here.
+    """
+    resolver = LocationResolver(folder)
+    found = []
+    for site in iter_tensors(model):
+        if not is_external(site.tensor):
+            continue
+        ref = parse_external_data(site.tensor, resolver, label=site.label)
+        check_not_hard_linked(ref)
+        found.append(
+            (site.tensor, _Payload(site.label, _Source(ref.path, ref.identity, ref.file_size), ref.offset, ref.length))
+        )
+    return found
+
+
+def _remove_unused_opset(model: onnx.ModelProto) -> None:
+    used = any(node.domain == _DOMAIN for graph in iter_graphs(model.graph) for node in graph.node) or any(
+        node.domain == _DOMAIN for function in model.functions for node in function.node
+    )
+    if used:
+        return
+    for index in reversed(range(len(model.opset_import))):
+        if model.opset_import[index].domain == _DOMAIN:
+            del model.opset_import[index]
+
+
+def _weights_location(dst_path: str, weights_path: str) -> str:
+    """``weights_path`` relative to the destination's folder; refused when it would leave that folder."""
+    folder = os.path.dirname(dst_path)
+    location = os.path.relpath(weights_path, folder).replace(os.sep, "/")
+    if location.startswith("../") or location == "..":
+        raise UnsafeLocationError(
+            f"weights file {weights_path!r} is outside the destination model's folder {folder!r}; loaders only read "
+            "external data next to (or below) the model."
+        )
+    check_location_syntax(location, tensor_name="<destination weights>")
+    real_folder = os.path.realpath(folder)
+    if not _inside(real_folder, os.path.realpath(os.path.dirname(weights_path))):
+        raise UnsafeLocationError(
+            f"weights file {weights_path!r} reaches outside the destination model's folder {real_folder!r} "
+            "through a symbolic link."
+        )
+    return location
+
+
+def _real_target(path: str) -> str:
+    """Where a destination really lands: its folder resolved, its own name kept (a symlink there is replaced)."""
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
+def _check_destinations(src_path: str, dst_path: str, weights_path: str | None, sources: list[_Source]) -> None:
+    outputs = [dst_path] if weights_path is None else [dst_path, weights_path]
+    for path in outputs:
+        folder = os.path.dirname(path)
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"destination folder {folder!r} does not exist.")
+        if os.path.isdir(path):
+            raise DestinationConflictError(f"destination {path!r} is a directory.")
+    if weights_path is not None and _real_target(dst_path) == _real_target(weights_path):
+        raise DestinationConflictError(f"the destination model and its weights file are the same file {dst_path!r}.")
+    source_ids = {source.identity: source.path for source in sources}
+    src_id = file_identity(src_path)
+    if src_id is not None:
+        source_ids[src_id] = src_path
+    for path in outputs:
+        for candidate in (path, _real_target(path)):
+            identity = file_identity(candidate)
+            if identity is not None and identity in source_ids:
+                raise DestinationConflictError(
+                    f"destination {path!r} is the source file {source_ids[identity]!r} (same file); writing it "
+                    "would destroy the input. Choose another destination."
+                )
+
+
+def _layout(items: list[tuple[onnx.TensorProto, _Payload | None]], location: str, alignment: int) -> int:
+    offset = 0
+    for tensor, payload in items:
+        if payload is None:
+            continue
+        offset = align_up(offset, alignment)
+        payload.dst_offset = offset
+        tensor.ClearField("raw_data")
+        write_entries(tensor, location, offset, payload.length)
+        offset += payload.length
+    return offset
+
+
+def undelay_initializers(
+    src_onnx_path: PathLike,
+    dst_onnx_path: PathLike,
+    dst_weights_path: PathLike | None = None,
+    alignment: int = 4096,
+    *,
+    allow_outside_folder: bool = False,
+    durable: bool = True,
+    chunk_size: int = _DEFAULT_CHUNK_SIZE,
+    progress: ProgressCallback | None = None,
+) -> int:
+    """Write ``dst_onnx_path`` where every ``DelayedInitializer`` node of ``src_onnx_path`` is an external initializer.
+
+    Each node (main graph and every subgraph, either ``load_device``) becomes an initializer of the graph that held
+    it, named after its output, with its ``dtype`` and ``shape``; its bytes are copied from ``filename`` at
+    ``offset`` into ``dst_weights_path`` at an offset aligned to ``alignment``, file to file, never loaded. External
+    tensors the source already has are moved into the same file (so the destination stands alone); inline tensors
+    and zero-byte tensors stay inline. The ``ai.rt`` opset import is removed when no ``ai.rt`` node is left.
+    Everything is validated before anything is written, and both files appear atomically (temp files, renamed
+    together; on failure the destinations are as before and no temp file is left).
+
+    Args:
+        src_onnx_path: the model with ``DelayedInitializer`` nodes (its weights are never loaded).
+        dst_onnx_path: the model to write.
+        dst_weights_path: its weights file, inside the destination's folder (default ``<dst_onnx_path>.data``).
+        alignment: byte alignment of each tensor in the weights file, a power of two; 0 or 1 pack them.
+        allow_outside_folder: trust absolute ``filename`` values outside the source's folder (the spec's examples
+            use ``/tmp`` paths). Relative names stay confined to the folder either way.
+        durable: fsync the outputs and their folder before returning (default); ``False``: same bytes, no fsync.
+        chunk_size: most bytes one copy call moves (and the size of the one buffer the last fallback uses).
+        progress: called as ``progress(done_bytes, total_bytes)`` while copying.
+
+    Returns:
+        The size of the weights file written (payload and padding), 0 when none was needed.
+
+    Raises:
+        UnsafeLocationError: a filename outside the source's folder (without the opt-in), through a symlink, with
+            ``..``; a hard-linked data file; a weights path outside the destination's folder.
+        FileNotFoundError: the source, a data file or the destination folder is missing.
+        DestinationConflictError: a destination is a source file, a directory, or both destinations are one file.
+        ExternalDataError: a data file too short for its node, not a regular file, or not accessible.
+        InvalidModelError: the source is not an ONNX model.
+        ValueError: a bad argument, a node with bad attributes or structure, a function-linked node, a node inside
+            a model function, an output name already used by an initializer or input.
+    """
+    src = os.path.abspath(os.fspath(src_onnx_path))
+    dst = os.path.abspath(os.fspath(dst_onnx_path))
+    weights = os.path.abspath(os.fspath(dst_weights_path)) if dst_weights_path is not None else dst + ".data"
+    alignment = validate_alignment(alignment)
+    allow_outside_folder = check_bool("allow_outside_folder", allow_outside_folder)
+    durable = check_bool("durable", durable)
+    chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+
+    plan = _plan(src, dst, weights, alignment, allow_outside_folder)
+    if plan.total == 0:
+        weights_written = None
+        logger.info("no tensor bytes to copy; writing %s only", dst)
+    else:
+        weights_written = weights
+    with OutputTransaction(durable=durable) as outputs:
+        if weights_written is not None:
+            staged = outputs.stage(weights_written)
+            assert staged.fd is not None
+            ranges = [
+                CopyRange(p.source.path, p.src_offset, p.dst_offset, p.length, p.source.identity) for p in plan.payloads
+            ]
+            with RangeCopier(staged.fd, chunk_size) as copier:
+                copier.copy(ranges, progress)
+            staged.set_size(plan.total)
+        outputs.publish(dst, serialize_model(plan.model))
+    logger.info("undelayed %s -> %s (%d tensors, %d bytes)", src, dst, len(plan.payloads), plan.total)
+    return plan.total
+
+
+def _plan(src: str, dst: str, weights: str, alignment: int, allow_outside_folder: bool) -> _Plan:
+    """Everything decided and checked, nothing written."""
+    model = load_model_metadata(src)
+    _check_functions(model)
+    folder = os.path.dirname(src)
+    delayed = _plan_delayed(model, _SourceResolver(folder, allow_outside_folder))
+    existing = _plan_existing(model, folder)
+    items: list[tuple[onnx.TensorProto, _Payload | None]] = [*delayed, *existing]
+    payloads = [payload for _, payload in items if payload is not None]
+    location = _weights_location(dst, weights)
+    _check_destinations(src, dst, weights if payloads else None, [payload.source for payload in payloads])
+    total = _layout(items, location, alignment)
+    _remove_unused_opset(model)
+    return _Plan(model, payloads, location, total)

@@ -1,0 +1,318 @@
+"""undelay_initializers: DelayedInitializer models become standard external-data models that onnxruntime runs.
+
+Round trips ``undelay(delay(m))`` on real models (an MLP, If/Loop subgraph weights, a Constant and inline
+initializers), checked against onnxruntime on ``m``; refusals checked for type, message, nothing written and sources
+unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from lazy_models import (
+    IR_VERSION,
+    OPSET,
+    build_control_flow_model,
+    control_flow_feeds,
+    run_onnxruntime,
+    save_external,
+)
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, UnsafeLocationError
+from onnx_light_ref.ops import delay_initializers, undelay_initializers
+
+
+def build_mlp() -> onnx.ModelProto:
+    rng = np.random.default_rng(7)
+    weights = {
+        "W1": rng.standard_normal((8, 16)).astype(np.float32),
+        "b1": rng.standard_normal(16).astype(np.float32),
+        "W2": rng.standard_normal((16, 4)).astype(np.float32),
+        "b2": rng.standard_normal(4).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h0"]),
+        helper.make_node("Add", ["h0", "b1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["h2"]),
+        helper.make_node("MatMul", ["h2", "W2"], ["h3"]),
+        helper.make_node("Add", ["h3", "b2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
+        [numpy_helper.from_array(a, n) for n, a in weights.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
+def build_constant_model() -> onnx.ModelProto:
+    """``y = x * W + c + s``: W external, ``s`` a small inline initializer, ``c`` a Constant node's value."""
+    w = numpy_helper.from_array(np.arange(64, dtype=np.float32).reshape(8, 8), "W")
+    s = numpy_helper.from_array(np.full(8, 0.5, dtype=np.float32), "s")
+    const = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.arange(8, dtype=np.float32)))
+    nodes = [
+        const,
+        helper.make_node("Mul", ["x", "W"], ["m"]),
+        helper.make_node("Add", ["m", "c"], ["a"]),
+        helper.make_node("Add", ["a", "s"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "constant",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 8])],
+        [w, s],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
+def delayed_copy(source: Path, load_device: str = "file") -> Path:
+    """``delay_initializers`` of a saved model, saved next to it (its filenames are relative to that folder)."""
+    path = source.parent / "delayed.onnx"
+    onnx.save(delay_initializers(source, load_device), path)
+    return path
+
+
+def delayed_nodes(model: onnx.ModelProto) -> int:
+    from onnx_light_ref.io.walker import iter_graphs
+
+    return sum(node.op_type == "DelayedInitializer" for g in iter_graphs(model.graph) for node in g.node)
+
+
+def external_offsets(model: onnx.ModelProto) -> dict[str, int]:
+    from onnx_light_ref.io.walker import iter_tensors
+
+    offsets = {}
+    for site in iter_tensors(model):
+        if site.tensor.data_location == TensorProto.EXTERNAL:
+            offsets[site.tensor.name] = int({e.key: e.value for e in site.tensor.external_data}["offset"])
+    return offsets
+
+
+# ----------------------------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("load_device", ["file", "cpu"])
+def test_mlp_round_trip_runs_in_onnxruntime(tmp_path: Path, load_device: str) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "out").mkdir()
+    source = save_external(build_mlp(), tmp_path / "src" / "mlp.onnx")
+    delayed = delayed_copy(source, load_device)
+    assert delayed_nodes(onnx.load(delayed, load_external_data=False)) == 4
+    before = {p.name: p.read_bytes() for p in (tmp_path / "src").iterdir()}
+
+    written = undelay_initializers(delayed, tmp_path / "out" / "mlp.onnx")
+
+    feeds = {"x": np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 8)}
+    expected = run_onnxruntime(source, feeds)
+    got = run_onnxruntime(tmp_path / "out" / "mlp.onnx", feeds)
+    np.testing.assert_array_equal(got[0], expected[0])
+    result = onnx.load(tmp_path / "out" / "mlp.onnx", load_external_data=False)
+    assert delayed_nodes(result) == 0
+    assert all(o.domain != "ai.rt" for o in result.opset_import)
+    assert {t.name for t in result.graph.initializer} == {"W1", "b1", "W2", "b2"}
+    assert all(offset % 4096 == 0 for offset in external_offsets(result).values())
+    assert written == os.path.getsize(tmp_path / "out" / "mlp.onnx.data")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "src").iterdir()} == before
+    onnx.checker.check_model(str(tmp_path / "out" / "mlp.onnx"))
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_if_loop_subgraph_weights_round_trip(tmp_path: Path, cond: bool) -> None:
+    source = save_external(build_control_flow_model(), tmp_path / "model.onnx")
+    delayed = delayed_copy(source)
+    assert delayed_nodes(onnx.load(delayed, load_external_data=False)) >= 2
+    dst = tmp_path / "out.onnx"
+    undelay_initializers(delayed, dst, tmp_path / "out.weights", alignment=64, durable=False)
+    for a, b in zip(run_onnxruntime(dst, control_flow_feeds(cond)), run_onnxruntime(source, control_flow_feeds(cond))):
+        np.testing.assert_array_equal(a, b)
+    result = onnx.load(dst, load_external_data=False)
+    assert delayed_nodes(result) == 0
+    assert all(offset % 64 == 0 for offset in external_offsets(result).values())
+
+
+def test_constant_and_inline_initializers_stay_as_they_are(tmp_path: Path) -> None:
+    source = tmp_path / "m.onnx"
+    onnx.save(build_constant_model(), source, save_as_external_data=True, location="m.data", size_threshold=100)
+    original = onnx.load(source, load_external_data=False)
+    assert [t.name for t in original.graph.initializer if t.data_location == TensorProto.EXTERNAL] == ["W"]
+    delayed = delayed_copy(source)
+    dst = tmp_path / "out" / "m.onnx"
+    dst.parent.mkdir()
+    undelay_initializers(delayed, dst, alignment=0)
+    feeds = {"x": np.ones((8, 8), dtype=np.float32)}
+    np.testing.assert_array_equal(run_onnxruntime(dst, feeds)[0], run_onnxruntime(source, feeds)[0])
+    result = onnx.load(dst, load_external_data=False)
+    inline = {t.name: t for t in result.graph.initializer if t.data_location != TensorProto.EXTERNAL}
+    assert list(inline) == ["s"] and inline["s"].raw_data == original.graph.initializer[1].raw_data
+    assert result.graph.node[0].op_type == "Constant"
+    assert result.graph.node[0].attribute[0].t == original.graph.node[0].attribute[0].t
+
+
+def test_existing_external_tensors_move_with_the_model(tmp_path: Path) -> None:
+    """An initializer the converter keeps (a graph input's default) is copied too: the output stands alone."""
+    model = build_mlp()
+    model.graph.input.append(helper.make_tensor_value_info("b2", TensorProto.FLOAT, [4]))
+    (tmp_path / "src").mkdir()
+    source = save_external(model, tmp_path / "src" / "mlp.onnx")
+    delayed = delayed_copy(source)
+    assert delayed_nodes(onnx.load(delayed, load_external_data=False)) == 3
+    dst = tmp_path / "mlp.onnx"
+    undelay_initializers(delayed, dst)
+    feeds = {"x": np.ones((3, 8), dtype=np.float32)}
+    expected = run_onnxruntime(source, feeds)[0]
+    os.rename(tmp_path / "src", tmp_path / "gone")  # nothing may still point at the source folder
+    np.testing.assert_array_equal(run_onnxruntime(dst, feeds)[0], expected)
+
+
+def test_spec_style_absolute_filenames_need_the_opt_in(tmp_path: Path, sha256_of_tree, assert_no_temp_files) -> None:
+    data = tmp_path / "tmp" / "onnx_light_backend_delayedinitializer_file.bin"
+    data.parent.mkdir()
+    data.write_bytes(np.array([9, 9, 1.5, -2], dtype="<f4").tobytes())
+    node = helper.make_node(
+        "DelayedInitializer",
+        [],
+        ["y"],
+        domain="ai.rt",
+        dtype=1,
+        load_device="file",
+        runtime_device="cpu",
+        filename=str(data),
+        offset=8,
+    )
+    node.attribute.insert(0, helper.make_attribute("shape", [2]))
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("ai.rt", 1)]
+    (tmp_path / "model").mkdir()
+    src = tmp_path / "model" / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION), src)
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(UnsafeLocationError, match=r"outside the source model's folder.*allow_outside_folder"):
+        undelay_initializers(src, tmp_path / "model" / "out.onnx")
+    assert sha256_of_tree(tmp_path) == before
+    undelay_initializers(src, tmp_path / "model" / "out.onnx", allow_outside_folder=True)
+    np.testing.assert_array_equal(run_onnxruntime(tmp_path / "model" / "out.onnx", {})[0], [1.5, -2])
+    assert_no_temp_files(tmp_path / "model")
+
+
+# ----------------------------------------------------------------------------------------------- refusals
+
+
+@pytest.fixture
+def delayed_mlp(tmp_path: Path) -> Path:
+    (tmp_path / "src").mkdir()
+    return delayed_copy(save_external(build_mlp(), tmp_path / "src" / "mlp.onnx"))
+
+
+def rewrite_node(path: Path, edit) -> None:  # type: ignore[no-untyped-def]
+    model = onnx.load(path, load_external_data=False)
+    edit(next(n for n in model.graph.node if n.op_type == "DelayedInitializer"))
+    onnx.save(model, path)
+
+
+def set_attr(node: onnx.NodeProto, name: str, value: object) -> None:
+    for index, attribute in enumerate(node.attribute):
+        if attribute.name == name:
+            node.attribute[index].CopyFrom(helper.make_attribute(name, value))
+
+
+def _link_offset(node: onnx.NodeProto) -> None:
+    for attribute in node.attribute:
+        if attribute.name == "offset":
+            attribute.ref_attr_name = "off"
+
+
+@pytest.mark.parametrize(
+    ("edit", "error", "message"),
+    [
+        (lambda n: set_attr(n, "filename", "../outside.bin"), UnsafeLocationError, r"'\.\.'"),
+        (lambda n: set_attr(n, "filename", "/etc/hostname"), UnsafeLocationError, "outside the source model's folder"),
+        (lambda n: set_attr(n, "offset", 10**6), ExternalDataError, "too short: needs"),
+        (lambda n: set_attr(n, "filename", "absent.bin"), FileNotFoundError, "'absent.bin' does not exist"),
+        (lambda n: set_attr(n, "runtime_device", "gpu"), ValueError, "runtime_device must be 'cpu'"),
+        (lambda n: n.attribute.append(helper.make_attribute("offset", 4)), ValueError, "more than once"),
+        (lambda n: n.input.append("x"), ValueError, "takes no inputs"),
+        (_link_offset, ValueError, "function-linked"),
+    ],
+)
+def test_bad_nodes_are_refused_before_writing(
+    tmp_path: Path, delayed_mlp: Path, sha256_of_tree, assert_no_temp_files, edit, error, message
+) -> None:
+    rewrite_node(delayed_mlp, edit)
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(error, match=message):
+        undelay_initializers(delayed_mlp, tmp_path / "out.onnx")
+    assert sha256_of_tree(tmp_path) == before
+    assert_no_temp_files(tmp_path)
+
+
+def test_symlinked_and_hard_linked_sources_are_refused(tmp_path: Path, delayed_mlp: Path, sha256_of_tree) -> None:
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(bytes(4096))
+    (delayed_mlp.parent / "link.bin").symlink_to(secret)
+    os.link(secret, delayed_mlp.parent / "hard.bin")
+    for name, message in (("link.bin", "outside the source model's folder"), ("hard.bin", "2 hard links")):
+        rewrite_node(delayed_mlp, lambda n, name=name: set_attr(n, "filename", name))
+        before = sha256_of_tree(tmp_path)
+        with pytest.raises(UnsafeLocationError, match=message):
+            undelay_initializers(delayed_mlp, tmp_path / "out.onnx")
+        assert sha256_of_tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("target", ["source-weights", "source-model", "weights-is-model", "directory"])
+def test_destinations_that_would_destroy_a_source(tmp_path: Path, delayed_mlp: Path, sha256_of_tree, target) -> None:
+    src = delayed_mlp.parent
+    (tmp_path / "out").mkdir()
+    dst, weights = {
+        "source-weights": (tmp_path / "out" / "m.onnx", src / "weights.data"),
+        "source-model": (delayed_mlp, None),
+        "weights-is-model": (tmp_path / "out" / "m.onnx", tmp_path / "out" / "m.onnx"),
+        "directory": (tmp_path / "out", None),
+    }[target]
+    if target == "source-weights":
+        os.symlink(src / "weights.data", tmp_path / "out" / "alias.data")
+        weights = tmp_path / "out" / "alias.data"
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(DestinationConflictError):
+        undelay_initializers(delayed_mlp, dst, weights)
+    assert sha256_of_tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", ["dotdot", "symlinked-folder"])
+def test_weights_outside_the_destination_folder(tmp_path: Path, delayed_mlp: Path, sha256_of_tree, kind) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "out" / "away").symlink_to(tmp_path / "elsewhere")
+    weights = tmp_path / "w.data" if kind == "dotdot" else tmp_path / "out" / "away" / "w.data"
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(UnsafeLocationError, match="outside the destination model's folder"):
+        undelay_initializers(delayed_mlp, tmp_path / "out" / "m.onnx", weights)
+    assert sha256_of_tree(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"alignment": 3}, "power of two"), ({"chunk_size": 0}, "chunk_size"), ({"durable": "yes"}, "durable")],
+)
+def test_bad_arguments(tmp_path: Path, delayed_mlp: Path, kwargs, message) -> None:
+    with pytest.raises((ValueError, TypeError), match=message):
+        undelay_initializers(delayed_mlp, tmp_path / "out.onnx", **kwargs)
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_node_inside_a_model_function_is_refused(tmp_path: Path, delayed_mlp: Path) -> None:
+    model = onnx.load(delayed_mlp, load_external_data=False)
+    node = next(n for n in model.graph.node if n.op_type == "DelayedInitializer")
+    function = helper.make_function("local", "f", [], [node.output[0]], [node], model.opset_import)
+    model.functions.append(function)
+    onnx.save(model, delayed_mlp)
+    with pytest.raises(ValueError, match="model function local::f.*inline the function"):
+        undelay_initializers(delayed_mlp, tmp_path / "out.onnx")
+    assert not (tmp_path / "out.onnx").exists()
