@@ -131,7 +131,9 @@ def test_if_loop_subgraph_weights_round_trip(tmp_path: Path, cond: bool) -> None
     assert delayed_nodes(onnx.load(delayed, load_external_data=False)) >= 2
     dst = tmp_path / "out.onnx"
     undelay_initializers(delayed, dst, tmp_path / "out.weights", alignment=64, durable=False)
-    for a, b in zip(run_onnxruntime(dst, control_flow_feeds(cond)), run_onnxruntime(source, control_flow_feeds(cond))):
+    for a, b in zip(
+        run_onnxruntime(dst, control_flow_feeds(cond)), run_onnxruntime(source, control_flow_feeds(cond)), strict=True
+    ):
         np.testing.assert_array_equal(a, b)
     result = onnx.load(dst, load_external_data=False)
     assert delayed_nodes(result) == 0
@@ -313,6 +315,6 @@ def test_node_inside_a_model_function_is_refused(tmp_path: Path, delayed_mlp: Pa
     function = helper.make_function("local", "f", [], [node.output[0]], [node], model.opset_import)
     model.functions.append(function)
     onnx.save(model, delayed_mlp)
-    with pytest.raises(ValueError, match="model function local::f.*inline the function"):
+    with pytest.raises(ValueError, match=r"model function local::f.*inline the function"):
         undelay_initializers(delayed_mlp, tmp_path / "out.onnx")
     assert not (tmp_path / "out.onnx").exists()

@@ -1,0 +1,60 @@
+"""``onnx-light-ref undelay SRC DST``: turn DelayedInitializer nodes into standard external initializers.
+
+A thin wrapper over :func:`onnx_light_ref.ops.undelay_initializers`: parses the options, prints what was written,
+and reports every refusal as one ``error: ...`` line with exit status 1 (nothing is written then).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from onnx_light_ref.errors import InvalidModelError
+
+__all__ = ["register", "undelay_command"]
+
+
+def undelay_command(args: argparse.Namespace) -> int:
+    """The ``undelay`` handler: 0 on success, 1 with one ``error:`` line on stderr otherwise."""
+    from onnx_light_ref.ops import undelay_initializers
+
+    try:
+        written = undelay_initializers(
+            args.src,
+            args.dst,
+            args.weights,
+            args.alignment,
+            allow_outside_folder=args.allow_outside_folder,
+            durable=not args.no_fsync,
+        )
+    except (OSError, ValueError, TypeError, InvalidModelError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    weights = args.weights or f"{args.dst}.data"
+    where = f" and {weights} ({written} bytes)" if written else " (no weights file needed)"
+    print(f"wrote {args.dst}{where}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``undelay`` sub-command."""
+    parser = subparsers.add_parser(
+        "undelay",
+        help="turn ai.rt::DelayedInitializer nodes into external initializers (run the model anywhere)",
+        description="Write DST where every ai.rt::DelayedInitializer node of SRC (main graph and subgraphs) is an "
+        "initializer stored as external data in an aligned weights file, its bytes copied file to file. Files "
+        "named by SRC must be inside SRC's folder unless --allow-outside-folder.",
+    )
+    parser.add_argument("src", help="the model with DelayedInitializer nodes")
+    parser.add_argument("dst", help="the .onnx file to write")
+    parser.add_argument("--weights", default=None, help="weights file, inside DST's folder (default: DST.data)")
+    parser.add_argument(
+        "--alignment", type=int, default=4096, help="byte alignment of each tensor (power of two; 0 or 1: packed)"
+    )
+    parser.add_argument(
+        "--allow-outside-folder",
+        action="store_true",
+        help="trust absolute filenames outside SRC's folder (the spec's examples use /tmp paths)",
+    )
+    parser.add_argument("--no-fsync", action="store_true", help="skip fsync (same bytes, no crash durability)")
+    parser.set_defaults(func=undelay_command)

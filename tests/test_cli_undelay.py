@@ -1,0 +1,88 @@
+"""``onnx-light-ref undelay``: a DelayedInitializer model becomes one onnxruntime runs; refusals are one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_light_ref.cli import main
+from onnx_light_ref.ops import delay_initializers
+
+
+def delayed_model(folder: Path) -> tuple[Path, np.ndarray]:
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [numpy_helper.from_array(w, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    source = folder / "m.onnx"
+    onnx.save(model, source, save_as_external_data=True, location="m.data", size_threshold=0)
+    delayed = folder / "delayed.onnx"
+    onnx.save(delay_initializers(source), delayed)
+    return delayed, w
+
+
+def test_undelay_writes_a_model_onnxruntime_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    delayed, w = delayed_model(tmp_path)
+    dst = tmp_path / "out.onnx"
+    assert main(["undelay", str(delayed), str(dst), "--alignment", "64", "--no-fsync"]) == 0
+    assert f"wrote {dst} and {dst}.data" in capsys.readouterr().out
+    x = np.ones((2, 3), dtype=np.float32)
+    got = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, x @ w)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--alignment", "3"], "power of two"),
+        (["--weights", "../w.data"], "outside the destination model's folder"),
+    ],
+)
+def test_refusals_are_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], args, fragment) -> None:
+    delayed, _ = delayed_model(tmp_path)
+    (tmp_path / "out").mkdir()
+    dst = tmp_path / "out" / "m.onnx"
+    argv = ["undelay", str(delayed), str(dst), *[a if a != "../w.data" else str(tmp_path / "w.data") for a in args]]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and fragment in err[0]
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_outside_file_needs_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "w.bin"
+    data.write_bytes(np.array([1.5, -2], dtype="<f4").tobytes())
+    node = helper.make_node(
+        "DelayedInitializer",
+        [],
+        ["y"],
+        domain="ai.rt",
+        dtype=1,
+        load_device="cpu",
+        runtime_device="cpu",
+        filename=str(data),
+        offset=0,
+    )
+    node.attribute.insert(0, helper.make_attribute("shape", [2]))
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("ai.rt", 1)]
+    (tmp_path / "model").mkdir()
+    src = tmp_path / "model" / "spec.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=10), src)
+    dst = tmp_path / "model" / "out.onnx"
+    assert main(["undelay", str(src), str(dst)]) == 1
+    assert "--allow-outside-folder" in capsys.readouterr().err
+    assert not dst.exists()
+    assert main(["undelay", str(src), str(dst), "--allow-outside-folder"]) == 0
+    got = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, {})[0]
+    np.testing.assert_array_equal(got, [1.5, -2])
