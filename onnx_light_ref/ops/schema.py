@@ -3,7 +3,20 @@
 :func:`register_schemas` makes ``onnx.checker.check_model(model, check_custom_domain=True)`` validate the node
 (six required attributes with their types, no inputs, one output ``output`` of type ``T``) and
 ``onnx.shape_inference.infer_shapes`` type its output from ``dtype`` and ``shape``. The inference function applies
-the kernel's own rules (``onnx_light_ref.ops.attributes``) and raises ``ValueError`` with the same messages.
+the kernel's own rules (``onnx_light_ref.ops.attributes``, same messages) and raises
+``onnx.shape_inference.InferenceError`` naming the node (``[ShapeInferenceError] node DelayedInitializer[ai.rt]
+(name): ...``), as onnx's own operators do.
+
+Strict and non-strict inference (checked by the schema tests, onnx 1.23):
+
+* An invalid DelayedInitializer node (missing, mistyped or out-of-range attribute, an input, a second output)
+  raises ``InferenceError`` in BOTH modes, from ``infer_shapes`` and from ``check_model(full_check=True)``: onnx
+  swallows errors of its C++ inference functions in non-strict mode, but never an exception raised by a Python
+  inference function, and the function cannot tell which mode it runs in.
+* What non-strict mode does swallow are the conflicts onnx detects itself around a valid node: an output declared
+  (graph output or ``value_info``) with another element type or shape than the node's ``dtype``/``shape``, and
+  errors of downstream standard operators. Those raise ``InferenceError`` with ``strict_mode=True`` only
+  (``check_model(full_check=True)`` infers strictly; non-strict ``infer_shapes`` keeps the declared type).
 
 Ordering matters (see the onnx pitfalls): the inference function is attached *before* ``register_schema`` (set
 afterwards it is silently ignored), and a schema without inference would be worse than none. Registration is
@@ -53,7 +66,7 @@ _ATTRIBUTE_DOCS = {
     "offset": "Byte offset of the tensor payload within filename.",
 }
 
-_ATTR_TYPE_ENUM = {
+_ATTR_TYPE_ENUM: dict[int, OpSchema.AttrType] = {
     AttributeProto.INTS: OpSchema.AttrType.INTS,
     AttributeProto.INT: OpSchema.AttrType.INT,
     AttributeProto.STRING: OpSchema.AttrType.STRING,
@@ -115,25 +128,38 @@ def make_delayed_initializer_node(
     return node
 
 
+def _node_label(ctx: onnx.shape_inference.InferenceContext) -> str:
+    # get_display_name ("node DelayedInitializer[ai.rt] (name)") exists in onnx >= 1.16; older ones name no node.
+    display = getattr(ctx, "get_display_name", None)
+    return str(display()) if callable(display) else f"node {OP_TYPE}[{DOMAIN}]"
+
+
 def _infer_delayed_initializer(ctx: onnx.shape_inference.InferenceContext) -> None:
-    """Shape inference: validate like the kernel, then type output 0 as (dtype, shape). No file access."""
-    where = f"{OP_TYPE} shape inference"
-    if ctx.get_num_inputs() != 0:
-        raise ValueError(f"{where}: DelayedInitializer takes no inputs, got {ctx.get_num_inputs()}.")
-    if ctx.get_num_outputs() < 1:
-        raise ValueError(f"{where}: DelayedInitializer needs one output, got none.")
-    values: dict[str, object] = {}
-    for name, attr_type in ATTRIBUTE_TYPES.items():
-        attr = ctx.get_attribute(name)
-        if attr is None:
-            continue  # reported as missing by validate_attributes, with all other missing names
-        if attr.type != attr_type:
-            raise ValueError(
-                f"{where}: attribute {name!r} must be {AttributeProto.AttributeType.Name(attr_type)}, got "
-                f"{AttributeProto.AttributeType.Name(attr.type)}."
-            )
-        values[name] = onnx.helper.get_attribute_value(attr)
-    params = validate_attributes(values, where=where)
+    """Shape inference: validate like the kernel, then type output 0 as (dtype, shape). No file access.
+
+    Raises ``onnx.shape_inference.InferenceError`` naming the node, as onnx's own inference does. onnx propagates
+    any exception of a Python inference function whatever ``strict_mode`` says (see the module docstring).
+    """
+    where = f"[ShapeInferenceError] {_node_label(ctx)}"
+    try:
+        if ctx.get_num_inputs() != 0:
+            raise ValueError(f"{where}: DelayedInitializer takes no inputs, got {ctx.get_num_inputs()}.")
+        if ctx.get_num_outputs() != 1:
+            raise ValueError(f"{where}: DelayedInitializer has exactly one output, got {ctx.get_num_outputs()}.")
+        values: dict[str, object] = {}
+        for name, attr_type in ATTRIBUTE_TYPES.items():
+            attr = ctx.get_attribute(name)
+            if attr is None:
+                continue  # reported as missing by validate_attributes, with all other missing names
+            if attr.type != attr_type:
+                raise ValueError(
+                    f"{where}: attribute {name!r} must be {AttributeProto.AttributeType.Name(attr_type)}, got "
+                    f"{AttributeProto.AttributeType.Name(attr.type)}."
+                )
+            values[name] = onnx.helper.get_attribute_value(attr)
+        params = validate_attributes(values, where=where)
+    except ValueError as exc:
+        raise onnx.shape_inference.InferenceError(str(exc)) from exc
     ctx.set_output_type(0, onnx.helper.make_tensor_type_proto(params.dtype, list(params.shape)))
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import onnx
 import onnx.defs
@@ -12,9 +15,11 @@ import pytest
 from onnx import TensorProto
 from onnx import helper as oh
 
+import onnx_light_ref
 from onnx_light_ref.ops import ALLOWED_DTYPES, register_schemas
 from onnx_light_ref.ops.attributes import ATTRIBUTE_TYPES
 from onnx_light_ref.ops.dtypes import ALLOWED_TYPE_STRINGS, np_dtype_for
+from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE, make_delayed_initializer_node
 
 OPSETS = [oh.make_opsetid("", 18), oh.make_opsetid("ai.rt", 1)]
 
@@ -183,12 +188,109 @@ def test_infer_shapes_types_the_output(dtype: int, shape: list[int]) -> None:
 )
 @pytest.mark.parametrize("strict", [False, True])
 def test_infer_shapes_validates_like_the_kernel(overrides: dict, drop: tuple, fragment: str, strict: bool) -> None:
+    """An invalid node is an InferenceError naming the node in both modes: non-strict cannot swallow it."""
     model = model_with_identity(make_node(drop=drop, **overrides))
-    with pytest.raises(ValueError, match=f"DelayedInitializer shape inference: {fragment}"):
+    with pytest.raises(onnx.shape_inference.InferenceError) as info:
         onnx.shape_inference.infer_shapes(model, strict_mode=strict)
+    assert re.search(rf"^\[ShapeInferenceError\] node DelayedInitializer\[ai\.rt\] \(w\): {fragment}", str(info.value))
+    assert not isinstance(info.value, ValueError)
 
 
-def test_strict_inference_reports_a_conflicting_declared_type() -> None:
-    model = model_declaring(make_node(dtype=TensorProto.INT64), TensorProto.FLOAT, [2, 3])
-    with pytest.raises(onnx.shape_inference.InferenceError):
-        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+@pytest.mark.parametrize("full_check", [False, True])
+def test_check_model_reports_an_invalid_node_by_name(full_check: bool) -> None:
+    """check_model's own attribute check (ValidationError), then full_check's inference (InferenceError)."""
+    model = model_declaring(make_node(shape=[2, -3]), TensorProto.FLOAT, [2, 3])
+    if full_check:
+        with pytest.raises(
+            onnx.shape_inference.InferenceError, match=r"node DelayedInitializer\[ai\.rt\] \(w\): shape"
+        ):
+            onnx.checker.check_model(model, full_check=True)
+    else:
+        onnx.checker.check_model(model)  # the checker validates attribute presence and types, not values
+    model = model_declaring(make_node(drop=("offset",)), TensorProto.FLOAT, [2, 3])
+    with pytest.raises(onnx.checker.ValidationError, match="Required attribute 'offset' is missing"):
+        onnx.checker.check_model(model, full_check=full_check)
+
+
+@pytest.mark.parametrize(
+    ("elem_type", "shape", "message"),
+    [
+        (TensorProto.INT64, [2, 3], "Inferred elem type differs from existing elem type"),
+        (TensorProto.FLOAT, [4, 3], "Inferred shape and existing shape differ in dimension 0"),
+    ],
+)
+def test_non_strict_inference_swallows_declared_conflicts_strict_reports_them(
+    elem_type: int, shape: list[int], message: str
+) -> None:
+    """What non-strict mode can swallow: a valid node whose output is declared with another type or shape."""
+    node = make_node(dtype=TensorProto.FLOAT, shape=[2, 3])
+    identity = oh.make_node("Identity", ["y"], ["z"])
+    model = oh.make_model(
+        oh.make_graph([node, identity], "g", [], [oh.make_tensor_value_info("z", elem_type, shape)]),
+        opset_imports=OPSETS,
+    )
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    y = next(vi for vi in inferred.graph.value_info if vi.name == "y")
+    assert y.type.tensor_type.elem_type == TensorProto.FLOAT
+    assert [d.dim_value for d in y.type.tensor_type.shape.dim] == [2, 3]
+    onnx.checker.check_model(model)
+    with pytest.raises(onnx.shape_inference.InferenceError, match=message):
+        onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    with pytest.raises(onnx.shape_inference.InferenceError, match=message):
+        onnx.checker.check_model(model, full_check=True)
+
+
+def test_node_builder_writes_the_reference_attribute_order() -> None:
+    node = make_delayed_initializer_node(
+        "y", shape=[], dtype=TensorProto.DOUBLE, load_device="cpu", filename="/abs/w.bin", offset=8, name="n"
+    )
+    assert (node.op_type, node.domain, node.name, list(node.input), list(node.output)) == (
+        OP_TYPE,
+        DOMAIN,
+        "n",
+        [],
+        ["y"],
+    )
+    assert (OP_TYPE, DOMAIN) == ("DelayedInitializer", "ai.rt")
+    assert [(a.name, a.type) for a in node.attribute] == list(ATTRIBUTE_TYPES.items())
+    assert [oh.get_attribute_value(a) for a in node.attribute] == [[], 11, b"cpu", b"cpu", b"/abs/w.bin", 8]
+    model = model_declaring(node, TensorProto.DOUBLE, [])
+    onnx.checker.check_model(model, full_check=True, check_custom_domain=True)
+    assert make_node() == make_delayed_initializer_node(
+        "y", shape=[2, 3], dtype=TensorProto.FLOAT, load_device="file", filename="weights.bin", offset=16, name="w"
+    )
+
+
+def test_the_package_spells_the_domain_and_op_type_in_one_place() -> None:
+    """No string "ai.rt" / "DelayedInitializer" in code outside ops/schema.py.
+
+    Docstrings, ``__all__`` lists and the packages' export tables name the Python class, not the op: they do not count.
+    """
+    package = Path(onnx_light_ref.__file__).parent
+    # Owned by another helper and pending its change (reported): the kernel's op_domain and bind()'s class name,
+    # and undelay's private copies of the constants.
+    pending = {"ops/delayed_initializer.py", "ops/undelay.py"}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        if relative == "ops/schema.py" or relative in pending or path.name == "__init__.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        ignored = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+                first = node.body[0]
+                if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                    ignored.add(id(first.value))
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+            ):
+                ignored.update(id(n) for n in ast.walk(node.value))
+        found += [
+            f"{relative}:{node.lineno}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and node.value in ("ai.rt", "DelayedInitializer")
+            and id(node) not in ignored
+        ]
+    assert found == []
