@@ -8,8 +8,10 @@ Two executions of one plan:
   approach, kept as a user-facing function and as the oracle for tests and benchmarks.
 
 Both share :func:`plan_alignment` (walk, validate every location and range, refuse destinations that are sources,
-compute every offset), so their outputs are byte-identical by construction. Nothing is written before the plan is
-complete; outputs are published atomically, weights first and ``.onnx`` last.
+compute every offset), so their outputs are byte-identical by construction. Each public function reads plan → copy →
+publish: nothing is written before the plan is complete, and outputs are published as one
+:class:`~onnx_light_ref.io.publish.OutputTransaction` (weights first, ``.onnx`` last). This module never modifies a
+source file.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import onnx
 
 from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.alignment import align_up, validate_alignment
+from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
 from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, RangeCopier, open_source
+from onnx_light_ref.io.entries import is_external, write_entries
 from onnx_light_ref.io.locations import (
     ExternalRef,
     FileIdentity,
@@ -31,15 +35,17 @@ from onnx_light_ref.io.locations import (
     check_location_syntax,
     check_not_hard_linked,
     file_identity,
-    is_external,
     parse_external_data,
 )
 from onnx_light_ref.io.model_file import load_model_metadata, serialize_model
-from onnx_light_ref.io.publish import StagedFile, publish_all, staged_files
+from onnx_light_ref.io.posix import pread_exact
+from onnx_light_ref.io.publish import OutputTransaction
+from onnx_light_ref.io.results import AlignResult
 from onnx_light_ref.io.walker import iter_tensors
 
 __all__ = [
     "AlignPlan",
+    "AlignResult",
     "Placements",
     "align_external_data_in_memory",
     "align_external_data_streaming",
@@ -48,16 +54,13 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PathLike = str | os.PathLike[str]
-
 
 @dataclass(frozen=True)
 class Placements:
     """Where every external tensor goes, in :func:`iter_tensors` order: one pair of int64 per tensor.
 
-    Columns rather than one object per tensor: models with tens of thousands of tensors would otherwise spend more
-    memory on the plan than on the parsed model (~1 KiB per tensor measured). The tensors themselves are found again
-    by walking the (unchanged) model in the same order.
+    Columns rather than one object per tensor, so that the plan stays small next to the parsed model (docs/align.md,
+    "Design notes"). The tensors themselves are found again by walking the (unchanged) model in the same order.
     """
 
     dst_offsets: array[int] = field(default_factory=lambda: array("q"))
@@ -119,8 +122,7 @@ def plan_alignment(
     for site in iter_tensors(model):
         if not is_external(site.tensor):
             continue
-        # Each reference is checked and reduced to its placement right away: holding every ExternalRef until the
-        # end of planning cost ~1 KiB per tensor (tens of MiB on models with tens of thousands of tensors).
+        # Each reference is checked and reduced to its placement right away, never kept (docs/align.md).
         ref = parse_external_data(site.tensor, resolver, label=site.label)
         destinations.check(ref)
         check_not_hard_linked(ref)
@@ -194,49 +196,31 @@ class _Destinations:
 
 
 def _rewrite_entries(plan: AlignPlan) -> None:
-    """Point every external tensor of the plan's model at its new place (``checksum`` kept, other keys dropped).
-
-    Entries that already have the wanted keys in the wanted order (what onnx and this package write) only get new
-    values: protobuf arenas never give back a deleted entry, so rebuilding them all grew memory by ~140 bytes per
-    tensor for nothing.
-    """
+    """Point every external tensor of the plan's model at its new place (``checksum`` kept, other keys dropped)."""
     placements = plan.placements
     tensors = (site.tensor for site in iter_tensors(plan.model) if is_external(site.tensor))
     for index, tensor in enumerate(tensors):
-        wanted = [("location", plan.location), ("offset", str(placements.dst_offsets[index]))]
-        wanted.append(("length", str(placements.lengths[index])))
-        checksum = placements.checksums.get(index)
-        if checksum is not None:
-            wanted.append(("checksum", checksum))
-        entries = tensor.external_data
-        if [entry.key for entry in entries] == [key for key, _ in wanted]:
-            for entry, (_, value) in zip(entries, wanted, strict=True):
-                if entry.value != value:
-                    entry.value = value
-        else:
-            del entries[:]
-            for key, value in wanted:
-                entry = entries.add()
-                entry.key = key
-                entry.value = value
-        tensor.data_location = onnx.TensorProto.EXTERNAL
+        write_entries(
+            tensor,
+            plan.location,
+            placements.dst_offsets[index],
+            placements.lengths[index],
+            placements.checksums.get(index),
+        )
 
 
-def _publish(plan: AlignPlan, weights: StagedFile | None, files: list[StagedFile]) -> int:
-    _rewrite_entries(plan)
-    model_file = StagedFile(plan.dst_onnx_path)
-    files.append(model_file)
-    model_file.write_all(serialize_model(plan.model), 0)
-    publish_all(([weights] if weights is not None else []) + [model_file])
-    logger.info(
-        "wrote %s (%d tensors, %d bytes, %d padding) and %s",
-        plan.dst_weights_path,
-        len(plan.placements),
-        plan.total_size,
-        plan.total_size - plan.payload_bytes,
-        plan.dst_onnx_path,
-    )
-    return plan.total_size
+def _copy_streaming(
+    plan: AlignPlan, outputs: OutputTransaction, chunk_size: int, progress: ProgressCallback | None
+) -> frozenset[str]:
+    """Stage the weights file and copy every range into it file-to-file; return the copy methods used."""
+    if not plan.placements:
+        return frozenset()
+    weights = outputs.stage(plan.dst_weights_path)
+    assert weights.fd is not None
+    with RangeCopier(weights.fd, chunk_size) as copier:
+        copier.copy(plan.ranges, progress)
+    weights.set_size(plan.total_size)
+    return frozenset(copier.used_methods)
 
 
 def _read_all(ranges: list[CopyRange]) -> list[bytearray]:
@@ -256,17 +240,52 @@ def _read_all(ranges: list[CopyRange]) -> list[bytearray]:
 
 def _read_range(fd: int, item: CopyRange) -> bytearray:
     payload = bytearray(item.length)  # kept as is: bytes(payload) would hold a second copy for a moment
-    view = memoryview(payload)
-    done = 0
-    while done < item.length:
-        got = os.preadv(fd, [view[done:]], item.src_offset + done)
-        if got == 0:
-            raise ExternalDataError(
-                f"source file {item.src_path!r} ended at offset {item.src_offset + done} while "
-                f"{item.length - done} more bytes were expected; was it truncated while being read?"
-            )
-        done += got
+    got = pread_exact(fd, memoryview(payload), item.src_offset)
+    if got < item.length:
+        raise ExternalDataError(
+            f"source file {item.src_path!r} ended at offset {item.src_offset + got} while "
+            f"{item.length - got} more bytes were expected; was it truncated while being read?"
+        )
     return payload
+
+
+def _write_payloads(
+    plan: AlignPlan, payloads: list[bytearray], outputs: OutputTransaction, progress: ProgressCallback | None
+) -> frozenset[str]:
+    """Stage the weights file and write every payload read by :func:`_read_all` at its place."""
+    if not plan.placements:
+        return frozenset()
+    weights = outputs.stage(plan.dst_weights_path)
+    done = 0
+    for item, payload in zip(plan.ranges, payloads, strict=True):
+        weights.write_all(payload, item.dst_offset)
+        done += item.length
+        if progress is not None:
+            progress(done, plan.payload_bytes)
+    weights.set_size(plan.total_size)
+    return frozenset({"pread_pwrite"}) if plan.ranges else frozenset()
+
+
+def _publish(plan: AlignPlan, outputs: OutputTransaction, copy_methods: frozenset[str]) -> AlignResult:
+    """Rewrite the entries, then publish the staged weights and the ``.onnx`` as one transaction."""
+    _rewrite_entries(plan)
+    outputs.publish(plan.dst_onnx_path, serialize_model(plan.model))
+    result = AlignResult(
+        plan.total_size,
+        tensors=len(plan.placements),
+        payload_bytes=plan.payload_bytes,
+        weights_files=[plan.dst_weights_path] if plan.placements else [],
+        copy_methods=copy_methods,
+    )
+    logger.info(
+        "wrote %s (%d tensors, %d bytes, %d padding) and %s",
+        plan.dst_weights_path,
+        result.tensors,
+        result,
+        result.padding,
+        plan.dst_onnx_path,
+    )
+    return result
 
 
 def align_external_data_streaming(
@@ -277,29 +296,48 @@ def align_external_data_streaming(
     chunk_size: int = 4 * 1024 * 1024,
     *,
     progress: ProgressCallback | None = None,
-) -> int:
+    durable: bool = True,
+) -> AlignResult:
     """Copy every external tensor of ``src_onnx_path`` into one weights file at ``alignment``-multiple offsets.
 
-    Only the ``.onnx`` is parsed; weight bytes go file-to-file through the kernel (``copy_file_range``, then
-    ``sendfile``, then a bounded ``preadv``/``pwrite`` loop), at most ``chunk_size`` bytes per call. Inline tensors
-    stay inline. ``dst_weights_path`` defaults to ``<dst_onnx_path>.data`` and must be inside the ``.onnx`` folder.
-    ``dst_onnx_path`` may equal ``src_onnx_path``; a ``dst_weights_path`` that is a source file is refused.
-    ``progress(done_bytes, total_bytes)`` is called as bytes move. Returns the destination weights file size
-    (padding included; 0 and no file when no tensor is external).
+    Weight bytes go file-to-file through the kernel (``copy_file_range``, then ``sendfile``, then a bounded
+    ``preadv``/``pwrite`` loop), at most ``chunk_size`` bytes per call, so memory stays bounded whatever the model
+    size. Inline tensors stay inline. Identical source ranges are stored once. Every reference is validated before
+    the first byte is written; the weights file and then the ``.onnx`` appear atomically, or neither changes.
+
+    Args:
+        src_onnx_path: the model to re-align. Only this ``.onnx`` is parsed (``load_external_data=False``); its
+            external files are read, never modified.
+        dst_onnx_path: the model to write. May equal ``src_onnx_path`` (the source is replaced atomically, after
+            its weights were copied). Its folder must exist.
+        dst_weights_path: the weights file to write; default ``<dst_onnx_path>.data``. It must be inside the folder
+            of ``dst_onnx_path`` (stored as a relative ``location`` without ``..``) and must not be a source file.
+        alignment: every tensor offset is a multiple of it: a power of two, or 0/1 for packed (no padding).
+        chunk_size: at most this many bytes per system call (an int >= 1); also the size of the one buffer of the
+            read/write fallback.
+        progress: called as ``progress(done_bytes, total_bytes)`` while bytes move.
+        durable: fsync the outputs and their folder before and after publishing (default). ``False`` skips every
+            fsync (outputs still appear atomically, with the same bytes) for scratch copies and benchmarks.
+
+    Returns:
+        An :class:`~onnx_light_ref.io.results.AlignResult`: an ``int`` equal to the weights file size, padding
+        included (0, and no weights file, when no tensor is external), which also carries the tensor count, payload
+        bytes, padding, weights files written and copy methods used.
+
+    Raises:
+        ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
+        InvalidModelError: ``src_onnx_path`` is not an ONNX model, or the result cannot be serialized.
+        ExternalDataError: a malformed or out-of-bounds reference (``UnsafeLocationError`` for a location outside the
+            model's folder or a hard-linked file, ``DestinationConflictError`` for a destination that is a source).
+        FileNotFoundError: the source model, a referenced file or the destination folder does not exist.
+        OSError: the copy or the publication failed (e.g. ENOSPC); the destinations are then unchanged.
     """
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
+    check_int("chunk_size", chunk_size, minimum=1)
+    check_bool("durable", durable)
     plan = plan_alignment(src_onnx_path, dst_onnx_path, dst_weights_path, alignment)
-    with staged_files() as files:
-        weights = None
-        if plan.placements:
-            weights = StagedFile(plan.dst_weights_path)
-            files.append(weights)
-            assert weights.fd is not None
-            with RangeCopier(weights.fd, chunk_size) as copier:
-                copier.copy(plan.ranges, progress)
-            weights.set_size(plan.total_size)
-        return _publish(plan, weights, files)
+    with OutputTransaction(durable=durable) as outputs:
+        copy_methods = _copy_streaming(plan, outputs, chunk_size, progress)
+        return _publish(plan, outputs, copy_methods)
 
 
 def align_external_data_in_memory(
@@ -309,24 +347,39 @@ def align_external_data_in_memory(
     alignment: int = 4096,
     *,
     progress: ProgressCallback | None = None,
-) -> int:
+    durable: bool = True,
+) -> AlignResult:
     """Same result as :func:`align_external_data_streaming`, but every weight is read into memory first.
 
     This is what ``onnx.load(..., load_external_data=True)`` followed by an aligned save costs: peak memory grows
     with the weights. Useful when the weights are small, and as the byte-for-byte oracle of the streaming version.
+
+    Args:
+        src_onnx_path: the model to re-align. Only this ``.onnx`` is parsed (``load_external_data=False``); its
+            external files are read, never modified.
+        dst_onnx_path: the model to write. May equal ``src_onnx_path`` (the source is replaced atomically, after
+            its weights were read). Its folder must exist.
+        dst_weights_path: the weights file to write; default ``<dst_onnx_path>.data``. It must be inside the folder
+            of ``dst_onnx_path`` (stored as a relative ``location`` without ``..``) and must not be a source file.
+        alignment: every tensor offset is a multiple of it: a power of two, or 0/1 for packed (no padding).
+        progress: called as ``progress(done_bytes, total_bytes)`` while bytes are written.
+        durable: fsync the outputs and their folder (default); ``False`` skips every fsync, same bytes.
+
+    Returns:
+        An :class:`~onnx_light_ref.io.results.AlignResult`, as :func:`align_external_data_streaming` returns
+        (``copy_methods`` is ``{"pread_pwrite"}`` when bytes moved).
+
+    Raises:
+        ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
+        InvalidModelError: ``src_onnx_path`` is not an ONNX model, or the result cannot be serialized.
+        ExternalDataError: a malformed or out-of-bounds reference, a source truncated while read, an unsafe
+            location (``UnsafeLocationError``) or a destination that is a source (``DestinationConflictError``).
+        FileNotFoundError: the source model, a referenced file or the destination folder does not exist.
+        OSError: reading or publishing failed; the destinations are then unchanged.
     """
+    check_bool("durable", durable)
     plan = plan_alignment(src_onnx_path, dst_onnx_path, dst_weights_path, alignment)
     payloads = _read_all(plan.ranges)
-    with staged_files() as files:
-        weights = None
-        if plan.placements:
-            weights = StagedFile(plan.dst_weights_path)
-            files.append(weights)
-            done = 0
-            for item, payload in zip(plan.ranges, payloads, strict=True):
-                weights.write_all(payload, item.dst_offset)
-                done += item.length
-                if progress is not None:
-                    progress(done, plan.payload_bytes)
-            weights.set_size(plan.total_size)
-        return _publish(plan, weights, files)
+    with OutputTransaction(durable=durable) as outputs:
+        copy_methods = _write_payloads(plan, payloads, outputs, progress)
+        return _publish(plan, outputs, copy_methods)

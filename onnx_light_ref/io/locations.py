@@ -13,14 +13,14 @@ from __future__ import annotations
 import math
 import os
 import stat
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx.external_data_helper import ExternalDataInfo
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
+from onnx_light_ref.io.entries import is_external, parse_entry_int, read_entries
+from onnx_light_ref.io.posix import check_single_link
 
 __all__ = [
     "ExternalRef",
@@ -31,17 +31,13 @@ __all__ = [
     "check_not_hard_linked",
     "expected_nbytes",
     "file_identity",
-    "is_external",
+    "is_external",  # re-exported from onnx_light_ref.io.entries, where it lives
     "parse_external_data",
     "resolve_location",
 ]
 
-# Largest value an int64 `offset`/`length` can hold: anything above cannot come from a valid writer and would
-# overflow the C++ loaders (OpenVINO #34070), so it is refused even though Python ints do not overflow.
-_INT64_MAX = 2**63 - 1
-
 # Element types whose elements are smaller than a byte: (elements per byte). Packed as in ONNX raw_data.
-_SUB_BYTE_ELEMENTS_PER_BYTE = {
+_SUB_BYTE_ELEMENTS_PER_BYTE: dict[int, int] = {
     onnx.TensorProto.INT4: 2,
     onnx.TensorProto.UINT4: 2,
 }
@@ -68,14 +64,20 @@ class ExternalRef:
     offset: int
     length: int
     checksum: str | None
-    file_size: int
-    identity: FileIdentity
-    link_count: int  # > 1: the file is hard-linked (see check_not_hard_linked)
+    file_stat: os.stat_result  # of the resolved file, when it was validated
 
+    @property
+    def file_size(self) -> int:
+        return self.file_stat.st_size
 
-def is_external(tensor: onnx.TensorProto) -> bool:
-    """True when the tensor declares ``data_location == EXTERNAL``."""
-    return tensor.data_location == onnx.TensorProto.EXTERNAL
+    @property
+    def identity(self) -> FileIdentity:
+        return FileIdentity(self.file_stat.st_dev, self.file_stat.st_ino)
+
+    @property
+    def link_count(self) -> int:
+        """More than 1: the file is hard-linked (see :func:`check_not_hard_linked`)."""
+        return self.file_stat.st_nlink
 
 
 def file_identity(path: str) -> FileIdentity | None:
@@ -183,20 +185,6 @@ def expected_nbytes(tensor: onnx.TensorProto) -> int | None:
     return n_elements * itemsize
 
 
-def _parse_int_entry(tensor_name: str, key: str, value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise ExternalDataError(
-            f"tensor {tensor_name!r}: external data {key!r} must be a non-negative integer, got {value!r}."
-        ) from None
-    if number < 0:
-        raise ExternalDataError(f"tensor {tensor_name!r}: external data {key!r} must be non-negative, got {number}.")
-    if number > _INT64_MAX:
-        raise ExternalDataError(f"tensor {tensor_name!r}: external data {key!r} = {number} does not fit in int64.")
-    return number
-
-
 def check_external_structure(tensor: onnx.TensorProto, *, label: str | None = None) -> None:
     """Refuse an EXTERNAL tensor that also carries inline ``raw_data``, or that has no ``external_data`` entries."""
     name = label or tensor.name
@@ -216,49 +204,20 @@ def parse_external_data(
 
     ``base_dir`` is the model's folder, or a :class:`LocationResolver` for it when validating many tensors.
 
-    Uses onnx's :class:`ExternalDataInfo` for the key whitelist (unknown keys are an error here, not a warning: a
-    writer that adds keys we would silently drop is better told). ``length`` is required unless dims and dtype give
-    it; when both exist they must agree. ``offset + length`` must fit in the file.
+    Entries are read by :func:`~onnx_light_ref.io.entries.read_entries` (unknown or duplicated keys are an error
+    here, not a warning: a writer that adds keys we would silently drop is better told) and numbers by
+    :func:`~onnx_light_ref.io.entries.parse_entry_int` (ASCII digits only, within int64). ``length`` is required
+    unless dims and dtype give it; when both exist they must agree. ``offset + length`` must fit in the file.
     """
     name = label or tensor.name
     check_external_structure(tensor, label=name)
-    keys = [entry.key for entry in tensor.external_data]
-    duplicated = sorted({k for k in keys if keys.count(k) > 1})
-    if duplicated:
-        raise ExternalDataError(f"tensor {name!r}: external_data has duplicated keys {duplicated}.")
-    raw = {entry.key: entry.value for entry in tensor.external_data}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            info = ExternalDataInfo(tensor)
-        except ValueError:
-            info = None  # onnx's message lacks the file; ours below is reported instead
-    if caught:
-        unknown = sorted(set(keys) - {"location", "offset", "length", "checksum", "basepath"})
-        raise ExternalDataError(
-            f"tensor {name!r}: unknown external_data keys {unknown}; expected only location, offset, length, checksum."
-        )
-    del info
-    location = raw.get("location", "")
-    if "location" not in raw:
+    raw = read_entries(tensor, label=name)
+    location = raw.get("location")
+    if location is None:
         raise ExternalDataError(f"tensor {name!r} has no external_data 'location'.")
-    offset = _parse_int_entry(name, "offset", raw["offset"]) if "offset" in raw else 0
-    expected = expected_nbytes(tensor)
-    if "length" in raw:
-        length = _parse_int_entry(name, "length", raw["length"])
-        if expected is not None and length != expected:
-            raise ExternalDataError(
-                f"tensor {name!r}: external data length {length} (in {raw.get('location')!r}) does not match dims "
-                f"{list(tensor.dims)} and "
-                f"data type {onnx.helper.tensor_dtype_to_string(tensor.data_type)} ({expected} bytes)."
-            )
-    elif expected is not None:
-        length = expected
-    else:
-        raise ExternalDataError(
-            f"tensor {name!r} has no external_data 'length' and its data type "
-            f"{tensor.data_type} does not give a byte size."
-        )
+    offset_text = raw.get("offset")
+    offset = parse_entry_int(offset_text, label=name, key="offset") if offset_text is not None else 0
+    length = _entry_length(tensor, name, raw.get("length"), location)
     resolver = base_dir if isinstance(base_dir, LocationResolver) else LocationResolver(base_dir)
     path, st = resolver.resolve(location, tensor_name=name)
     if offset > st.st_size or length > st.st_size - offset:
@@ -273,10 +232,28 @@ def parse_external_data(
         offset=offset,
         length=length,
         checksum=raw.get("checksum"),
-        file_size=st.st_size,
-        identity=FileIdentity(st.st_dev, st.st_ino),
-        link_count=st.st_nlink,
+        file_stat=st,
     )
+
+
+def _entry_length(tensor: onnx.TensorProto, name: str, text: str | None, location: str) -> int:
+    """The ``length`` entry, checked against dims x dtype; or dims x dtype when the entry is absent."""
+    expected = expected_nbytes(tensor)
+    if text is not None:
+        length = parse_entry_int(text, label=name, key="length")
+        if expected is not None and length != expected:
+            raise ExternalDataError(
+                f"tensor {name!r}: external data length {length} (in {location!r}) does not match dims "
+                f"{list(tensor.dims)} and "
+                f"data type {onnx.helper.tensor_dtype_to_string(tensor.data_type)} ({expected} bytes)."
+            )
+        return length
+    if expected is None:
+        raise ExternalDataError(
+            f"tensor {name!r} has no external_data 'length' and its data type "
+            f"{tensor.data_type} does not give a byte size."
+        )
+    return expected
 
 
 def check_not_hard_linked(ref: ExternalRef) -> None:
@@ -286,9 +263,6 @@ def check_not_hard_linked(ref: ExternalRef) -> None:
     a new weights file would leak it. Kept separate from :func:`parse_external_data` so that callers can first report
     the more useful "destination is a source" error when the extra link is their own destination.
     """
-    if ref.link_count > 1:
-        raise UnsafeLocationError(
-            f"tensor {ref.tensor_name!r}: external data file {ref.location!r} ({ref.path!r}) has "
-            f"{ref.link_count} hard links; refused as onnx does (a hard link can expose a file from outside the "
-            "model's folder). Copy the file instead of hard-linking it."
-        )
+    check_single_link(
+        ref.file_stat, what=f"tensor {ref.tensor_name!r}: external data file {ref.location!r} ({ref.path!r})"
+    )

@@ -3,6 +3,12 @@
 A destination path is therefore always either absent, its previous version, or the complete new file; never
 half-written. Temp files are named ``.<final name>.<pid>.<random>.tmp`` so that a later run can recognise and
 remove those left by a killed process (whose pid is gone) without touching anything else.
+
+Every writer publishes through :class:`OutputTransaction`: stage the weights file(s), write them, then
+:meth:`OutputTransaction.publish` stages the ``.onnx`` last and renames everything as one transaction (rolled back on
+failure). ``durable=False`` skips every ``fsync`` (files and folders) but keeps the temp file and the atomic rename:
+same bytes, no crash durability. This module never writes outside the destination folders and never deletes a file
+that is not one of its own temp files.
 """
 
 from __future__ import annotations
@@ -14,8 +20,12 @@ import os
 import re
 import secrets
 from collections.abc import Iterator, Sequence
+from types import TracebackType
 
-__all__ = ["StagedFile", "publish_all", "remove_stale_temp_files", "staged_files"]
+from onnx_light_ref.io.arguments import check_bool
+from onnx_light_ref.io.posix import pwrite_all
+
+__all__ = ["OutputTransaction", "StagedFile", "publish_all", "remove_stale_temp_files", "staged_files"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +67,12 @@ def remove_stale_temp_files(final_path: str) -> list[str]:
 class StagedFile:
     """A new file written under a temp name next to ``final_path``; it takes the final name only in :meth:`commit`.
 
-    Created with mode ``0o666 & ~umask`` like any file the user creates (``mkstemp`` would give 0600).
+    Created with mode ``0o666 & ~umask`` like any file the user creates (``mkstemp`` would give 0600). With
+    ``durable=False`` neither the file nor its folder is ever fsynced (the rename stays atomic).
     """
 
-    def __init__(self, final_path: str) -> None:
+    def __init__(self, final_path: str, *, durable: bool = True) -> None:
+        self.durable = check_bool("durable", durable)
         self.final_path = os.path.abspath(final_path)
         folder = os.path.dirname(self.final_path)
         if not os.path.isdir(folder):
@@ -78,10 +90,7 @@ class StagedFile:
     def write_all(self, data: bytes | bytearray | memoryview, offset: int) -> None:
         """Write ``data`` at ``offset`` (positional, loops on short writes)."""
         assert self.fd is not None
-        view = memoryview(data).cast("B")
-        written = 0
-        while written < len(view):
-            written += os.pwrite(self.fd, view[written:], offset + written)
+        pwrite_all(self.fd, data, offset)
 
     def set_size(self, size: int) -> None:
         """Set the final file size; gaps never written read as zeros."""
@@ -89,11 +98,12 @@ class StagedFile:
         os.ftruncate(self.fd, size)
 
     def flush(self) -> None:
-        """fsync the content and close the descriptor (the file keeps its temp name)."""
+        """fsync the content (when durable) and close the descriptor (the file keeps its temp name)."""
         if self.fd is not None:
             fd, self.fd = self.fd, None
             try:
-                os.fsync(fd)
+                if self.durable:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
 
@@ -128,12 +138,16 @@ class StagedFile:
             os.rename(self.final_path, self.temp_path)
             self.committed = False
             if backup is None:
-                _fsync_folder(os.path.dirname(self.final_path))
+                self._fsync_folder()
         if backup is not None:
             if os.path.lexists(self.final_path):
                 os.unlink(backup)  # this file's own commit failed: the previous version never left
             else:
                 os.rename(backup, self.final_path)
+            self._fsync_folder()
+
+    def _fsync_folder(self) -> None:
+        if self.durable:
             _fsync_folder(os.path.dirname(self.final_path))
 
     def discard(self) -> None:
@@ -149,7 +163,7 @@ class StagedFile:
 def _fsync_folder(folder: str) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:  # e.g. Windows cannot open folders; the rename is still atomic
+    except OSError:  # e.g. a folder we may not open; the rename is still atomic
         return
     try:
         os.fsync(fd)
@@ -159,15 +173,74 @@ def _fsync_folder(folder: str) -> None:
         os.close(fd)
 
 
+class OutputTransaction:
+    """The output files of one job, published together: N weights files, then the ``.onnx`` that points at them.
+
+    Use as a context manager. :meth:`stage` creates each weights file under a temp name; the caller writes it (through
+    :attr:`StagedFile.fd` or :meth:`StagedFile.write_all`) and sets its size. :meth:`publish` then stages the
+    ``.onnx`` from its serialized bytes and renames every file with :func:`publish_all` (weights in staging order,
+    ``.onnx`` last; all renames undone if one fails). Leaving the block on an exception deletes every temp file, so
+    a failed job leaves each destination exactly as it was.
+
+    Example::
+
+        with OutputTransaction(durable=True) as outputs:
+            weights = outputs.stage("out/model.onnx.data")
+            weights.write_all(payload, 0)
+            outputs.publish("out/model.onnx", model.SerializeToString())
+
+    Args:
+        durable: fsync every file and folder before and after the renames (default). ``False`` skips every fsync but
+            keeps the temp files and the atomic renames: the same bytes, without crash durability.
+    """
+
+    def __init__(self, *, durable: bool = True) -> None:
+        self.durable = check_bool("durable", durable)
+        self.files: list[StagedFile] = []
+
+    def __enter__(self) -> OutputTransaction:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if exc_type is not None:
+            _discard_all(self.files)
+
+    def stage(self, final_path: str) -> StagedFile:
+        """Create the temp file of ``final_path`` (a weights file); it is published by :meth:`publish`."""
+        staged = StagedFile(final_path, durable=self.durable)
+        self.files.append(staged)
+        return staged
+
+    def publish(self, model_path: str, model_bytes: bytes) -> StagedFile:
+        """Write the ``.onnx`` under a temp name, then publish every staged file and it, the ``.onnx`` last.
+
+        Returns the ``.onnx``'s :class:`StagedFile` (committed). Raises what writing or renaming raises, after
+        undoing every rename already done.
+        """
+        model_file = self.stage(model_path)
+        model_file.write_all(model_bytes, 0)
+        publish_all(self.files)
+        return model_file
+
+
+def _discard_all(files: Sequence[StagedFile]) -> None:
+    for staged in files:
+        staged.discard()
+
+
 @contextlib.contextmanager
 def staged_files() -> Iterator[list[StagedFile]]:
-    """Collect :class:`StagedFile` objects; on any exception every uncommitted one is deleted."""
+    """Collect :class:`StagedFile` objects; on any exception every uncommitted one is deleted.
+
+    The lower-level form of :class:`OutputTransaction`, for writers that order their files themselves.
+    """
     files: list[StagedFile] = []
     try:
         yield files
     except BaseException:
-        for staged in files:
-            staged.discard()
+        _discard_all(files)
         raise
 
 
@@ -180,7 +253,7 @@ def publish_all(files: Sequence[StagedFile]) -> None:
     before the call, so an old ``.onnx`` never ends up beside new weights it does not describe. Only a crash (the
     process killed between two renames) can still leave the new weights beside the previous ``.onnx``: so the renames
     follow each other with nothing in between (backups are made before the first, folders are fsynced once after
-    the last), which keeps that window to one ``rename`` system call.
+    the last), which keeps that window to one ``rename`` system call. Folders are fsynced only for durable files.
     """
     for staged in files:
         staged.flush()
@@ -197,7 +270,7 @@ def publish_all(files: Sequence[StagedFile]) -> None:
             except OSError as exc:  # keep the original error; say what could not be undone
                 logger.error("could not restore %s after a failed publication: %s", staged.final_path, exc)
         raise
-    for folder in dict.fromkeys(os.path.dirname(staged.final_path) for staged in files):
+    for folder in dict.fromkeys(os.path.dirname(staged.final_path) for staged in files if staged.durable):
         _fsync_folder(folder)
     for backup in backups:
         if backup is not None:

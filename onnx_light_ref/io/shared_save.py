@@ -5,11 +5,12 @@ no byte of its file is read or written. A tensor carrying inline ``raw_data`` (a
 *new*: its bytes go to one secondary weights file at ``alignment``-multiple offsets and its proto is pointed there.
 
 Guarantees: every check (reused references resolvable, secondary file not a reused file, no tensor both inline and
-external) happens before the first byte is written; files are published atomically (weights, then ``.onnx``); the
-caller's model is mutated only once everything is written. If publication fails after the mutation, the new
-tensors are restored from the weights file, so on any error the model is exactly as it was (and ``publish_all``
-undoes the weights rename when the ``.onnx`` rename fails). The new weights are never copied as a whole in memory:
-each tensor's bytes are written, then released.
+external) happens before the first byte is written; files are published as one
+:class:`~onnx_light_ref.io.publish.OutputTransaction` (weights, then ``.onnx``); the caller's model is mutated only
+once everything is written. If publication fails after the mutation, the new tensors are restored from the weights
+file, so on any error the model is exactly as it was (and the transaction undoes the weights rename when the
+``.onnx`` rename fails). The new weights are never copied as a whole in memory: each tensor's bytes are written, then
+released. This module never writes to a reused file.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import onnx
 
 from onnx_light_ref.errors import DanglingReferenceError, DestinationConflictError, ExternalDataError
 from onnx_light_ref.io.alignment import align_up, validate_alignment
+from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
 from onnx_light_ref.io.copy_engine import ProgressCallback
+from onnx_light_ref.io.entries import is_external, write_entries
 from onnx_light_ref.io.locations import (
     FileIdentity,
     LocationResolver,
@@ -30,18 +33,16 @@ from onnx_light_ref.io.locations import (
     check_location_syntax,
     expected_nbytes,
     file_identity,
-    is_external,
     parse_external_data,
 )
 from onnx_light_ref.io.model_file import serialize_model
-from onnx_light_ref.io.publish import StagedFile, publish_all, staged_files
+from onnx_light_ref.io.publish import OutputTransaction, StagedFile
+from onnx_light_ref.io.results import SaveResult
 from onnx_light_ref.io.walker import TensorSite, iter_tensors
 
-__all__ = ["save_model_with_shared_external_data"]
+__all__ = ["SaveResult", "save_model_with_shared_external_data"]
 
 logger = logging.getLogger(__name__)
-
-PathLike = str | os.PathLike[str]
 
 # Bytes handed to one pwrite, so that `progress` moves smoothly on large new tensors.
 _WRITE_SLICE = 8 * 1024 * 1024
@@ -54,8 +55,8 @@ class _NewTensor:
     site: TensorSite
     offset: int
     length: int
-    saved_entries: list[tuple[str, str]] = field(default_factory=list)
-    saved_data_location: int | None = None  # None: the field was not set
+    saved_entries: list[onnx.StringStringEntryProto] = field(default_factory=list)
+    saved_data_location: onnx.TensorProto.DataLocation | None = None  # None: the field was not set
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,10 @@ class _SavePlan:
     reused: int
     total_size: int
 
+    @property
+    def payload_bytes(self) -> int:
+        return sum(item.length for item in self.new)
+
 
 def save_model_with_shared_external_data(
     model: onnx.ModelProto,
@@ -77,38 +82,62 @@ def save_model_with_shared_external_data(
     size_threshold: int = 0,
     progress: ProgressCallback | None = None,
     check_references: bool = True,
-) -> int:
+    durable: bool = True,
+) -> SaveResult:
     """Save ``model`` to ``dst_onnx_path``, writing only its inline tensors to a secondary weights file.
 
-    ``location`` names the secondary file relative to the destination folder (default ``<dst name>.data``).
-    Tensors with fewer than ``size_threshold`` bytes, and tensors stored in typed fields (``float_data``...), stay
-    inline. With ``check_references`` every reused reference must resolve from the destination folder (relative,
-    inside it, file present, range within the file); else :class:`DanglingReferenceError` says which tensor dangles.
-    Returns the secondary file size, padding included (0, and no file created, when nothing is new). ``model`` is
-    mutated in place (new tensors become EXTERNAL) only after every file is written.
+    EXTERNAL tensors are reused as they are (no byte of their files is read or written); each inline ``raw_data``
+    tensor of at least ``size_threshold`` bytes moves to the secondary file at an ``alignment``-multiple offset.
+    Every check happens before the first byte is written; the secondary file and then the ``.onnx`` appear
+    atomically. ``model`` is mutated in place (new tensors become EXTERNAL) only after every file is written, and is
+    restored if publication fails.
+
+    Args:
+        model: the variant to save; its EXTERNAL tensors must resolve from the destination folder.
+        dst_onnx_path: the ``.onnx`` to write; its folder must exist.
+        alignment: every new tensor offset is a multiple of it: a power of two, or 0/1 for packed.
+        location: the secondary file's name relative to the destination folder (default ``<dst name>.data``); it
+            must not be a reused file nor the ``.onnx``.
+        size_threshold: tensors with fewer bytes stay inline (an int >= 0). Tensors stored in typed fields
+            (``float_data``...) always stay inline.
+        progress: called as ``progress(done_bytes, total_bytes)`` while new bytes are written.
+        check_references: require every reused reference to resolve from the destination folder (relative, inside
+            it, file present, range within the file). ``False`` writes the references as they are.
+        durable: fsync the outputs and their folder (default); ``False`` skips every fsync, same bytes.
+
+    Returns:
+        A :class:`~onnx_light_ref.io.results.SaveResult`: an ``int`` equal to the secondary file size, padding
+        included (0, and no file created, when nothing is new), which also carries the new and reused tensor
+        counts, payload bytes, padding and the weights files written.
+
+    Raises:
+        TypeError: ``model`` is not an ``onnx.ModelProto``.
+        ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
+        DanglingReferenceError: with ``check_references``, a reused reference does not resolve from the destination.
+        DestinationConflictError: the secondary file is the ``.onnx`` or a reused file (also through a hard link).
+        ExternalDataError: a tensor both inline and EXTERNAL, an unsafe ``location`` (``UnsafeLocationError``),
+            ``raw_data`` whose size disagrees with dims and data type.
+        InvalidModelError: the model cannot be serialized (over protobuf's 2 GiB limit).
+        FileNotFoundError: the destination folder does not exist.
+        OSError: writing or publishing failed; the destinations and ``model`` are then unchanged.
     """
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"model must be an onnx.ModelProto, got {type(model).__name__}.")
     step = validate_alignment(alignment)
-    if isinstance(size_threshold, bool) or not isinstance(size_threshold, int) or size_threshold < 0:
-        raise ValueError(f"size_threshold must be an int >= 0, got {size_threshold!r}.")
+    check_int("size_threshold", size_threshold)
+    check_bool("check_references", check_references)
+    check_bool("durable", durable)
     plan = _plan(model, os.path.abspath(os.fspath(dst_onnx_path)), location, step, size_threshold, check_references)
-
-    with staged_files() as files:
-        weights = None
-        if plan.new:
-            weights = StagedFile(plan.secondary_path)
-            files.append(weights)
-            _write_new_tensors(weights, plan, progress)
-        model_file = StagedFile(plan.dst_onnx)
-        files.append(model_file)
-        _externalize(plan)
-        try:
-            model_file.write_all(serialize_model(model), 0)
-            publish_all(([weights] if weights is not None else []) + [model_file])
-        except BaseException:
-            _restore(plan, weights)
-            raise
+    with OutputTransaction(durable=durable) as outputs:
+        weights = _write_new_tensors(outputs, plan, progress)
+        _publish(model, plan, outputs, weights)
+    result = SaveResult(
+        plan.total_size,
+        new_tensors=len(plan.new),
+        reused_tensors=plan.reused,
+        payload_bytes=plan.payload_bytes,
+        weights_files=[plan.secondary_path] if weights is not None else [],
+    )
     logger.info(
         "saved %s: %d reused tensors, %d new tensors in %s (%d bytes)",
         plan.dst_onnx,
@@ -117,7 +146,17 @@ def save_model_with_shared_external_data(
         plan.location,
         plan.total_size,
     )
-    return plan.total_size
+    return result
+
+
+def _publish(model: onnx.ModelProto, plan: _SavePlan, outputs: OutputTransaction, weights: StagedFile | None) -> None:
+    """Point the new tensors at the secondary file, then publish; on failure, give ``model`` its inline bytes back."""
+    _externalize(plan)
+    try:
+        outputs.publish(plan.dst_onnx, serialize_model(model))
+    except BaseException:
+        _restore(plan, weights)
+        raise
 
 
 def _plan(
@@ -221,8 +260,14 @@ def _check_reused(
         reused_files.setdefault(identity, (site.label, location))
 
 
-def _write_new_tensors(weights: StagedFile, plan: _SavePlan, progress: ProgressCallback | None) -> None:
-    payload = sum(item.length for item in plan.new)
+def _write_new_tensors(
+    outputs: OutputTransaction, plan: _SavePlan, progress: ProgressCallback | None
+) -> StagedFile | None:
+    """Stage the secondary file and write every new tensor's bytes; None (no file) when nothing is new."""
+    if not plan.new:
+        return None
+    weights = outputs.stage(plan.secondary_path)
+    payload = plan.payload_bytes
     done = 0
     for item in plan.new:
         raw = item.site.tensor.raw_data  # the one copy out of the proto, released after this tensor
@@ -240,21 +285,17 @@ def _write_new_tensors(weights: StagedFile, plan: _SavePlan, progress: ProgressC
                 progress(done, payload)
         del data, raw
     weights.set_size(plan.total_size)
+    return weights
 
 
 def _externalize(plan: _SavePlan) -> None:
     """Point every new tensor at the secondary file, remembering what :func:`_restore` needs to undo it."""
     for item in plan.new:
         tensor = item.site.tensor
-        item.saved_entries = [(entry.key, entry.value) for entry in tensor.external_data]
+        item.saved_entries = [onnx.StringStringEntryProto(key=e.key, value=e.value) for e in tensor.external_data]
         item.saved_data_location = tensor.data_location if tensor.HasField("data_location") else None
         tensor.ClearField("raw_data")
-        del tensor.external_data[:]
-        for key, value in (("location", plan.location), ("offset", str(item.offset)), ("length", str(item.length))):
-            entry = tensor.external_data.add()
-            entry.key = key
-            entry.value = value
-        tensor.data_location = onnx.TensorProto.EXTERNAL
+        write_entries(tensor, plan.location, item.offset, item.length)
 
 
 def _restore(plan: _SavePlan, weights: StagedFile | None) -> None:
@@ -268,10 +309,7 @@ def _restore(plan: _SavePlan, weights: StagedFile | None) -> None:
             source.seek(item.offset)
             tensor.raw_data = source.read(item.length)
             del tensor.external_data[:]
-            for key, value in item.saved_entries:
-                entry = tensor.external_data.add()
-                entry.key = key
-                entry.value = value
+            tensor.external_data.extend(item.saved_entries)
             if item.saved_data_location is None:
                 tensor.ClearField("data_location")
             else:

@@ -1,0 +1,108 @@
+"""What the io writers return: the documented size as an ``int``, carrying the facts a caller reports.
+
+:class:`AlignResult` and :class:`SaveResult` *are* ints (the weights file size, padding included), so code written
+against the documented ``int`` return value keeps working: comparisons, arithmetic, ``%d``, JSON and ``repr`` all see
+the plain number. The extra facts are read-only attributes, so a command line can print its summary without
+re-reading the model it just wrote. This module never does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["AlignResult", "SaveResult"]
+
+
+class _SizeResult(int):
+    """An ``int`` with keyword fields; pickles and copies with them (``int`` alone would drop them)."""
+
+    def __getnewargs_ex__(self) -> tuple[tuple[int], dict[str, Any]]:
+        return (int(self),), dict(vars(self))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def _set(self, **fields: object) -> None:
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+
+class AlignResult(_SizeResult):
+    """The result of an aligner: the weights file size (an ``int``), plus what was written.
+
+    Attributes:
+        tensors: external tensors in the written model (each tensor, even when it shares bytes with another).
+        payload_bytes: tensor bytes written (identical ranges stored once); ``int(result) - payload_bytes`` is padding.
+        weights_files: absolute paths of the weights files written (empty when no tensor is external).
+        copy_methods: how bytes moved (``"copy_file_range"``, ``"sendfile"``, ``"pread_pwrite"``); empty when no
+            byte moved.
+    """
+
+    tensors: int
+    payload_bytes: int
+    weights_files: tuple[str, ...]
+    copy_methods: frozenset[str]
+
+    def __new__(
+        cls,
+        total_size: int,
+        *,
+        tensors: int,
+        payload_bytes: int,
+        weights_files: Iterable[str],
+        copy_methods: Iterable[str],
+    ) -> AlignResult:
+        result = super().__new__(cls, total_size)
+        result._set(
+            tensors=tensors,
+            payload_bytes=payload_bytes,
+            weights_files=tuple(weights_files),
+            copy_methods=frozenset(copy_methods),
+        )
+        return result
+
+    @property
+    def padding(self) -> int:
+        """Bytes of the weights file that no tensor uses (alignment gaps)."""
+        return int(self) - self.payload_bytes
+
+
+class SaveResult(_SizeResult):
+    """The result of :func:`~onnx_light_ref.io.shared_save.save_model_with_shared_external_data`: the secondary
+    weights file size (an ``int``), plus what was saved.
+
+    Attributes:
+        new_tensors: tensors whose inline bytes moved to the secondary file.
+        reused_tensors: EXTERNAL tensors whose references were kept as they were.
+        payload_bytes: bytes of the new tensors; ``int(result) - payload_bytes`` is padding.
+        weights_files: absolute paths of the weights files written (empty when nothing was new).
+    """
+
+    new_tensors: int
+    reused_tensors: int
+    payload_bytes: int
+    weights_files: tuple[str, ...]
+
+    def __new__(
+        cls,
+        total_size: int,
+        *,
+        new_tensors: int,
+        reused_tensors: int,
+        payload_bytes: int,
+        weights_files: Iterable[str],
+    ) -> SaveResult:
+        result = super().__new__(cls, total_size)
+        result._set(
+            new_tensors=new_tensors,
+            reused_tensors=reused_tensors,
+            payload_bytes=payload_bytes,
+            weights_files=tuple(weights_files),
+        )
+        return result
+
+    @property
+    def padding(self) -> int:
+        """Bytes of the secondary file that no tensor uses (alignment gaps)."""
+        return int(self) - self.payload_bytes
