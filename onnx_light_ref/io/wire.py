@@ -221,29 +221,25 @@ class _WindowReader:
         self._fd = fd
         self.size = size
         self._path = path
-        self._buffer = bytearray()
-        self._start = 0
+        self.buffer = bytearray()  # the window: file bytes [start, start + len(buffer))
+        self.start = 0
 
-    def view(self, pos: int, count: int) -> memoryview:
-        """Up to ``count`` (<= window) bytes at ``pos``: fewer only where the file ends."""
-        end = min(pos + count, self.size)
-        if pos < self._start or end > self._start + len(self._buffer):
-            self._fill(pos)
-        begin = pos - self._start
-        return memoryview(self._buffer)[begin : begin + end - pos]
-
-    def read(self, pos: int, count: int) -> bytes | bytearray | memoryview:
+    def read(self, pos: int, count: int) -> bytearray | memoryview:
         """Exactly ``count`` bytes at ``pos``; the caller has checked ``pos + count <= size``."""
-        if count <= _WINDOW:
-            return self.view(pos, count)
-        buffer = bytearray(count)
-        self._pread(buffer, pos)
-        return buffer
+        if count > _WINDOW:
+            buffer = bytearray(count)
+            self._pread(buffer, pos)
+            return buffer
+        if pos < self.start or pos + count > self.start + len(self.buffer):
+            self.fill(pos)
+        begin = pos - self.start
+        return memoryview(self.buffer)[begin : begin + count]
 
-    def _fill(self, pos: int) -> None:
+    def fill(self, pos: int) -> None:
+        """Move the window to start at ``pos`` (it ends at the window size or at the end of the file)."""
         buffer = bytearray(min(_WINDOW, self.size - pos))
         self._pread(buffer, pos)
-        self._buffer, self._start = buffer, pos
+        self.buffer, self.start = buffer, pos
 
     def _pread(self, buffer: bytearray, pos: int) -> None:
         # An OSError (EIO...) is the disk's problem, not the model's: it propagates as is.
@@ -277,17 +273,28 @@ class _Scanner:
             f"{self._path!r} is not a valid ONNX model: {what} at byte offset {pos} (in a {kind})."
         )
 
-    def _varint(self, pos: int, end: int, kind: str, what: str) -> tuple[int, int]:
-        """Decode the varint at ``pos`` that must end before ``end``; return (value, position after it)."""
-        data = self._reader.view(pos, min(_MAX_VARINT_BYTES, end - pos))
-        value = 0
-        for i, byte in enumerate(data):
-            value |= (byte & 0x7F) << (7 * i)
+    def _varint(self, pos: int, end: int, kind: str, role: str, number: int = 0) -> tuple[int, int]:
+        """Decode the varint at ``pos`` that must end before ``end``; return (value, position after it).
+
+        ``role`` and ``number`` only name the varint in an error ("field tag", or field ``number``'s "value" or
+        "length"); the message is built only on failure, as this is the scan's hottest path.
+        """
+        reader = self._reader
+        limit = min(pos + _MAX_VARINT_BYTES, end)
+        if pos < reader.start or limit > reader.start + len(reader.buffer):
+            reader.fill(pos)  # limit - pos <= 10 bytes and limit <= end <= file size: the new window covers them
+        buffer, base = reader.buffer, reader.start
+        value = shift = 0
+        for i in range(pos - base, limit - base):
+            byte = buffer[i]
+            value |= (byte & 0x7F) << shift
             if byte < 0x80:
-                return value, pos + i + 1
-        if len(data) == _MAX_VARINT_BYTES:
+                return value, base + i + 1
+            shift += 7
+        what = role if role == "field tag" else f"field {number} {role}"
+        if limit - pos == _MAX_VARINT_BYTES:
             raise self._fail(f"{what} varint longer than {_MAX_VARINT_BYTES} bytes", pos, kind)
-        where = "file" if pos + len(data) == self._reader.size else "enclosing message"
+        where = "file" if limit == reader.size else "enclosing message"
         raise self._fail(f"{what} varint truncated by the end of the {where}", pos, kind)
 
     def _message(self, kind: str, start: int, end: int, depth: int, out: bytearray) -> None:
@@ -303,14 +310,14 @@ class _Scanner:
             if tag > _MAX_TAG or number == 0:
                 raise self._fail(f"invalid field tag {tag} (field number {number})", field_start, kind)
             if wire_type == _VARINT:
-                _, pos = self._varint(pos, end, kind, f"field {number} value")
+                _, pos = self._varint(pos, end, kind, "value", number)
             elif wire_type in (_I64, _I32):
                 width = 8 if wire_type == _I64 else 4
                 if width > end - pos:
                     raise self._truncated(f"field {number} ({width}-byte value)", field_start, end, kind)
                 pos += width
             elif wire_type == _LEN:
-                length, pos = self._varint(pos, end, kind, f"field {number} length")
+                length, pos = self._varint(pos, end, kind, "length", number)
                 if length > end - pos:
                     raise self._truncated(f"field {number} (length {length})", field_start, end, kind)
                 child = children.get(number)
