@@ -15,8 +15,13 @@ How a comparison is measured, and why this way:
 pytest-benchmark integration: one test = one comparison. ``benchmark.pedantic(one_round, rounds=N)`` drives the
 rounds; what pytest-benchmark times is a whole round of child processes (interpreter start-up included), which is
 *not* the figure we compare. The child-reported numbers go into ``benchmark.extra_info`` (``results``: every record;
-``summary``: medians), and ``python -m benchmarks.report`` reads them from pytest-benchmark's JSON. With
-``--benchmark-disable`` (the normal test run) pedantic runs one round, so every scenario still runs once at tiny size.
+``summary``: medians), and ``python -m benchmarks.report`` reads them from pytest-benchmark's JSON. Disabled (the
+normal test run) pedantic runs one round, so every scenario still runs once at tiny size.
+
+Timing is off unless asked for: :func:`pytest_configure` disables pytest-benchmark unless a flag that wants timings
+was given (``--benchmark-only``, ``--benchmark-enable``, ``--benchmark-save``, ``--benchmark-autosave``,
+``--benchmark-json``, ``--benchmark-compare``, ``--benchmark-compare-fail``, ``--benchmark-histogram``). It used to
+be ``--benchmark-disable`` in ``addopts``, which made pytest-benchmark's usual ``--benchmark-only`` a usage error.
 """
 
 from __future__ import annotations
@@ -49,6 +54,31 @@ from benchmarks.models import (
 )
 
 ENV_ROUNDS = "ONNX_LIGHT_REF_BENCH_ROUNDS"
+
+# pytest-benchmark options whose use means "I want timed benchmarks"; each is falsy (False, None or []) when not given.
+_TIMING_OPTIONS = (
+    "benchmark_only",
+    "benchmark_enable",
+    "benchmark_save",
+    "benchmark_autosave",
+    "benchmark_json",
+    "benchmark_compare",
+    "benchmark_compare_fail",
+    "benchmark_histogram",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Disable pytest-benchmark's timing unless a timing flag was given (the default run stays fast and untimed).
+
+    Runs before pytest-benchmark's own ``pytest_configure`` (``trylast``), which reads ``benchmark_disable`` once to
+    build its session. This conftest is an initial conftest whenever benchmarks are collected (``benchmarks`` is in
+    ``testpaths``, or named on the command line), so it is registered in time.
+    """
+    if not config.pluginmanager.hasplugin("benchmark"):
+        return
+    if not any(config.getoption(dest, None) for dest in _TIMING_OPTIONS):
+        config.option.benchmark_disable = True
 
 
 @dataclass(frozen=True)
