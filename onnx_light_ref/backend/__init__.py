@@ -1,8 +1,9 @@
 """Conformance cases for ``ai.rt::DelayedInitializer`` in onnx's backend-test layout, and a Backend to run them.
 
 ``generate(output_dir)`` writes ``node/<case>/model.onnx`` + ``test_data_set_0/*.pb`` + weights files;
-``DelayedInitializerBackend`` runs such models with onnx's ReferenceEvaluator. Nothing here touches onnx's global
-backend test registry.
+``DelayedInitializerBackend`` runs such models with onnx's ReferenceEvaluator; ``make_runner(output_dir)`` loads the
+folder into onnx's own backend-test ``Runner`` (see ``onnx_light_ref.backend.runner`` for why onnx's loader cannot).
+Nothing here touches onnx's global backend test registry.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from onnx_light_ref.backend.backend import DelayedInitializerBackend, DelayedIni
 from onnx_light_ref.backend.cases import SEED_CASE_NAMES, build_cases, seed_weights_paths
 from onnx_light_ref.backend.expect import CaseRegistry, NodeCase, SideFile
 from onnx_light_ref.backend.generate import generate
+from onnx_light_ref.backend.runner import bound_test_kwargs, load_cases, make_runner
 
 __all__ = [
     "SEED_CASE_NAMES",
@@ -19,7 +21,10 @@ __all__ = [
     "DelayedInitializerBackendRep",
     "NodeCase",
     "SideFile",
+    "bound_test_kwargs",
     "build_cases",
     "generate",
+    "load_cases",
+    "make_runner",
     "seed_weights_paths",
 ]

@@ -1,9 +1,14 @@
 """An ``onnx.backend.base.Backend`` running models with onnx's ReferenceEvaluator and the ``ai.rt`` kernels.
 
 onnx-style harnesses (``onnx.backend.test.runner.Runner``, ``run_model``, ``prepare(model, **test_kwargs)``) hand
-a backend a ``ModelProto``, never the model's folder. Pass ``base_dir=<case or model folder>`` as a keyword so that
-relative ``filename`` attributes resolve there (``DelayedInitializer.bind(base_dir)``); a model given as a path
-defaults to its own folder; without either, relative names resolve against the current directory at ``prepare``.
+a backend a ``ModelProto``, never the model's folder. Where ``filename`` attributes resolve:
+
+* no ``base_dir`` and a proto (what onnx's Runner does): the unbound op, with the spec's behaviour: absolute names
+  are read where they point, relative ones against the current directory at ``prepare``. The cases
+  ``generate-tests`` writes by default name their files absolutely, so they run this way from any directory;
+* ``base_dir=<case or model folder>`` (a keyword, e.g. through the Runner's ``test_kwargs``), or a model given as
+  a path (its folder): the op bound to that folder, ``DelayedInitializer.bind(base_dir)``, which resolves relative
+  names there and refuses files outside that folder unless ``allow_outside_folder=True``.
 
 This backend must never mutate the model it is given and never runs on anything but the CPU.
 """
@@ -27,16 +32,18 @@ from onnx_light_ref.ops.schema import register_schemas
 __all__ = ["DelayedInitializerBackend", "DelayedInitializerBackendRep"]
 
 
+def _kernel(base_dir: str | os.PathLike[str] | None, allow_outside_folder: bool) -> type[DelayedInitializer]:
+    """The unbound kernel without a folder, else the kernel bound to ``base_dir``."""
+    if base_dir is None:
+        return DelayedInitializer
+    return DelayedInitializer.bind(base_dir, allow_outside_folder=allow_outside_folder)
+
+
 class DelayedInitializerBackendRep(BackendRep):
     """A prepared model: one ReferenceEvaluator, reused by every :meth:`run`."""
 
     def __init__(self, session: ReferenceEvaluator) -> None:
         self._session = session
-
-    @property
-    def session(self) -> ReferenceEvaluator:
-        """The underlying evaluator."""
-        return self._session
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Run once; ``inputs`` is a list of arrays (graph input order), a name->array mapping, or one array."""
@@ -74,9 +81,27 @@ class DelayedInitializerBackend(Backend):
         device: str = "CPU",
         *,
         base_dir: str | os.PathLike[str] | None = None,
+        allow_outside_folder: bool = False,
         **kwargs: Any,
     ) -> DelayedInitializerBackendRep:
-        """Check ``model`` and build its evaluator; ``base_dir`` is where relative filenames resolve."""
+        """Check ``model`` and build its evaluator.
+
+        Args:
+            model: A ModelProto (never mutated) or the path of a ``.onnx`` file.
+            device: ``"CPU"``, the only device supported.
+            base_dir: Folder the op is bound to; default the model's folder for a path, none for a proto (the
+                unbound op: absolute names as they are, relative ones against the current directory).
+            allow_outside_folder: Passed to ``DelayedInitializer.bind``: a bound op may then read absolute
+                filenames outside ``base_dir``. Ignored without a folder (the unbound op is not confined).
+            **kwargs: Passed to ``ReferenceEvaluator`` (``verbose``, ``check_shape_annotations``...).
+
+        Returns:
+            The prepared model.
+
+        Raises:
+            ValueError: a device other than the CPU.
+            onnx.checker.ValidationError: the model fails ``check_model(..., check_custom_domain=True)``.
+        """
         if not cls.supports_device(device):
             raise ValueError(f"{cls.__name__} runs on CPU only, got device {device!r}.")
         if not isinstance(model, onnx.ModelProto):
@@ -86,7 +111,7 @@ class DelayedInitializerBackend(Backend):
             model = onnx.load_model(path)
         register_schemas()
         onnx.checker.check_model(model, check_custom_domain=True)
-        op = DelayedInitializer.bind(base_dir if base_dir is not None else os.getcwd())
+        op = _kernel(base_dir, allow_outside_folder)
         session = ReferenceEvaluator(model, new_ops=[op], **kwargs)
         return DelayedInitializerBackendRep(session)
 
@@ -122,7 +147,6 @@ class DelayedInitializerBackend(Backend):
             opset_imports=[oh.make_opsetid(domain, version) for domain, version in opset_imports],
         )
         model.ir_version = DEFAULT_IR_VERSION
-        base_dir = kwargs.pop("base_dir", None)
-        op = DelayedInitializer.bind(base_dir if base_dir is not None else os.getcwd())
+        op = _kernel(kwargs.pop("base_dir", None), kwargs.pop("allow_outside_folder", False))
         session = ReferenceEvaluator(model, new_ops=[op], **kwargs)
         return DelayedInitializerBackendRep(session).run(values)

@@ -5,8 +5,11 @@ exactly: an ABSOLUTE ``filename`` in the system temporary directory (``tempfile.
 honoured), attributes in the order shape, dtype, load_device, runtime_device, filename, offset. They are kept for
 compatibility; they are not portable (the model names a file outside its folder).
 
-Every extra case stores a RELATIVE ``filename`` whose weights file lives in the case directory, so a case folder
-can be copied anywhere; a runner binds the op to the case directory (``DelayedInitializer.bind(case_dir)``).
+Every extra case keeps its weights file in its own case directory (``weights.bin``). Its model names that file
+either ABSOLUTELY (``build_cases(case_root=...)``, what ``generate`` does by default): the case then runs in any
+harness that loads ``model.onnx`` and prepares the proto without a path, from any working directory (onnx's
+``Runner`` does exactly that); or RELATIVELY (``case_root=None``): the case folder can be moved anywhere, and a
+runner binds the op to the case directory (``DelayedInitializer.bind(case_dir)``, or the backend's ``base_dir``).
 Extra names share the ``test_cc_delayedinitializer_`` prefix so that harness filters written for onnx-light's
 cases (onnxruntime excludes ``^test_cc_delayedinitializer_``) also apply to them.
 
@@ -21,20 +24,17 @@ import tempfile
 from collections.abc import Sequence
 
 import numpy as np
-import onnx
 from onnx import TensorProto
-from onnx import helper as oh
 
 from onnx_light_ref.backend.expect import CaseRegistry, SideFile
-from onnx_light_ref.ops.attributes import ATTRIBUTE_TYPES
 from onnx_light_ref.ops.dtypes import ALLOWED_DTYPES, dtype_name, np_dtype_for
+from onnx_light_ref.ops.schema import make_delayed_initializer_node
 
 __all__ = [
     "CASE_WEIGHTS_FILENAME",
     "SEED_CASE_NAMES",
     "SEED_WEIGHTS_BASENAMES",
     "build_cases",
-    "make_delayed_initializer_node",
     "seed_weights_paths",
 ]
 
@@ -44,7 +44,7 @@ SEED_WEIGHTS_BASENAMES = (
     "onnx_light_backend_delayedinitializer_file.bin",
 )
 
-# Relative filename of the extra cases' weights, inside each case directory.
+# Name of the extra cases' weights file, inside each case directory.
 CASE_WEIGHTS_FILENAME = "weights.bin"
 
 # The non-zero-offset case puts its tensor at an odd, unaligned offset inside a larger file with bytes after it, so
@@ -58,38 +58,6 @@ def seed_weights_paths(temp_dir: str | None = None) -> list[str]:
     """Absolute paths of the two seed cases' weights files (in ``temp_dir``, default the system temp dir)."""
     folder = temp_dir if temp_dir is not None else tempfile.gettempdir()
     return [os.path.join(folder, basename) for basename in SEED_WEIGHTS_BASENAMES]
-
-
-def make_delayed_initializer_node(
-    output: str,
-    *,
-    shape: Sequence[int],
-    dtype: int,
-    load_device: str,
-    filename: str,
-    offset: int,
-    runtime_device: str = "cpu",
-    name: str = "",
-) -> onnx.NodeProto:
-    """An ``ai.rt::DelayedInitializer`` node with its attributes in the reference order.
-
-    ``onnx.helper.make_node`` sorts keyword attributes by name; the seed cases need shape, dtype, load_device,
-    runtime_device, filename, offset, so the attributes are appended explicitly (``shape`` typed INTS even when
-    empty, which ``make_attribute`` cannot guess).
-    """
-    node = oh.make_node("DelayedInitializer", [], [output], domain="ai.rt", name=name)
-    values = {
-        "shape": list(shape),
-        "dtype": dtype,
-        "load_device": load_device,
-        "runtime_device": runtime_device,
-        "filename": filename,
-        "offset": offset,
-    }
-    node.attribute.extend(
-        oh.make_attribute(key, values[key], attr_type=attr_type) for key, attr_type in ATTRIBUTE_TYPES.items()
-    )
-    return node
 
 
 def _raw_bytes(array: np.ndarray) -> bytes:
@@ -117,22 +85,25 @@ def _sample(dtype: int, shape: Sequence[int]) -> np.ndarray:
     return np.resize(pool, count).reshape(tuple(shape)).astype(np_dtype)
 
 
-def _add_relative_case(
+def _add_case(
     registry: CaseRegistry,
     name: str,
     *,
+    case_root: str | None,
     expected: np.ndarray,
     dtype: int,
     load_device: str,
     file_bytes: bytes,
     offset: int,
 ) -> None:
+    # The side file is always written in the case directory; only what the model calls it changes.
+    filename = CASE_WEIGHTS_FILENAME if case_root is None else os.path.join(case_root, name, CASE_WEIGHTS_FILENAME)
     node = make_delayed_initializer_node(
         "y",
         shape=list(expected.shape),
         dtype=dtype,
         load_device=load_device,
-        filename=CASE_WEIGHTS_FILENAME,
+        filename=filename,
         offset=offset,
     )
     registry.expect(node, [], [expected], name=name, side_files=[SideFile(CASE_WEIGHTS_FILENAME, file_bytes)])
@@ -164,14 +135,28 @@ def _add_seed_cases(registry: CaseRegistry, temp_dir: str | None) -> None:
     )
 
 
-def build_cases(temp_dir: str | None = None) -> CaseRegistry:
+def build_cases(temp_dir: str | None = None, *, case_root: str | os.PathLike[str] | None = None) -> CaseRegistry:
     """Every DelayedInitializer conformance case, seeds first.
 
-    ``temp_dir`` overrides where the seed weights live (default ``tempfile.gettempdir()``, evaluated now).
     Extra cases: each allowed dtype in both modes (shape [2, 3], extremes of the type), a scalar, a zero-size
     tensor (its weights file is empty and never opened), and a tensor at an unaligned offset inside a larger file
-    with trailing bytes.
+    with trailing bytes. The seed cases are the same whatever the arguments.
+
+    Args:
+        temp_dir: Where the seed weights live (default ``tempfile.gettempdir()``, evaluated now).
+        case_root: The absolute folder that will hold the case directories (``<output_dir>/node``): the extra
+            cases then name ``<case_root>/<case>/weights.bin`` absolutely. ``None``: they name ``weights.bin``
+            relatively (a relocatable suite, run with the op bound to each case directory).
+
+    Returns:
+        A new registry; describing cases writes nothing.
+
+    Raises:
+        ValueError: ``case_root`` is not absolute.
     """
+    root = os.fspath(case_root) if case_root is not None else None
+    if root is not None and not os.path.isabs(root):
+        raise ValueError(f"case_root must be an absolute path, got {root!r}.")
     registry = CaseRegistry()
     _add_seed_cases(registry, temp_dir)
     modes = ("cpu", "file")
@@ -179,9 +164,10 @@ def build_cases(temp_dir: str | None = None) -> CaseRegistry:
     for dtype in ALLOWED_DTYPES:
         expected = _sample(dtype, [2, 3])
         for mode in modes:
-            _add_relative_case(
+            _add_case(
                 registry,
                 f"test_cc_delayedinitializer_{dtype_name(dtype)}_{mode}",
+                case_root=root,
                 expected=expected,
                 dtype=dtype,
                 load_device=mode,
@@ -201,27 +187,30 @@ def build_cases(temp_dir: str | None = None) -> CaseRegistry:
         + filler[_OFFSET_CASE_OFFSET + len(block_bytes) : _OFFSET_CASE_FILE_SIZE]
     )
     for mode in modes:
-        _add_relative_case(
+        _add_case(
             registry,
             f"test_cc_delayedinitializer_scalar_{mode}",
+            case_root=root,
             expected=scalar,
             dtype=TensorProto.DOUBLE,
             load_device=mode,
             file_bytes=_raw_bytes(scalar),
             offset=0,
         )
-        _add_relative_case(
+        _add_case(
             registry,
             f"test_cc_delayedinitializer_zero_size_{mode}",
+            case_root=root,
             expected=zero_size,
             dtype=TensorProto.FLOAT,
             load_device=mode,
             file_bytes=b"",
             offset=0,
         )
-        _add_relative_case(
+        _add_case(
             registry,
             f"test_cc_delayedinitializer_offset_{mode}",
+            case_root=root,
             expected=block,
             dtype=TensorProto.INT32,
             load_device=mode,

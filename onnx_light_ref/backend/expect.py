@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper as oh
 
+from onnx_light_ref.ops.schema import DOMAIN, SINCE_VERSION
+
 __all__ = [
     "DEFAULT_ATOL",
     "DEFAULT_IR_VERSION",
@@ -34,7 +36,7 @@ DEFAULT_ATOL = 1e-7
 # onnx-light's cases are written with IR 13; older onnx releases cannot express it, so fall back to theirs.
 DEFAULT_IR_VERSION = min(13, onnx.IR_VERSION)
 
-DEFAULT_OPSET_IMPORTS: tuple[tuple[str, int], ...] = (("", 18), ("ai.rt", 1))
+DEFAULT_OPSET_IMPORTS: tuple[tuple[str, int], ...] = (("", 18), (DOMAIN, SINCE_VERSION))
 
 
 @dataclass(frozen=True)

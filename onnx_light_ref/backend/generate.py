@@ -5,13 +5,20 @@ For each case: ``<output_dir>/node/<name>/model.onnx`` and ``<output_dir>/node/<
 ``generate-data`` writes them), plus the case's weights files: relative ones inside the case directory, absolute
 ones (the two seed cases) where they are named, an old file being removed first.
 
-Every model is checked with ``check_model(..., check_custom_domain=True)`` and strict shape inference before it is
-written. This module must never write outside ``output_dir`` except the absolute side files a case declares, and
+By default the extra cases name their weights with the absolute path of their case directory (the resolved
+output folder), so onnx's own ``Runner``, which loads ``model.onnx`` and calls ``backend.prepare(model, device)``
+without any path, runs them from any working directory; ``relocatable=True`` writes relative names instead (see
+``onnx_light_ref.backend.cases``). How to load the folder into onnx's Runner: ``onnx_light_ref.backend.runner``.
+
+Every model is checked with ``check_model(..., check_custom_domain=True)`` and strict shape inference, and the
+destination is checked (a folder, or creatable as one), before anything is written, so a refused run writes
+nothing. This module must never write outside ``output_dir`` except the absolute side files a case declares, and
 never delete anything but a case directory it is about to rewrite and the absolute side files it rewrites.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -22,6 +29,7 @@ from onnx import numpy_helper
 
 from onnx_light_ref.backend.cases import build_cases
 from onnx_light_ref.backend.expect import CaseRegistry, NodeCase, SideFile
+from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.locations import check_location_syntax
 from onnx_light_ref.ops.schema import register_schemas
 
@@ -55,10 +63,28 @@ def _check_model(case: NodeCase) -> None:
 
 
 def write_case(case: NodeCase, node_dir: str | os.PathLike[str]) -> Path:
-    """Write one case under ``node_dir`` (replacing an older copy of that case) and return its directory."""
+    """Write one case under ``node_dir`` (replacing an older copy of that case) and return its directory.
+
+    Args:
+        case: The case to write; its model is checked first.
+        node_dir: The existing folder holding the case directories.
+
+    Returns:
+        The case directory.
+
+    Raises:
+        onnx.checker.ValidationError, onnx.shape_inference.InferenceError: the case's model is invalid.
+        OSError: the files cannot be written.
+    """
     _check_model(case)
-    case_dir = Path(node_dir) / case.name
-    if case_dir.exists():
+    return _write_checked_case(case, Path(node_dir))
+
+
+def _write_checked_case(case: NodeCase, node_dir: Path) -> Path:
+    case_dir = node_dir / case.name
+    if case_dir.is_symlink() or case_dir.is_file():
+        case_dir.unlink()
+    elif case_dir.exists():
         shutil.rmtree(case_dir)
     data_dir = case_dir / DATA_SET_DIRNAME
     data_dir.mkdir(parents=True)
@@ -74,15 +100,54 @@ def write_case(case: NodeCase, node_dir: str | os.PathLike[str]) -> Path:
     return case_dir
 
 
-def generate(output_dir: str | os.PathLike[str], *, registry: CaseRegistry | None = None) -> list[Path]:
+def _check_destination(output_dir: Path) -> None:
+    """Refuse, before writing, an output folder that is a file or lies under one (nothing else can fail early)."""
+    for folder in (output_dir / "node", output_dir, *output_dir.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise NotADirectoryError(
+                    errno.ENOTDIR, f"cannot write the cases: {str(folder)!r} exists and is not a folder", str(folder)
+                )
+            return
+
+
+def generate(
+    output_dir: str | os.PathLike[str], *, registry: CaseRegistry | None = None, relocatable: bool = False
+) -> list[Path]:
     """Write every case of ``registry`` (default: :func:`build_cases`) under ``output_dir/node``.
 
-    Returns the case directories in registration order. The seed cases' weights go to the system temp dir (see
-    ``onnx_light_ref.backend.cases``); the caller removes them when done (``cases.seed_weights_paths()``).
+    The seed cases' weights go to the system temp dir (see ``onnx_light_ref.backend.cases``); the caller removes
+    them when done (``cases.seed_weights_paths()``). A case directory already there is replaced; other files in
+    ``output_dir`` are left alone.
+
+    Args:
+        output_dir: Folder to write into; created (with its parents) when missing.
+        registry: The cases to write; default every DelayedInitializer case, built for this folder.
+        relocatable: Only with the default registry: name each extra case's weights relatively (``weights.bin``)
+            instead of by the absolute path of its case directory. Such cases need the op bound to their folder
+            (``DelayedInitializerBackend.prepare(model, base_dir=case_dir)``).
+
+    Returns:
+        The case directories, in registration order.
+
+    Raises:
+        NotADirectoryError: ``output_dir`` (or ``output_dir/node``, or a parent) exists and is not a folder;
+            nothing is written.
+        onnx.checker.ValidationError, onnx.shape_inference.InferenceError: a case's model is invalid; nothing is
+            written.
+        ValueError: ``registry`` and ``relocatable`` given together.
+        OSError: the files cannot be written.
     """
-    cases = registry if registry is not None else build_cases()
-    node_dir = Path(os.fspath(output_dir)) / "node"
+    check_bool("relocatable", relocatable)
+    if registry is not None and relocatable:
+        raise ValueError("relocatable applies to the default cases only; build the registry with case_root=None.")
+    out = Path(os.path.realpath(os.fspath(output_dir)))
+    _check_destination(out)
+    node_dir = out / "node"
+    cases = registry if registry is not None else build_cases(case_root=None if relocatable else str(node_dir))
+    for case in cases:
+        _check_model(case)
     node_dir.mkdir(parents=True, exist_ok=True)
-    written = [write_case(case, node_dir) for case in cases]
+    written = [_write_checked_case(case, node_dir) for case in cases]
     logger.info("wrote %d conformance cases to %s", len(written), node_dir)
     return written

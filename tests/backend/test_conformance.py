@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tempfile
+import unittest
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,9 +26,11 @@ from onnx_light_ref.backend import (
     generate,
     seed_weights_paths,
 )
-from onnx_light_ref.backend.cases import make_delayed_initializer_node
+from onnx_light_ref.backend.runner import CATEGORY, _add_to_runner, bound_test_kwargs, load_cases, make_runner
 from onnx_light_ref.cli import main
+from onnx_light_ref.errors import UnsafeLocationError
 from onnx_light_ref.ops import DelayedInitializer
+from onnx_light_ref.ops.schema import make_delayed_initializer_node
 
 CASE_NAMES = build_cases().names()  # describing cases writes nothing
 
@@ -79,23 +83,159 @@ def test_layout(generated: Path) -> None:
         assert {p.name for p in case_dir.iterdir()} == expected_files
 
 
+def run_suite(runner: Runner) -> unittest.TestResult:
+    result = unittest.TextTestRunner(stream=io.StringIO(), verbosity=0).run(runner.test_suite)
+    problems = [f"{test}: {trace.splitlines()[-1]}" for test, trace in (*result.errors, *result.failures)]
+    assert problems == [] or result.wasSuccessful() is False
+    return result
+
+
+def passed(result: unittest.TestResult) -> int:
+    return result.testsRun - len(result.errors) - len(result.failures) - len(result.skipped)
+
+
 @pytest.mark.parametrize("name", CASE_NAMES)
-def test_case_with_reference_evaluator(generated: Path, name: str) -> None:
+def test_case_with_reference_evaluator(
+    generated: Path, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every default case names its weights absolutely: the unbound op runs it from any directory."""
+    monkeypatch.chdir(tmp_path)
     case_dir = generated / name
-    sess = ReferenceEvaluator(
-        str(case_dir / "model.onnx"),
-        new_ops=[DelayedInitializer.bind(case_dir)],
-        check_shape_annotations=True,
-    )
+    sess = ReferenceEvaluator(str(case_dir / "model.onnx"), new_ops=[DelayedInitializer], check_shape_annotations=True)
     assert_case_passes(case_dir, sess.run(None, {}))
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)
-def test_case_with_backend(generated: Path, name: str) -> None:
+def test_case_with_backend_as_onnx_runner_calls_it(
+    generated: Path, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """onnx.load(model.onnx), then prepare(proto, "CPU") with no path, from another working directory."""
+    monkeypatch.chdir(tmp_path)
     case_dir = generated / name
-    model = onnx.load_model(str(case_dir / "model.onnx"))
-    rep = DelayedInitializerBackend.prepare(model, "CPU", base_dir=str(case_dir))
+    model = onnx.load(str(case_dir / "model.onnx"))
+    rep = DelayedInitializerBackend.prepare(model, "CPU")
     assert_case_passes(case_dir, list(rep.run([])))
+
+
+def test_default_cases_name_their_weights_by_absolute_path(generated: Path) -> None:
+    for name in CASE_NAMES:
+        (node,) = onnx.load_model(str(generated / name / "model.onnx")).graph.node
+        filename = next(a.s.decode() for a in node.attribute if a.name == "filename")
+        if name in SEED_CASE_NAMES:
+            assert filename == seed_weights_paths()[SEED_CASE_NAMES.index(name)]
+        else:
+            assert filename == os.path.join(os.path.realpath(generated), name, "weights.bin")
+
+
+def test_generated_folder_passes_in_onnx_runner_from_another_directory(
+    generated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's scenario: onnx's Runner, DelayedInitializerBackend, no path handed to prepare, another cwd."""
+    monkeypatch.chdir(tmp_path)
+    runner = make_runner(generated.parent)
+    assert set(runner.test_cases) == {f"OnnxBackend{CATEGORY}Test"}
+
+    result = run_suite(runner)
+
+    assert result.errors == [] and result.failures == []
+    assert result.testsRun == 2 * len(CASE_NAMES)  # <case>_cpu and <case>_cuda
+    assert len(result.skipped) == len(CASE_NAMES)  # CUDA: the backend is CPU-only
+    assert passed(result) == len(CASE_NAMES) == 36
+
+
+@pytest.mark.slow
+def test_cases_added_to_a_full_onnx_runner(generated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Alongside onnx's own ~4000 node cases (several seconds to build), through Runner._add_model_test."""
+    monkeypatch.chdir(tmp_path)
+    runner = make_runner(generated.parent, include_onnx_cases=True).include("^test_cc_delayedinitializer_")
+    test_case = runner.test_cases[f"OnnxBackend{CATEGORY}Test"]
+    ours = sorted(n for n in vars(test_case) if n.startswith("test_cc_delayedinitializer_") and n.endswith("_cpu"))
+    assert ours == sorted(f"{name}_cpu" for name in CASE_NAMES)
+
+    suite = unittest.TestSuite(test_case(name) for name in ours)
+    result = unittest.TextTestRunner(stream=io.StringIO(), verbosity=0).run(suite)
+
+    assert result.errors == [] and result.failures == []
+    assert passed(result) == len(CASE_NAMES)
+
+
+def test_relocatable_suite_needs_the_op_bound_to_each_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--relocatable: relative names. Unbound (the bug the issue reports) 32 of 36 fail; bound, all pass."""
+    out = tmp_path / "relocatable"
+    generate(out, relocatable=True)
+    moved = tmp_path / "moved"
+    shutil.move(str(out), str(moved))  # relocatable: the folder works from its new place
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+
+    unbound = run_suite(make_runner(moved))
+    assert len(unbound.errors) == 32  # every case reading a relative file: not found in the current directory
+    assert passed(unbound) == 4  # the two seeds (absolute) and the two zero-size cases (no file opened)
+
+    kwargs = bound_test_kwargs(moved)
+    assert sorted(kwargs) == sorted(n for n in CASE_NAMES if n not in SEED_CASE_NAMES)
+    bound = run_suite(make_runner(moved, test_kwargs=kwargs))
+    assert bound.errors == [] and bound.failures == []
+    assert passed(bound) == 36
+    for name in CASE_NAMES:
+        attrs = {a.name: a for a in onnx.load_model(str(moved / "node" / name / "model.onnx")).graph.node[0].attribute}
+        assert (attrs["filename"].s == b"weights.bin") == (name not in SEED_CASE_NAMES)
+
+
+def test_bound_backend_confines_absolute_names_to_its_folder(generated: Path) -> None:
+    """A bound op refuses the seed's /tmp file unless allow_outside_folder=True; the unbound op reads it."""
+    case_dir = generated / "test_cc_delayedinitializer_cpu"
+    model = onnx.load(str(case_dir / "model.onnx"))
+    with pytest.raises(UnsafeLocationError, match=r"onnx_light_backend_delayedinitializer_cpu\.bin"):
+        DelayedInitializerBackend.prepare(model, "CPU", base_dir=str(case_dir))
+    rep = DelayedInitializerBackend.prepare(model, "CPU", base_dir=str(case_dir), allow_outside_folder=True)
+    assert_case_passes(case_dir, list(rep.run([])))
+    assert_case_passes(case_dir, list(DelayedInitializerBackend.run_model(model, [])))
+
+
+def test_load_cases_describes_on_disk_cases_like_onnx_loader(generated: Path) -> None:
+    cases = load_cases(generated.parent)
+    assert [c.name for c in cases] == sorted(CASE_NAMES)
+    for case in cases:
+        assert (case.kind, case.url, case.model, case.data_sets) == ("node", None, None, None)
+        assert case.model_dir == str(generated / case.name)
+        assert (case.rtol, case.atol) == (1e-3, 1e-7)
+
+
+def test_load_cases_uses_onnx_loader_where_it_reads_data_dir(generated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnx <= 1.22 read <data_dir>/node: there the loader itself is called, with our folder."""
+    import onnx.backend.test.loader as onnx_loader
+
+    calls = []
+
+    def old_loader(data_dir: str, kind: str) -> list:
+        calls.append((data_dir, kind))
+        return []
+
+    monkeypatch.delattr(onnx_loader, "load_node_model_tests")
+    monkeypatch.setattr(onnx_loader, "load_model_tests", old_loader)
+    assert load_cases(generated.parent) == []
+    assert calls == [(str(generated.parent), "node")]
+
+
+def test_load_cases_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="run generate-tests first"):
+        load_cases(tmp_path)
+
+    class NoAdd:
+        pass
+
+    with pytest.raises(RuntimeError, match="no _add_model_test"):
+        _add_to_runner(NoAdd(), [])  # type: ignore[arg-type]
+
+
+def test_make_runner_restores_onnx_loader(generated: Path) -> None:
+    import onnx.backend.test.runner as onnx_runner
+
+    before = onnx_runner.load_model_tests
+    make_runner(generated.parent)
+    assert onnx_runner.load_model_tests is before
 
 
 def test_backend_defaults_base_dir_to_the_model_folder(generated: Path) -> None:
@@ -111,19 +251,7 @@ def test_backend_run_node(generated: Path) -> None:
     node = onnx.load_model(str(case_dir / "model.onnx")).graph.node[0]
     outputs = DelayedInitializerBackend.run_node(node, [], base_dir=str(case_dir))
     assert_case_passes(case_dir, list(outputs))
-
-
-def test_extra_cases_are_portable(generated: Path, tmp_path: Path) -> None:
-    """A copied case folder runs from its new place: its model names its weights relatively."""
-    for name in CASE_NAMES:
-        if name in SEED_CASE_NAMES:
-            continue
-        moved = tmp_path / "moved" / name
-        shutil.copytree(generated / name, moved)
-        attrs = {a.name: a for a in onnx.load_model(str(moved / "model.onnx")).graph.node[0].attribute}
-        assert attrs["filename"].s == b"weights.bin"
-        sess = ReferenceEvaluator(str(moved / "model.onnx"), new_ops=[DelayedInitializer.bind(moved)])
-        assert_case_passes(moved, sess.run(None, {}))
+    assert_case_passes(case_dir, list(DelayedInitializerBackend.run_node(node, [])))
 
 
 @pytest.mark.parametrize(
@@ -233,3 +361,59 @@ def test_registry_refuses_duplicates_and_bad_names() -> None:
     with pytest.raises(ValueError, match="0 inputs and 1 outputs"):
         registry.expect(node, [], [], name="test_two")
     assert registry.names() == ["test_one"]
+
+
+def _remove_seed_files() -> None:
+    for path in seed_weights_paths():
+        if os.path.lexists(path):
+            os.remove(path)
+
+
+@pytest.mark.parametrize("where", ["file", "under_file", "node_is_file"])
+def test_cli_generate_tests_into_a_file_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sha256_of_tree, where: str
+) -> None:
+    (tmp_path / "taken").write_bytes(b"user data")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "node").write_bytes(b"not a folder")
+    target, culprit = {
+        "file": (tmp_path / "taken", tmp_path / "taken"),
+        "under_file": (tmp_path / "taken" / "sub", tmp_path / "taken"),
+        "node_is_file": (tmp_path / "out", tmp_path / "out" / "node"),
+    }[where]
+    _remove_seed_files()
+    before = sha256_of_tree(tmp_path)
+
+    assert main(["generate-tests", str(target)]) == 1
+
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [f"error: cannot write the cases: {str(culprit)!r} exists and is not a folder"]
+    assert sha256_of_tree(tmp_path) == before
+    assert not any(os.path.lexists(p) for p in seed_weights_paths())
+
+
+def test_generate_checks_every_model_before_writing(tmp_path: Path) -> None:
+    registry = build_cases(case_root=str(tmp_path / "out" / "node"))
+    bad = CaseRegistry()
+    for case in registry:
+        bad.expect(case.model.graph.node[0], [], list(case.outputs), name=case.name, side_files=case.side_files)
+    node = make_delayed_initializer_node("y", shape=[2, -1], dtype=1, load_device="cpu", filename="w.bin", offset=0)
+    bad.expect(node, [], [np.zeros(2, np.float32)], name="test_cc_delayedinitializer_invalid")
+    _remove_seed_files()
+
+    with pytest.raises(onnx.shape_inference.InferenceError, match="negative dimensions"):
+        generate(tmp_path / "out", registry=bad)
+
+    assert not (tmp_path / "out").exists()
+    assert not any(os.path.lexists(p) for p in seed_weights_paths())
+    with pytest.raises(ValueError, match="relocatable applies to the default cases only"):
+        generate(tmp_path / "out", registry=registry, relocatable=True)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_generate_tests_relocatable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate-tests", "--relocatable", str(tmp_path / "cli")]) == 0
+    assert f"wrote {len(CASE_NAMES)} cases" in capsys.readouterr().out
+    model = onnx.load_model(str(tmp_path / "cli" / "node" / "test_cc_delayedinitializer_float_file" / "model.onnx"))
+    assert next(a.s for a in model.graph.node[0].attribute if a.name == "filename") == b"weights.bin"
