@@ -1,7 +1,9 @@
 """``onnx-light-ref align SRC.onnx DST.onnx``: re-align external weights into one file without loading them.
 
 A thin front end of :func:`onnx_light_ref.align_external_data_streaming`: a tqdm progress bar (bytes) fed by its
-``progress`` callback, then one summary line (tensors, bytes written, padding, time, throughput) on stdout. A problem
+``progress`` callback, then one summary line (tensors, bytes written, padding, time, throughput) on stdout, taken from
+the :class:`~onnx_light_ref.io.results.AlignResult` it returns. Unlike the Python API, the command creates missing
+destination folders, as users expect from a command line (and removes those it created if the run fails). A problem
 with the input (bad argument, unsafe or out-of-bounds reference, destination that is a source, missing file, I/O
 error) prints one ``error: ...`` line on stderr and exits with status 1, without a traceback; the library has then
 written nothing.
@@ -10,13 +12,18 @@ written nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from onnx_light_ref.commands.sizes import size_argument
+
+if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
+    from onnx_light_ref.io.results import AlignResult
 
 __all__ = ["register", "run_align"]
 
@@ -52,6 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=4 * 1024 * 1024,
         help="bytes moved per system call, the only buffer in the read/write fallback (default: 4M)",
     )
+    parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="skip every fsync: outputs still appear atomically with the same bytes, but may be lost on a crash "
+        "(for scratch copies and comparisons with tools that never fsync)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=run_align)
 
@@ -74,41 +87,61 @@ def run_align(args: argparse.Namespace) -> int:
         bar.update(done - bar.n)
 
     started = time.perf_counter()
+    created: list[str] = []
     try:
-        written = align_external_data_streaming(
-            args.src, args.dst, args.weights, args.alignment, args.chunk_size, progress=progress
+        created = _make_folders([args.dst, args.weights if args.weights is not None else args.dst])
+        result = align_external_data_streaming(
+            args.src,
+            args.dst,
+            args.weights,
+            args.alignment,
+            args.chunk_size,
+            progress=progress,
+            durable=not args.no_fsync,
         )
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         bar.close()
+        _remove_empty_folders(created)
         print(f"error: {exc}", file=sys.stderr)
         return 1
     bar.close()
     elapsed = time.perf_counter() - started
-    print(_summary(args.dst, args.weights, written, elapsed))
+    print(_summary(args.dst, args.weights, result, elapsed))
     return 0
 
 
-def _summary(dst_onnx: str, dst_weights: str | None, written: int, elapsed: float) -> str:
-    """One line from the written model: tensors, bytes, padding (bytes no tensor uses), time and throughput."""
-    import onnx
+def _make_folders(paths: list[str]) -> list[str]:
+    """Create the missing folders of ``paths``; return those created, deepest first."""
+    created: list[str] = []
+    for path in paths:
+        folder = os.path.dirname(os.path.abspath(path))
+        missing = []
+        while not os.path.lexists(folder):
+            missing.append(folder)
+            folder = os.path.dirname(folder)
+        for folder in reversed(missing):
+            try:
+                os.mkdir(folder)
+            except FileExistsError:  # created meanwhile by someone else: not ours to remove
+                continue
+            created.insert(0, folder)
+    return created
 
-    from onnx_light_ref.io.locations import is_external
-    from onnx_light_ref.io.walker import iter_tensors
 
-    model = onnx.load_model(dst_onnx, load_external_data=False)
-    ranges = set()
-    tensors = 0
-    for site in iter_tensors(model):
-        if is_external(site.tensor):
-            entries = {e.key: e.value for e in site.tensor.external_data}
-            ranges.add((int(entries["offset"]), int(entries["length"])))
-            tensors += 1
-    if tensors == 0:
+def _remove_empty_folders(created: list[str]) -> None:
+    """Undo :func:`_make_folders` after a failure (the library wrote nothing in them)."""
+    for folder in created:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
+def _summary(dst_onnx: str, dst_weights: str | None, result: AlignResult, elapsed: float) -> str:
+    """One line: tensors, bytes, padding (bytes no tensor uses), time and throughput."""
+    if result.tensors == 0:
         return f"{dst_onnx}: no external tensor, nothing to align (model written, no weights file)."
-    padding = written - sum(length for _, length in ranges)
     weights = dst_weights if dst_weights is not None else f"{dst_onnx}.data"
-    speed = written / (1024 * 1024) / elapsed if elapsed > 0 else float("inf")
+    speed = result / (1024 * 1024) / elapsed if elapsed > 0 else float("inf")
     return (
-        f"{os.fspath(weights)}: {tensors} tensors, {written} bytes written ({padding} padding) "
+        f"{os.fspath(weights)}: {result.tensors} tensors, {result} bytes written ({result.padding} padding) "
         f"in {elapsed:.2f} s, {speed:.1f} MiB/s"
     )

@@ -294,3 +294,23 @@ def test_a_missing_destination_folder_is_refused_before_copying(tmp_path, layout
         align_external_data_streaming(layout / "model.onnx", layout / "out.onnx", layout / "missing" / "w.bin")
 
     assert sha256_of_tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("aligner", ["streaming", "in_memory"])
+@pytest.mark.parametrize("missing", ["model folder", "weights folder"])
+def test_the_python_api_never_creates_a_destination_folder(
+    tmp_path, layout, sha256_of_tree, assert_no_temp_files, aligner, missing
+):
+    """Only the command line creates folders; a library call with a missing folder raises and writes nothing."""
+    overrides = {"dst_onnx_path": layout / "missing" / "out.onnx"}
+    if missing == "weights folder":
+        overrides = {"dst_weights_path": layout / "missing" / "w.bin"}
+    before = sha256_of_tree(tmp_path)
+
+    with pytest.raises(FileNotFoundError, match="destination folder does not exist") as raised:
+        _call(aligner, layout, overrides)
+
+    assert str(layout / "missing") in str(raised.value)
+    assert not (layout / "missing").exists()
+    assert sha256_of_tree(tmp_path) == before
+    assert_no_temp_files(tmp_path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -158,3 +159,59 @@ def test_the_progress_bar_follows_the_bytes_to_the_total(
     (bar,) = bars
     assert (bar.n, bar.total) == (108, 108)
     assert "108/108" in capsys.readouterr().err
+
+
+def test_missing_destination_folders_are_created(tmp_path, make_external_model, reference_tensors, capsys):
+    src = make_external_model(tmp_path, reference_tensors())
+    dst = tmp_path / "new" / "deeper" / "out.onnx"
+    weights = tmp_path / "new" / "deeper" / "weights" / "w.bin"
+
+    status = main(["align", str(src), str(dst), "--weights", str(weights), "--alignment", "64"])
+
+    assert status == 0, capsys.readouterr().err
+    assert weights.stat().st_size == 196
+    loaded = onnx.load_model(str(dst))
+    for tensor in loaded.graph.initializer:
+        np.testing.assert_array_equal(numpy_helper.to_array(tensor), reference_tensors()[tensor.name])
+
+
+def test_folders_created_for_a_failed_run_are_removed(tmp_path, make_external_model, reference_tensors, capsys):
+    src = make_external_model(tmp_path, reference_tensors())
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    status = main(["align", str(src), str(tmp_path / "new" / "out.onnx"), "--alignment", "3"])
+
+    assert status == 1
+    assert "power of two" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_destination_folder_that_is_a_file_is_one_error_line(
+    tmp_path, make_external_model, reference_tensors, capsys
+):
+    src = make_external_model(tmp_path, reference_tensors())
+    (tmp_path / "blocker").write_bytes(b"not a folder")
+
+    status = main(["align", str(src), str(tmp_path / "blocker" / "sub" / "out.onnx")])
+
+    assert status == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert (tmp_path / "blocker").read_bytes() == b"not a folder"
+
+
+def test_no_fsync_writes_the_same_files_without_any_fsync(
+    tmp_path, make_external_model, reference_tensors, monkeypatch, capsys
+):
+    src = make_external_model(tmp_path, reference_tensors())
+    assert main(["align", str(src), str(tmp_path / "durable" / "out.onnx"), "--alignment", "64"]) == 0
+    synced = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+
+    status = main(["align", str(src), str(tmp_path / "fast" / "out.onnx"), "--alignment", "64", "--no-fsync"])
+
+    assert status == 0
+    assert synced == []
+    for name in ("out.onnx", "out.onnx.data"):
+        assert (tmp_path / "fast" / name).read_bytes() == (tmp_path / "durable" / name).read_bytes()
+    assert "3 tensors, 196 bytes written (88 padding)" in capsys.readouterr().out

@@ -89,6 +89,13 @@ def test_a_range_ending_exactly_at_the_end_of_the_file_is_valid(tmp_path):
         (external_tensor({"location": "w.bin", "length": "16", "length ": "1"}), "unknown external_data keys"),
         (external_tensor({"location": "w.bin", "offset": "99999999999999999999"}), "does not fit in int64"),
         (external_tensor({"location": "w.bin", "length": "1.5"}), "non-negative integer"),
+        # int() takes every spelling below; onnxruntime refuses them, so parse_entry_int does too.
+        (external_tensor({"location": "w.bin", "offset": "+0"}), r"'offset' must be .* ASCII digits only, got '\+0'"),
+        (external_tensor({"location": "w.bin", "offset": " 64"}), "ASCII digits only, got ' 64'"),
+        (external_tensor({"location": "w.bin", "length": "1_6"}), "'length' must be .* ASCII digits only, got '1_6'"),
+        (external_tensor({"location": "w.bin", "length": "\u0661\u0666"}), "ASCII digits only"),
+        (external_tensor({"location": "w.bin", "length": "16 "}), "ASCII digits only, got '16 '"),
+        (external_tensor({"location": "w.bin", "offset": "-0"}), "ASCII digits only, got '-0'"),
         (external_tensor({"location": "w.bin"}, data_type=onnx.TensorProto.STRING), "no external_data 'length'"),
     ],
 )

@@ -634,6 +634,24 @@ def test_location_in_a_missing_subfolder_writes_nothing(tmp_path: Path) -> None:
     assert variant.SerializeToString() == before_model
 
 
+@pytest.mark.parametrize("check_references", [True, False])
+def test_a_missing_destination_folder_is_never_created(tmp_path: Path, check_references: bool) -> None:
+    """Only the command line creates folders; the library refuses (a dangling reuse, or the missing folder)."""
+    variant = reference_variant(tmp_path)
+    before_files, before_model = tree(tmp_path), variant.SerializeToString()
+    error = DanglingReferenceError if check_references else FileNotFoundError
+    fragment = "would dangle" if check_references else "destination folder does not exist"
+
+    with pytest.raises(error, match=fragment):
+        save_model_with_shared_external_data(
+            variant, tmp_path / "missing" / "second.onnx", check_references=check_references
+        )
+
+    assert not (tmp_path / "missing").exists()
+    assert tree(tmp_path) == before_files and temp_files(tmp_path) == []
+    assert variant.SerializeToString() == before_model
+
+
 def test_resaving_a_variant_replaces_its_own_weights(tmp_path: Path) -> None:
     variant = reference_variant(tmp_path)
     save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64)

@@ -1,0 +1,135 @@
+"""OutputTransaction: several weights files and the ``.onnx`` published as one transaction, durable or not.
+
+Each test writes real files in ``tmp_path`` and asserts on what a user would find there afterwards: the new files,
+or exactly the previous ones (hash snapshot) and no temp file.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+import onnx_light_ref.io.publish as publish
+from onnx_light_ref.io.arguments import ArgumentTypeError
+from onnx_light_ref.io.publish import OutputTransaction, StagedFile, publish_all, staged_files
+
+WEIGHTS = ["shard-1.bin", "shard-2.bin", "shard-3.bin"]
+
+
+def _write_job(folder: Path, *, durable: bool = True, tag: bytes = b"new") -> None:
+    with OutputTransaction(durable=durable) as outputs:
+        for index, name in enumerate(WEIGHTS):
+            staged = outputs.stage(str(folder / name))
+            staged.write_all(tag + bytes([index]) * 10, 0)
+            staged.set_size(64)
+        outputs.publish(str(folder / "model.onnx"), tag + b" model")
+
+
+def _record(monkeypatch: pytest.MonkeyPatch, name: str, calls: list, *, fail_at: int | None = None) -> None:
+    real = getattr(os, name)
+
+    def recording(*args: object) -> object:
+        calls.append(args)
+        if fail_at is not None and len(calls) == fail_at:
+            raise OSError(5, f"{name} failed (simulated)")
+        return real(*args)
+
+    monkeypatch.setattr(publish.os, name, recording)
+
+
+def test_every_weights_file_then_the_model_is_published(tmp_path, monkeypatch, assert_no_temp_files):
+    renames: list = []
+    _record(monkeypatch, "replace", renames)
+
+    _write_job(tmp_path)
+
+    assert [Path(dst).name for _, dst in renames] == [*WEIGHTS, "model.onnx"]
+    assert (tmp_path / "shard-2.bin").read_bytes() == b"new" + bytes([1]) * 10 + bytes(51)
+    assert (tmp_path / "model.onnx").read_bytes() == b"new model"
+    assert_no_temp_files(tmp_path)
+
+
+@pytest.mark.parametrize("failing_rename", [1, 2, 3, 4])
+def test_a_failed_rename_restores_every_previous_file(
+    tmp_path, monkeypatch, sha256_of_tree, assert_no_temp_files, failing_rename
+):
+    _write_job(tmp_path, tag=b"old")
+    (tmp_path / "shard-3.bin").unlink()  # one destination absent before the run: it must stay absent
+    before = sha256_of_tree(tmp_path)
+    _record(monkeypatch, "replace", [], fail_at=failing_rename)
+
+    with pytest.raises(OSError, match="replace failed"):
+        _write_job(tmp_path)
+
+    assert sha256_of_tree(tmp_path) == before
+    assert_no_temp_files(tmp_path)
+
+
+def test_an_error_while_writing_deletes_every_temp_file(tmp_path, assert_no_temp_files):
+    with pytest.raises(RuntimeError, match="copy failed"), OutputTransaction() as outputs:
+        outputs.stage(str(tmp_path / "w.bin")).write_all(b"partial", 0)
+        raise RuntimeError("copy failed")
+
+    assert list(tmp_path.iterdir()) == []
+    assert_no_temp_files(tmp_path)
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_durable_false_skips_every_fsync_and_writes_the_same_bytes(tmp_path, monkeypatch, sha256_of_tree, durable):
+    (tmp_path / "reference").mkdir()
+    _write_job(tmp_path / "reference")
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(publish.os, "fsync", recording_fsync)
+    (tmp_path / "out").mkdir()
+
+    _write_job(tmp_path / "out", durable=durable)
+
+    assert sha256_of_tree(tmp_path / "out") == sha256_of_tree(tmp_path / "reference")
+    if durable:
+        assert sorted(synced) == ["file"] * 4 + ["folder"]  # four files, their one folder once
+    else:
+        assert synced == []
+
+
+def test_durable_false_still_renames_from_a_temp_name(tmp_path, monkeypatch):
+    renames: list = []
+    _record(monkeypatch, "replace", renames)
+
+    _write_job(tmp_path, durable=False)
+
+    temp_names = [Path(src).name for src, _ in renames]
+    assert all(name.startswith(".") and name.endswith(".tmp") for name in temp_names), temp_names
+
+
+@pytest.mark.parametrize("value", [0, 1, None, "no"])
+def test_durable_must_be_a_bool(tmp_path, value):
+    with pytest.raises(ArgumentTypeError, match=f"durable must be a bool, got {type(value).__name__}"):
+        OutputTransaction(durable=value)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="durable must be a bool"):
+        StagedFile(str(tmp_path / "w.bin"), durable=value)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_lower_level_names_still_publish(tmp_path, assert_no_temp_files):
+    """staged_files + StagedFile + publish_all: the form other writers used before OutputTransaction."""
+    with staged_files() as files:
+        weights = StagedFile(str(tmp_path / "w.bin"))
+        files.append(weights)
+        weights.write_all(b"weights", 0)
+        model = StagedFile(str(tmp_path / "m.onnx"))
+        files.append(model)
+        model.write_all(b"model", 0)
+        publish_all(files)
+
+    assert (tmp_path / "w.bin").read_bytes() == b"weights"
+    assert (tmp_path / "m.onnx").read_bytes() == b"model"
+    assert_no_temp_files(tmp_path)

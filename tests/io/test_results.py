@@ -1,0 +1,96 @@
+"""What the writers return: an ``int`` (the documented size) carrying what a caller reports."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from onnx_light_ref import (
+    align_external_data_in_memory,
+    align_external_data_streaming,
+    save_model_with_shared_external_data,
+)
+from onnx_light_ref.io.results import AlignResult, SaveResult
+
+
+def _align_result() -> AlignResult:
+    return AlignResult(196, tensors=3, payload_bytes=108, weights_files=["/x/w.bin"], copy_methods={"sendfile"})
+
+
+def test_a_result_behaves_as_the_plain_int():
+    result = _align_result()
+
+    assert isinstance(result, int) and result == 196 and hash(result) == hash(196)
+    assert result + 4 == 200 and result // 2 == 98
+    assert repr(result) == str(result) == f"{result}" == "196" and f"{result:d}" == "196"
+    assert json.dumps({"size": result}) == '{"size": 196}'
+
+
+def test_a_result_keeps_its_facts_through_pickle_and_copy():
+    result = _align_result()
+
+    for clone in (pickle.loads(pickle.dumps(result)), copy.copy(result), copy.deepcopy(result)):
+        assert type(clone) is AlignResult and clone == 196
+        assert (clone.tensors, clone.payload_bytes, clone.padding) == (3, 108, 88)
+        assert clone.weights_files == ("/x/w.bin",) and clone.copy_methods == frozenset({"sendfile"})
+
+
+def test_a_result_is_read_only():
+    result = _align_result()
+    with pytest.raises(AttributeError, match="read-only"):
+        result.tensors = 4  # type: ignore[misc]
+    assert result.tensors == 3
+
+
+@pytest.mark.parametrize("aligner", [align_external_data_streaming, align_external_data_in_memory])
+def test_the_aligners_report_what_they_wrote(tmp_path, make_external_model, reference_tensors, aligner):
+    src = make_external_model(tmp_path, reference_tensors())
+    model = onnx.load_model(str(src), load_external_data=False)
+    shared = copy.deepcopy(model.graph.initializer[0])  # same file, offset and length as w0
+    shared.name = "w0_again"
+    model.graph.initializer.append(shared)
+    onnx.save_model(model, str(src))
+    dst = tmp_path / "out.onnx"
+
+    result = aligner(src, dst, alignment=64)
+
+    assert type(result) is AlignResult
+    weights = tmp_path / "out.onnx.data"
+    assert result == weights.stat().st_size == 196
+    # Four external tensors; w0_again names w0's bytes, stored once (28 + 12 + 68 payload bytes, the rest padding).
+    assert (result.tensors, result.payload_bytes, result.padding) == (4, 108, 88)
+    assert result.weights_files == (str(weights),)
+    if aligner is align_external_data_in_memory:
+        assert result.copy_methods == {"pread_pwrite"}
+    else:
+        assert result.copy_methods and result.copy_methods <= {"copy_file_range", "sendfile", "pread_pwrite"}
+
+
+def test_an_aligner_without_external_tensors_reports_nothing_written(tmp_path, build_identity_model):
+    src = tmp_path / "inline.onnx"
+    onnx.save_model(build_identity_model({"w": np.ones(2, dtype=np.float32)}), str(src))
+
+    result = align_external_data_streaming(src, tmp_path / "out.onnx")
+
+    assert result == 0 and result.tensors == 0 and result.payload_bytes == 0
+    assert result.weights_files == () and result.copy_methods == frozenset()
+
+
+def test_the_shared_saver_reports_new_and_reused_tensors(tmp_path, make_external_model, reference_tensors):
+    src = make_external_model(tmp_path, reference_tensors())
+    variant = onnx.load_model(str(src), load_external_data=False)
+    variant.graph.initializer.append(numpy_helper.from_array(np.full(5, 7.0, np.float32), "n0"))  # 20 bytes
+    variant.graph.initializer.append(numpy_helper.from_array(np.full(3, -3.5, np.float32), "n1"))  # 12 bytes
+
+    result = save_model_with_shared_external_data(variant, tmp_path / "variant.onnx", 64)
+
+    assert type(result) is SaveResult
+    assert result == (tmp_path / "variant.onnx.data").stat().st_size == 76
+    assert (result.new_tensors, result.reused_tensors, result.payload_bytes, result.padding) == (2, 3, 32, 44)
+    assert result.weights_files == (str(tmp_path / "variant.onnx.data"),)
