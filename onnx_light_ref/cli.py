@@ -1,8 +1,10 @@
 """The ``onnx-light-ref`` command line: a thin dispatcher over ``onnx_light_ref.commands``.
 
 Each sub-command lives in its own module under ``onnx_light_ref/commands/`` and exposes
-``register(subparsers) -> None``; the parser it adds sets ``func`` to a callable ``(args) -> int`` (exit status).
-This module only wires them together, so adding a command never touches another command's code.
+``register(subparsers) -> None``; the parser it adds sets ``func`` to the module's handler, named
+``<command>_command(args) -> int`` (exit status). This module only wires them together, so adding a command never
+touches another command's code. It never catches errors of a command: each handler turns the ones a user can cause
+into one ``error:`` line and exit status 1.
 """
 
 from __future__ import annotations
@@ -15,13 +17,19 @@ from collections.abc import Sequence
 
 __all__ = ["build_parser", "main"]
 
-# Imported lazily by name so that `onnx-light-ref --help` stays fast and a broken optional command cannot break the
-# others at import time.
+# Every module is part of the package; one that fails to import is a broken install, reported as the import error.
 _COMMAND_MODULES = ("align", "inspect", "verify", "run", "undelay", "demo", "generate_tests")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Return the full argument parser with every registered sub-command."""
+    """Return the full argument parser with every sub-command registered.
+
+    Returns:
+        The ``onnx-light-ref`` parser; ``parse_args`` sets ``func`` to the chosen command's handler.
+
+    Raises:
+        ImportError: a command module cannot be imported (a broken installation); never skipped silently.
+    """
     from onnx_light_ref import __version__
 
     parser = argparse.ArgumentParser(
@@ -33,18 +41,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"onnx_light_ref.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"onnx_light_ref.commands.{name}":
-                raise
-            continue  # command not shipped in this build
-        module.register(subparsers)
+        importlib.import_module(f"onnx_light_ref.commands.{name}").register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script; returns the process exit status."""
+    """Entry point of the console script.
+
+    Args:
+        argv: the arguments after the program name (``sys.argv[1:]`` when None).
+
+    Returns:
+        The process exit status: the command's, or 2 when no command was given (help printed to stderr).
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")

@@ -18,7 +18,7 @@ import sys
 from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io.layout_report import LayoutReport, TensorLayout, build_layout_report
 
-__all__ = ["format_alignment", "format_report", "printable", "register", "run_inspect"]
+__all__ = ["format_alignment", "format_report", "inspect_command", "printable", "register"]
 
 # Alignments above this are shown as ">=1M": no loader asks for more, and a huge power of two (an offset of 2 GiB
 # is 2 GiB-aligned) says nothing useful.
@@ -139,7 +139,7 @@ def format_report(report: LayoutReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_inspect(args: argparse.Namespace) -> int:
+def inspect_command(args: argparse.Namespace) -> int:
     """Print the layout report of ``args.model``; exit status 1 when a tensor is in error or the model is unreadable.
 
     Args:
@@ -166,4 +166,4 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "alignment every tensor satisfies. Exit status 1 if any reference is broken. Reads no weight bytes.",
     )
     parser.add_argument("model", help="path to the .onnx file")
-    parser.set_defaults(func=run_inspect)
+    parser.set_defaults(func=inspect_command)

@@ -1,4 +1,8 @@
-"""Byte sizes on the command line (``4096``, ``64K``, ``4M``, ``1G``, ``64MiB``): the one parser every command uses."""
+"""Byte sizes on the command line (``4096``, ``64K``, ``4M``, ``1G``, ``64MiB``): the one parser every command uses.
+
+It only parses; whether a size is acceptable (a power of two, within a cap) is the library's check, so that the
+command line and the Python API refuse the same values with the same words.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,14 @@ _PATTERN = re.compile(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", re.IGNORECASE)
 def parse_size(text: str) -> int:
     """``"4M"`` -> 4194304: a plain byte count or a K/M/G suffix (binary units; ``KiB``/``MB`` accepted too).
 
-    Raises ``ValueError`` naming the text and the expected form.
+    Args:
+        text: the argument as typed; surrounding spaces and the suffix's case do not matter.
+
+    Returns:
+        The size in bytes.
+
+    Raises:
+        ValueError: ``text`` is not a size; the message names it and the expected form.
     """
     match = _PATTERN.fullmatch(text)
     if match is None:
@@ -25,7 +36,17 @@ def parse_size(text: str) -> int:
 
 
 def size_argument(text: str) -> int:
-    """:func:`parse_size` as an argparse ``type=``: a bad size is a usage error (exit status 2), not a traceback."""
+    """:func:`parse_size` as an argparse ``type=``: a bad size is a usage error (exit status 2), not a traceback.
+
+    Args:
+        text: the argument as typed.
+
+    Returns:
+        The size in bytes.
+
+    Raises:
+        argparse.ArgumentTypeError: ``text`` is not a size.
+    """
     try:
         return parse_size(text)
     except ValueError as exc:
