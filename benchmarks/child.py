@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["RESULT_PREFIX", "ScenarioUnavailableError", "run_in_child"]
 
@@ -139,23 +139,75 @@ def _fsync_file_and_dir(path: str) -> None:
         os.close(dir_fd)
 
 
+# Keyword options of the aligners that some scenarios pass (layout options of issues 11-13). An option that the
+# installed aligner does not accept makes the scenario *unavailable* with that reason, not a failure, so the suite
+# runs before and after each feature lands.
+_ALIGN_OPTIONS = ("align_threshold", "max_shard_size", "dedup", "size_threshold", "durable")
+
+
+def _aligner(name: str, options: dict[str, Any]) -> Callable[..., Any]:
+    import inspect
+
+    import onnx_light_ref.io as io
+
+    function = getattr(io, name, None)
+    if function is None:
+        raise ScenarioUnavailableError(f"onnx_light_ref.io.{name} is not available")
+    accepted = inspect.signature(function).parameters
+    missing = [key for key in options if key not in accepted]
+    if missing:
+        raise ScenarioUnavailableError(f"{name} does not accept {', '.join(missing)} yet")
+    return cast("Callable[..., Any]", function)
+
+
+def _weights_files(dst_onnx: str) -> dict[str, int]:
+    """Every file next to ``dst_onnx`` except the ``.onnx`` itself (destination folders are fresh), with its size."""
+    folder = os.path.dirname(dst_onnx)
+    return {
+        name: os.path.getsize(os.path.join(folder, name))
+        for name in sorted(os.listdir(folder))
+        if os.path.join(folder, name) != dst_onnx and os.path.isfile(os.path.join(folder, name))
+    }
+
+
+def _statvfs_free(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bfree * st.f_frsize
+
+
+def _align_result(args: dict[str, Any], written: Any, free_before: int | None) -> dict[str, Any]:
+    extra: dict[str, Any] = {"bytes_written": int(written)}
+    if args.get("list_files", False):
+        extra["files"] = _weights_files(args["dst"])
+    for attribute in ("payload_bytes", "tensors"):
+        if hasattr(written, attribute):
+            extra[attribute] = int(getattr(written, attribute))
+    if hasattr(written, "copy_methods"):
+        extra["copy_methods"] = sorted(written.copy_methods)
+    if free_before is not None:
+        # New blocks the operation took on the destination filesystem (reflinks share extents: close to zero).
+        extra["fs_new_bytes"] = free_before - _statvfs_free(os.path.dirname(args["dst"]))
+    return extra
+
+
 def _align_streaming(args: dict[str, Any]) -> list[Phase]:
-    from onnx_light_ref.io import align_external_data_streaming
+    options = {key: args[key] for key in _ALIGN_OPTIONS if key in args}
+    align = _aligner("align_external_data_streaming", options)
 
     def run(_: Any) -> dict[str, Any]:
-        written = align_external_data_streaming(
-            args["src"], args["dst"], alignment=args["alignment"], chunk_size=args["chunk_size"]
-        )
-        return {"bytes_written": written}
+        free_before = _statvfs_free(os.path.dirname(args["dst"])) if args.get("measure_fs") else None
+        written = align(args["src"], args["dst"], alignment=args["alignment"], chunk_size=args["chunk_size"], **options)
+        return _align_result(args, written, free_before)
 
     return [("align", run)]
 
 
 def _align_in_memory(args: dict[str, Any]) -> list[Phase]:
-    from onnx_light_ref.io import align_external_data_in_memory
+    options = {key: args[key] for key in _ALIGN_OPTIONS if key in args}
+    align = _aligner("align_external_data_in_memory", options)
 
     def run(_: Any) -> dict[str, Any]:
-        return {"bytes_written": align_external_data_in_memory(args["src"], args["dst"], alignment=args["alignment"])}
+        return _align_result(args, align(args["src"], args["dst"], alignment=args["alignment"], **options), None)
 
     return [("align", run)]
 
@@ -181,19 +233,22 @@ def _onnx_ir_save(args: dict[str, Any]) -> list[Phase]:
     import onnx_ir as ir
 
     def load(_: Any) -> Any:
-        return ir.load(args["src"])  # lazy: external tensors stay on disk
+        return ir.load(args["src"])  # lazy: external tensors stay on disk (inline ones are parsed with the model)
 
     def save(model: Any) -> dict[str, Any]:
-        # align_threshold=0: align every tensor like ours (onnx-ir's default aligns only tensors above 1 MiB).
+        # align_threshold=0 by default: align every tensor like ours (onnx-ir's default aligns only tensors >= 1 MiB).
         ir.save(
-            model, args["dst"], external_data=args["location"], size_threshold_bytes=0,
-            alignment=args["alignment"], align_threshold=0,
+            model, args["dst"], external_data=args["location"], size_threshold_bytes=args.get("size_threshold", 0),
+            alignment=args["alignment"], align_threshold=args.get("align_threshold", 0),
+            max_shard_size_bytes=args.get("max_shard_size"),
         )  # fmt: skip
-        data_path = os.path.join(os.path.dirname(args["dst"]), args["location"])
+        # Shards are named by onnx-ir (``out-00001-of-00004.onnx.data``): count every file of the fresh folder.
+        files = _weights_files(args["dst"])
         if args["fsync"]:
-            # onnx-ir does not fsync; the fsync variant adds what ours does before publishing (file, then folder).
-            _fsync_file_and_dir(data_path)
-        return {"bytes_written": os.path.getsize(data_path)}
+            # onnx-ir does not fsync; the fsync variant adds what ours does before publishing (files, then folder).
+            for name in files:
+                _fsync_file_and_dir(os.path.join(os.path.dirname(args["dst"]), name))
+        return {"bytes_written": sum(files.values()), "files": files}
 
     return [("load", load), ("save", save)]
 
@@ -233,16 +288,15 @@ def _copy_file_range_ranges(args: dict[str, Any]) -> list[Phase]:
 
     Layout computed here from the ``.onnx`` (onnx's parser, not ours): tensors in declaration order, each at the
     next multiple of ``alignment``. Unaligned source offsets are what makes this slower than a whole-file copy: the
-    kernel then copies partial pages.
+    kernel then copies partial pages. ``args["ranges"]`` (``[[path, offset, length], ...]``) gives the ranges
+    instead: the inline payloads of a single-file model, whose offsets the generator knows (parsing a 1 GiB
+    ``.onnx`` here would load it, and one over 2 GiB cannot be parsed by protobuf at all).
     """
-    import onnx
-
-    model = onnx.load(args["src"], load_external_data=False)
-    folder = os.path.dirname(args["src"])
-    ranges: list[tuple[str, int, int]] = []
-    for tensor in model.graph.initializer:
-        entries = {entry.key: entry.value for entry in tensor.external_data}
-        ranges.append((os.path.join(folder, entries["location"]), int(entries["offset"]), int(entries["length"])))
+    ranges: list[tuple[str, int, int]]
+    if "ranges" in args:
+        ranges = [(str(path), int(offset), int(length)) for path, offset, length in args["ranges"]]
+    else:
+        ranges = _external_ranges(args["src"])
     step = args["alignment"]
 
     def run(_: Any) -> dict[str, Any]:
@@ -271,6 +325,64 @@ def _copy_file_range_ranges(args: dict[str, Any]) -> list[Phase]:
         return {"bytes_written": cursor}
 
     return [("copy", run)]
+
+
+def _external_ranges(onnx_path: str) -> list[tuple[str, int, int]]:
+    """``(file, offset, length)`` of every external initializer of a generated model, in declaration order."""
+    import onnx
+
+    model = onnx.load(onnx_path, load_external_data=False)
+    folder = os.path.dirname(onnx_path)
+    ranges = []
+    for tensor in model.graph.initializer:
+        entries = {entry.key: entry.value for entry in tensor.external_data}
+        ranges.append((os.path.join(folder, entries["location"]), int(entries["offset"]), int(entries["length"])))
+    return ranges
+
+
+def _verify(args: dict[str, Any]) -> list[Phase]:
+    try:
+        from onnx_light_ref.io.verify import verify_models
+    except ImportError as exc:
+        raise ScenarioUnavailableError(f"onnx_light_ref.io.verify.verify_models is not available: {exc}") from None
+
+    def run(_: Any) -> dict[str, Any]:
+        result = verify_models(args["a"], args["b"], chunk_size=args["chunk_size"])
+        return {"equal": bool(result.equal), "bytes_compared": int(result.bytes_compared)}
+
+    return [("verify", run)]
+
+
+def _read_ranges(args: dict[str, Any]) -> list[Phase]:
+    """The limit for verify: read every tensor of both models once, ``chunk_size`` bytes per ``preadv``, one buffer.
+
+    No comparison, no hashing: only the reads verify cannot avoid (both sides, every byte).
+    """
+    ranges = [item for path in args["models"] for item in _external_ranges(path)]
+    buffer = bytearray(args["chunk_size"])
+
+    def run(_: Any) -> dict[str, Any]:
+        view = memoryview(buffer)
+        fds: dict[str, int] = {}
+        total = 0
+        try:
+            for path, offset, length in ranges:
+                fd = fds.get(path)
+                if fd is None:
+                    fd = fds[path] = os.open(path, os.O_RDONLY)
+                done = 0
+                while done < length:
+                    got = os.preadv(fd, [view[: min(len(view), length - done)]], offset + done)
+                    if got == 0:
+                        raise OSError(f"{path} ended early")
+                    done += got
+                total += length
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        return {"bytes_read": total}
+
+    return [("read", run)]
 
 
 def _new_head(nbytes: int) -> Any:
@@ -398,6 +510,8 @@ _SCENARIOS: dict[str, Callable[[dict[str, Any]], list[Phase]]] = {
     "onnx_ir_save": _onnx_ir_save,
     "copy_file_range": _copy_file_range,
     "copy_file_range_ranges": _copy_file_range_ranges,
+    "verify": _verify,
+    "read_ranges": _read_ranges,
     "shared_save": _shared_save,
     "write_alone": _write_alone,
     "onnx_full_save": _onnx_full_save,

@@ -11,16 +11,30 @@ Shapes (at ``1G``; every count and size scales with the total):
 * ``small``: 8192 tensors of 64 KiB (512 MiB, as the issue states it) spread over 4 data files.
 
 Source tensors sit at *unaligned* offsets (a 64-byte gap before each one, like a small header), so re-aligning at
-4096 really moves every tensor and no two tensors can be merged into one copy.
+4096 really moves every tensor and no two tensors can be merged into one copy (``gap=0`` gives an already aligned
+model instead, for the reflink benchmark).
+
+Models of the layout and inline benchmarks (issues 11 and 12):
+
+* :func:`make_dedup_model`: the ``large`` shape where a fraction of the tensors repeat earlier ones byte for byte,
+  each copy stored again in the data file (as exporters store tied weights);
+* :func:`make_aligned_copy`: the same tensors as a generated model, rewritten at 4096-aligned offsets by
+  ``copy_file_range`` (a second, distinct model with equal tensors, for ``verify``);
+* :func:`make_inline_model`: one ``.onnx`` with every weight inline as ``raw_data``, written by the hand-made
+  wire-format writer of ``tests/wire_writer.py`` (payloads filled with data, or left as holes of a sparse file so a
+  model over protobuf's 2 GiB limit costs no disk and no memory to generate).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import onnx
@@ -32,10 +46,15 @@ __all__ = [
     "KIB",
     "MIB",
     "AlignModel",
+    "DedupModel",
     "DelayedModel",
+    "InlineModel",
     "MlpModel",
     "make_align_model",
+    "make_aligned_copy",
+    "make_dedup_model",
     "make_delayed_model",
+    "make_inline_model",
     "make_mlp_model",
     "parse_size",
     "scaled",
@@ -99,6 +118,36 @@ class AlignModel:
 
 
 @dataclass(frozen=True)
+class DedupModel(AlignModel):
+    """An :class:`AlignModel` where some tensors repeat earlier ones; ``unique_count`` distinct contents."""
+
+    unique_count: int
+
+    @property
+    def unique_bytes(self) -> int:
+        return self.unique_count * self.tensor_bytes
+
+
+@dataclass(frozen=True)
+class InlineModel:
+    """A single-file model: ``tensor_count`` weights of ``tensor_bytes`` inline, plus one 16-byte inline shape."""
+
+    onnx_path: str
+    tensor_count: int
+    tensor_bytes: int
+    ranges: list[tuple[int, int]]  # (offset, length) of each weight's raw_data bytes inside the .onnx
+    holes: bool  # payloads left as holes (zeros, no disk blocks) rather than filled with data
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.tensor_count * self.tensor_bytes
+
+    @property
+    def file_bytes(self) -> int:
+        return os.path.getsize(self.onnx_path)
+
+
+@dataclass(frozen=True)
 class DelayedModel:
     """One raw float32 tensor in a data file, and one ``DelayedInitializer`` model per ``load_device``."""
 
@@ -147,6 +196,19 @@ def _write_repeated(path: str, size: int, block: bytes, phase: int = 0) -> None:
         os.close(fd)
 
 
+def _fill_range(fd: int, offset: int, length: int, block: bytes, phase: int) -> None:
+    """Write ``length`` bytes of ``block`` repeated, starting ``phase`` bytes into it, at ``offset`` of ``fd``."""
+    doubled = memoryview(block + block)
+    start = phase % len(block)
+    done = 0
+    while done < length:
+        piece = doubled[start : start + min(len(block), length - done)]
+        while piece:
+            moved = os.pwrite(fd, piece, offset + done)
+            piece = piece[moved:]
+            done += moved
+
+
 def _external_tensor(name: str, dims: list[int], location: str, offset: int, length: int) -> TensorProto:
     tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=dims, data_location=TensorProto.EXTERNAL)
     for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
@@ -173,11 +235,15 @@ def _identity_model(initializers: list[TensorProto]) -> onnx.ModelProto:
     return helper.make_model(graph, ir_version=_IR_VERSION, opset_imports=[helper.make_opsetid("", _OPSET)])
 
 
-def make_align_model(folder: str | os.PathLike[str], shape: str, total: int) -> AlignModel:
-    """Write ``model.onnx`` and its data files into ``folder`` (created); ``shape`` is ``large`` or ``small``."""
+def make_align_model(folder: str | os.PathLike[str], shape: str, total: int, *, gap: int = _SOURCE_GAP) -> AlignModel:
+    """Write ``model.onnx`` and its data files into ``folder`` (created); ``shape`` is ``large`` or ``small``.
+
+    ``gap`` bytes precede every tensor in its data file: 64 (default) leaves every tensor unaligned; 0 with the
+    ``large`` shape gives tensors already at 4096-aligned offsets (the layout the aligner would write).
+    """
     if shape == "large":
-        count, files = 64, 1
-        tensor_bytes = max(4 * KIB, total // count // (4 * KIB) * (4 * KIB))
+        files = 1
+        count, tensor_bytes = _large_layout(total)
     elif shape == "small":
         # The tensor size is what makes per-tensor overhead visible, so it stays 64 KiB and the count scales.
         count, files, tensor_bytes = max(16, total // (128 * KIB)), 4, 64 * KIB
@@ -195,7 +261,7 @@ def make_align_model(folder: str | os.PathLike[str], shape: str, total: int) -> 
         indices = range(file_index * per_file, min(count, (file_index + 1) * per_file))
         offset = 0
         for index in indices:
-            offset += _SOURCE_GAP
+            offset += gap
             dims = [tensor_bytes // 4]
             initializers.append(_external_tensor(f"w{index:05d}", dims, location, offset, tensor_bytes))
             offset += tensor_bytes
@@ -205,6 +271,132 @@ def make_align_model(folder: str | os.PathLike[str], shape: str, total: int) -> 
     onnx_path = os.path.join(folder, "model.onnx")
     _save_proto(_identity_model(initializers), onnx_path)
     return AlignModel(shape, onnx_path, data_paths, count, tensor_bytes)
+
+
+def _large_layout(total: int) -> tuple[int, int]:
+    count = 64
+    return count, max(4 * KIB, total // count // (4 * KIB) * (4 * KIB))
+
+
+def make_dedup_model(folder: str | os.PathLike[str], total: int, duplicate_fraction: float) -> DedupModel:
+    """The ``large`` shape (64 tensors, one data file, 64-byte gaps) where ``duplicate_fraction`` of the tensors
+    (spread evenly) repeat an earlier distinct tensor byte for byte, stored again in the data file."""
+    count, tensor_bytes = _large_layout(total)
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    block = _random_block(float_values=False)
+    location = "weights-0.data"
+    path = os.path.join(folder, location)
+    initializers: list[TensorProto] = []
+    phases: list[int] = []  # the content of each distinct tensor: a window of the block at this phase
+    offset = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for index in range(count):
+            offset += _SOURCE_GAP
+            is_duplicate = bool(phases) and int((index + 1) * duplicate_fraction) > int(index * duplicate_fraction)
+            if is_duplicate:
+                phase = phases[(index * 7) % len(phases)]  # some earlier distinct tensor
+            else:
+                phase = len(phases) * 65_537  # distinct windows of a random block: distinct contents
+                phases.append(phase)
+            _fill_range(fd, offset, tensor_bytes, block, phase)
+            initializers.append(_external_tensor(f"w{index:05d}", [tensor_bytes // 4], location, offset, tensor_bytes))
+            offset += tensor_bytes
+    finally:
+        os.close(fd)
+    onnx_path = os.path.join(folder, "model.onnx")
+    _save_proto(_identity_model(initializers), onnx_path)
+    return DedupModel("dedup", onnx_path, [path], count, tensor_bytes, unique_count=len(phases))
+
+
+def make_aligned_copy(model: AlignModel, folder: str | os.PathLike[str], alignment: int = 4096) -> AlignModel:
+    """A second model with ``model``'s tensors (same names, dims, bytes) at ``alignment``-multiple offsets of one
+    data file, copied file to file with ``copy_file_range`` (no weight bytes in memory)."""
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    source = onnx.load(model.onnx_path, load_external_data=False)
+    source_folder = os.path.dirname(model.onnx_path)
+    location = "aligned.data"
+    path = os.path.join(folder, location)
+    initializers: list[TensorProto] = []
+    fds: dict[str, int] = {}
+    dst = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    cursor = 0
+    try:
+        for tensor in source.graph.initializer:
+            entries = {entry.key: entry.value for entry in tensor.external_data}
+            src_path = os.path.join(source_folder, entries["location"])
+            if src_path not in fds:
+                fds[src_path] = os.open(src_path, os.O_RDONLY)
+            offset, length = int(entries["offset"]), int(entries["length"])
+            cursor = -(-cursor // alignment) * alignment
+            done = 0
+            while done < length:
+                moved = os.copy_file_range(fds[src_path], dst, length - done, offset + done, cursor + done)
+                if moved == 0:
+                    raise OSError(f"{src_path} ended early")
+                done += moved
+            initializers.append(_external_tensor(tensor.name, list(tensor.dims), location, cursor, length))
+            cursor += length
+    finally:
+        os.close(dst)
+        for fd in fds.values():
+            os.close(fd)
+    onnx_path = os.path.join(folder, "aligned.onnx")
+    _save_proto(_identity_model(initializers), onnx_path)
+    return AlignModel(f"{model.shape}-aligned", onnx_path, [path], model.tensor_count, model.tensor_bytes)
+
+
+def _wire_writer() -> ModuleType:
+    """``tests/wire_writer.py`` (the hand-made protobuf writer shared with the tests), loaded by path: ``tests`` is
+    not a package, and the benchmarks must not depend on what else is on ``sys.path``."""
+    name = "_onnx_light_ref_bench_wire_writer"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = Path(__file__).resolve().parents[1] / "tests" / "wire_writer.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise FileNotFoundError(f"the wire-format writer {path} is missing; the inline benchmarks need it.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_inline_model(
+    folder: str | os.PathLike[str], count: int, tensor_bytes: int, *, holes: bool = False
+) -> InlineModel:
+    """One ``model.onnx`` holding ``count`` float32 weights of ``tensor_bytes`` inline (``raw_data``), plus a
+    16-byte int64 shape tensor (stays inline under any sensible ``size_threshold``).
+
+    Written field by field by the wire-format writer, so the file may exceed protobuf's 2 GiB limit. With
+    ``holes`` the payloads stay holes of a sparse file (zeros: no disk, no time); otherwise each is filled with a
+    distinct window of a random block (no two tensors equal), one block in memory at a time.
+    """
+    wire = _wire_writer()
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    weights = [
+        TensorProto(name=f"w{index:05d}", data_type=TensorProto.FLOAT, dims=[tensor_bytes // 4])
+        for index in range(count)
+    ]
+    shape = TensorProto(
+        name="shape", data_type=TensorProto.INT64, dims=[2], raw_data=np.array([1, -1], "<i8").tobytes()
+    )
+    model = _identity_model([shape, *weights])
+    onnx_path = os.path.join(folder, "model.onnx")
+    located = wire.write_model(onnx_path, model, {t.name: wire.Hole(tensor_bytes) for t in weights})
+    ranges = [located[t.name] for t in weights]
+    if not holes:
+        block = _random_block(float_values=True)
+        fd = os.open(onnx_path, os.O_WRONLY)
+        try:
+            for index, (offset, length) in enumerate(ranges):
+                _fill_range(fd, offset, length, block, index * 65_540)  # float-aligned windows
+        finally:
+            os.close(fd)
+    return InlineModel(onnx_path, count, tensor_bytes, ranges, holes)
 
 
 def make_delayed_model(folder: str | os.PathLike[str], nbytes: int) -> DelayedModel:
