@@ -17,6 +17,7 @@ the command prints (progress bars go to stderr through tqdm). Peak memory is rea
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -37,13 +38,12 @@ from onnx_light_ref.io import align_external_data_streaming, save_model_with_sha
 from onnx_light_ref.io.layout_report import build_layout_report
 from onnx_light_ref.ops import reference_evaluator
 
-__all__ = ["DEFAULT_SIZE", "DemoResult", "MlpShape", "build_two_file_mlp", "mlp_shape", "run_demo"]
+__all__ = ["DemoResult", "MlpShape", "build_two_file_mlp", "mlp_shape", "run_demo"]
 
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-DEFAULT_SIZE = 64 * 1024 * 1024
 # Below this the hidden width would be a handful of units: nothing left to demonstrate.
 _MIN_SIZE = 64 * 1024
 _ALIGNMENT = 4096
@@ -208,9 +208,10 @@ def _evaluate(result: DemoResult, label: str, path: str, x: np.ndarray, ort_modu
     """Run ``path`` in file and cpu modes (and onnxruntime); record timings; return the file-mode output."""
     outputs: dict[str, np.ndarray] = {}
     for load_device in ("file", "cpu"):
-        sess, built = _timed(lambda device=load_device: reference_evaluator(path, device, check_shape_annotations=True))
-        (y,), ran = _timed(lambda sess=sess: sess.run(None, {"x": x}))  # type: ignore[attr-defined]
-        outputs[load_device] = y
+        sess, built = _timed(functools.partial(reference_evaluator, path, load_device, check_shape_annotations=True))
+        ran_outputs, ran = _timed(functools.partial(sess.run, None, {"x": x}))
+        assert isinstance(ran_outputs, list)  # a dict only with intermediate=True
+        outputs[load_device] = np.asarray(ran_outputs[0])
         result.lines.append(
             f"  {label:<8} reference_evaluator load_device={load_device:<4}  build {built:6.3f} s  run {ran:6.3f} s  "
             f"peak RSS so far {_peak_rss_mib():7.1f} MiB"
@@ -221,8 +222,9 @@ def _evaluate(result: DemoResult, label: str, path: str, x: np.ndarray, ort_modu
         )
     if ort_module is not None:
         session_cls = ort_module.InferenceSession  # type: ignore[attr-defined]
-        sess, built = _timed(lambda: session_cls(path, providers=["CPUExecutionProvider"]))
-        (y,), ran = _timed(lambda: sess.run(None, {"x": x}))  # type: ignore[attr-defined]
+        ort_sess, built = _timed(functools.partial(session_cls, path, providers=["CPUExecutionProvider"]))
+        ort_outputs, ran = _timed(functools.partial(ort_sess.run, None, {"x": x}))
+        y = np.asarray(ort_outputs[0])
         result.lines.append(
             f"  {label:<8} onnxruntime                          build {built:6.3f} s  run {ran:6.3f} s  "
             f"peak RSS so far {_peak_rss_mib():7.1f} MiB"
@@ -282,11 +284,11 @@ def run_demo(size: int, workdir: str, *, progress: bool = False, seed: int = 0) 
     model = onnx.load_model(aligned, load_external_data=False)
     _new_head(model, shape, seed + 1)
     with _byte_progress("save variant", progress) as callback:
-        written, took = _timed(
-            lambda: save_model_with_shared_external_data(model, variant, _ALIGNMENT, progress=callback)
+        saved, took = _timed(
+            functools.partial(save_model_with_shared_external_data, model, variant, _ALIGNMENT, progress=callback)
         )
     result.lines.append(
-        f"3. saved model/variant.onnx with a new head: wrote {written:,} bytes to variant.onnx.data, shares "
+        f"3. saved model/variant.onnx with a new head: wrote {saved:,} bytes to variant.onnx.data, shares "
         f"{shape.nbytes - 4 * (shape.hidden * shape.d_out + shape.d_out):,} bytes with mlp.onnx.data, in {took:.3f} s"
     )
     _check_alignment(result, "variant", variant)

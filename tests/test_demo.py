@@ -75,3 +75,29 @@ def test_mlp_shape_stays_under_the_requested_size():
         shape = demo.mlp_shape(size)
         assert shape.nbytes <= size
         assert shape.nbytes > size * 0.8 or size == 2**16
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda root: root / "file.txt", "exists and is not a folder"),
+        (lambda root: root / "file.txt" / "sub" / "demo", "cannot be created: '{root}/file.txt' is not a folder"),
+        (lambda root: root / "link", "exists and is not a folder"),
+    ],
+    ids=["file", "under-a-file", "dangling-symlink"],
+)
+def test_demo_keep_that_is_not_a_folder_is_one_error_line(tmp_path, capsys, sha256_of_tree, make, message):
+    (tmp_path / "file.txt").write_text("user data")
+    (tmp_path / "link").symlink_to(tmp_path / "missing")
+    keep = make(tmp_path)
+    before = sha256_of_tree(tmp_path)
+    entries = sorted(os.listdir(tmp_path))
+
+    assert main(["demo", "--size", "1M", "--keep", str(keep), "--no-progress"]) == 1
+
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith("error: --keep ") and message.format(root=tmp_path) in line
+    assert sha256_of_tree(tmp_path) == before
+    assert sorted(os.listdir(tmp_path)) == entries

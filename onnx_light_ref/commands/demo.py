@@ -11,27 +11,44 @@ import argparse
 import os
 import sys
 import tempfile
+from typing import Any
 
 from onnx_light_ref.commands.sizes import size_argument
 
 __all__ = ["register", "run_demo_command"]
 
 
+def _check_keep_folder(keep: str) -> str | None:
+    """Why ``--keep`` cannot be used (checked before anything is created), or None."""
+    if os.path.lexists(keep) and not os.path.isdir(keep):
+        return f"--keep {keep!r} exists and is not a folder."
+    if os.path.isdir(keep):
+        return f"--keep folder {keep!r} is not empty." if os.listdir(keep) else None
+    parent = os.path.dirname(os.path.abspath(keep))
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"--keep {keep!r} cannot be created: {parent!r} is not a folder."
+    return None
+
+
 def run_demo_command(args: argparse.Namespace) -> int:
+    """Run the demo for the parsed ``args``; print its report; return the exit status (1 on any problem)."""
     from onnx_light_ref.demo import run_demo
 
     progress = not args.no_progress and sys.stderr.isatty()
     try:
         if args.keep is not None:
-            os.makedirs(args.keep, exist_ok=True)
-            if os.listdir(args.keep):
-                print(f"error: --keep folder {args.keep!r} is not empty.", file=sys.stderr)
+            problem = _check_keep_folder(args.keep)
+            if problem is not None:
+                print(f"error: {problem}", file=sys.stderr)
                 return 1
+            os.makedirs(args.keep, exist_ok=True)
             result = run_demo(args.size, os.path.abspath(args.keep), progress=progress)
         else:
             with tempfile.TemporaryDirectory(prefix="onnx-light-ref-demo-") as workdir:
                 result = run_demo(args.size, workdir, progress=progress)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print("\n".join(result.lines))
@@ -42,7 +59,8 @@ def run_demo_command(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: Any) -> None:
+    """Add the ``demo`` sub-command to the CLI's subparsers."""
     parser = subparsers.add_parser(
         "demo",
         help="build a model with weights in two files, re-align it, save a variant sharing its weights, "
