@@ -9,7 +9,7 @@ Usage::
 A run writes pytest-benchmark's JSON to ``benchmarks/results/raw-<size>.json``; the report is then built from every
 ``raw-*.json`` in that folder, so a 1 GiB and a 4 GiB run end up in one table. Outputs: ``results.md`` (per
 comparison: medians of time and of peak RSS above the child's import-only baseline, ratios; then every target of
-issue 6 with its measured ratio and pass/miss) and ``results.png``.
+issues 6, 11, 12 and 13 with its measured ratio and pass/miss) and ``results.png``.
 
 Numbers come from the child processes (``benchmark.extra_info``), not from pytest-benchmark's own timing, which
 includes interpreter start-up; see ``benchmarks/conftest.py``.
@@ -48,6 +48,7 @@ _RSS_FLOOR_MIB = 1.0
 _LABELS: dict[str, dict[str, str]] = {
     "align": {
         "streaming": "ours, streaming (4 MiB chunks)",
+        "streaming_nofsync": "ours, streaming, durable=False (no fsync, like onnx-ir)",
         "in_memory": "ours, in-memory twin",
         "onnx": "onnx.load + save_model (external, dense)",
         "onnx_ir": "onnx-ir load + save(alignment=4096)",
@@ -72,6 +73,32 @@ _LABELS: dict[str, dict[str, str]] = {
         "cpu": "DelayedInitializer load_device=cpu",
         "np_fromfile": "np.fromfile of the same bytes",
     },
+    "dedup": {
+        "streaming": "ours, streaming (plain)",
+        "dedup": "ours, streaming, dedup=True",
+    },
+    "shards": {
+        "one_file": "ours, streaming, one file",
+        "sharded": "ours, streaming, max_shard_size",
+        "onnx_ir_sharded": "onnx-ir load + save(max_shard_size_bytes, alignment=4096, align_threshold=0)",
+        "onnx_ir_sharded_fsync": "onnx-ir ... sharded + fsync (as ours)",
+    },
+    "verify": {
+        "verify": "ours: verify_models (4 MiB chunks)",
+        "read_both": "limit: preadv of both weight sets once (4 MiB buffer)",
+    },
+    "externalize": {
+        "streaming": "ours, streaming, size_threshold=1024",
+        "in_memory": "ours, in-memory twin, size_threshold=1024",
+        "onnx": "onnx.load + save_model(save_as_external_data=True)",
+        "onnx_ir": "onnx-ir ir.load + ir.save(alignment=4096)",
+        "onnx_ir_fsync": "onnx-ir ... + fsync (as ours)",
+        "cfr_ranges_fsync": "limit: copy_file_range of the payload ranges to aligned offsets + fsync",
+    },
+    "reflink": {
+        "aligned": "re-align an already 4096-aligned model (extents cloned)",
+        "unaligned": "re-align the same from unaligned offsets (bytes copied)",
+    },
     "evaluator": {
         "plain": "onnx ReferenceEvaluator(path)",
         "lazy_file": "reference_evaluator(path, 'file')",
@@ -79,7 +106,10 @@ _LABELS: dict[str, dict[str, str]] = {
     },
 }
 _REFERENCE_METHOD = {"align": "streaming", "chunk-sizes": "chunk_4MiB", "shared-save": "shared_save",
-                     "delayed": "np_fromfile", "evaluator": "plain"}  # fmt: skip
+                     "delayed": "np_fromfile", "evaluator": "plain", "dedup": "streaming", "shards": "one_file",
+                     "verify": "read_both", "externalize": "cfr_ranges_fsync", "reflink": "unaligned"}  # fmt: skip
+# Families whose groups move or read ``payload_bytes``: their tables show a throughput column.
+_THROUGHPUT_FAMILIES = ("align", "chunk-sizes", "delayed", "dedup", "shards", "verify", "externalize", "reflink")
 
 
 @dataclass(frozen=True)
@@ -140,7 +170,7 @@ def load_results(paths: list[Path]) -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def _family(group: str) -> str:
-    for prefix in ("align", "chunk-sizes"):
+    for prefix in ("align", "chunk-sizes", "dedup", "externalize", "reflink"):
         if group.startswith(prefix + "-"):
             return prefix
     return group
@@ -168,7 +198,8 @@ def _ratio(a: float, b: float) -> float:
 
 
 def evaluate_targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[Target]:
-    """Every target of issue 6, at the reference size (1 GiB) when present, else the largest size measured."""
+    """Every target of issues 6, 11, 12 and 13, at the reference size (1 GiB) when present, else the largest size
+    measured."""
     targets: list[Target] = []
     sizes = sorted(results, key=_size_key)
     if not sizes:
@@ -230,6 +261,9 @@ def evaluate_targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[Targ
                           _ratio(file_run, _get(delayed, "np_fromfile")), 1.2, True,
                           f"{file_run * 1e3:.1f} ms / {_get(delayed, 'np_fromfile') * 1e3:.1f} ms"))  # fmt: skip
 
+    targets += _layout_targets(groups, main_size)
+    targets += _durability_targets(groups, main_size)
+
     evaluator = groups.get("evaluator")
     weights_mib = (evaluator or {}).get("weight_bytes", float("nan")) / MIB
     construct = _get(evaluator, "lazy_file", "delta_mib", phase="construct")
@@ -239,6 +273,78 @@ def evaluate_targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[Targ
                           f"{construct:.1f} MiB / {weights_mib:.0f} MiB"))  # fmt: skip
     targets.append(Target("reference_evaluator file mode, run peak RSS Δ / weights", main_size,
                           _ratio(run, weights_mib), 1.2, True, f"{run:.1f} MiB / {weights_mib:.0f} MiB"))  # fmt: skip
+    return targets
+
+
+def _time_target(name: str, size: str, info: dict[str, Any] | None, method: str, reference: str,
+                 limit: float) -> Target:  # fmt: skip
+    a, b = _get(info, method), _get(info, reference)
+    return Target(name, size, _ratio(a, b), limit, True, f"{a:.3f} s / {b:.3f} s")
+
+
+def _rss_target(name: str, size: str, info: dict[str, Any] | None, method: str, limit_mib: float) -> Target:
+    delta = _get(info, method, "delta_mib")
+    return Target(name, size, _ratio(delta, limit_mib), 1.0, True, f"{delta:.2f} MiB vs {limit_mib:.0f} MiB")
+
+
+def _chunk_mib(info: dict[str, Any] | None) -> float:
+    return float((info or {}).get("chunk_size", 4 * MIB)) / MIB
+
+
+def _layout_targets(groups: dict[str, dict[str, Any]], size: str) -> list[Target]:
+    """Issue 11 (dedup, shards, verify) and issue 12 (inline externalize, also past 2 GiB)."""
+    targets: list[Target] = []
+    none, dup = groups.get("dedup-none"), groups.get("dedup-30")
+    targets.append(_time_target("#11 dedup=True / plain streaming, no duplicates", size, none, "dedup", "streaming",
+                                1.15))  # fmt: skip
+    written = float(((dup or {}).get("summary", {}).get("dedup", {}).get("extra") or {}).get("bytes_written", "nan"))
+    unique = float((dup or {}).get("unique_bytes", "nan"))
+    targets.append(Target("#11 dedup output bytes / unique bytes, 30 % duplicates", size, _ratio(written, unique), 1.0,
+                          True, f"{written / MIB:,.1f} MiB / {unique / MIB:,.1f} MiB"))  # fmt: skip
+    for info, label in ((none, "no duplicates"), (dup, "30 % duplicates")):
+        targets.append(_rss_target(f"#11 dedup peak RSS Δ / (chunk + 32 MiB), {label}", size, info, "dedup",
+                                   _chunk_mib(info) + 32))  # fmt: skip
+    shards = groups.get("shards")
+    targets.append(_time_target("#11 sharded / one-file streaming", size, shards, "sharded", "one_file", 1.05))
+    verify = groups.get("verify")
+    targets.append(_time_target("#11 verify / reading both weight sets once", size, verify, "verify", "read_both",
+                                1.2))  # fmt: skip
+    targets.append(_rss_target("#11 verify peak RSS Δ / (2 chunks + 32 MiB)", size, verify, "verify",
+                               2 * _chunk_mib(verify) + 32))  # fmt: skip
+
+    inline = groups.get("externalize-inline")
+    targets.append(_rss_target("#12 inline externalize, streaming peak RSS Δ / (64 MiB + chunk)", size, inline,
+                               "streaming", 64 + _chunk_mib(inline)))  # fmt: skip
+    targets.append(_time_target("#12 inline externalize, streaming / copy_file_range of the same ranges + fsync", size,
+                                inline, "streaming", "cfr_ranges_fsync", 1.2))  # fmt: skip
+    huge = groups.get("externalize-huge")
+    if huge is not None:
+        label = _fmt_bytes(huge["file_bytes"]) + (" (> 2 GiB)" if huge.get("over_2gib") else " (small run)")
+        targets.append(_rss_target(f"#12 single-file {label} externalize, streaming peak RSS Δ / (64 MiB + chunk)",
+                                   size, huge, "streaming", 64 + _chunk_mib(huge)))  # fmt: skip
+    return targets
+
+
+def _durability_targets(groups: dict[str, dict[str, Any]], size: str) -> list[Target]:
+    """Issue 13: durable streaming at the speed of the disk, durable=False against onnx-ir, reflinks on XFS."""
+    large, small = groups.get("align-large"), groups.get("align-small")
+    targets = [
+        _time_target("#13 durable streaming / whole-file copy_file_range + fsync, large tensors (unaligned)", size,
+                     large, "streaming", "cfr_fsync", 1.05),
+        _time_target("#13 durable=False streaming / onnx-ir save, large tensors", size, large, "streaming_nofsync",
+                     "onnx_ir", 1.0),
+        _time_target("#13 durable=False streaming / onnx-ir save, small tensors", size, small, "streaming_nofsync",
+                     "onnx_ir", 0.6),
+    ]  # fmt: skip
+    reflink = groups.get("reflink-xfs")
+    targets.append(_time_target("#13 XFS: re-aligning an aligned model / from unaligned offsets", size, reflink,
+                                "aligned", "unaligned", 0.05))  # fmt: skip
+    new = float(((reflink or {}).get("summary", {}).get("aligned", {}).get("extra") or {}).get("fs_new_bytes", "nan"))
+    payload = float((reflink or {}).get("payload_bytes", "nan"))
+    # Freed speculative preallocation can make the delta slightly negative: no new blocks.
+    targets.append(Target("#13 XFS: new blocks of the aligned re-alignment / weights", size,
+                          _ratio(max(new, 0.0), payload), 0.01, True,
+                          f"{new / MIB:,.2f} MiB / {payload / MIB:,.0f} MiB"))  # fmt: skip
     return targets
 
 
@@ -278,7 +384,9 @@ def _machine() -> dict[str, str]:
 
 
 def _fmt_bytes(nbytes: float) -> str:
-    return f"{nbytes / MIB:g} MiB" if nbytes >= MIB else f"{nbytes / 1024:g} KiB"
+    if nbytes >= GIB:
+        return f"{nbytes / GIB:.3g} GiB"
+    return f"{nbytes / MIB:.4g} MiB" if nbytes >= MIB else f"{nbytes / 1024:g} KiB"
 
 
 def _shape_label(info: dict[str, Any]) -> str:
@@ -300,7 +408,7 @@ def _group_table(group: str, info: dict[str, Any]) -> list[str]:
     reference = _REFERENCE_METHOD[family]
     ref_seconds = _get(info, reference)
     ref_rss = max(_get(info, reference, "delta_mib"), _RSS_FLOOR_MIB)
-    nbytes = _group_bytes(info) if family in ("align", "chunk-sizes", "delayed") else None
+    nbytes = _group_bytes(info) if family in _THROUGHPUT_FAMILIES else None
     lines = [
         f"| method | runs | median time | min – max | {'MiB/s | ' if nbytes else ''}peak RSS Δ (MiB) | time / "
         f"{reference} | RSS Δ / {reference} |",
@@ -342,6 +450,19 @@ def _group_title(group: str, info: dict[str, Any]) -> str:
         return f"Shared save: {info['reused_bytes'] / MIB:,.0f} MiB reused + {info['new_bytes'] / MIB:g} MiB new"
     if family == "delayed":
         return f"DelayedInitializer, one {info['tensor_bytes'] / MIB:g} MiB float32 tensor (construct + first run)"
+    if family == "dedup":
+        duplicates = 1 - info["unique_bytes"] / info["payload_bytes"]
+        return f"Dedup, {_shape_label(info)} in one file, {duplicates:.0%} duplicate bytes (issue 11)"
+    if family == "shards":
+        return f"Shards of at most {_fmt_bytes(info['max_shard_size'])} vs one file, {_shape_label(info)} (issue 11)"
+    if family == "verify":
+        return (f"verify: two models of {_shape_label(info)} (unaligned source vs aligned copy) vs reading both "
+                "(issue 11)")  # fmt: skip
+    if family == "externalize":
+        return (f"Inline single-file model ({info['file_bytes'] / MIB:,.0f} MiB .onnx, {_shape_label(info)} inline) "
+                f"to aligned external data (issue 12)")  # fmt: skip
+    if family == "reflink":
+        return f"Loop-mounted XFS with reflink: re-aligning {_shape_label(info)} (issue 13)"
     return (f"Lazy evaluation: MLP of {info['layers']} x (MatMul {info['width']}x{info['width']} + Add), "
             f"{info['weight_bytes'] / MIB:,.0f} MiB of weights (construct + first run)")  # fmt: skip
 
@@ -359,7 +480,9 @@ def write_markdown(results: dict[str, dict[str, dict[str, Any]]], targets: list[
         "a fresh destination and `os.sync()` before every run. Peak RSS Δ: child `VmHWM` after the operation minus "
         "`VmHWM` after its imports and preparation.",
         "",
-        "## Targets (issue 6)",
+        "## Targets (issues 6, 11, 12, 13)",
+        "",
+        "Targets without a prefix are issue 6's; `#N` marks the issue that states the target.",
         "",
         "| target | size | measured | target | result | numbers |",
         "|---|---|---|---|---|---|",
@@ -380,7 +503,7 @@ def write_markdown(results: dict[str, dict[str, dict[str, Any]]], targets: list[
 # Chart
 
 
-def write_chart(results: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
+def write_chart(results: dict[str, dict[str, dict[str, Any]]], path: Path, targets: list[Target] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -388,7 +511,11 @@ def write_chart(results: dict[str, dict[str, dict[str, Any]]], path: Path) -> No
 
     size = next((s for s in results if _size_key(s) == _REFERENCE_SIZE), max(results, key=_size_key))
     groups = results[size]
-    fig, axes = plt.subplots(2, 3, figsize=(18, 10))
+    fig, grid = plt.subplots(3, 3, figsize=(18, 16), gridspec_kw={"height_ratios": [1, 1, 1.3]})
+    for ax in grid[2]:
+        ax.remove()
+    axes = grid[:2]
+    _targets_panel(fig.add_subplot(3, 1, 3), [t for t in targets or [] if t.size == size])
     fig.suptitle(f"onnx_light_ref benchmarks ({size}; medians of interleaved fresh-process runs)")
 
     align_methods = list(_LABELS["align"])
@@ -453,6 +580,22 @@ def write_chart(results: dict[str, dict[str, dict[str, Any]]], path: Path) -> No
     plt.close(fig)
 
 
+def _targets_panel(ax: Any, targets: list[Target]) -> None:
+    """Every target as measured / limit (log scale): below the line passes for "at most" targets."""
+    shown = [t for t in targets if not math.isnan(t.measured) and t.limit > 0]
+    if not shown:
+        ax.set_title("Targets: none measured at this size")
+        return
+    values = [max(t.measured, 1e-3) / t.limit if t.at_most else t.limit / max(t.measured, 1e-3) for t in shown]
+    colors = ["tab:green" if t.passed else "tab:red" for t in shown]
+    ax.barh(range(len(shown)), values, color=colors)
+    ax.axvline(1.0, color="black", linestyle="--")
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(shown)), [t.name[:95] for t in shown], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_title("Targets: measured / limit (≤ 1 passes; 'at least' targets inverted)")
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Running
 
@@ -461,10 +604,11 @@ def _run_suite(size: str, rounds: int | None, keyword: str | None, out: Path) ->
     total = parse_size(size)
     free = shutil.disk_usage(tempfile.gettempdir()).free
     # Sources of both shapes, plus one destination at a time, plus the evaluator models.
-    if free < 4 * total:
-        raise SystemExit(
-            f"not enough free disk for a {size} run: {free / GIB:.1f} GiB free, need {4 * total / GIB:.1f}."
-        )
+    # Sources of every scenario (both align shapes, dedup, aligned copy, inline, the evaluator models), the loop XFS
+    # image (3 x total) and one destination at a time (the > 2 GiB externalize writes 2.25 GiB at 1G and above).
+    need = 10 * total + (3 * GIB if total >= GIB else 0)
+    if free < need:
+        raise SystemExit(f"not enough free disk for a {size} run: {free / GIB:.1f} GiB free, need {need / GIB:.1f}.")
     raw = out / f"raw-{size}.json"
     # A private basetemp: other pytest runs on the machine (same user) prune old numbered temp folders, and the
     # GiB-sized models must not sit where another run might delete them, nor linger afterwards.
@@ -521,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no benchmark results in {[str(p) for p in paths]}")
     targets = evaluate_targets(results)
     write_markdown(results, targets, args.out / "results.md", commands, _machine())
-    write_chart(results, args.out / "results.png")
+    write_chart(results, args.out / "results.png", targets)
     print((args.out / "results.md").read_text())
     return 0
 
