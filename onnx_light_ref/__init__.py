@@ -8,6 +8,8 @@ Public API (names are stable)::
         align_external_data_streaming,         # re-align external weights, memory bounded by one chunk
         align_external_data_in_memory,         # same output, reads every weight into memory (the oracle)
         save_model_with_shared_external_data,  # save a variant writing only its new weights
+        AlignResult,                           # what the aligners return: an int (the size) with the facts
+        SaveResult,                            # what the shared saver returns: an int (the size) with the facts
     )
 
 Attributes are imported lazily: ``import onnx_light_ref`` alone does not import ``onnx.reference`` (slow, and
@@ -22,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 __all__ = [
+    "AlignResult",
     "DelayedInitializer",
+    "SaveResult",
     "__version__",
     "align_external_data_in_memory",
     "align_external_data_streaming",
@@ -36,10 +40,14 @@ _LAZY = {
     "align_external_data_streaming": "onnx_light_ref.io",
     "align_external_data_in_memory": "onnx_light_ref.io",
     "save_model_with_shared_external_data": "onnx_light_ref.io",
+    "AlignResult": "onnx_light_ref.io.results",
+    "SaveResult": "onnx_light_ref.io.results",
 }
 
 if TYPE_CHECKING:
     from onnx_light_ref.io import (
+        AlignResult,
+        SaveResult,
         align_external_data_in_memory,
         align_external_data_streaming,
         save_model_with_shared_external_data,

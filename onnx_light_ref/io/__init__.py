@@ -1,17 +1,32 @@
 """External-data tools: re-align weights without loading them, and save variants that share weights.
 
-Modules, one concept each: ``walker`` (every tensor of a model), ``locations`` (safe resolution and validation of
-external references), ``alignment`` (offset arithmetic), ``copy_engine`` (kernel file-to-file copies),
-``publish`` (atomic output), ``model_file`` (metadata-only parsing), ``align`` and ``shared_save`` (the public
-functions). Nothing here imports ``onnx_light_ref.ops``.
+Modules, one concept each:
+
+* the public writers: ``align`` (re-align into one weights file, streaming or in memory), ``shared_save`` (save a
+  variant writing only its new weights), and what they return, ``results`` (``AlignResult``, ``SaveResult``);
+* reading models: ``model_file`` (metadata-only parsing), ``wire`` (parsing without inline payloads), ``walker``
+  (every tensor of a model), ``entries`` (the one reader and writer of ``external_data`` entries), ``locations``
+  (safe resolution and validation of external references), ``layout_report`` (how a model's weights are laid out),
+  ``verify`` (two models hold the same tensors);
+* laying out: ``alignment`` (offset arithmetic), ``placement`` (alignment threshold and shards), ``dedup``
+  (identical blobs stored once);
+* writing: ``copy_engine`` (kernel file-to-file copies), ``writeback`` (overlap writeback with copying), ``space``
+  (free space and preallocation), ``posix`` (exact positional reads and writes, hard-link check), ``publish`` (one
+  transaction for every output: temp files, fsync, renames, rollback);
+* ``arguments``: the argument types and checks every public function shares.
+
+Nothing here imports ``onnx_light_ref.ops``.
 """
 
 from __future__ import annotations
 
 from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
+from onnx_light_ref.io.results import AlignResult, SaveResult
 from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
 
 __all__ = [
+    "AlignResult",
+    "SaveResult",
     "align_external_data_in_memory",
     "align_external_data_streaming",
     "save_model_with_shared_external_data",
