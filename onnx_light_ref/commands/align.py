@@ -1,6 +1,6 @@
 """``onnx-light-ref align SRC.onnx DST.onnx``: re-align external weights into one file without loading them.
 
-A thin front end of :func:`onnx_light_ref.align_external_data_streaming`: a tqdm progress bar (bytes) fed by its
+A thin front end of :func:`onnx_light_ref.align_external_data_streaming`: a progress bar (bytes) fed by its
 ``progress`` callback, then one summary line (tensors, bytes written, padding, time, throughput) on stdout, taken from
 the :class:`~onnx_light_ref.io.results.AlignResult` it returns. Unlike the Python API, the command creates missing
 destination folders, as users expect from a command line (and removes those it created if the run fails). A problem
@@ -18,8 +18,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from tqdm import tqdm
-
+from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import size_argument
 
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
@@ -73,38 +72,24 @@ def run_align(args: argparse.Namespace) -> int:
     """Run the command; return the exit status."""
     from onnx_light_ref.io.align import align_external_data_streaming
 
-    bar = tqdm(
-        desc="align",
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        disable=True if args.no_progress else None,  # None: shown on a terminal only
-        file=sys.stderr,
-    )
-
-    def progress(done: int, total: int) -> None:
-        bar.total = total
-        bar.update(done - bar.n)
-
     started = time.perf_counter()
     created: list[str] = []
     try:
         created = _make_folders([args.dst, args.weights if args.weights is not None else args.dst])
-        result = align_external_data_streaming(
-            args.src,
-            args.dst,
-            args.weights,
-            args.alignment,
-            args.chunk_size,
-            progress=progress,
-            durable=not args.no_fsync,
-        )
+        with byte_progress("align", hidden=args.no_progress) as progress:
+            result = align_external_data_streaming(
+                args.src,
+                args.dst,
+                args.weights,
+                args.alignment,
+                args.chunk_size,
+                progress=progress,
+                durable=not args.no_fsync,
+            )
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
-        bar.close()
         _remove_empty_folders(created)
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    bar.close()
     elapsed = time.perf_counter() - started
     print(_summary(args.dst, args.weights, result, elapsed))
     return 0

@@ -142,7 +142,7 @@ def test_the_progress_bar_follows_the_bytes_to_the_total(
     tmp_path, make_external_model, reference_tensors, monkeypatch, capsys
 ):
     """On a terminal the bar is shown; here it is forced on, as if stderr were one."""
-    import onnx_light_ref.commands.align as command
+    import onnx_light_ref.commands.progress as command
 
     bars = []
 
