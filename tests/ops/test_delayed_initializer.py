@@ -331,20 +331,31 @@ def test_every_allowed_dtype_round_trips(tmp_path: Path, dtype: int, load_device
     np.testing.assert_array_equal(out, expected)
 
 
+# The largest tensor the strategy below draws (3 dims of at most 4) in the widest allowed dtype, plus the largest
+# offset and trailing garbage: the payload must hold all of it. A 512-byte payload silently truncated a 32-element
+# complex128 tensor at offset 1 (511 of 512 bytes), a file the kernel rightly refuses as too short.
+_MAX_OFFSET, _MAX_TRAILING = 64, 16
+_MAX_TENSOR_BYTES = 4**3 * max(np_dtype_for(dtype).itemsize for dtype in ALLOWED_DTYPES)
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     dtype=st.sampled_from(ALLOWED_DTYPES),
     shape=st.lists(st.integers(0, 4), max_size=3),
-    offset=st.integers(0, 64),
-    trailing=st.integers(0, 16),
-    payload=st.binary(min_size=512, max_size=512),
+    offset=st.integers(0, _MAX_OFFSET),
+    trailing=st.integers(0, _MAX_TRAILING),
+    payload=st.binary(
+        min_size=_MAX_OFFSET + _MAX_TENSOR_BYTES + _MAX_TRAILING,
+        max_size=_MAX_OFFSET + _MAX_TENSOR_BYTES + _MAX_TRAILING,
+    ),
 )
 def test_any_range_reads_the_same_bytes(
     tmp_path_factory: pytest.TempPathFactory, dtype: int, shape: list[int], offset: int, trailing: int, payload: bytes
 ) -> None:
     np_dtype = np_dtype_for(dtype)
     nbytes = int(np.prod(shape)) * np_dtype.itemsize
-    data = payload[:offset] + payload[offset : offset + nbytes] + payload[:trailing]
+    data = payload[: offset + nbytes + trailing]
+    assert len(data) == offset + nbytes + trailing  # the file holds the whole tensor and the trailing bytes
     path = write(tmp_path_factory.mktemp("h") / "w.bin", data)
     expected = np.frombuffer(data, dtype=np_dtype.newbyteorder("<"), count=nbytes // np_dtype.itemsize, offset=offset)
     for mode in ("cpu", "file"):
