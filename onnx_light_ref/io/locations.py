@@ -89,11 +89,32 @@ def file_identity(path: str) -> FileIdentity | None:
     return FileIdentity(st.st_dev, st.st_ino)
 
 
-def check_location_syntax(location: str, *, tensor_name: str) -> None:
-    """Refuse locations that are empty, absolute, contain NUL/backslash, or have a ``..`` component.
+def check_location_syntax(location: str | bytes, *, tensor_name: str) -> str:
+    """Refuse a ``location`` that onnx or onnxruntime would refuse to load; the one rule for reading and writing.
 
-    Pure string checks, no file system access. Raises :class:`UnsafeLocationError`.
+    Refused: a non-``str`` value that is not UTF-8 (protobuf hands back ``bytes`` then), an empty value, a NUL byte,
+    a backslash, an absolute path, any ``..`` substring (onnx's checker refuses ``w..1.bin`` too, not only a ``..``
+    component), a value ending in ``/`` or ``/.`` or equal to ``.`` (it names a folder, not a file). Pure string
+    checks, no file system access.
+
+    Returns:
+        The location as ``str`` (decoded when protobuf handed back valid UTF-8 ``bytes``).
+
+    Raises:
+        UnsafeLocationError: for every refusal (an :class:`ExternalDataError`, so a ``ValueError``).
     """
+    if isinstance(location, bytes):
+        try:
+            location = location.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UnsafeLocationError(
+                f"tensor {tensor_name!r}: external data location {location[:64]!r} is not valid UTF-8; onnx and "
+                "onnxruntime cannot open such a name."
+            ) from None
+    if not isinstance(location, str):
+        raise UnsafeLocationError(
+            f"tensor {tensor_name!r}: external data location must be a str, got {type(location).__name__}."
+        )
     where = f"tensor {tensor_name!r}: external data location {location!r}"
     if not location:
         raise UnsafeLocationError(f"{where} is empty; expected a file name relative to the model's folder.")
@@ -103,10 +124,14 @@ def check_location_syntax(location: str, *, tensor_name: str) -> None:
         raise UnsafeLocationError(f"{where} contains a backslash; locations use '/' as separator.")
     if os.path.isabs(location) or location.startswith("/"):
         raise UnsafeLocationError(f"{where} is absolute; the ONNX spec requires a path relative to the model's folder.")
-    if ".." in location.split("/"):
-        raise UnsafeLocationError(f"{where} contains a '..' component, which the ONNX spec disallows.")
-    if location.strip("/.") == "":
-        raise UnsafeLocationError(f"{where} does not name a file.")
+    if ".." in location:
+        raise UnsafeLocationError(
+            f"{where} contains '..'; onnx refuses to load any location containing '..' (even inside a name such as "
+            "'w..1.bin'), and the ONNX spec forbids leaving the model's folder."
+        )
+    if location.endswith(("/", "/.")) or location == "." or location.strip("/.") == "":
+        raise UnsafeLocationError(f"{where} names a folder, not a file (it ends with '/' or '/.', or is '.').")
+    return location
 
 
 def resolve_location(base_dir: str, location: str, *, tensor_name: str) -> str:

@@ -1,0 +1,167 @@
+"""Checks on the files a writer is about to create: where they really land, and that none is a source or another.
+
+Every writer (aligners, shared saver, undelay) calls :func:`weights_location` to get the ``location`` it stores and
+:func:`check_outputs` before its first byte is written. Destinations are compared by real identity, never by path
+string: a folder is identified by its device and inode (so ``out/self -> .`` and ``out`` are the same folder), a file
+by the folder it lands in and its name (publication renames over the name, so a symlink *at* the name is replaced,
+not followed) and, when it already exists, by its own device and inode (hard links, symlinks to a source).
+
+This module only ``stat``s; it never opens, creates or deletes a file.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from onnx_light_ref.errors import DestinationConflictError, UnsafeLocationError
+from onnx_light_ref.io.locations import FileIdentity, check_location_syntax
+
+__all__ = ["DestinationKey", "check_outputs", "destination_key", "weights_location"]
+
+_DEFAULT_NAME_MAX = 255
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationKey:
+    """Where a published file lands: its real folder (device, inode) and its name in that folder."""
+
+    device: int
+    inode: int
+    name: str
+
+
+def destination_key(path: str) -> DestinationKey | None:
+    """The :class:`DestinationKey` of ``path``, or None when its folder does not exist (or is not a folder)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    return DestinationKey(st.st_dev, st.st_ino, name)
+
+
+def _inside(real_base: str, real: str) -> bool:
+    return os.path.commonpath([real_base, real]) == real_base
+
+
+def weights_location(dst_onnx: str, dst_weights: str) -> str:
+    """The ``location`` to store for ``dst_weights``: relative to the folder of ``dst_onnx``, ``/`` separators.
+
+    Args:
+        dst_onnx: the ``.onnx`` to write.
+        dst_weights: its weights file.
+
+    Returns:
+        The location, valid for :func:`~onnx_light_ref.io.locations.check_location_syntax` (the rule every reader
+        applies).
+
+    Raises:
+        UnsafeLocationError: ``dst_weights`` ends with ``/`` or ``/.``; it is outside the folder of ``dst_onnx``
+            (by path, or by real path through a symlinked subfolder: the weights would land elsewhere and the model
+            would not load); or the location would contain ``..`` or break another location rule.
+    """
+    raw = os.fspath(dst_weights)
+    if raw.endswith(("/", "/.")) or os.path.basename(raw) in ("", ".", ".."):
+        raise UnsafeLocationError(f"weights file {raw!r} names a folder, not a file (it ends with '/', '/.' or '..').")
+    onnx_path = os.path.abspath(os.fspath(dst_onnx))
+    weights_path = os.path.abspath(raw)
+    folder = os.path.dirname(onnx_path)
+    location = os.path.relpath(weights_path, folder).replace(os.sep, "/")
+    if location == ".." or location.startswith("../") or os.path.isabs(location):
+        raise UnsafeLocationError(
+            f"weights file {raw!r} is outside the destination model's folder {folder!r}; loaders only read external "
+            "data next to (or below) the model."
+        )
+    try:
+        check_location_syntax(location, tensor_name="<destination weights>")
+    except UnsafeLocationError as exc:
+        raise UnsafeLocationError(
+            f"weights file {raw!r} cannot be referenced from {onnx_path!r}: it would be stored as location "
+            f"{location!r}, which loaders refuse ({exc})"
+        ) from None
+    real_folder = os.path.realpath(folder)
+    real_weights_folder = os.path.realpath(os.path.dirname(weights_path))
+    if not _inside(real_folder, real_weights_folder):
+        raise UnsafeLocationError(
+            f"weights file {raw!r} reaches {real_weights_folder!r}, outside the destination model's folder "
+            f"{real_folder!r}, through a symbolic link: the weights would land elsewhere and loaders would refuse "
+            "the model."
+        )
+    return location
+
+
+def _name_max(folder: str) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return _DEFAULT_NAME_MAX
+
+
+def check_outputs(dst_onnx: str, weights_paths: Sequence[str], sources: Mapping[FileIdentity, str]) -> None:
+    """Refuse outputs that alias each other or a source, before anything is written.
+
+    Args:
+        dst_onnx: the ``.onnx`` to write.
+        weights_paths: the weights files to write beside it (may be empty).
+        sources: identity -> path of every file the job reads (the source ``.onnx`` included).
+
+    Raises:
+        FileNotFoundError: the folder of an output does not exist (or is not a folder).
+        DestinationConflictError: two outputs are the same file (same real folder and name, or existing files with
+            the same device and inode); an output is a source (same device and inode: the same path, a hard link, a
+            symlink to it); an output exists and is a directory; an output name is longer than its folder allows.
+    """
+    outputs = [os.path.abspath(os.fspath(path)) for path in (dst_onnx, *weights_paths)]
+    keys: dict[DestinationKey, str] = {}
+    identities: dict[FileIdentity, str] = {}
+    for path in outputs:
+        folder, name = os.path.split(path)
+        key = destination_key(path)
+        if key is None:
+            raise FileNotFoundError(f"the folder of destination {path!r} does not exist (or is not a folder).")
+        if len(os.fsencode(name)) > _name_max(folder):
+            raise DestinationConflictError(
+                f"destination {path!r}: its name is {len(os.fsencode(name))} bytes, longer than the "
+                f"{_name_max(folder)} bytes its folder allows."
+            )
+        other = keys.get(key)
+        if other is not None:
+            raise DestinationConflictError(
+                f"destinations {other!r} and {path!r} are the same file (same real folder and name, e.g. through a "
+                "symlinked folder): one would overwrite the other."
+            )
+        keys[key] = path
+        for identity, is_dir in _existing_identities(path):
+            if is_dir:
+                raise DestinationConflictError(f"destination {path!r} exists and is a directory.")
+            source = sources.get(identity)
+            if source is not None:
+                raise DestinationConflictError(
+                    f"destination {path!r} is the source file {source!r} (same file, a hard link or a symlink to "
+                    "it): writing it would destroy the input. Choose another destination."
+                )
+            other = identities.get(identity)
+            if other is not None and other != path:
+                raise DestinationConflictError(
+                    f"destinations {other!r} and {path!r} are the same existing file (a hard link or a symlink)."
+                )
+            identities[identity] = path
+
+
+def _existing_identities(path: str) -> list[tuple[FileIdentity, bool]]:
+    """(identity, is a directory) of the name itself and of what it points to, for what exists."""
+    found: list[tuple[FileIdentity, bool]] = []
+    for follow in (False, True):
+        try:
+            st = os.stat(path, follow_symlinks=follow)
+        except OSError:  # absent, a dangling or looping symlink: nothing there to protect
+            continue
+        identity = (FileIdentity(st.st_dev, st.st_ino), stat.S_ISDIR(st.st_mode))
+        if identity not in found:
+            found.append(identity)
+    return found
