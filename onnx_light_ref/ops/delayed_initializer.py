@@ -46,6 +46,7 @@ from onnx_light_ref.ops.attributes import (
     validate_attributes,
 )
 from onnx_light_ref.ops.dtypes import little_endian_dtype
+from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE
 
 __all__ = ["DelayedInitializer"]
 
@@ -97,7 +98,7 @@ class DelayedInitializer(OpRun):
     attributes the values are only known per call, so attribute and file checks happen in ``_run`` instead.
     """
 
-    op_domain = "ai.rt"
+    op_domain = DOMAIN
     # No name-based schema lookup: this kernel validates itself, whether or not register_schemas() ran, and
     # whether it ran before or after onnx.reference was imported.
     op_schema = None
@@ -168,7 +169,7 @@ class DelayedInitializer(OpRun):
             "__qualname__": cls.__qualname__,
             "__doc__": f"{cls.__doc__}\n\nBound to base directory {bound_dir!r} ({policy}).",
         }
-        return type("DelayedInitializer", (cls,), namespace)
+        return type(OP_TYPE, (cls,), namespace)
 
     # ------------------------------------------------------------------------------------------- where the file is
 

@@ -161,10 +161,11 @@ def test_too_large_shape_is_refused(weights: str) -> None:
 @pytest.mark.parametrize(
     ("filename", "fragment"),
     [
-        ("../weights.bin", "'..' component"),
-        ("sub/../../weights.bin", "'..' component"),
+        # The reason comes from io.locations.check_location_syntax; match its gist, not its exact sentence.
+        ("../weights.bin", r"'\.\.'"),
+        ("sub/../../weights.bin", r"'\.\.'"),
         ("sub\\weights.bin", "backslash"),
-        ("./", "does not name a file"),
+        ("./", "not (name )?a file"),
     ],
 )
 @pytest.mark.parametrize("load_device", ["cpu", "file"])
@@ -175,7 +176,7 @@ def test_unsafe_relative_filename_is_refused_at_construction(
     op = DelayedInitializer.bind(tmp_path / "models")
     with pytest.raises(UnsafeLocationError, match=fragment) as info:
         evaluator(make_node(name="n", filename=filename, load_device=load_device), op)
-    assert "DelayedInitializer node 'n'" in str(info.value)
+    assert f"DelayedInitializer node 'n': relative filename {filename!r} must stay inside the folder" in str(info.value)
     assert isinstance(info.value, ValueError)
 
 
