@@ -24,7 +24,7 @@ import stat
 from dataclasses import dataclass, field
 
 import onnx
-from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+from google.protobuf.message import DecodeError
 
 from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io.arguments import PathLike, check_int
