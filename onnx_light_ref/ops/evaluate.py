@@ -13,7 +13,10 @@ a ``DelayedInitializer`` node already in the model with ``filename="/etc/passwd"
 ``allow_outside_folder=True`` trusts the model's absolute filenames (the spec's examples use ``/tmp`` paths).
 
 External tensors the converter leaves alone (initializers overridable by a graph input, tensors in node attributes
-such as ``Constant``'s value) are loaded eagerly with onnx's own loader, which applies onnx's location checks.
+such as ``Constant``'s value, dtypes the op cannot produce, subgraph initializers named like an outer value) are
+loaded eagerly with onnx's own loader, which applies onnx's location checks. Tensors of ``ModelProto.training_info``
+graphs are neither converted nor loaded: inference never runs those graphs (onnx's evaluator ignores them), so their
+files are not even opened.
 
 This module must never load converted weights itself: only the kernel reads them, when the evaluator says so.
 """
@@ -68,7 +71,7 @@ def reference_evaluator(
     model_path = os.path.abspath(os.fspath(path))
     folder = os.path.dirname(model_path)
     converted = delay_initializers(model_path, load_device, base_dir=folder)
-    eager = [site for site in iter_tensors(converted) if is_external(site.tensor)]
+    eager = [site for site in iter_tensors(converted) if site.scope != "training" and is_external(site.tensor)]
     for site in eager:
         load_external_data_for_tensor(site.tensor, folder)
     if eager:

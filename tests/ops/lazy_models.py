@@ -14,12 +14,15 @@ from onnx import TensorProto, helper, numpy_helper
 __all__ = [
     "IR_VERSION",
     "OPSET",
+    "TRAINING_WEIGHTS",
     "build_control_flow_model",
     "build_shadowing_model",
+    "build_training_model",
     "control_flow_feeds",
     "run_onnxruntime",
     "save_external",
     "shadowing_feeds",
+    "training_feeds",
     "value_info",
 ]
 
@@ -185,3 +188,78 @@ def run_onnxruntime(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
+
+
+TRAINING_WEIGHTS = "train.bin"
+
+
+def build_training_model(folder: Path) -> tuple[Path, dict[str, bytes]]:
+    """A model with ``training_info`` whose graphs hold their own external initializers, saved in ``folder``.
+
+    Inference: ``y = x @ W + B`` (``W``, ``B`` external in ``weights.data``, written by onnx). Training: an
+    initialization graph producing ``W`` from its initializer ``W0`` and an algorithm graph computing
+    ``W - lr * G`` from its initializers ``lr`` and ``G``; ``W0``, ``lr`` and ``G`` live in ``train.bin``
+    (onnx's writer never externalizes training graphs, so their entries are set here). Returns the model path and
+    the training tensors' external entries by name, as written.
+    """
+    rng = np.random.default_rng(7)
+    W = numpy_helper.from_array(rng.standard_normal((3, 4)).astype(np.float32), "W")
+    B = numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "B")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "B"], ["y"])],
+        "inference",
+        [_vi("x", TensorProto.FLOAT, [2, 3])],
+        [_vi("y", TensorProto.FLOAT, [2, 4])],
+        [W, B],
+    )
+    training_tensors = {
+        "W0": rng.standard_normal((3, 4)).astype(np.float32),
+        "lr": np.array([0.01], dtype=np.float32),
+        "G": rng.standard_normal((3, 4)).astype(np.float32),
+    }
+    blob = bytearray()
+    protos: dict[str, TensorProto] = {}
+    for name, array in training_tensors.items():
+        tensor = numpy_helper.from_array(array, name)
+        offset = len(blob)
+        blob += tensor.raw_data
+        onnx.external_data_helper.set_external_data(
+            tensor, location=TRAINING_WEIGHTS, offset=offset, length=len(blob) - offset
+        )
+        tensor.ClearField("raw_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        protos[name] = tensor
+    initialization = helper.make_graph(
+        [helper.make_node("Identity", ["W0"], ["W_init"])],
+        "initialization",
+        [],
+        [_vi("W_init", TensorProto.FLOAT, [3, 4])],
+        [protos["W0"]],
+    )
+    algorithm = helper.make_graph(
+        [helper.make_node("Mul", ["lr", "G"], ["step"]), helper.make_node("Sub", ["W", "step"], ["W_new"])],
+        "algorithm",
+        [],
+        [_vi("W_new", TensorProto.FLOAT, [3, 4])],
+        [protos["lr"], protos["G"]],
+    )
+    training = onnx.TrainingInfoProto()
+    training.initialization.CopyFrom(initialization)
+    training.algorithm.CopyFrom(algorithm)
+    training.initialization_binding.add(key="W", value="W_init")
+    training.update_binding.add(key="W", value="W_new")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    model.training_info.append(training)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / TRAINING_WEIGHTS).write_bytes(bytes(blob))
+    path = save_external(model, folder / "model.onnx")
+    entries = {
+        tensor.name: tensor.SerializeToString()
+        for info in onnx.load_model(str(path), load_external_data=False).training_info
+        for tensor in (*info.initialization.initializer, *info.algorithm.initializer)
+    }
+    return path, entries
+
+
+def training_feeds() -> dict[str, np.ndarray]:
+    return {"x": np.arange(6, dtype=np.float32).reshape(2, 3) / 5}

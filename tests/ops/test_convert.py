@@ -21,10 +21,12 @@ from lazy_models import (
     OPSET,
     build_control_flow_model,
     build_shadowing_model,
+    build_training_model,
     control_flow_feeds,
     run_onnxruntime,
     save_external,
     shadowing_feeds,
+    training_feeds,
     value_info,
 )
 from onnx import TensorProto, helper, numpy_helper
@@ -419,3 +421,27 @@ def test_argument_errors(tmp_path):
         delay_initializers(path, min_size=-1)
     with pytest.raises(TypeError, match="model_or_path"):
         delay_initializers(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("load_device", ["file", "cpu"])
+def test_training_graphs_keep_their_initializers(tmp_path, load_device):
+    """Only inference's initializers become nodes: training_info graphs keep theirs, external and byte-identical.
+
+    The training weights file is deleted first: the converter must not even validate references it leaves alone
+    (an ``initialization_binding``/``update_binding`` names an initializer, never a node output).
+    """
+    path, training_entries = build_training_model(tmp_path)
+    expected = run_onnxruntime(path, training_feeds())
+    os.unlink(tmp_path / "train.bin")
+
+    converted = delay_initializers(path, load_device)
+
+    assert sorted(node.output[0] for node in delayed_nodes(converted.graph)) == ["B", "W"]
+    assert len(converted.graph.initializer) == 0
+    (info,) = converted.training_info
+    kept = {t.name: t.SerializeToString() for t in (*info.initialization.initializer, *info.algorithm.initializer)}
+    assert kept == training_entries
+    for graph in (info.initialization, info.algorithm):
+        assert not delayed_nodes(graph)
+    assert [(b.key, b.value) for b in info.update_binding] == [("W", "W_new")]
+    np.testing.assert_allclose(run_converted(converted, tmp_path, training_feeds())[0], expected[0], rtol=1e-6)

@@ -11,9 +11,11 @@ from lazy_models import (
     IR_VERSION,
     OPSET,
     build_control_flow_model,
+    build_training_model,
     control_flow_feeds,
     run_onnxruntime,
     save_external,
+    training_feeds,
     value_info,
 )
 from onnx import TensorProto, helper, numpy_helper
@@ -164,3 +166,18 @@ def test_user_new_ops_are_kept(tmp_path):
     got = reference_evaluator(path, new_ops=[Twice]).run(None, {})
 
     np.testing.assert_array_equal(got[0], np.arange(3, dtype=np.float32) * 2)
+
+
+@pytest.mark.parametrize("load_device", ["file", "cpu"])
+def test_training_tensors_are_never_loaded(tmp_path, load_device):
+    """Inference never runs training_info graphs, so their external tensors stay unread (here: their file is gone)."""
+    path, training_entries = build_training_model(tmp_path)
+    expected = run_onnxruntime(path, training_feeds())
+    os.unlink(tmp_path / "train.bin")
+
+    sess = reference_evaluator(path, load_device, check_shape_annotations=True)
+
+    np.testing.assert_allclose(sess.run(None, training_feeds())[0], expected[0], rtol=1e-6, atol=1e-6)
+    (info,) = sess.proto_.training_info
+    kept = {t.name: t.SerializeToString() for t in (*info.initialization.initializer, *info.algorithm.initializer)}
+    assert kept == training_entries
