@@ -1,39 +1,66 @@
 """Atomic publication of output files: temp file in the destination folder, fsync, rename, fsync the folder.
 
 A destination path is therefore always either absent, its previous version, or the complete new file; never
-half-written. Temp files are named ``.<final name>.<pid>.<random>.tmp`` so that a later run can recognise and
-remove those left by a killed process (whose pid is gone) without touching anything else.
+half-written. Temp files are named ``.olr~<hash of the final name>~<pid>~<random>.tmp`` (at most 50 bytes whatever the
+final name, so any legal destination name works) and their writer holds an ``flock`` on them until they are renamed
+or deleted. A later run removes such a file only when it is one of ours for the same destination (the name pattern),
+its writer is gone (pid dead *and* the lock free: a writer in another pid namespace still holds its lock), and it is
+not one of the current job's sources.
 
 Every writer publishes through :class:`OutputTransaction`: stage the weights file(s), write them, then
 :meth:`OutputTransaction.publish` stages the ``.onnx`` last and renames everything as one transaction (rolled back on
-failure). ``durable=False`` skips every ``fsync`` (files and folders) but keeps the temp file and the atomic rename:
-same bytes, no crash durability. This module never writes outside the destination folders and never deletes a file
-that is not one of its own temp files.
+failure). The renames of one publication happen under an exclusive ``flock`` on each destination folder, so two jobs
+writing the same destination (a retried job) publish one after the other: the ``.onnx`` left in place always
+describes the weights beside it. ``durable=False`` skips every ``fsync`` (files and folders) but keeps the temp file,
+the lock and the atomic rename: same bytes, no crash durability. This module never writes outside the destination
+folders and never deletes a file that is not one of its own temp files.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import hashlib
 import logging
 import os
 import re
 import secrets
-from collections.abc import Iterator, Sequence
+import stat
+from collections.abc import Collection, Iterator, Sequence
 from types import TracebackType
 
 from onnx_light_ref.io.arguments import check_bool
+from onnx_light_ref.io.locations import FileIdentity
 from onnx_light_ref.io.posix import pwrite_all
 
-__all__ = ["OutputTransaction", "StagedFile", "publish_all", "remove_stale_temp_files", "staged_files"]
+__all__ = [
+    "OutputTransaction",
+    "StagedFile",
+    "folder_lock",
+    "publish_all",
+    "remove_stale_temp_files",
+    "staged_files",
+]
 
 logger = logging.getLogger(__name__)
 
+_TEMP_PREFIX = ".olr~"
 _TEMP_SUFFIX = ".tmp"
 
 
+def _name_tag(final_name: str) -> str:
+    """A short, stable tag of the final name: temp names stay short and a sweep only sees its own destination's."""
+    return hashlib.sha256(os.fsencode(final_name)).hexdigest()[:12]
+
+
 def _temp_pattern(final_name: str) -> re.Pattern[str]:
-    return re.compile(re.escape(f".{final_name}.") + r"(\d+)\.[0-9a-f]{16}" + re.escape(_TEMP_SUFFIX) + "$")
+    return re.compile(
+        re.escape(f"{_TEMP_PREFIX}{_name_tag(final_name)}~")
+        + r"(\d{1,10})~[0-9a-f]{16}"
+        + re.escape(_TEMP_SUFFIX)
+        + "$"
+    )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -43,24 +70,56 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except (PermissionError, OverflowError):
         return True
     return True
 
 
-def remove_stale_temp_files(final_path: str) -> list[str]:
-    """Delete temp files of ``final_path`` left by dead processes; return the names removed."""
+def _lock_free(path: str, expected: os.stat_result) -> bool:
+    """True when nobody holds the flock of the temp file at ``path`` (still the file that was listed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (expected.st_dev, expected.st_ino) or not stat.S_ISREG(st.st_mode):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        return True  # closing the descriptor releases the probe's lock
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temp_files(final_path: str, *, keep: Collection[FileIdentity] = ()) -> list[str]:
+    """Delete temp files of ``final_path`` left by dead writers; return the names removed.
+
+    A file is removed only when its name is one of this module's temp names for ``final_path``, it is a regular
+    file, its writer's pid is dead and its lock is free, and its identity is not in ``keep`` (the current job's
+    sources: a source that happens to be named like a temp file is never touched).
+    """
     folder, name = os.path.split(os.path.abspath(final_path))
     pattern = _temp_pattern(name)
+    kept = set(keep)
     removed = []
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         for entry in os.scandir(folder):
             match = pattern.match(entry.name)
-            if match and entry.is_file(follow_symlinks=False) and not _pid_alive(int(match.group(1))):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-                    removed.append(entry.name)
-                    logger.info("removed stale temp file %s left by a killed run", entry.path)
+            if not match or not entry.is_file(follow_symlinks=False) or _pid_alive(int(match.group(1))):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if FileIdentity(st.st_dev, st.st_ino) in kept or not _lock_free(entry.path, st):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                removed.append(entry.name)
+                logger.info("removed stale temp file %s left by a killed run", entry.path)
     return removed
 
 
@@ -71,21 +130,34 @@ class StagedFile:
     ``durable=False`` neither the file nor its folder is ever fsynced (the rename stays atomic).
     """
 
-    def __init__(self, final_path: str, *, durable: bool = True) -> None:
+    def __init__(self, final_path: str, *, durable: bool = True, keep: Collection[FileIdentity] = ()) -> None:
         self.durable = check_bool("durable", durable)
         self.final_path = os.path.abspath(final_path)
         folder = os.path.dirname(self.final_path)
         if not os.path.isdir(folder):
             raise FileNotFoundError(errno.ENOENT, f"destination folder does not exist: {folder!r}", folder)
-        remove_stale_temp_files(self.final_path)
+        remove_stale_temp_files(self.final_path, keep=keep)
         self.temp_path = self._temp_name()
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         self.fd: int | None = os.open(self.temp_path, flags, 0o666)
         self.committed = False
+        # A second descriptor of the same open file holds the temp file's lock until it is renamed or deleted, so
+        # that closing `fd` after the write (flush) does not release it.
+        self._lock_fd: int | None = os.dup(self.fd)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:  # a filesystem without flock: the pid in the name still protects the file
+            logger.debug("cannot lock temp file %s: %s", self.temp_path, exc)
 
     def _temp_name(self) -> str:
         folder, name = os.path.split(self.final_path)
-        return os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(8)}{_TEMP_SUFFIX}")
+        temp = f"{_TEMP_PREFIX}{_name_tag(name)}~{os.getpid()}~{secrets.token_hex(8)}{_TEMP_SUFFIX}"
+        return os.path.join(folder, temp)
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            fd, self._lock_fd = self._lock_fd, None
+            os.close(fd)
 
     def write_all(self, data: bytes | bytearray | memoryview, offset: int) -> None:
         """Write ``data`` at ``offset`` (positional, loops on short writes)."""
@@ -112,6 +184,7 @@ class StagedFile:
         self.flush()
         os.replace(self.temp_path, self.final_path)
         self.committed = True
+        self._release_lock()
 
     def keep_previous(self) -> str | None:
         """Hard-link the file now at the final path (if any) to a temp name, so :meth:`roll_back` can restore it.
@@ -158,6 +231,7 @@ class StagedFile:
         if not self.committed:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.temp_path)
+        self._release_lock()
 
 
 def _fsync_folder(folder: str) -> None:
@@ -192,10 +266,12 @@ class OutputTransaction:
     Args:
         durable: fsync every file and folder before and after the renames (default). ``False`` skips every fsync but
             keeps the temp files and the atomic renames: the same bytes, without crash durability.
+        keep: identities of the job's source files; the stale-temp sweep never removes them.
     """
 
-    def __init__(self, *, durable: bool = True) -> None:
+    def __init__(self, *, durable: bool = True, keep: Collection[FileIdentity] = ()) -> None:
         self.durable = check_bool("durable", durable)
+        self.keep = frozenset(keep)
         self.files: list[StagedFile] = []
 
     def __enter__(self) -> OutputTransaction:
@@ -209,7 +285,7 @@ class OutputTransaction:
 
     def stage(self, final_path: str) -> StagedFile:
         """Create the temp file of ``final_path`` (a weights file); it is published by :meth:`publish`."""
-        staged = StagedFile(final_path, durable=self.durable)
+        staged = StagedFile(final_path, durable=self.durable, keep=self.keep)
         self.files.append(staged)
         return staged
 
@@ -244,8 +320,41 @@ def staged_files() -> Iterator[list[StagedFile]]:
         raise
 
 
+@contextlib.contextmanager
+def folder_lock(folders: Collection[str]) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on each folder (by real identity, in a fixed order) for the block.
+
+    Two publications into the same folder therefore never interleave their renames. Folders are locked in
+    (device, inode) order, so two jobs sharing several folders cannot deadlock. A filesystem that refuses ``flock``
+    (some network filesystems) is logged and publication goes on unlocked: the renames stay atomic, only concurrent
+    jobs are no longer serialized.
+    """
+    opened: dict[tuple[int, int], int] = {}
+    try:
+        for folder in folders:
+            fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            if key in opened:
+                os.close(fd)
+            else:
+                opened[key] = fd
+        for key in sorted(opened):
+            try:
+                fcntl.flock(opened[key], fcntl.LOCK_EX)
+            except OSError as exc:
+                logger.warning("cannot lock destination folder for publication (%s); publishing unlocked", exc)
+        yield
+    finally:
+        for fd in opened.values():
+            os.close(fd)  # releases the lock
+
+
 def publish_all(files: Sequence[StagedFile]) -> None:
     """Flush every file first, then rename them in order (weights before the ``.onnx`` that points at them).
+
+    The backups, renames and folder fsyncs happen under :func:`folder_lock` on every destination folder: a concurrent
+    publication into the same folder waits, so the files end up all from one job or all from the other, never mixed.
 
     Several renames cannot be one atomic step, so a failure part-way (a rename or folder fsync raising) undoes the
     renames already done: each published file goes back to its temp name (the caller's cleanup deletes it) and the
@@ -257,6 +366,11 @@ def publish_all(files: Sequence[StagedFile]) -> None:
     """
     for staged in files:
         staged.flush()
+    with folder_lock([os.path.dirname(staged.final_path) for staged in files]):
+        _publish_locked(files)
+
+
+def _publish_locked(files: Sequence[StagedFile]) -> None:
     backups: list[str | None] = []
     try:
         for staged in files:
