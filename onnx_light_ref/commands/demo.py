@@ -15,7 +15,7 @@ from typing import Any
 
 from onnx_light_ref.commands.sizes import size_argument
 
-__all__ = ["register", "run_demo_command"]
+__all__ = ["demo_command", "register"]
 
 
 def _check_keep_folder(keep: str) -> str | None:
@@ -32,7 +32,7 @@ def _check_keep_folder(keep: str) -> str | None:
     return None
 
 
-def run_demo_command(args: argparse.Namespace) -> int:
+def demo_command(args: argparse.Namespace) -> int:
     """Run the demo for the parsed ``args``; print its report; return the exit status (1 on any problem)."""
     from onnx_light_ref.demo import run_demo
 
@@ -73,4 +73,4 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--keep", metavar="DIR", help="work in DIR (created, must be empty) and keep the files")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (default: shown on a terminal)")
-    parser.set_defaults(func=run_demo_command)
+    parser.set_defaults(func=demo_command)

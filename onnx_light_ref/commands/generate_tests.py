@@ -12,12 +12,12 @@ import logging
 import sys
 from typing import Any
 
-__all__ = ["register"]
+__all__ = ["generate_tests_command", "register"]
 
 logger = logging.getLogger(__name__)
 
 
-def _run(args: argparse.Namespace) -> int:
+def generate_tests_command(args: argparse.Namespace) -> int:
     from onnx_light_ref.backend.generate import generate
 
     try:
@@ -50,4 +50,4 @@ def register(subparsers: Any) -> None:
         help="name each case's weights relatively (weights.bin) so a case folder can be moved; such cases need "
         "the op bound to their folder (backend base_dir, see onnx_light_ref.backend.bound_test_kwargs)",
     )
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=generate_tests_command)

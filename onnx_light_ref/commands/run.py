@@ -26,7 +26,7 @@ import onnx
 
 from onnx_light_ref.io.publish import StagedFile, publish_all, staged_files
 
-__all__ = ["output_file_name", "parse_input_spec", "register", "run_model"]
+__all__ = ["output_file_name", "parse_input_spec", "register", "run_command"]
 
 # What evaluating an arbitrary model can raise for a user's mistake (bad feed, unsupported model, bad attribute,
 # unreadable weights), as opposed to a bug: reported as one line rather than a traceback.
@@ -172,7 +172,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_model(args: argparse.Namespace) -> int:
+def run_command(args: argparse.Namespace) -> int:
     """The ``run`` handler: 0 on success, 1 with one ``error:`` line on stderr otherwise."""
     try:
         return _evaluate(args)
@@ -214,4 +214,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="trust the model: let DelayedInitializer nodes read absolute filenames outside the model's folder "
         "(the spec's examples use /tmp paths); refused by default",
     )
-    parser.set_defaults(func=run_model)
+    parser.set_defaults(func=run_command)

@@ -1,11 +1,12 @@
 """``onnx-light-ref verify A.onnx B.onnx``: prove that two models hold the same tensors, whatever their layout.
 
-A thin front end of :func:`onnx_light_ref.io.verify.verify_models`: a tqdm progress bar (bytes, shown on a terminal
-only), then one line on stdout. Exit status 0 when every tensor is equal (``equal: N tensors, M bytes compared``);
-1 with ``different: <the first differing tensor and what differs>`` otherwise; 1 with a single ``error: ...`` line on
-stderr, and no traceback, when a model cannot be read or a reference is unsafe, malformed or out of bounds. With
-``--check-checksums``, ``checksum`` entries that match neither their tensor's bytes nor their file are listed and
-also give status 1. Never writes a file.
+A thin front end of :func:`onnx_light_ref.io.verify.verify_models`: the byte progress bar shared by the commands
+(:func:`onnx_light_ref.commands.progress.byte_progress`, shown on a terminal only), then one line on stdout. Exit
+status 0 when every tensor is equal (``equal: N tensors, M bytes compared``); 1 with ``different: <the first
+differing tensor and what differs>`` otherwise; 1 with a single ``error: ...`` line on stderr, and no traceback, when
+a model cannot be read or a reference is unsafe, malformed or out of bounds. With ``--check-checksums``,
+``checksum`` entries that match neither their tensor's bytes nor their file are listed and also give status 1. Never
+writes a file.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tqdm import tqdm
-
+from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import size_argument
 
-__all__ = ["register", "run_verify"]
+__all__ = ["register", "verify_command"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,40 +50,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="read data files that have several hard links (refused by default, as onnx does)",
     )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
-    parser.set_defaults(func=run_verify)
+    parser.set_defaults(func=verify_command)
 
 
-def run_verify(args: argparse.Namespace) -> int:
+def verify_command(args: argparse.Namespace) -> int:
     """Run the command; return the exit status."""
     from onnx_light_ref.io.verify import verify_models
 
-    bar = tqdm(
-        desc="verify",
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        disable=True if args.no_progress else None,  # None: shown on a terminal only
-        file=sys.stderr,
-    )
-
-    def progress(done: int, total: int) -> None:
-        bar.total = total
-        bar.update(done - bar.n)
-
     try:
-        result = verify_models(
-            args.a,
-            args.b,
-            chunk_size=args.chunk_size,
-            check_checksums=args.check_checksums,
-            allow_hard_links=args.allow_hard_links,
-            progress=progress,
-        )
+        with byte_progress("verify", hidden=args.no_progress) as progress:
+            result = verify_models(
+                args.a,
+                args.b,
+                chunk_size=args.chunk_size,
+                check_checksums=args.check_checksums,
+                allow_hard_links=args.allow_hard_links,
+                progress=progress,
+            )
     except (ValueError, OSError) as exc:  # ExternalDataError/InvalidModelError are ValueErrors
-        bar.close()
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    bar.close()
     for mismatch in result.checksum_mismatches:
         print(f"checksum mismatch: {mismatch}")
     if not result.equal:
