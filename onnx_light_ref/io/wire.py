@@ -111,6 +111,13 @@ class StrippedModel:
         file_size: its size in bytes when it was parsed; every payload lies inside it.
         payloads: every stripped payload, in file order (placeholder ``i`` names ``payloads[i]``).
         metadata_size: bytes handed to protobuf.
+        device, inode: the identity (``st_dev``, ``st_ino``) of the file that was parsed, taken with ``fstat`` on the
+            very descriptor that was read, so a path swapped for another file before or after the scan cannot lend
+            its identity. ``-1`` when unknown (a StrippedModel built by hand).
+        mtime_ns: that file's modification time (``st_mtime_ns``) at the scan, ``-1`` when unknown.
+
+    Before copying payloads out of :attr:`path`, a caller opens it and checks :meth:`same_file` on the ``fstat`` of
+    its own descriptor: payload offsets are only meaningful in the file that was scanned.
     """
 
     model: onnx.ModelProto
@@ -119,6 +126,31 @@ class StrippedModel:
     payloads: tuple[InlinePayload, ...]
     metadata_size: int
     _prefix: bytes = field(repr=False)
+    device: int = -1
+    inode: int = -1
+    mtime_ns: int = -1
+
+    def same_file(self, st: os.stat_result) -> bool:
+        """Tell whether ``st`` (an ``fstat`` of the file about to be read) is the file that was scanned, unchanged.
+
+        Compares device, inode, size and modification time. A file replaced by another (rename, new inode), or
+        rewritten in place to another size or at another time, does not match; neither does any file when the
+        identity is unknown (``-1``).
+
+        Args:
+            st: the ``os.stat_result`` of the file to compare, best taken with ``os.fstat`` on an open descriptor.
+
+        Returns:
+            ``True`` when ``st`` names the scanned file with its scanned size and modification time.
+        """
+        if self.device < 0 or self.inode < 0:
+            return False
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (
+            self.device,
+            self.inode,
+            self.file_size,
+            self.mtime_ns,
+        )
 
     def payload(self, tensor: onnx.TensorProto) -> InlinePayload | None:
         """Return where ``tensor``'s ``raw_data`` really is, or ``None`` if it was not stripped.
@@ -150,7 +182,8 @@ def load_model_stripped(path: PathLike, min_length: int) -> StrippedModel:
     ``tensors``, ``sparse_tensor``, ``sparse_tensors``; and the nodes and default attributes of model functions.
     Payloads of at most :data:`PLACEHOLDER_LENGTH` bytes always stay in the model, as do typed fields
     (``float_data``...) and external data entries. Works for files larger than 2 GiB, provided the metadata left after
-    stripping is below protobuf's 2 GiB limit.
+    stripping is below protobuf's 2 GiB limit. The result records the identity (device, inode, modification time) of
+    the file it read, from ``fstat`` of the descriptor it parsed: see :meth:`StrippedModel.same_file`.
 
     Args:
         path: the ``.onnx`` file.
@@ -189,7 +222,17 @@ def load_model_stripped(path: PathLike, min_length: int) -> StrippedModel:
         sum(p.length for p in scanner.payloads),
         len(metadata),
     )
-    return StrippedModel(model, path, st.st_size, tuple(scanner.payloads), len(metadata), prefix)
+    return StrippedModel(
+        model,
+        path,
+        st.st_size,
+        tuple(scanner.payloads),
+        len(metadata),
+        prefix,
+        device=st.st_dev,
+        inode=st.st_ino,
+        mtime_ns=st.st_mtime_ns,
+    )
 
 
 def _parse_metadata(metadata: bytearray, path: str) -> onnx.ModelProto:

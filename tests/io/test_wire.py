@@ -570,3 +570,76 @@ def test_min_length_is_checked(tmp_path):
         load_model_stripped(path, 1.5)  # type: ignore[arg-type]
     assert load_model_stripped(str(path), 64).payloads == (InlinePayload(11, 64),)
     assert load_model_stripped(path, 65).payloads == ()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The scanned file's identity: what a caller checks before copying payload ranges out of the path.
+
+
+def test_the_identity_is_the_scanned_files(tmp_path):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(VALID_MODEL)
+    before = path.stat()
+    stripped = load_model_stripped(path, 0)
+    assert (stripped.device, stripped.inode, stripped.mtime_ns) == (before.st_dev, before.st_ino, before.st_mtime_ns)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert stripped.same_file(os.fstat(fd))
+    finally:
+        os.close(fd)
+    assert "device=" in repr(stripped) and "_prefix" not in repr(stripped)
+
+
+def test_a_file_swapped_or_rewritten_after_the_scan_is_not_the_same_file(tmp_path):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(VALID_MODEL)
+    stripped = load_model_stripped(path, 0)
+    scanned = path.stat()
+    # Same bytes, other inode (an editor's save, a rename over the path).
+    other = tmp_path / "other.onnx"
+    other.write_bytes(VALID_MODEL)
+    os.replace(other, path)
+    assert path.read_bytes() == VALID_MODEL
+    assert not stripped.same_file(path.stat())
+    # Same inode rewritten in place: another size, or the same size at another time.
+    stripped = load_model_stripped(path, 0)
+    with open(path, "r+b") as f:
+        f.write(b"\x00" * 8)
+    os.utime(path, ns=(scanned.st_atime_ns, stripped.mtime_ns + 1_000_000_000))
+    assert path.stat().st_ino == stripped.inode and path.stat().st_size == stripped.file_size
+    assert not stripped.same_file(path.stat())
+    with open(path, "ab") as f:
+        f.write(b"\x00")
+    os.utime(path, ns=(scanned.st_atime_ns, stripped.mtime_ns))
+    assert not stripped.same_file(path.stat())
+
+
+def test_the_identity_comes_from_the_descriptor_read_not_from_the_path(tmp_path, monkeypatch):
+    # The path is swapped for another file while the scan reads the original: the identity is the original's.
+    path = tmp_path / "m.onnx"
+    path.write_bytes(VALID_MODEL)
+    original = path.stat()
+    swapped = tmp_path / "swapped.onnx"
+    swapped.write_bytes(VALID_MODEL)
+    real = wire.pread_exact
+
+    def swapping(fd: int, buffer: memoryview, offset: int) -> int:
+        if swapped.exists():
+            os.replace(swapped, path)
+        return real(fd, buffer, offset)
+
+    monkeypatch.setattr(wire, "pread_exact", swapping)
+    stripped = load_model_stripped(path, 0)
+    assert (stripped.device, stripped.inode) == (original.st_dev, original.st_ino)
+    assert path.stat().st_ino != original.st_ino
+    assert not stripped.same_file(path.stat())
+
+
+def test_a_hand_built_stripped_model_matches_no_file(tmp_path):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(VALID_MODEL)
+    loaded = load_model_stripped(path, 0)
+    # The positional construction of earlier versions still works; its identity is unknown.
+    by_hand = StrippedModel(loaded.model, loaded.path, loaded.file_size, loaded.payloads, loaded.metadata_size, b"x")
+    assert (by_hand.device, by_hand.inode, by_hand.mtime_ns) == (-1, -1, -1)
+    assert not by_hand.same_file(path.stat())
