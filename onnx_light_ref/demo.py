@@ -2,8 +2,10 @@
 
 1. Build a 4-layer MLP whose float32 weights (``size`` bytes in total) are spread over two data files, written
    block by block (the weights are never all in memory).
-2. Re-align it to 4096 into one data file with :func:`~onnx_light_ref.io.align.align_external_data_streaming`, and
-   check the alignment from the files themselves (:func:`~onnx_light_ref.io.layout_report.build_layout_report`).
+2. Re-align it to 4096 into one data file with :func:`~onnx_light_ref.io.align.align_external_data_streaming`,
+   check the alignment from the files themselves (:func:`~onnx_light_ref.io.layout_report.build_layout_report`),
+   and prove the rewrite changed no tensor with :func:`~onnx_light_ref.io.verify.verify_models` (aligned model vs
+   source: every name, dtype, dims and byte, streamed from both layouts).
 3. Save a variant with a new head next to it with
    :func:`~onnx_light_ref.io.shared_save.save_model_with_shared_external_data`: only the head is written, every
    other tensor still points into the aligned model's data file.
@@ -36,6 +38,7 @@ from tqdm import tqdm
 
 from onnx_light_ref.io import align_external_data_streaming, save_model_with_shared_external_data
 from onnx_light_ref.io.layout_report import build_layout_report
+from onnx_light_ref.io.verify import verify_models
 from onnx_light_ref.ops import reference_evaluator
 
 __all__ = ["DemoResult", "MlpShape", "build_two_file_mlp", "mlp_shape", "run_demo"]
@@ -248,6 +251,20 @@ def _check_alignment(result: DemoResult, label: str, path: str, *, expect_aligne
         result.problems.append(f"{label}: offsets are only {common}-byte aligned, expected {_ALIGNMENT}.")
 
 
+def _check_same_tensors(result: DemoResult, label: str, source: str, rewritten: str, progress: bool) -> None:
+    """Prove with ``verify_models`` that ``rewritten`` holds exactly the source's tensors; record it either way."""
+    with _byte_progress("verify", progress) as callback:
+        verified, took = _timed(functools.partial(verify_models, source, rewritten, progress=callback))
+    if verified.equal:
+        result.lines.append(
+            f"  {label:<8} verify_models: same {verified.tensors} tensors as the source (names, dtypes, dims, "
+            f"{verified.bytes_compared:,} bytes compared) in {took:.3f} s"
+        )
+    else:
+        result.lines.append(f"  {label:<8} verify_models: DIFFERENT from the source")
+        result.problems.append(f"{label} model differs from the source (verify_models): {verified.first_difference}")
+
+
 def run_demo(size: int, workdir: str, *, progress: bool = False, seed: int = 0) -> DemoResult:
     """Run the demo in ``workdir`` (which must exist); see the module docstring. Never raises for a mismatch."""
     shape = mlp_shape(size)
@@ -279,6 +296,7 @@ def run_demo(size: int, workdir: str, *, progress: bool = False, seed: int = 0) 
         f"({written - shape.nbytes:,} padding) in {took:.3f} s ({written / 2**20 / max(took, 1e-9):.0f} MiB/s)"
     )
     _check_alignment(result, "aligned", aligned)
+    _check_same_tensors(result, "aligned", source, aligned, progress)
 
     variant = os.path.join(model_dir, "variant.onnx")
     model = onnx.load_model(aligned, load_external_data=False)

@@ -20,6 +20,7 @@ def test_demo_runs_end_to_end_in_a_temporary_folder(capsys):
     assert status == 0, out
     assert "re-aligned to 4096 (streaming)" in out
     assert "aligned  every offset aligned to 4096 bytes" in out
+    assert "aligned  verify_models: same 8 tensors as the source (names, dtypes, dims," in out
     assert "result: OK, all outputs agree" in out
     workdir = out.splitlines()[0].rsplit(" in ", 1)[1]
     assert not os.path.exists(workdir)
@@ -55,6 +56,31 @@ def test_demo_reports_a_mismatch_with_exit_status_1(monkeypatch, capsys):
 
     assert main(["demo", "--size", "1M", "--no-progress"]) == 1
     assert "MISMATCH: variant's output equals the base model's" in capsys.readouterr().err
+
+
+def test_demo_proves_the_aligned_model_with_verify_models(monkeypatch, capsys):
+    """A re-alignment that corrupted one byte is caught by verify_models, naming the tensor, not only by outputs."""
+    real_align = demo.align_external_data_streaming
+
+    def align_then_corrupt(src, dst, *args, **kwargs):
+        written = real_align(src, dst, *args, **kwargs)
+        model = onnx.load_model(dst, load_external_data=False)
+        w1 = next(t for t in model.graph.initializer if t.name == "W1")
+        entries = {e.key: e.value for e in w1.external_data}
+        with open(os.path.join(os.path.dirname(dst), entries["location"]), "r+b") as data:
+            data.seek(int(entries["offset"]) + 5)
+            byte = data.read(1)
+            data.seek(-1, os.SEEK_CUR)
+            data.write(bytes([byte[0] ^ 0x40]))
+        return written
+
+    monkeypatch.setattr(demo, "align_external_data_streaming", align_then_corrupt)
+
+    assert main(["demo", "--size", "1M", "--no-progress"]) == 1
+    captured = capsys.readouterr()
+    assert "aligned  verify_models: DIFFERENT from the source" in captured.out
+    assert "MISMATCH: aligned model differs from the source (verify_models):" in captured.err
+    assert "'W1'" in captured.err.split("(verify_models):", 1)[1].splitlines()[0]
 
 
 @pytest.mark.parametrize(("text", "size"), [("2M", 2 * 2**20), ("64MiB", 64 * 2**20), ("8k", 8192), ("1000", 1000)])
