@@ -4,8 +4,9 @@ A mock of ``os.copy_file_range`` cannot show what a full disk, a read-only mount
 reflink-capable filesystem really do; these fixtures give the tests the real thing:
 
 * ``small_tmpfs``: an 8 MiB tmpfs (ENOSPC for real);
-* ``readonly_mount``: a tmpfs holding ``ro/data.bin``-style files prepared by the test, remounted read-only;
+* ``make_readonly(fill)``: a tmpfs that ``fill`` populates, then remounted read-only (EROFS);
 * ``tmpfs_mount`` and ``ext4_mount``: two different filesystems (``copy_file_range`` fails with EXDEV between them);
+* ``inode_tmpfs``: a tmpfs with 64 inodes (ENOSPC when creating a file, with bytes to spare);
 * ``xfs_mount``: a loop-mounted XFS made with ``mkfs.xfs -m reflink=1`` on a sparse file (cloning).
 
 Mounting needs root (CI runs as root). Where the kernel or the system refuses (not root, no loop devices, no
@@ -126,3 +127,11 @@ def make_readonly(tmp_path: Path) -> Iterator[Callable[[Callable[[Path], None]],
     finally:
         for target in reversed(mounts):
             _unmount(target)
+
+
+@pytest.fixture
+def inode_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 64 MiB tmpfs with 64 inodes: creating a file fails with ENOSPC once they are used, whatever the free space."""
+    _require_tools("mount", "umount")
+    with mounted(tmp_path / "inodes", "-t", "tmpfs", "-o", "size=64m,nr_inodes=64", "tmpfs") as target:
+        yield target

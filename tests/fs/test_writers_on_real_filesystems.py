@@ -1,0 +1,428 @@
+"""Every writer of the package, at its public API, on real filesystems: full, read-only, out of inodes, across
+filesystems, and reflink-capable.
+
+Writers: both aligners (one file and a sharded write), ``save_model_with_shared_external_data`` and
+``undelay_initializers``. Each fault test asserts the error (type, errno, message), that nothing was left behind
+(no temp file, the previous destination byte-for-byte intact) and that no source byte changed. These are the real
+twins of the monkeypatched full-disk and read-only rows of ``tests/hardening/test_bad_inputs.py``.
+
+The system-call spies here only *record* (which descriptor was written, on which device); they never fake a fault.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from onnx_light_ref import (
+    align_external_data_in_memory,
+    align_external_data_streaming,
+    save_model_with_shared_external_data,
+)
+from onnx_light_ref.io.space import shared_extent_bytes
+from onnx_light_ref.io.verify import verify_models
+from onnx_light_ref.ops import delay_initializers, undelay_initializers
+
+MIB = 1024 * 1024
+BLOCK = 4096
+WRITERS = ["streaming", "in_memory", "sharded", "shared", "undelay"]
+# Sharded jobs cap each file at two tensors (tensors are block multiples, so no padding).
+TENSORS_PER_SHARD = 2
+
+
+def tensors_of(count: int, nbytes: int, seed: int = 0, *, lead: int = 0) -> dict[str, np.ndarray]:
+    """``count`` random float32 tensors of ``nbytes`` each; ``lead`` > 0 adds a first tensor of ``lead`` bytes."""
+    rng = np.random.default_rng(seed)
+    tensors = {"lead": rng.integers(0, 255, lead, dtype=np.uint8)} if lead else {}
+    tensors.update({f"w{i}": rng.standard_normal(nbytes // 4).astype(np.float32) for i in range(count)})
+    return tensors
+
+
+def free_bytes(folder: Path) -> int:
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize
+
+
+@dataclass
+class Job:
+    """One writer, ready to write ``dst`` from sources prepared on disk (or in memory, for the shared saver)."""
+
+    writer: str
+    dst: Path
+    run: Callable[..., Any]
+    outputs: list[Path]  # every file the writer publishes
+    payload: int  # weights bytes the job writes (block multiples here, so no padding)
+    reference: Path | None  # a model holding the same tensors as the output, for verify_models
+    source_dirs: list[Path] = field(default_factory=list)
+    proto: onnx.ModelProto | None = None  # the shared saver's in-memory model, which must not change on failure
+
+
+def prepare(
+    writer: str,
+    src_dir: Path,
+    dst_dir: Path,
+    tensors: dict[str, np.ndarray],
+    make_external_model: Callable[..., Path],
+    build_identity_model: Callable[..., onnx.ModelProto],
+    externalize: Callable[..., None],
+) -> Job:
+    """Write the sources of ``writer`` under ``src_dir`` (the shared saver's reused file goes to ``dst_dir``)."""
+    dst = dst_dir / "m.onnx"
+    payload = sum(a.nbytes for a in tensors.values())
+    if writer == "shared":
+        reused = numpy_helper.from_array(np.arange(BLOCK // 4, dtype=np.float32), "reused")
+        externalize([reused], dst_dir, "reused.data")
+        model = build_identity_model({"reused": np.zeros(BLOCK // 4, np.float32), **tensors})
+        model.graph.initializer[0].CopyFrom(reused)
+        return Job(
+            writer,
+            dst,
+            lambda **options: save_model_with_shared_external_data(model, dst, **options),
+            [dst, Path(f"{dst}.data")],
+            payload,
+            None,
+            proto=model,
+        )
+    src = make_external_model(src_dir, tensors)
+    outputs = [dst, Path(f"{dst}.data")]
+    if writer == "streaming":
+        run: Callable[..., Any] = lambda **options: align_external_data_streaming(src, dst, **options)  # noqa: E731
+    elif writer == "in_memory":
+        run = lambda **options: align_external_data_in_memory(src, dst, **options)  # noqa: E731
+    elif writer == "sharded":
+        cap = TENSORS_PER_SHARD * max(a.nbytes for a in tensors.values())
+        shards = -(-len(tensors) // TENSORS_PER_SHARD)
+        outputs += [Path(f"{dst}.data.{i}") for i in range(1, shards)]
+        run = lambda **options: align_external_data_streaming(src, dst, max_shard_size=cap, **options)  # noqa: E731
+    elif writer == "undelay":
+        delayed = src_dir / "delayed.onnx"
+        onnx.save(delay_initializers(src), delayed)
+        run = lambda **options: undelay_initializers(delayed, dst, **options)  # noqa: E731
+    else:
+        raise AssertionError(writer)
+    return Job(writer, dst, run, outputs, payload, src, [src_dir])
+
+
+@pytest.fixture
+def make_job(make_external_model, build_identity_model, externalize) -> Callable[..., Job]:
+    def make(writer: str, src_dir: Path, dst_dir: Path, tensors: dict[str, np.ndarray]) -> Job:
+        return prepare(writer, src_dir, dst_dir, tensors, make_external_model, build_identity_model, externalize)
+
+    return make
+
+
+def place_previous_outputs(job: Job) -> None:
+    """A previous version of every output, which a failed run must leave exactly as it was."""
+    for index, path in enumerate(job.outputs):
+        path.write_bytes(np.random.default_rng(100 + index).bytes(64 * 1024))
+
+
+@dataclass
+class Snapshot:
+    """What must not change when a job fails: the destination tree, every source tree, the in-memory model."""
+
+    trees: dict[Path, dict[str, str]]
+    proto: bytes | None
+
+    @classmethod
+    def take(cls, job: Job, folders: list[Path], sha256_of_tree: Callable[..., dict[str, str]]) -> Snapshot:
+        trees = {folder: sha256_of_tree(folder) for folder in [*folders, *job.source_dirs]}
+        return cls(trees, job.proto.SerializeToString() if job.proto is not None else None)
+
+    def assert_unchanged(self, job: Job, sha256_of_tree: Callable[..., dict[str, str]]) -> None:
+        for folder, before in self.trees.items():
+            assert sha256_of_tree(folder) == before, f"{folder} changed"
+        if self.proto is not None:
+            assert job.proto is not None and job.proto.SerializeToString() == self.proto
+
+
+@pytest.fixture
+def writes_on(monkeypatch) -> Callable[[Path], list[str]]:
+    """``writes_on(folder)``: a live list of the write system calls made to files on ``folder``'s filesystem."""
+
+    def watch(folder: Path) -> list[str]:
+        device = os.stat(folder).st_dev
+        calls: list[str] = []
+        for name, fd_position in (
+            ("copy_file_range", 1),
+            ("sendfile", 0),
+            ("pwrite", 0),
+            ("pwritev", 0),
+            ("write", 0),
+            ("writev", 0),
+        ):
+            real = getattr(os, name, None)
+            if real is None:
+                continue
+
+            def recording(*args: Any, _real: Any = real, _name: str = name, _at: int = fd_position, **kw: Any) -> Any:
+                if os.fstat(args[_at]).st_dev == device:
+                    calls.append(_name)
+                return _real(*args, **kw)
+
+            monkeypatch.setattr(os, name, recording)
+        return calls
+
+    return watch
+
+
+def tensors_for(writer: str, count: int, nbytes: int) -> dict[str, np.ndarray]:
+    return tensors_of(count, nbytes, seed=WRITERS.index(writer))
+
+
+# ------------------------------------------------------------------------------------------ full disk (ENOSPC)
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_job_larger_than_the_free_space_fails_before_copying_and_leaves_everything_as_it_was(
+    writer, tmp_path, small_tmpfs, make_job, writes_on, sha256_of_tree, assert_no_temp_files
+):
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    job = make_job(writer, src_dir, small_tmpfs, tensors_for(writer, 12, MIB))  # 12 MiB into 8 MiB
+    place_previous_outputs(job)
+    snapshot = Snapshot.take(job, [small_tmpfs], sha256_of_tree)
+    free = free_bytes(small_tmpfs)
+    writes = writes_on(small_tmpfs)
+
+    with pytest.raises(OSError) as raised:
+        job.run()
+
+    assert raised.value.errno == errno.ENOSPC
+    message = str(raised.value)
+    needed = re.search(r"(\d+) bytes needed", message)
+    available = re.search(r"(\d+) bytes free", message)
+    assert needed is not None and available is not None, message
+    # The whole job is known before the first byte moves: all shards together, not the first one.
+    assert job.payload <= int(needed.group(1)) <= job.payload + 64 * 1024, message
+    assert int(available.group(1)) == free, message
+    assert f"{str(small_tmpfs)!r} (tmpfs" in message, message
+    assert writes == [], f"bytes were written before the space check: {writes}"
+    snapshot.assert_unchanged(job, sha256_of_tree)
+    assert_no_temp_files(small_tmpfs)
+    assert free_bytes(small_tmpfs) == free
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_job_that_fits_the_small_disk_is_written(writer, tmp_path, small_tmpfs, make_job, assert_no_temp_files):
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    job = make_job(writer, src_dir, small_tmpfs, tensors_for(writer, 6, MIB))  # 6 MiB into 8 MiB
+    place_previous_outputs(job)
+
+    result = job.run()
+
+    assert int(result) == job.payload
+    assert all(path.is_file() for path in job.outputs)
+    if job.reference is not None:
+        assert verify_models(job.reference, job.dst).equal
+    assert_no_temp_files(small_tmpfs)
+
+
+# ------------------------------------------------------------------------------------------- out of inodes
+
+
+def use_up_inodes(folder: Path) -> list[Path]:
+    """Create empty files until the filesystem has no inode left; return them (delete one to free one inode)."""
+    filler = folder / "filler"
+    filler.mkdir()
+    made = []
+    while True:
+        path = filler / f"f{len(made)}"
+        try:
+            path.touch()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+            return made
+        made.append(path)
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_running_out_of_inodes_at_every_file_creation_leaves_everything_as_it_was(
+    writer, tmp_path, inode_tmpfs, make_job, sha256_of_tree, assert_no_temp_files
+):
+    # The real twin of the "read-only after the weights were staged" rows: the n-th file the job creates fails.
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    job = make_job(writer, src_dir, inode_tmpfs, tensors_for(writer, 5, 64 * 1024))
+    place_previous_outputs(job)
+    fillers = use_up_inodes(inode_tmpfs)
+    failures = 0
+    while True:
+        snapshot = Snapshot.take(job, [inode_tmpfs], sha256_of_tree)
+        try:
+            result = job.run()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+            snapshot.assert_unchanged(job, sha256_of_tree)
+            assert_no_temp_files(inode_tmpfs)
+            failures += 1
+            assert failures <= 20, "the job never got enough inodes"
+            fillers.pop().unlink()  # one more inode for the next attempt
+            continue
+        break
+
+    # Each published file (weights files, then the .onnx) was one point of failure.
+    assert failures >= len(job.outputs)
+    assert int(result) == job.payload
+    if job.reference is not None:
+        assert verify_models(job.reference, job.dst).equal
+    assert_no_temp_files(inode_tmpfs)
+
+
+# ---------------------------------------------------------------------------------------- read-only (EROFS)
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_read_only_destination_fails_with_erofs_and_changes_nothing(
+    writer, tmp_path, make_readonly, make_job, sha256_of_tree
+):
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    jobs: list[Job] = []
+
+    def fill(folder: Path) -> None:
+        jobs.append(make_job(writer, src_dir, folder, tensors_for(writer, 3, 64 * 1024)))
+        place_previous_outputs(jobs[0])
+
+    readonly = make_readonly(fill)
+    job = jobs[0]
+    snapshot = Snapshot.take(job, [readonly], sha256_of_tree)
+
+    with pytest.raises(OSError) as raised:
+        job.run()
+
+    assert raised.value.errno == errno.EROFS
+    assert "Read-only file system" in str(raised.value)
+    snapshot.assert_unchanged(job, sha256_of_tree)
+
+
+# ------------------------------------------------------------------------------------------ across filesystems
+
+
+@pytest.mark.parametrize("writer", ["streaming", "in_memory", "sharded", "undelay"])
+def test_tmpfs_sources_are_written_onto_ext4(writer, tmpfs_mount, ext4_mount, make_job, sha256_of_tree):
+    # The shared saver is left out: it copies no file, it writes inline bytes from memory.
+    job = make_job(writer, tmpfs_mount, ext4_mount, tensors_for(writer, 6, MIB + BLOCK))
+    source_before = sha256_of_tree(tmpfs_mount)
+
+    result = job.run(chunk_size=MIB) if writer != "in_memory" else job.run()
+
+    assert int(result) == job.payload
+    assert job.reference is not None and verify_models(job.reference, job.dst).equal
+    assert sha256_of_tree(tmpfs_mount) == source_before
+    assert sorted(Path(p) for p in getattr(result, "weights_files", job.outputs[1:])) == sorted(job.outputs[1:])
+    if writer in ("streaming", "sharded"):
+        # copy_file_range refuses to cross filesystems (EXDEV); the engine falls back to sendfile, in the kernel.
+        assert result.copy_methods == {"sendfile"}
+        assert result.bytes_by_method == {"sendfile": job.payload}
+        assert result.clone_eligible_bytes == 0
+
+
+def test_a_model_aligned_across_filesystems_runs_in_onnxruntime_like_its_source(tmpfs_mount, ext4_mount, make_job):
+    import onnxruntime as ort
+
+    job = make_job("streaming", tmpfs_mount, ext4_mount, tensors_for("streaming", 4, MIB))
+    job.run()
+
+    assert job.reference is not None
+    expected = ort.InferenceSession(str(job.reference), providers=["CPUExecutionProvider"]).run(None, {})
+    got = ort.InferenceSession(str(job.dst), providers=["CPUExecutionProvider"]).run(None, {})
+    assert len(got) == len(expected) == 4
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------------- reflink
+
+
+def weights_files(dst: Path) -> list[Path]:
+    return sorted(p for p in dst.parent.iterdir() if p.name.startswith(f"{dst.name}.data"))
+
+
+def shared_bytes(files: list[Path]) -> int:
+    total = 0
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            shared = shared_extent_bytes(fd)
+        finally:
+            os.close(fd)
+        assert shared is not None, f"FIEMAP unavailable on {path}"
+        total += shared
+    return total
+
+
+def realign_on_xfs(xfs: Path, tmp_path: Path, make_external_model, *, aligned: bool, **options: Any) -> Any:
+    """Write a source onto ``xfs`` (block-aligned or not), then re-align it there twice: durable and not."""
+    tensors = tensors_of(16, 4 * MIB, seed=5, lead=0 if aligned else 100)
+    original = make_external_model(tmp_path, tensors)
+    (xfs / "src").mkdir()
+    source = xfs / "src" / "m.onnx"
+    align_external_data_streaming(original, source, alignment=BLOCK if aligned else 0)
+    os.sync()  # settle the source's delayed allocation before measuring free space
+    results = {}
+    for durable in (True, False):
+        (xfs / f"durable_{durable}").mkdir()
+        free_before = free_bytes(xfs)
+        result = align_external_data_streaming(
+            source, xfs / f"durable_{durable}" / "m.onnx", durable=durable, **options
+        )
+        os.sync()
+        results[durable] = (result, free_before - free_bytes(xfs))
+    return source, results
+
+
+@pytest.mark.parametrize("options", [{}, {"max_shard_size": 16 * MIB}], ids=["one file", "shards"])
+def test_re_aligning_an_aligned_model_on_xfs_clones_and_needs_no_new_blocks(
+    xfs_mount, tmp_path, make_external_model, options
+):
+    payload = 16 * 4 * MIB
+    source, results = realign_on_xfs(xfs_mount, tmp_path, make_external_model, aligned=True, **options)
+
+    for durable, (result, new_bytes) in results.items():
+        out = xfs_mount / f"durable_{durable}" / "m.onnx"
+        files = weights_files(out)
+        assert len(files) == (4 if options else 1)
+        assert sorted(Path(p) for p in result.weights_files) == files
+        assert int(result) == result.payload_bytes == payload
+        assert result.clone_eligible_bytes == payload
+        assert result.bytes_by_method == {"copy_file_range": payload}
+        assert shared_bytes(files) == payload
+        assert new_bytes < payload // 100, f"durable={durable}: {new_bytes} new bytes for a cloned {payload}"
+        assert verify_models(source, out).equal
+    # Durable or not, the same bytes.
+    for one, other in zip(
+        weights_files(xfs_mount / "durable_True" / "m.onnx"),
+        weights_files(xfs_mount / "durable_False" / "m.onnx"),
+        strict=True,
+    ):
+        assert one.name == other.name and one.read_bytes() == other.read_bytes()
+    assert (xfs_mount / "durable_True" / "m.onnx").read_bytes() == (xfs_mount / "durable_False" / "m.onnx").read_bytes()
+
+
+def test_re_aligning_an_unaligned_model_on_xfs_copies_every_byte(xfs_mount, tmp_path, make_external_model):
+    payload = 100 + 16 * 4 * MIB
+    source, results = realign_on_xfs(xfs_mount, tmp_path, make_external_model, aligned=False)
+
+    for durable, (result, new_bytes) in results.items():
+        out = xfs_mount / f"durable_{durable}" / "m.onnx"
+        assert result.payload_bytes == payload
+        assert result.clone_eligible_bytes == 0
+        assert result.bytes_by_method == {"copy_file_range": payload}
+        assert shared_bytes(weights_files(out)) == 0
+        assert new_bytes >= 16 * 4 * MIB
+        assert verify_models(source, out).equal
+    assert (xfs_mount / "durable_True" / "m.onnx.data").read_bytes() == (
+        xfs_mount / "durable_False" / "m.onnx.data"
+    ).read_bytes()
