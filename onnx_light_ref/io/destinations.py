@@ -123,7 +123,7 @@ def check_outputs(dst_onnx: str, weights_paths: Sequence[str], sources: Mapping[
         folder, name = os.path.split(path)
         key = destination_key(path)
         if key is None:
-            raise FileNotFoundError(f"the folder of destination {path!r} does not exist (or is not a folder).")
+            raise FileNotFoundError(f"destination folder does not exist (or is not a folder): {folder!r}.")
         if len(os.fsencode(name)) > _name_max(folder):
             raise DestinationConflictError(
                 f"destination {path!r}: its name is {len(os.fsencode(name))} bytes, longer than the "

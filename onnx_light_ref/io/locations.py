@@ -130,7 +130,7 @@ def check_location_syntax(location: str | bytes, *, tensor_name: str) -> str:
             "'w..1.bin'), and the ONNX spec forbids leaving the model's folder."
         )
     if location.endswith(("/", "/.")) or location == "." or location.strip("/.") == "":
-        raise UnsafeLocationError(f"{where} names a folder, not a file (it ends with '/' or '/.', or is '.').")
+        raise UnsafeLocationError(f"{where} does not name a file (it ends with '/' or '/.', or is '.').")
     return location
 
 
@@ -195,8 +195,19 @@ def _resolve_and_stat(real_base: str, location: str, tensor_name: str) -> tuple[
     return real, st
 
 
-def expected_nbytes(tensor: onnx.TensorProto) -> int | None:
-    """Byte size of the tensor's raw data from its dims and data type, or None if the type has no fixed size."""
+def expected_nbytes(tensor: onnx.TensorProto, *, label: str | None = None) -> int | None:
+    """Byte size of the tensor's raw data from its dims and data type, or None if the type has no fixed size.
+
+    Never negative: a negative dim makes the size undefined.
+
+    Raises:
+        ExternalDataError: a dim is negative.
+    """
+    if any(dim < 0 for dim in tensor.dims):
+        raise ExternalDataError(
+            f"tensor {label or _text(tensor.name)!r} has negative dims {list(tensor.dims)}; its byte size is "
+            "undefined (dims must be >= 0)."
+        )
     n_elements = math.prod(tensor.dims)
     per_byte = _SUB_BYTE_ELEMENTS_PER_BYTE.get(tensor.data_type)
     if per_byte is not None:
@@ -210,13 +221,36 @@ def expected_nbytes(tensor: onnx.TensorProto) -> int | None:
     return n_elements * itemsize
 
 
+def _text(value: str | bytes) -> str:
+    """A protobuf string for a message: ``bytes`` (not UTF-8) shown with replacement characters, never raised on."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+# Typed value fields of TensorProto: an EXTERNAL tensor must have none of them (its values are in the file).
+_TYPED_FIELDS = (
+    "float_data",
+    "int32_data",
+    "string_data",
+    "int64_data",
+    "double_data",
+    "uint64_data",
+)
+
+
 def check_external_structure(tensor: onnx.TensorProto, *, label: str | None = None) -> None:
-    """Refuse an EXTERNAL tensor that also carries inline ``raw_data``, or that has no ``external_data`` entries."""
-    name = label or tensor.name
+    """Refuse an EXTERNAL tensor that also carries inline values (``raw_data`` or a typed field such as
+    ``float_data``), or that has no ``external_data`` entries: a reader would have to pick one of two values."""
+    name = label or _text(tensor.name)
     if tensor.HasField("raw_data"):
         raise ExternalDataError(
             f"tensor {name!r} has both inline raw_data ({len(tensor.raw_data)} bytes) and external_data; "
             "expected one or the other."
+        )
+    typed = [field for field in _TYPED_FIELDS if len(getattr(tensor, field))]
+    if typed:
+        raise ExternalDataError(
+            f"tensor {name!r} is marked EXTERNAL but also holds inline values in {', '.join(typed)}; expected its "
+            "values in the external file only."
         )
     if len(tensor.external_data) == 0:
         raise ExternalDataError(f"tensor {name!r} is marked EXTERNAL but has no external_data entries.")
@@ -234,7 +268,7 @@ def parse_external_data(
     :func:`~onnx_light_ref.io.entries.parse_entry_int` (ASCII digits only, within int64). ``length`` is required
     unless dims and dtype give it; when both exist they must agree. ``offset + length`` must fit in the file.
     """
-    name = label or tensor.name
+    name = label or _text(tensor.name)
     check_external_structure(tensor, label=name)
     raw = read_entries(tensor, label=name)
     location = raw.get("location")
@@ -263,7 +297,7 @@ def parse_external_data(
 
 def _entry_length(tensor: onnx.TensorProto, name: str, text: str | None, location: str) -> int:
     """The ``length`` entry, checked against dims x dtype; or dims x dtype when the entry is absent."""
-    expected = expected_nbytes(tensor)
+    expected = expected_nbytes(tensor, label=name)
     if text is not None:
         length = parse_entry_int(text, label=name, key="length")
         if expected is not None and length != expected:

@@ -23,9 +23,10 @@ import onnx
 
 from onnx_light_ref.errors import DanglingReferenceError, DestinationConflictError, ExternalDataError
 from onnx_light_ref.io.alignment import align_up, validate_alignment
-from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
+from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
 from onnx_light_ref.io.copy_engine import ProgressCallback
-from onnx_light_ref.io.entries import is_external, write_entries
+from onnx_light_ref.io.destinations import DestinationKey, check_outputs, destination_key, weights_location
+from onnx_light_ref.io.entries import is_external, parse_entry_int, read_entries, write_entries
 from onnx_light_ref.io.locations import (
     FileIdentity,
     LocationResolver,
@@ -38,6 +39,7 @@ from onnx_light_ref.io.locations import (
 from onnx_light_ref.io.model_file import serialize_model
 from onnx_light_ref.io.publish import OutputTransaction, StagedFile
 from onnx_light_ref.io.results import SaveResult
+from onnx_light_ref.io.space import reserve_space
 from onnx_light_ref.io.walker import TensorSite, iter_tensors
 
 __all__ = ["SaveResult", "save_model_with_shared_external_data"]
@@ -67,6 +69,7 @@ class _SavePlan:
     new: list[_NewTensor]
     reused: int
     total_size: int
+    sources: frozenset[FileIdentity]
 
     @property
     def payload_bytes(self) -> int:
@@ -101,8 +104,9 @@ def save_model_with_shared_external_data(
         size_threshold: tensors with fewer bytes stay inline (an int >= 0). Tensors stored in typed fields
             (``float_data``...) always stay inline.
         progress: called as ``progress(done_bytes, total_bytes)`` while new bytes are written.
-        check_references: require every reused reference to resolve from the destination folder (relative, inside
-            it, file present, range within the file). ``False`` writes the references as they are.
+        check_references: require every reused reference to resolve from the destination folder (inside it, file
+            present, range within the file). ``False`` writes the references as they are, but their syntax is
+            checked either way (relative, no ``..``, strict numbers, known keys): no loader accepts anything else.
         durable: fsync the outputs and their folder (default); ``False`` skips every fsync, same bytes.
 
     Returns:
@@ -128,7 +132,7 @@ def save_model_with_shared_external_data(
     check_bool("check_references", check_references)
     check_bool("durable", durable)
     plan = _plan(model, os.path.abspath(os.fspath(dst_onnx_path)), location, step, size_threshold, check_references)
-    with OutputTransaction(durable=durable) as outputs:
+    with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
         weights = _write_new_tensors(outputs, plan, progress)
         _publish(model, plan, outputs, weights)
     result = SaveResult(
@@ -171,67 +175,106 @@ def _plan(
     dst_dir = os.path.dirname(dst_onnx)
     if location is None:
         location = os.path.basename(dst_onnx) + ".data"
+    elif not isinstance(location, str):
+        raise ArgumentTypeError(f"location must be a str or None, got {type(location).__name__}.")
+    # The rule every reader applies (onnx refuses any '..', a trailing '/' or '/.' names a folder...).
     check_location_syntax(location, tensor_name="<secondary weights file>")
     secondary_path = os.path.join(dst_dir, location)
 
     resolver = LocationResolver(dst_dir)
-    reused_files: dict[FileIdentity, tuple[str, str]] = {}  # identity -> (tensor, location)
-    reused_paths: dict[str, tuple[str, str]] = {}  # normalized path -> (tensor, location), for files not yet there
+    reused = _Reused()
     new: list[_NewTensor] = []
-    reused = cursor = total = 0
+    cursor = total = 0
     for site in iter_tensors(model):
         tensor = site.tensor
         if is_external(tensor):
-            reused += 1
-            _check_reused(site, resolver, check_references, reused_files, reused_paths)
-        elif tensor.HasField("raw_data") and (length := _raw_length(tensor)) >= size_threshold:
+            _check_reused(site, resolver, check_references, reused)
+        elif tensor.HasField("raw_data") and (length := _raw_length(tensor, site.label)) >= size_threshold:
             offset = align_up(cursor, step)
             new.append(_NewTensor(site, offset, length))
             cursor = offset + length
             total = max(total, cursor)
 
-    secondary_id = file_identity(secondary_path)
-    if os.path.abspath(secondary_path) == dst_onnx:
-        raise DestinationConflictError(f"the secondary weights file and the model file are the same: {dst_onnx!r}.")
-    # With check_references=False a reused location may name a file that does not exist yet; if it names the
-    # secondary file, the reused tensor would silently read the new weights, so compare names as well as inodes.
-    name_clash = reused_paths.get(os.path.normpath(secondary_path))
-    if new and name_clash is not None:
-        raise DestinationConflictError(
-            f"the secondary weights file {secondary_path!r} is where reused tensor {name_clash[0]!r} (location "
-            f"{name_clash[1]!r}) points from {dst_dir!r}: it would read the new weights. Save the variant next to "
-            "the model that owns the reused weights, or pass another `location`."
-        )
-    dst_onnx_id = file_identity(dst_onnx)
-    for identity, (name, reused_location) in reused_files.items():
-        if new and identity == secondary_id:
+    outputs = [secondary_path] if new else []
+    if new:
+        # Inside the destination's real folder (a symlinked subfolder may lead elsewhere); the stored location is
+        # the caller's, which the syntax rule above already made a plain relative name.
+        weights_location(dst_onnx, secondary_path)
+    _check_not_reused(dst_onnx, outputs, reused)
+    check_outputs(
+        dst_onnx, outputs, {identity: os.path.join(dst_dir, where[1]) for identity, where in reused.files.items()}
+    )
+    # A reused location may name a file that does not exist yet (check_references=False): if it is where an output
+    # lands (same real folder and name), the reused tensor would read the new bytes. Compare where they land.
+    for path in [*outputs, dst_onnx]:
+        key = destination_key(path)
+        clash = reused.keys.get(key) if key is not None else None
+        if clash is not None:
+            what = "the secondary weights file" if path != dst_onnx else "dst_onnx_path"
             raise DestinationConflictError(
-                f"the secondary weights file {secondary_path!r} is the file {reused_location!r} that reused tensor "
-                f"{name!r} points to (same file or a hard link): writing it would destroy the shared weights. Save "
-                "the variant under another name, or pass another `location`."
+                f"{what} {path!r} is where reused tensor {clash[0]!r} (location {clash[1]!r}) points from "
+                f"{dst_dir!r}: it would read the new weights. Save the variant next to the model that owns the "
+                "reused weights, or pass another `location`."
             )
-        if identity == dst_onnx_id:
-            raise DestinationConflictError(
-                f"dst_onnx_path {dst_onnx!r} is the file {reused_location!r} that reused tensor {name!r} points to."
-            )
-    return _SavePlan(dst_onnx, secondary_path, location, new, reused, total)
+    return _SavePlan(dst_onnx, secondary_path, location, new, reused.count, total, frozenset(reused.files))
 
 
-def _raw_length(tensor: onnx.TensorProto) -> int:
+def _check_not_reused(dst_onnx: str, outputs: list[str], reused: _Reused) -> None:
+    """Refuse an output that is an existing reused file, saying which tensor shares it (check_outputs says less)."""
+    for path in outputs:
+        for identity in _identities(path):
+            if identity in reused.files:
+                name, location = reused.files[identity]
+                raise DestinationConflictError(
+                    f"the secondary weights file {path!r} is the file {location!r} that reused tensor {name!r} points "
+                    "to (same file, a hard link or a symlink): writing it would destroy the shared weights. Save the "
+                    "variant under another name, or pass another `location`."
+                )
+    for identity in _identities(dst_onnx):
+        if identity in reused.files:
+            name, location = reused.files[identity]
+            raise DestinationConflictError(
+                f"dst_onnx_path {dst_onnx!r} is the file {location!r} that reused tensor {name!r} points to."
+            )
+
+
+def _identities(path: str) -> list[FileIdentity]:
+    """Identity of the name itself and of what it points to (a symlink), for what exists."""
+    found = []
+    for follow in (False, True):
+        try:
+            st = os.stat(path, follow_symlinks=follow)
+        except OSError:
+            continue
+        found.append(FileIdentity(st.st_dev, st.st_ino))
+    return found
+
+
+@dataclass
+class _Reused:
+    """What the reused references point at: file identities (existing files) and where they land (any file)."""
+
+    count: int = 0
+    files: dict[FileIdentity, tuple[str, str]] = field(default_factory=dict)  # identity -> (tensor, location)
+    keys: dict[DestinationKey, tuple[str, str]] = field(default_factory=dict)  # real folder + name -> same
+    locations: set[str] = field(default_factory=set)
+
+
+def _raw_length(tensor: onnx.TensorProto, label: str) -> int:
     """Byte size of the inline data without copying it: protobuf hands out a new copy on every ``raw_data`` access
     (5 ms for 8 MiB). dims x dtype give it; :func:`_write_new_tensors` checks it against the bytes it writes."""
-    expected = expected_nbytes(tensor)
+    expected = expected_nbytes(tensor, label=label)
     return expected if expected is not None else len(tensor.raw_data)
 
 
-def _check_reused(
-    site: TensorSite,
-    resolver: LocationResolver,
-    check_references: bool,
-    reused_files: dict[FileIdentity, tuple[str, str]],
-    reused_paths: dict[str, tuple[str, str]],
-) -> None:
+def _check_reused(site: TensorSite, resolver: LocationResolver, check_references: bool, reused: _Reused) -> None:
+    """Validate one reused reference; with ``check_references=False`` only its file is allowed to be absent.
+
+    The entries are read and checked by the same rules either way (known keys, UTF-8, strict numbers, the location
+    syntax): a reference written as it is must still be one that onnx and onnxruntime load.
+    """
     tensor = site.tensor
+    reused.count += 1
     check_external_structure(tensor, label=site.label)
     dst_dir = resolver.base_dir
     if check_references:
@@ -243,21 +286,32 @@ def _check_reused(
                 "the model that owns its weights (locations must be relative, without '..'), or pass "
                 "check_references=False to write the reference as it is."
             ) from exc
-        reused_files.setdefault(ref.identity, (site.label, ref.location))
-        return
-    location = next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
-    if not location or "\x00" in location:
-        return
-    path = os.path.join(dst_dir, location)
-    if os.path.normpath(path) in reused_paths:
+        location = ref.location
+        reused.files.setdefault(ref.identity, (site.label, location))
+    else:
+        entries = read_entries(tensor, label=site.label)
+        location_text = entries.get("location")
+        if location_text is None:
+            raise ExternalDataError(f"reused tensor {site.label!r} has no external_data 'location'.")
+        location = check_location_syntax(location_text, tensor_name=site.label)
+        for key in ("offset", "length"):
+            text = entries.get(key)
+            if text is not None:
+                parse_entry_int(text, label=site.label, key=key)
+        expected_nbytes(tensor, label=site.label)  # negative dims: no size, whatever the file holds
+    if location in reused.locations:
         return  # an earlier tensor in the same file already recorded it: one stat per file, not per tensor
-    reused_paths[os.path.normpath(path)] = (site.label, location)
+    reused.locations.add(location)
+    path = os.path.join(dst_dir, location)
+    lands = destination_key(path)
+    if lands is not None:
+        reused.keys.setdefault(lands, (site.label, location))
     try:
         identity = file_identity(path)
     except OSError:  # e.g. a location through a regular file: unchecked references are written as they are
         identity = None
     if identity is not None:
-        reused_files.setdefault(identity, (site.label, location))
+        reused.files.setdefault(identity, (site.label, location))
 
 
 def _write_new_tensors(
@@ -267,6 +321,9 @@ def _write_new_tensors(
     if not plan.new:
         return None
     weights = outputs.stage(plan.secondary_path)
+    assert weights.fd is not None
+    # Every byte here is new (no clone): fail now, with the numbers, rather than after writing most of it.
+    reserve_space(weights.fd, plan.total_size, path=plan.secondary_path)
     payload = plan.payload_bytes
     done = 0
     for item in plan.new:

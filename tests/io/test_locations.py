@@ -27,7 +27,7 @@ def external_tensor(entries: dict[str, str], dims=(4,), data_type=onnx.TensorPro
     return tensor
 
 
-@pytest.mark.parametrize("location", ["w.bin", "sub/w.bin", "./w.bin", "a..b.bin", "sub/./w.bin"])
+@pytest.mark.parametrize("location", ["w.bin", "sub/w.bin", "./w.bin", "sub/./w.bin", "a.b.bin", ".hidden", "w.bin."])
 def test_relative_locations_inside_the_folder_are_accepted(location):
     check_location_syntax(location, tensor_name="w")
 
@@ -42,8 +42,16 @@ def test_relative_locations_inside_the_folder_are_accepted(location):
         ("sub/..", "'..'"),
         ("sub\\w.bin", "backslash"),
         ("w\x00.bin", "NUL"),
+        ("a..b.bin", "'..'"),  # onnx refuses any '..' substring, not only a component
+        ("w..", "'..'"),
+        ("..w", "'..'"),
         (".", "does not name a file"),
         ("./", "does not name a file"),
+        ("w.bin/", "does not name a file"),
+        ("sub/", "does not name a file"),
+        ("w.bin/.", "does not name a file"),
+        ("m.onnx.data/.", "does not name a file"),
+        ("//", "absolute"),
     ],
 )
 def test_unsafe_locations_are_refused_by_syntax(location, fragment):

@@ -362,14 +362,10 @@ def test_model_must_be_a_model_proto(tmp_path: Path) -> None:
     assert tree(tmp_path) == before
 
 
-@pytest.mark.parametrize("case", ["variant in a subfolder", "absolute reference", "'..' reference", "past the end"])
+@pytest.mark.parametrize("case", ["variant in a subfolder", "past the end"])
 def test_unchecked_references_are_written_as_they_are(tmp_path: Path, case: str) -> None:
-    setup = {
-        "variant in a subfolder": _in_subfolder,
-        "absolute reference": _absolute_reference,
-        "'..' reference": _dotdot_reference,
-        "past the end": _range_past_end,
-    }[case]
+    """check_references=False skips what depends on the files (present, in range), never the syntax rules."""
+    setup = {"variant in a subfolder": _in_subfolder, "past the end": _range_past_end}[case]
     variant = reference_variant(tmp_path)
     dst, _ = setup(tmp_path, variant)
     reused = {n: list(tensors_by_name(variant)[n].external_data) for n in FIRST_TENSORS}
