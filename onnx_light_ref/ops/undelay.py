@@ -26,10 +26,11 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, UnsafeLocationError
+from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.alignment import align_up, validate_alignment
 from onnx_light_ref.io.arguments import check_bool, check_int
 from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, RangeCopier
+from onnx_light_ref.io.destinations import check_outputs, weights_location
 from onnx_light_ref.io.entries import write_entries
 from onnx_light_ref.io.locations import (
     FileIdentity,
@@ -43,6 +44,7 @@ from onnx_light_ref.io.locations import (
 from onnx_light_ref.io.model_file import load_model_metadata, serialize_model
 from onnx_light_ref.io.posix import check_single_link
 from onnx_light_ref.io.publish import OutputTransaction
+from onnx_light_ref.io.space import reserve_space
 from onnx_light_ref.io.walker import iter_graphs, iter_tensors
 from onnx_light_ref.ops.attributes import (
     ATTRIBUTE_TYPES,
@@ -51,15 +53,13 @@ from onnx_light_ref.ops.attributes import (
     describe_node,
     validate_attributes,
 )
+from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE
 
 __all__ = ["undelay_initializers"]
 
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike[str]
-
-_DOMAIN = "ai.rt"
-_OP_TYPE = "DelayedInitializer"
 
 # The copy engine's default: one buffer of this size is the most its last fallback holds in memory.
 _DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
@@ -86,7 +86,7 @@ class _Payload:
 
 
 def _is_delayed(node: onnx.NodeProto) -> bool:
-    return node.domain == _DOMAIN and node.op_type == _OP_TYPE
+    return node.domain == DOMAIN and node.op_type == OP_TYPE
 
 
 def _inside(real_base: str, real: str) -> bool:
@@ -236,62 +236,23 @@ def _plan_existing(model: onnx.ModelProto, folder: str) -> list[tuple[onnx.Tenso
 
 
 def _remove_unused_opset(model: onnx.ModelProto) -> None:
-    used = any(node.domain == _DOMAIN for graph in iter_graphs(model.graph) for node in graph.node) or any(
-        node.domain == _DOMAIN for function in model.functions for node in function.node
+    used = any(node.domain == DOMAIN for graph in iter_graphs(model.graph) for node in graph.node) or any(
+        node.domain == DOMAIN for function in model.functions for node in function.node
     )
     if used:
         return
     for index in reversed(range(len(model.opset_import))):
-        if model.opset_import[index].domain == _DOMAIN:
+        if model.opset_import[index].domain == DOMAIN:
             del model.opset_import[index]
 
 
-def _weights_location(dst_path: str, weights_path: str) -> str:
-    """``weights_path`` relative to the destination's folder; refused when it would leave that folder."""
-    folder = os.path.dirname(dst_path)
-    location = os.path.relpath(weights_path, folder).replace(os.sep, "/")
-    if location.startswith("../") or location == "..":
-        raise UnsafeLocationError(
-            f"weights file {weights_path!r} is outside the destination model's folder {folder!r}; loaders only read "
-            "external data next to (or below) the model."
-        )
-    check_location_syntax(location, tensor_name="<destination weights>")
-    real_folder = os.path.realpath(folder)
-    if not _inside(real_folder, os.path.realpath(os.path.dirname(weights_path))):
-        raise UnsafeLocationError(
-            f"weights file {weights_path!r} reaches outside the destination model's folder {real_folder!r} "
-            "through a symbolic link."
-        )
-    return location
-
-
-def _real_target(path: str) -> str:
-    """Where a destination really lands: its folder resolved, its own name kept (a symlink there is replaced)."""
-    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
-
-
 def _check_destinations(src_path: str, dst_path: str, weights_path: str | None, sources: list[_Source]) -> None:
-    outputs = [dst_path] if weights_path is None else [dst_path, weights_path]
-    for path in outputs:
-        folder = os.path.dirname(path)
-        if not os.path.isdir(folder):
-            raise FileNotFoundError(f"destination folder {folder!r} does not exist.")
-        if os.path.isdir(path):
-            raise DestinationConflictError(f"destination {path!r} is a directory.")
-    if weights_path is not None and _real_target(dst_path) == _real_target(weights_path):
-        raise DestinationConflictError(f"the destination model and its weights file are the same file {dst_path!r}.")
+    """Every output by real identity against the others and against every source (the source ``.onnx`` too)."""
     source_ids = {source.identity: source.path for source in sources}
     src_id = file_identity(src_path)
     if src_id is not None:
         source_ids[src_id] = src_path
-    for path in outputs:
-        for candidate in (path, _real_target(path)):
-            identity = file_identity(candidate)
-            if identity is not None and identity in source_ids:
-                raise DestinationConflictError(
-                    f"destination {path!r} is the source file {source_ids[identity]!r} (same file); writing it "
-                    "would destroy the input. Choose another destination."
-                )
+    check_outputs(dst_path, [] if weights_path is None else [weights_path], source_ids)
 
 
 def _layout(items: list[tuple[onnx.TensorProto, _Payload | None]], location: str, alignment: int) -> int:
@@ -366,14 +327,17 @@ def undelay_initializers(
         logger.info("no tensor bytes to copy; writing %s only", dst)
     else:
         weights_written = weights
-    with OutputTransaction(durable=durable) as outputs:
+    keep = {payload.source.identity for payload in plan.payloads}
+    with OutputTransaction(durable=durable, keep=keep) as outputs:
         if weights_written is not None:
             staged = outputs.stage(weights_written)
             assert staged.fd is not None
             ranges = [
                 CopyRange(p.source.path, p.src_offset, p.dst_offset, p.length, p.source.identity) for p in plan.payloads
             ]
-            with RangeCopier(staged.fd, chunk_size) as copier:
+            with RangeCopier(staged.fd, chunk_size, durable=durable) as copier:
+                # Bytes the filesystem will clone need no new blocks; the rest must fit before the first copy.
+                reserve_space(staged.fd, plan.total, path=weights_written, clone_bytes=copier.plan_clone_bytes(ranges))
                 copier.copy(ranges, progress)
             staged.set_size(plan.total)
         outputs.publish(dst, serialize_model(plan.model))
@@ -390,7 +354,7 @@ def _plan(src: str, dst: str, weights: str, alignment: int, allow_outside_folder
     existing = _plan_existing(model, folder)
     items: list[tuple[onnx.TensorProto, _Payload | None]] = [*delayed, *existing]
     payloads = [payload for _, payload in items if payload is not None]
-    location = _weights_location(dst, weights)
+    location = weights_location(dst, weights)
     _check_destinations(src, dst, weights if payloads else None, [payload.source for payload in payloads])
     total = _layout(items, location, alignment)
     _remove_unused_opset(model)
