@@ -1,52 +1,43 @@
-"""Re-align a model's external weights into one file, every tensor at a multiple of ``alignment``.
+"""Re-align a model's weights into aligned external data files: one streaming pass for every layout.
 
-Two executions of one plan:
+Two executions of one plan (:func:`~onnx_light_ref.io.align_plan.plan_alignment`):
 
 * :func:`align_external_data_streaming` copies byte ranges file-to-file through the copy engine (in-kernel when
-  possible); Python never holds weight bytes beyond one ``chunk_size`` buffer, and only in the last fallback.
-* :func:`align_external_data_in_memory` reads every external tensor into memory first, then writes them: the naive
+  possible), inline payloads included (copied straight out of the source ``.onnx``); Python never holds weight bytes
+  beyond one ``chunk_size`` buffer, except typed-field tensors and inline payloads too short to be stripped, which
+  are small and written from memory.
+* :func:`align_external_data_in_memory` reads every payload into memory first, then writes them: the naive
   approach, kept as a user-facing function and as the oracle for tests and benchmarks.
 
-Both share :func:`plan_alignment` (walk, validate every location and range, refuse destinations that are sources,
-compute every offset), so their outputs are byte-identical by construction. Each public function reads plan → copy →
-publish: nothing is written before the plan is complete, and outputs are published as one
+Layouts (``docs/align.md``): ``alignment`` with ``align_threshold`` (only large tensors aligned), ``max_shard_size``
+(``W``, ``W.1``, ``W.2``... never splitting a tensor), ``dedup`` (byte-identical tensors stored once) and
+``size_threshold`` (inline tensors of at least that many bytes externalized). Each public function reads plan →
+reserve space → copy → publish: nothing is written before the plan is complete, a too-small disk fails before the
+first byte, and every weights file and the ``.onnx`` are published as one
 :class:`~onnx_light_ref.io.publish.OutputTransaction` (weights first, ``.onnx`` last). This module never modifies a
-source file.
+source file, and never serializes a model that still holds a payload placeholder.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from array import array
-from dataclasses import dataclass, field
 
-import onnx
-
-from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, UnsafeLocationError
-from onnx_light_ref.io.alignment import align_up, validate_alignment
-from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
-from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, RangeCopier, open_source
-from onnx_light_ref.io.entries import is_external, write_entries
-from onnx_light_ref.io.locations import (
-    ExternalRef,
-    FileIdentity,
-    LocationResolver,
-    check_location_syntax,
-    check_not_hard_linked,
-    file_identity,
-    parse_external_data,
-)
-from onnx_light_ref.io.model_file import load_model_metadata, serialize_model
+from onnx_light_ref.errors import ExternalDataError
+from onnx_light_ref.io.align_plan import _TYPED_FIELDS, AlignPlan, Shard, check_layout_options, plan_alignment
+from onnx_light_ref.io.arguments import PathLike, check_int
+from onnx_light_ref.io.copy_engine import CopyMethod, CopyRange, CopyStats, ProgressCallback, RangeCopier, open_source
+from onnx_light_ref.io.entries import write_entries
+from onnx_light_ref.io.model_file import serialize_model
 from onnx_light_ref.io.posix import pread_exact
-from onnx_light_ref.io.publish import OutputTransaction
+from onnx_light_ref.io.publish import OutputTransaction, StagedFile
 from onnx_light_ref.io.results import AlignResult
+from onnx_light_ref.io.space import reserve_space
 from onnx_light_ref.io.walker import iter_tensors
 
 __all__ = [
     "AlignPlan",
     "AlignResult",
-    "Placements",
     "align_external_data_in_memory",
     "align_external_data_streaming",
     "plan_alignment",
@@ -54,184 +45,108 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class Placements:
-    """Where every external tensor goes, in :func:`iter_tensors` order: one pair of int64 per tensor.
-
-    Columns rather than one object per tensor, so that the plan stays small next to the parsed model (docs/align.md,
-    "Design notes"). The tensors themselves are found again by walking the (unchanged) model in the same order.
-    """
-
-    dst_offsets: array[int] = field(default_factory=lambda: array("q"))
-    lengths: array[int] = field(default_factory=lambda: array("q"))
-    checksums: dict[int, str] = field(default_factory=dict)  # index -> checksum, for the few tensors that have one
-
-    def append(self, dst_offset: int, length: int, checksum: str | None) -> None:
-        if checksum is not None:
-            self.checksums[len(self.dst_offsets)] = checksum
-        self.dst_offsets.append(dst_offset)
-        self.lengths.append(length)
-
-    def __len__(self) -> int:
-        return len(self.dst_offsets)
-
-
-@dataclass(frozen=True)
-class AlignPlan:
-    """Everything decided before the first byte is written."""
-
-    model: onnx.ModelProto
-    dst_onnx_path: str
-    dst_weights_path: str
-    location: str  # dst_weights_path relative to the .onnx folder, as stored in the model
-    placements: Placements
-    ranges: list[CopyRange]  # unique source ranges, in destination order
-    total_size: int  # destination weights file size (end of the last tensor, no trailing padding)
-
-    @property
-    def payload_bytes(self) -> int:
-        return sum(r.length for r in self.ranges)
-
-
-def plan_alignment(
-    src_onnx_path: PathLike,
-    dst_onnx_path: PathLike,
-    dst_weights_path: PathLike | None = None,
-    alignment: int = 4096,
-) -> AlignPlan:
-    """Validate arguments, parse the source metadata, check every external reference, and lay out the output.
-
-    Raises before anything is written: ``ValueError`` (arguments), :class:`InvalidModelError`,
-    :class:`ExternalDataError` subclasses or ``FileNotFoundError`` (references), :class:`DestinationConflictError`.
-    """
-    step = validate_alignment(alignment)
-    src_onnx = os.path.abspath(os.fspath(src_onnx_path))
-    dst_onnx = os.path.abspath(os.fspath(dst_onnx_path))
-    dst_weights = os.path.abspath(os.fspath(dst_weights_path) if dst_weights_path is not None else dst_onnx + ".data")
-    location = _destination_location(dst_onnx, dst_weights)
-
-    model = load_model_metadata(src_onnx)
-    resolver = LocationResolver(os.path.dirname(src_onnx))
-    destinations = _Destinations.of(src_onnx, dst_onnx, dst_weights)
-    placements = Placements()
-    ranges: list[CopyRange] = []
-    files: dict[FileIdentity, tuple[int, FileIdentity]] = {}  # one index (and one identity object) per source file
-    seen: dict[int, int] = {}  # packed (file, offset, length) -> destination offset: identical ranges are stored once
-    cursor = total = 0
-    for site in iter_tensors(model):
-        if not is_external(site.tensor):
-            continue
-        # Each reference is checked and reduced to its placement right away, never kept (docs/align.md).
-        ref = parse_external_data(site.tensor, resolver, label=site.label)
-        destinations.check(ref)
-        check_not_hard_linked(ref)
-        file_index, identity = files.setdefault(ref.identity, (len(files), ref.identity))
-        key = (file_index << 128) | (ref.offset << 64) | ref.length  # offset and length are < 2**63 (checked)
-        dst_offset = seen.get(key)
-        if dst_offset is None:
-            dst_offset = align_up(cursor, step)
-            seen[key] = dst_offset
-            ranges.append(CopyRange(ref.path, ref.offset, dst_offset, ref.length, identity))
-            cursor = dst_offset + ref.length
-            # A zero-length tensor still gets an aligned offset; the file is extended so no offset points past it.
-            total = max(total, cursor)
-        placements.append(dst_offset, ref.length, ref.checksum)
-    return AlignPlan(model, dst_onnx, dst_weights, location, placements, ranges, total)
-
-
-def _destination_location(dst_onnx: str, dst_weights: str) -> str:
-    location = os.path.relpath(dst_weights, os.path.dirname(dst_onnx)).replace(os.sep, "/")
-    try:
-        check_location_syntax(location, tensor_name="<destination>")
-    except UnsafeLocationError:
-        raise UnsafeLocationError(
-            f"dst_weights_path {dst_weights!r} must be inside the folder of dst_onnx_path {dst_onnx!r}: loaders refuse "
-            f"locations with '..' or absolute paths (it would be stored as {location!r})."
-        ) from None
-    if ".." in location:
-        # onnx's loader refuses any location containing "..", even inside a name such as "w..1.bin": such a model
-        # would be written fine and then be unloadable.
-        raise UnsafeLocationError(
-            f"dst_weights_path {dst_weights!r} would be stored as location {location!r}, which contains '..'; "
-            "onnx refuses to load such locations. Choose a weights file name without '..'."
-        )
-    return location
-
-
-@dataclass(frozen=True)
-class _Destinations:
-    """The destination files as they exist before the run, to refuse writing over anything we read."""
-
-    onnx_path: str
-    weights_path: str
-    onnx_id: FileIdentity | None
-    weights_id: FileIdentity | None
-
-    @classmethod
-    def of(cls, src_onnx: str, dst_onnx: str, dst_weights: str) -> _Destinations:
-        if dst_weights == dst_onnx:
-            raise DestinationConflictError(f"dst_weights_path and dst_onnx_path are the same file {dst_onnx!r}.")
-        weights_id = file_identity(dst_weights)
-        if weights_id is not None and weights_id == file_identity(src_onnx):
-            raise DestinationConflictError(
-                f"dst_weights_path {dst_weights!r} is the source model file {src_onnx!r}; pass another "
-                "dst_weights_path."
-            )
-        return cls(dst_onnx, dst_weights, file_identity(dst_onnx), weights_id)
-
-    def check(self, ref: ExternalRef) -> None:
-        """Refuse a destination that is (or is a link of) the source file of ``ref``."""
-        if self.weights_id is not None and self.weights_id == ref.identity:
-            raise DestinationConflictError(
-                f"dst_weights_path {self.weights_path!r} is the source weights file {ref.path!r} of tensor "
-                f"{ref.tensor_name!r} (same file or a hard link of it): writing it would destroy the source. "
-                "Pass another dst_weights_path."
-            )
-        if self.onnx_id is not None and self.onnx_id == ref.identity:
-            raise DestinationConflictError(
-                f"dst_onnx_path {self.onnx_path!r} is the source weights file {ref.path!r} of tensor "
-                f"{ref.tensor_name!r}."
-            )
+_BUFFER_METHOD: CopyMethod = "pread_pwrite"  # bytes written from a Python buffer are reported under the buffered method
 
 
 def _rewrite_entries(plan: AlignPlan) -> None:
-    """Point every external tensor of the plan's model at its new place (``checksum`` kept, other keys dropped)."""
-    placements = plan.placements
-    tensors = (site.tensor for site in iter_tensors(plan.model) if is_external(site.tensor))
-    for index, tensor in enumerate(tensors):
-        write_entries(
-            tensor,
-            plan.location,
-            placements.dst_offsets[index],
-            placements.lengths[index],
-            placements.checksums.get(index),
-        )
+    """Point every moved tensor at its new place (``checksum`` kept, other keys dropped, inline data cleared)."""
+    for move in plan.moves:
+        if move.was_inline:
+            move.tensor.ClearField("raw_data")
+            for name in _TYPED_FIELDS:
+                move.tensor.ClearField(name)
+        write_entries(move.tensor, plan.shards[move.shard].location, move.offset, move.length, move.checksum)
+    if plan.stripped is not None:
+        # A placeholder left in the output would be read as the tensor's data by every loader: never publish one.
+        for site in iter_tensors(plan.model):
+            if plan.stripped.payload(site.tensor) is not None:
+                raise AssertionError(f"tensor {site.label!r} still holds a payload placeholder; nothing published.")
+
+
+class _Progress:
+    """One ``progress(done, total)`` over every shard, fed by per-shard counts."""
+
+    def __init__(self, callback: ProgressCallback | None, total: int) -> None:
+        self.callback = callback
+        self.total = total
+        self.base = 0
+
+    def shard(self) -> ProgressCallback | None:
+        if self.callback is None:
+            return None
+        base, callback, total = self.base, self.callback, self.total
+        return lambda done, _shard_total: callback(base + done, total)
+
+    def advance(self, count: int) -> None:
+        self.base += count
+        if self.callback is not None and count:
+            self.callback(self.base, self.total)
+
+
+def _stage_all(
+    plan: AlignPlan, outputs: OutputTransaction, chunk_size: int, durable: bool, *, clones: bool
+) -> list[StagedFile]:
+    """Create every weights file and reserve its space before the first byte is written anywhere.
+
+    ``clones``: the ranges go through the copy engine, which may clone (reflink) block-aligned ones: those need no
+    free space. Written from memory, every byte needs space.
+    """
+    staged = []
+    for shard in plan.shards:
+        weights = outputs.stage(shard.path)
+        assert weights.fd is not None
+        clone_bytes = 0
+        if clones and shard.ranges:
+            with RangeCopier(weights.fd, chunk_size, durable=durable) as probe:
+                clone_bytes = probe.plan_clone_bytes(shard.ranges)
+        reserve_space(weights.fd, shard.size, path=shard.path, clone_bytes=clone_bytes)
+        staged.append(weights)
+    return staged
+
+
+def _add_stats(total: CopyStats, stats: CopyStats) -> None:
+    for method, count in stats.bytes_by_method.items():
+        total.bytes_by_method[method] = total.bytes_by_method.get(method, 0) + count
+    total.clone_eligible_bytes += stats.clone_eligible_bytes
+    total.writeback_requests += stats.writeback_requests
+
+
+def _write_from_memory(weights: StagedFile, shard: Shard, stats: CopyStats, progress: _Progress) -> None:
+    for offset, data in shard.writes:
+        weights.write_all(data, offset)
+        stats.bytes_by_method[_BUFFER_METHOD] = stats.bytes_by_method.get(_BUFFER_METHOD, 0) + len(data)
+        progress.advance(len(data))
 
 
 def _copy_streaming(
-    plan: AlignPlan, outputs: OutputTransaction, chunk_size: int, progress: ProgressCallback | None
-) -> frozenset[str]:
-    """Stage the weights file and copy every range into it file-to-file; return the copy methods used."""
-    if not plan.placements:
-        return frozenset()
-    weights = outputs.stage(plan.dst_weights_path)
-    assert weights.fd is not None
-    with RangeCopier(weights.fd, chunk_size) as copier:
-        copier.copy(plan.ranges, progress)
-    weights.set_size(plan.total_size)
-    return frozenset(copier.used_methods)
+    plan: AlignPlan, outputs: OutputTransaction, chunk_size: int, durable: bool, progress: ProgressCallback | None
+) -> CopyStats:
+    """Stage every weights file, reserve its space, copy its ranges file-to-file and write its in-memory payloads."""
+    stats = CopyStats()
+    tracker = _Progress(progress, plan.payload_bytes)
+    for shard, weights in zip(plan.shards, _stage_all(plan, outputs, chunk_size, durable, clones=True), strict=True):
+        assert weights.fd is not None
+        if shard.ranges:
+            with RangeCopier(weights.fd, chunk_size, durable=durable) as copier:
+                moved = copier.copy(shard.ranges, tracker.shard())
+            tracker.base += moved
+            _add_stats(stats, copier.stats)
+        _write_from_memory(weights, shard, stats, tracker)
+        weights.set_size(shard.size)
+    return stats
 
 
-def _read_all(ranges: list[CopyRange]) -> list[bytearray]:
-    """Every range's bytes, each source opened once and checked to be the very file that was validated."""
+def _read_all(plan: AlignPlan) -> list[list[bytearray]]:
+    """Every range's bytes, shard by shard; each source opened once and checked to be the very file validated."""
     fds: dict[str, int] = {}
-    payloads = []
+    payloads: list[list[bytearray]] = []
     try:
-        for item in ranges:
-            if item.src_path not in fds:
-                fds[item.src_path] = open_source(item)
-            payloads.append(_read_range(fds[item.src_path], item))
+        for shard in plan.shards:
+            payloads.append([])
+            for item in shard.ranges:
+                if item.src_path not in fds:
+                    fds[item.src_path] = open_source(item)
+                payloads[-1].append(_read_range(fds[item.src_path], item))
     finally:
         for fd in fds.values():
             os.close(fd)
@@ -250,37 +165,53 @@ def _read_range(fd: int, item: CopyRange) -> bytearray:
 
 
 def _write_payloads(
-    plan: AlignPlan, payloads: list[bytearray], outputs: OutputTransaction, progress: ProgressCallback | None
-) -> frozenset[str]:
-    """Stage the weights file and write every payload read by :func:`_read_all` at its place."""
-    if not plan.placements:
-        return frozenset()
-    weights = outputs.stage(plan.dst_weights_path)
-    done = 0
-    for item, payload in zip(plan.ranges, payloads, strict=True):
-        weights.write_all(payload, item.dst_offset)
-        done += item.length
-        if progress is not None:
-            progress(done, plan.payload_bytes)
-    weights.set_size(plan.total_size)
-    return frozenset({"pread_pwrite"}) if plan.ranges else frozenset()
+    plan: AlignPlan,
+    payloads: list[list[bytearray]],
+    outputs: OutputTransaction,
+    durable: bool,
+    progress: ProgressCallback | None,
+) -> CopyStats:
+    """Stage every weights file, reserve its space and write every payload read by :func:`_read_all` at its place."""
+    stats = CopyStats()
+    tracker = _Progress(progress, plan.payload_bytes)
+    for shard, weights, shard_payloads in zip(
+        plan.shards, _stage_all(plan, outputs, 1, durable, clones=False), payloads, strict=True
+    ):
+        writes: list[tuple[int, bytes | bytearray]] = [
+            (item.dst_offset, payload) for item, payload in zip(shard.ranges, shard_payloads, strict=True)
+        ]
+        for offset, data in sorted([*writes, *shard.writes], key=lambda pair: pair[0]):
+            weights.write_all(data, offset)
+            stats.bytes_by_method[_BUFFER_METHOD] = stats.bytes_by_method.get(_BUFFER_METHOD, 0) + len(data)
+            tracker.advance(len(data))
+        weights.set_size(shard.size)
+    return stats
 
 
-def _publish(plan: AlignPlan, outputs: OutputTransaction, copy_methods: frozenset[str]) -> AlignResult:
+def _publish(plan: AlignPlan, outputs: OutputTransaction, stats: CopyStats) -> AlignResult:
     """Rewrite the entries, then publish the staged weights and the ``.onnx`` as one transaction."""
     _rewrite_entries(plan)
     outputs.publish(plan.dst_onnx_path, serialize_model(plan.model))
+    bytes_by_method: dict[str, int] = {method: count for method, count in stats.bytes_by_method.items() if count}
     result = AlignResult(
         plan.total_size,
-        tensors=len(plan.placements),
+        tensors=len(plan.moves),
         payload_bytes=plan.payload_bytes,
-        weights_files=[plan.dst_weights_path] if plan.placements else [],
-        copy_methods=copy_methods,
+        weights_files=plan.weights_paths,
+        copy_methods=bytes_by_method,
+        deduplicated_tensors=plan.deduplicated_tensors,
+        deduplicated_bytes=plan.deduplicated_bytes,
+        externalized_tensors=plan.externalized_tensors,
+        bytes_by_method=bytes_by_method,
+        clone_eligible_bytes=stats.clone_eligible_bytes,
     )
     logger.info(
-        "wrote %s (%d tensors, %d bytes, %d padding) and %s",
-        plan.dst_weights_path,
+        "wrote %d weights file(s) %s (%d tensors, %d externalized, %d deduplicated, %d bytes, %d padding) and %s",
+        len(result.weights_files),
+        ", ".join(result.weights_files),
         result.tensors,
+        result.externalized_tensors,
+        result.deduplicated_tensors,
         result,
         result.padding,
         plan.dst_onnx_path,
@@ -295,49 +226,80 @@ def align_external_data_streaming(
     alignment: int = 4096,
     chunk_size: int = 4 * 1024 * 1024,
     *,
-    progress: ProgressCallback | None = None,
+    align_threshold: int = 0,
+    max_shard_size: int | None = None,
+    dedup: bool = False,
+    size_threshold: int | None = None,
     durable: bool = True,
+    progress: ProgressCallback | None = None,
 ) -> AlignResult:
-    """Copy every external tensor of ``src_onnx_path`` into one weights file at ``alignment``-multiple offsets.
+    """Copy the weights of ``src_onnx_path`` into aligned external data files, without loading them.
 
     Weight bytes go file-to-file through the kernel (``copy_file_range``, then ``sendfile``, then a bounded
     ``preadv``/``pwrite`` loop), at most ``chunk_size`` bytes per call, so memory stays bounded whatever the model
-    size. Inline tensors stay inline. Identical source ranges are stored once. Every reference is validated before
-    the first byte is written; the weights file and then the ``.onnx`` appear atomically, or neither changes.
+    size. With ``size_threshold``, inline payloads are located in the ``.onnx`` by reading its wire format and copied
+    out of it the same way (only typed-field tensors and payloads of at most 32 bytes are written from memory).
+    Every reference is validated, the layout computed and free space reserved before the first byte is written; the
+    weights files and then the ``.onnx`` appear atomically, or none changes.
 
     Args:
-        src_onnx_path: the model to re-align. Only this ``.onnx`` is parsed (``load_external_data=False``); its
-            external files are read, never modified.
+        src_onnx_path: the model to re-align. Its external files (and, with ``size_threshold``, the ``.onnx``
+            itself) are read, never modified.
         dst_onnx_path: the model to write. May equal ``src_onnx_path`` (the source is replaced atomically, after
             its weights were copied). Its folder must exist.
-        dst_weights_path: the weights file to write; default ``<dst_onnx_path>.data``. It must be inside the folder
-            of ``dst_onnx_path`` (stored as a relative ``location`` without ``..``) and must not be a source file.
-        alignment: every tensor offset is a multiple of it: a power of two, or 0/1 for packed (no padding).
+        dst_weights_path: the (first) weights file to write; default ``<dst_onnx_path>.data``. It must be inside the
+            folder of ``dst_onnx_path`` (stored as a relative ``location`` without ``..``) and must not be a source.
+        alignment: tensor offsets are multiples of it: a power of two, or 0/1 for packed (no padding).
         chunk_size: at most this many bytes per system call (an int >= 1); also the size of the one buffer of the
-            read/write fallback.
-        progress: called as ``progress(done_bytes, total_bytes)`` while bytes move.
+            read/write fallback and of each of the two buffers ``dedup`` compares with.
+        align_threshold: only tensors of at least this many bytes start at a multiple of ``alignment``; smaller ones
+            are packed at the next free byte. 0 (default) aligns every tensor.
+        max_shard_size: at most this many bytes per weights file (``W``, ``W.1``, ``W.2``...; offsets restart at 0
+            in each). A tensor is never split: one larger than the cap gets a file of its own. None: one file.
+        dedup: store byte-identical tensors once, whatever their names or sources (decided on the bytes: a digest
+            picks candidates of equal length, a byte comparison confirms). Identical source ranges are stored once
+            even without it.
+        size_threshold: None (default) keeps inline tensors inline. An int: every inline tensor anywhere in the
+            model holding at least that many bytes (and at least one) becomes external too, placed like the others
+            in walker order. STRING tensors stay inline. Typed-field tensors (``float_data``...) are converted to
+            little-endian raw bytes in memory.
         durable: fsync the outputs and their folder before and after publishing (default). ``False`` skips every
             fsync (outputs still appear atomically, with the same bytes) for scratch copies and benchmarks.
+        progress: called as ``progress(done_bytes, total_bytes)`` while bytes move.
 
     Returns:
-        An :class:`~onnx_light_ref.io.results.AlignResult`: an ``int`` equal to the weights file size, padding
-        included (0, and no weights file, when no tensor is external), which also carries the tensor count, payload
-        bytes, padding, weights files written and copy methods used.
+        An :class:`~onnx_light_ref.io.results.AlignResult`: an ``int`` equal to the bytes of all weights files,
+        padding included (0, and no weights file, when no tensor is external), which also carries the tensor
+        counts, payload bytes, padding, weights files, dedup and externalization counts and how bytes moved.
 
     Raises:
         ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
-        InvalidModelError: ``src_onnx_path`` is not an ONNX model, or the result cannot be serialized.
-        ExternalDataError: a malformed or out-of-bounds reference (``UnsafeLocationError`` for a location outside the
-            model's folder or a hard-linked file, ``DestinationConflictError`` for a destination that is a source).
+        InvalidModelError: ``src_onnx_path`` is not an ONNX model (a truncated or malformed one names the byte
+            offset), or the result cannot be serialized.
+        ExternalDataError: a malformed or out-of-bounds reference, an inline tensor whose data does not match its
+            dims (``UnsafeLocationError`` for a location outside the model's folder or a hard-linked file,
+            ``DestinationConflictError`` for a destination that is a source or another destination).
         FileNotFoundError: the source model, a referenced file or the destination folder does not exist.
-        OSError: the copy or the publication failed (e.g. ENOSPC); the destinations are then unchanged.
+        OSError: the copy or the publication failed (``ENOSPC`` before the first byte when the disk is too small);
+            the destinations are then unchanged.
     """
     check_int("chunk_size", chunk_size, minimum=1)
-    check_bool("durable", durable)
-    plan = plan_alignment(src_onnx_path, dst_onnx_path, dst_weights_path, alignment)
+    check_layout_options(align_threshold, max_shard_size, dedup, size_threshold, durable)
+    plan = plan_alignment(
+        src_onnx_path,
+        dst_onnx_path,
+        dst_weights_path,
+        alignment,
+        align_threshold=align_threshold,
+        max_shard_size=max_shard_size,
+        dedup=dedup,
+        size_threshold=size_threshold,
+        mode="streaming",
+        chunk_size=chunk_size,
+    )
     with OutputTransaction(durable=durable) as outputs:
-        copy_methods = _copy_streaming(plan, outputs, chunk_size, progress)
-        return _publish(plan, outputs, copy_methods)
+        stats = _copy_streaming(plan, outputs, chunk_size, durable, progress)
+        return _publish(plan, outputs, stats)
 
 
 def align_external_data_in_memory(
@@ -346,24 +308,31 @@ def align_external_data_in_memory(
     dst_weights_path: PathLike | None = None,
     alignment: int = 4096,
     *,
-    progress: ProgressCallback | None = None,
+    align_threshold: int = 0,
+    max_shard_size: int | None = None,
+    dedup: bool = False,
+    size_threshold: int | None = None,
     durable: bool = True,
+    progress: ProgressCallback | None = None,
 ) -> AlignResult:
-    """Same result as :func:`align_external_data_streaming`, but every weight is read into memory first.
+    """Same result as :func:`align_external_data_streaming`, but every payload is read into memory first.
 
     This is what ``onnx.load(..., load_external_data=True)`` followed by an aligned save costs: peak memory grows
-    with the weights. Useful when the weights are small, and as the byte-for-byte oracle of the streaming version.
+    with the weights (the ``.onnx`` is parsed whole, inline payloads included). Useful when the weights are small,
+    and as the byte-for-byte oracle of the streaming version: same options, same ``.onnx`` and weights bytes.
 
     Args:
-        src_onnx_path: the model to re-align. Only this ``.onnx`` is parsed (``load_external_data=False``); its
-            external files are read, never modified.
-        dst_onnx_path: the model to write. May equal ``src_onnx_path`` (the source is replaced atomically, after
-            its weights were read). Its folder must exist.
-        dst_weights_path: the weights file to write; default ``<dst_onnx_path>.data``. It must be inside the folder
-            of ``dst_onnx_path`` (stored as a relative ``location`` without ``..``) and must not be a source file.
-        alignment: every tensor offset is a multiple of it: a power of two, or 0/1 for packed (no padding).
-        progress: called as ``progress(done_bytes, total_bytes)`` while bytes are written.
+        src_onnx_path: the model to re-align; its external files are read, never modified.
+        dst_onnx_path: the model to write. May equal ``src_onnx_path``. Its folder must exist.
+        dst_weights_path: the (first) weights file to write; default ``<dst_onnx_path>.data`` (see the streaming
+            aligner).
+        alignment: tensor offsets are multiples of it: a power of two, or 0/1 for packed (no padding).
+        align_threshold: as for :func:`align_external_data_streaming`.
+        max_shard_size: as for :func:`align_external_data_streaming`.
+        dedup: as for :func:`align_external_data_streaming` (candidates are compared through two 1 MiB buffers).
+        size_threshold: as for :func:`align_external_data_streaming`.
         durable: fsync the outputs and their folder (default); ``False`` skips every fsync, same bytes.
+        progress: called as ``progress(done_bytes, total_bytes)`` while bytes are written.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`, as :func:`align_external_data_streaming` returns
@@ -372,14 +341,23 @@ def align_external_data_in_memory(
     Raises:
         ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
         InvalidModelError: ``src_onnx_path`` is not an ONNX model, or the result cannot be serialized.
-        ExternalDataError: a malformed or out-of-bounds reference, a source truncated while read, an unsafe
-            location (``UnsafeLocationError``) or a destination that is a source (``DestinationConflictError``).
+        ExternalDataError: as for :func:`align_external_data_streaming`, or a source truncated while read.
         FileNotFoundError: the source model, a referenced file or the destination folder does not exist.
         OSError: reading or publishing failed; the destinations are then unchanged.
     """
-    check_bool("durable", durable)
-    plan = plan_alignment(src_onnx_path, dst_onnx_path, dst_weights_path, alignment)
-    payloads = _read_all(plan.ranges)
+    check_layout_options(align_threshold, max_shard_size, dedup, size_threshold, durable)
+    plan = plan_alignment(
+        src_onnx_path,
+        dst_onnx_path,
+        dst_weights_path,
+        alignment,
+        align_threshold=align_threshold,
+        max_shard_size=max_shard_size,
+        dedup=dedup,
+        size_threshold=size_threshold,
+        mode="in_memory",
+    )
+    payloads = _read_all(plan)
     with OutputTransaction(durable=durable) as outputs:
-        copy_methods = _write_payloads(plan, payloads, outputs, progress)
-        return _publish(plan, outputs, copy_methods)
+        stats = _write_payloads(plan, payloads, outputs, durable, progress)
+        return _publish(plan, outputs, stats)

@@ -8,7 +8,7 @@ re-reading the model it just wrote. This module never does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = ["AlignResult", "SaveResult"]
@@ -29,20 +29,34 @@ class _SizeResult(int):
 
 
 class AlignResult(_SizeResult):
-    """The result of an aligner: the weights file size (an ``int``), plus what was written.
+    """The result of an aligner: the bytes of all weights files together (an ``int``), plus what was written.
 
     Attributes:
         tensors: external tensors in the written model (each tensor, even when it shares bytes with another).
-        payload_bytes: tensor bytes written (identical ranges stored once); ``int(result) - payload_bytes`` is padding.
-        weights_files: absolute paths of the weights files written (empty when no tensor is external).
-        copy_methods: how bytes moved (``"copy_file_range"``, ``"sendfile"``, ``"pread_pwrite"``); empty when no
-            byte moved.
+        payload_bytes: distinct tensor bytes written; ``int(result) - payload_bytes`` is padding.
+        weights_files: absolute paths of the weights files written, in shard order (empty when no tensor is
+            external).
+        copy_methods: how bytes moved (``"copy_file_range"``, ``"sendfile"``, ``"pread_pwrite"`` — the last also
+            for bytes written from memory); empty when no byte moved.
+        deduplicated_tensors: tensors pointing at bytes stored for an earlier tensor (identical source ranges, and
+            identical bytes with ``dedup``).
+        deduplicated_bytes: bytes those tensors would have taken if stored again.
+        externalized_tensors: tensors that were inline in the source and are external in the output
+            (``size_threshold``).
+        bytes_by_method: payload bytes moved by each method of ``copy_methods``.
+        clone_eligible_bytes: bytes copied by ``copy_file_range`` between block-aligned offsets on a filesystem that
+            shares extents (reflinks): cloned rather than copied. 0 on ext4, tmpfs and across filesystems.
     """
 
     tensors: int
     payload_bytes: int
     weights_files: tuple[str, ...]
     copy_methods: frozenset[str]
+    deduplicated_tensors: int
+    deduplicated_bytes: int
+    externalized_tensors: int
+    bytes_by_method: dict[str, int]
+    clone_eligible_bytes: int
 
     def __new__(
         cls,
@@ -52,6 +66,11 @@ class AlignResult(_SizeResult):
         payload_bytes: int,
         weights_files: Iterable[str],
         copy_methods: Iterable[str],
+        deduplicated_tensors: int = 0,
+        deduplicated_bytes: int = 0,
+        externalized_tensors: int = 0,
+        bytes_by_method: Mapping[str, int] | None = None,
+        clone_eligible_bytes: int = 0,
     ) -> AlignResult:
         result = super().__new__(cls, total_size)
         result._set(
@@ -59,12 +78,17 @@ class AlignResult(_SizeResult):
             payload_bytes=payload_bytes,
             weights_files=tuple(weights_files),
             copy_methods=frozenset(copy_methods),
+            deduplicated_tensors=deduplicated_tensors,
+            deduplicated_bytes=deduplicated_bytes,
+            externalized_tensors=externalized_tensors,
+            bytes_by_method=dict(bytes_by_method or {}),
+            clone_eligible_bytes=clone_eligible_bytes,
         )
         return result
 
     @property
     def padding(self) -> int:
-        """Bytes of the weights file that no tensor uses (alignment gaps)."""
+        """Bytes of the weights files that no tensor uses (alignment gaps)."""
         return int(self) - self.payload_bytes
 
 

@@ -82,8 +82,8 @@ def test_a_model_without_external_tensors_is_reported(tmp_path, build_identity_m
     [
         (["--alignment", "3"], "power of two"),
         (["--chunk-size", "0"], "chunk_size"),
-        (["--weights", "SRC_WEIGHTS"], "another dst_weights_path"),
-        (["--weights", "OUTSIDE"], "inside the folder"),
+        (["--weights", "SRC_WEIGHTS"], "is the source file"),
+        (["--weights", "OUTSIDE"], "outside the destination model"),
     ],
 )
 def test_library_errors_print_one_line_and_exit_1(
@@ -135,7 +135,7 @@ def test_the_installed_command_exits_1_without_traceback(tmp_path, make_external
     assert done.returncode == 1
     assert done.stderr.startswith("error: ")
     assert "Traceback" not in done.stderr
-    assert "another dst_weights_path" in done.stderr
+    assert "is the source file" in done.stderr
 
 
 def test_the_progress_bar_follows_the_bytes_to_the_total(
