@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +63,7 @@ class Job:
     run: Callable[..., Any]
     outputs: list[Path]  # every file the writer publishes
     payload: int  # weights bytes the job writes (block multiples here, so no padding)
-    reference: Path | None  # a model holding the same tensors as the output, for verify_models
+    reference: Path  # a model holding the same tensors as the output, for verify_models
     source_dirs: list[Path] = field(default_factory=list)
     proto: onnx.ModelProto | None = None  # the shared saver's in-memory model, which must not change on failure
 
@@ -82,7 +83,10 @@ def prepare(
     if writer == "shared":
         reused = numpy_helper.from_array(np.arange(BLOCK // 4, dtype=np.float32), "reused")
         externalize([reused], dst_dir, "reused.data")
-        model = build_identity_model({"reused": np.zeros(BLOCK // 4, np.float32), **tensors})
+        every = {"reused": np.arange(BLOCK // 4, dtype=np.float32), **tensors}
+        reference = src_dir / "reference.onnx"  # the same tensors, all inline: what the saved model must hold
+        onnx.save(build_identity_model(every), reference)
+        model = build_identity_model(every)
         model.graph.initializer[0].CopyFrom(reused)
         return Job(
             writer,
@@ -90,7 +94,8 @@ def prepare(
             lambda **options: save_model_with_shared_external_data(model, dst, **options),
             [dst, Path(f"{dst}.data")],
             payload,
-            None,
+            reference,
+            [src_dir],
             proto=model,
         )
     src = make_external_model(src_dir, tensors)
@@ -224,8 +229,7 @@ def test_a_job_that_fits_the_small_disk_is_written(writer, tmp_path, small_tmpfs
 
     assert int(result) == job.payload
     assert all(path.is_file() for path in job.outputs)
-    if job.reference is not None:
-        assert verify_models(job.reference, job.dst).equal
+    assert verify_models(job.reference, job.dst).equal
     assert_no_temp_files(small_tmpfs)
 
 
@@ -275,8 +279,7 @@ def test_running_out_of_inodes_at_every_file_creation_leaves_everything_as_it_wa
     # Each published file (weights files, then the .onnx) was one point of failure.
     assert failures >= len(job.outputs)
     assert int(result) == job.payload
-    if job.reference is not None:
-        assert verify_models(job.reference, job.dst).equal
+    assert verify_models(job.reference, job.dst).equal
     assert_no_temp_files(inode_tmpfs)
 
 
@@ -319,7 +322,7 @@ def test_tmpfs_sources_are_written_onto_ext4(writer, tmpfs_mount, ext4_mount, ma
     result = job.run(chunk_size=MIB) if writer != "in_memory" else job.run()
 
     assert int(result) == job.payload
-    assert job.reference is not None and verify_models(job.reference, job.dst).equal
+    assert verify_models(job.reference, job.dst).equal
     assert sha256_of_tree(tmpfs_mount) == source_before
     assert sorted(Path(p) for p in getattr(result, "weights_files", job.outputs[1:])) == sorted(job.outputs[1:])
     if writer in ("streaming", "sharded"):
@@ -335,7 +338,6 @@ def test_a_model_aligned_across_filesystems_runs_in_onnxruntime_like_its_source(
     job = make_job("streaming", tmpfs_mount, ext4_mount, tensors_for("streaming", 4, MIB))
     job.run()
 
-    assert job.reference is not None
     expected = ort.InferenceSession(str(job.reference), providers=["CPUExecutionProvider"]).run(None, {})
     got = ort.InferenceSession(str(job.dst), providers=["CPUExecutionProvider"]).run(None, {})
     assert len(got) == len(expected) == 4
@@ -426,3 +428,61 @@ def test_re_aligning_an_unaligned_model_on_xfs_copies_every_byte(xfs_mount, tmp_
     assert (xfs_mount / "durable_True" / "m.onnx.data").read_bytes() == (
         xfs_mount / "durable_False" / "m.onnx.data"
     ).read_bytes()
+
+
+# ------------------------------------------------------------------------------- durable: fsync and writeback
+# Not a filesystem fault: recording spies on os.fsync and the writeback call, extending tests/io/test_durable.py
+# (streaming, in-memory, shared) to the sharded write and undelay, and checking the writeback overlap per file.
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_durable_fsyncs_every_output_and_the_folder_and_paces_writeback_while_durable_false_does_neither(
+    writer, tmp_path, monkeypatch, make_job, assert_no_temp_files
+):
+    from onnx_light_ref.io import writeback
+
+    real_fsync, real_sync_file_range = os.fsync, writeback.sync_file_range
+    outputs: dict[bool, dict[str, bytes]] = {}
+    for durable in (True, False):
+        src_dir, dst_dir = tmp_path / f"src_{durable}", tmp_path / f"dst_{durable}"
+        src_dir.mkdir()
+        dst_dir.mkdir()
+        job = make_job(writer, src_dir, dst_dir, tensors_for(writer, 6, 3 * MIB))  # 18 MiB: two 8 MiB stretches
+        fsynced: list[tuple[int, bool]] = []  # (inode, is a folder)
+        requested: dict[int, list[tuple[int, int]]] = {}  # inode -> writeback (offset, length) requests
+
+        def recording_fsync(fd: int, calls: list[tuple[int, bool]] = fsynced) -> None:
+            st = os.fstat(fd)
+            calls.append((st.st_ino, stat.S_ISDIR(st.st_mode)))
+            real_fsync(fd)
+
+        def recording_writeback(fd: int, offset: int, length: int, flags: int, calls=requested) -> None:
+            if flags & writeback.SYNC_FILE_RANGE_WRITE and not flags & writeback.SYNC_FILE_RANGE_WAIT_BEFORE:
+                calls.setdefault(os.fstat(fd).st_ino, []).append((offset, length))
+            real_sync_file_range(fd, offset, length, flags)
+
+        monkeypatch.setattr(os, "fsync", recording_fsync)
+        monkeypatch.setattr(writeback, "sync_file_range", recording_writeback)
+        job.run(durable=durable)
+        monkeypatch.setattr(os, "fsync", real_fsync)
+        monkeypatch.setattr(writeback, "sync_file_range", real_sync_file_range)
+
+        files = {os.stat(path).st_ino: path for path in job.outputs}
+        if not durable:
+            assert fsynced == [] and requested == {}
+        else:
+            assert sorted(ino for ino, is_dir in fsynced if not is_dir) == sorted(files)
+            assert {ino for ino, is_dir in fsynced if is_dir} == {os.stat(dst_dir).st_ino}
+            if writer in ("streaming", "sharded", "undelay"):  # the file-to-file writers pace writeback
+                for path in job.outputs[1:]:
+                    ranges = sorted(requested.get(os.stat(path).st_ino, []))
+                    assert ranges, f"no writeback requested for {path.name}"
+                    covered = 0
+                    for offset, length in ranges:
+                        assert offset == covered, f"{path.name}: writeback skipped [{covered}, {offset})"
+                        covered = offset + length
+                    assert covered == path.stat().st_size
+        outputs[durable] = {path.name: path.read_bytes() for path in job.outputs}
+        assert_no_temp_files(dst_dir)
+
+    assert outputs[True] == outputs[False]
