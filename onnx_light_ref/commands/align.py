@@ -1,8 +1,12 @@
-"""``onnx-light-ref align SRC.onnx DST.onnx``: re-align external weights into one file without loading them.
+"""``onnx-light-ref align SRC.onnx DST.onnx``: re-align weights into aligned external data without loading them.
+
+Options map one to one to the library's: ``--align-threshold``, ``--max-shard-size``, ``--dedup``,
+``--size-threshold`` (sizes with K/M/G suffixes, parsed by :mod:`onnx_light_ref.commands.sizes`).
 
 A thin front end of :func:`onnx_light_ref.align_external_data_streaming`: a progress bar (bytes) fed by its
-``progress`` callback, then one summary line (tensors, bytes written, padding, time, throughput) on stdout, taken from
-the :class:`~onnx_light_ref.io.results.AlignResult` it returns. Unlike the Python API, the command creates missing
+``progress`` callback, then one summary line (tensors, weights files, externalized and deduplicated tensors, bytes
+written, padding, time, throughput) on stdout, taken from the :class:`~onnx_light_ref.io.results.AlignResult` it
+returns. Unlike the Python API, the command creates missing
 destination folders, as users expect from a command line (and removes those it created if the run fails). A problem
 with the input (bad argument, unsafe or out-of-bounds reference, destination that is a source, missing file, I/O
 error) prints one ``error: ...`` line on stderr and exits with status 1, without a traceback; the library has then
@@ -31,10 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``align`` sub-command."""
     parser = subparsers.add_parser(
         "align",
-        help="re-align external weights into one file, every tensor at a multiple of N bytes",
-        description="Copy every external tensor of SRC.onnx into one weights file, each at an offset that is a "
-        "multiple of --alignment, and write DST.onnx pointing at it. Weights are copied file to file (in the "
-        "kernel when possible), never loaded into memory. Source files are never modified; outputs appear "
+        help="re-align weights into aligned (optionally sharded, deduplicated) external data files",
+        description="Copy every external tensor of SRC.onnx (and, with --size-threshold, every large inline one) "
+        "into weights files, each at an offset that is a multiple of --alignment, and write DST.onnx pointing at "
+        "them. Weights are copied file to file (in the kernel when possible), never loaded into memory. "
+        "Source files are never modified; outputs appear "
         "atomically. DST.onnx may be SRC.onnx when --weights names a new file.",
     )
     parser.add_argument("src", metavar="SRC.onnx", help="model whose external weights are re-aligned")
@@ -57,6 +62,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=size_argument,
         default=4 * 1024 * 1024,
         help="bytes moved per system call, the only buffer in the read/write fallback (default: 4M)",
+    )
+    parser.add_argument(
+        "--align-threshold",
+        metavar="SIZE",
+        type=size_argument,
+        default=0,
+        help="only tensors of at least SIZE bytes are aligned; smaller ones are packed (default: 0, align all)",
+    )
+    parser.add_argument(
+        "--max-shard-size",
+        metavar="SIZE",
+        type=size_argument,
+        default=None,
+        help="split the weights over files of at most SIZE bytes (W, W.1, W.2...; a tensor is never split, one "
+        "larger than SIZE gets its own file); default: one file",
+    )
+    parser.add_argument(
+        "--dedup",
+        action="store_true",
+        help="store byte-identical tensors once (compared byte for byte, whatever their names or sources)",
+    )
+    parser.add_argument(
+        "--size-threshold",
+        metavar="SIZE",
+        type=size_argument,
+        default=None,
+        help="also move inline tensors of at least SIZE bytes to the weights, copied out of SRC.onnx without "
+        "loading it; keep it above the size of shape tensors (e.g. 1K) so onnxruntime can still infer shapes "
+        "(default: inline tensors stay inline)",
     )
     parser.add_argument(
         "--no-fsync",
@@ -83,6 +117,10 @@ def run_align(args: argparse.Namespace) -> int:
                 args.weights,
                 args.alignment,
                 args.chunk_size,
+                align_threshold=args.align_threshold,
+                max_shard_size=args.max_shard_size,
+                dedup=args.dedup,
+                size_threshold=args.size_threshold,
                 progress=progress,
                 durable=not args.no_fsync,
             )
@@ -121,12 +159,20 @@ def _remove_empty_folders(created: list[str]) -> None:
 
 
 def _summary(dst_onnx: str, dst_weights: str | None, result: AlignResult, elapsed: float) -> str:
-    """One line: tensors, bytes, padding (bytes no tensor uses), time and throughput."""
+    """One line: tensors, files, bytes, padding, dedup, externalized tensors, time and throughput."""
     if result.tensors == 0:
         return f"{dst_onnx}: no external tensor, nothing to align (model written, no weights file)."
     weights = dst_weights if dst_weights is not None else f"{dst_onnx}.data"
     speed = result / (1024 * 1024) / elapsed if elapsed > 0 else float("inf")
+    files = len(result.weights_files)
+    where = os.fspath(weights) if files == 1 else f"{os.fspath(weights)} (+{files - 1} shards: {files} files)"
+    extras = []
+    if result.externalized_tensors:
+        extras.append(f"{result.externalized_tensors} moved out of the .onnx")
+    if result.deduplicated_tensors:
+        extras.append(f"{result.deduplicated_tensors} deduplicated ({result.deduplicated_bytes} bytes saved)")
+    detail = f" ({', '.join(extras)})" if extras else ""
     return (
-        f"{os.fspath(weights)}: {result.tensors} tensors, {result} bytes written ({result.padding} padding) "
+        f"{where}: {result.tensors} tensors{detail}, {result} bytes written ({result.padding} padding) "
         f"in {elapsed:.2f} s, {speed:.1f} MiB/s"
     )
