@@ -212,9 +212,13 @@ def load_model_stripped(path: PathLike, min_length: int) -> StrippedModel:
         prefix = _MAGIC + secrets.token_bytes(_NONCE_LENGTH)
         scanner = _Scanner(_WindowReader(fd, st.st_size, path), path, min_length, prefix)
         metadata = scanner.scan()
+        try:
+            model = _parse_metadata(metadata, path)
+        except InvalidModelError as refusal:
+            _diagnose(fd, st.st_size, path, min_length, prefix, refusal)
+            raise
     finally:
         os.close(fd)
-    model = _parse_metadata(metadata, path)
     logger.debug(
         "%s: %d payloads stripped (%d bytes), %d metadata bytes parsed",
         path,
@@ -233,6 +237,20 @@ def load_model_stripped(path: PathLike, min_length: int) -> StrippedModel:
         inode=st.st_ino,
         mtime_ns=st.st_mtime_ns,
     )
+
+
+def _diagnose(fd: int, size: int, path: str, min_length: int, prefix: bytes, refusal: InvalidModelError) -> None:
+    """Protobuf refused the metadata: rescan walking every tensor-holding message, to name the byte at fault.
+
+    The fast scan leaves to protobuf the sub-messages too short to hold a payload, so a fault inside one of them
+    reaches protobuf, whose message has no offset. Only on that failure path, the file is scanned again the slow way;
+    its error (same guarantees: bounded window, nothing read past the end) replaces protobuf's when it finds one.
+    """
+    scanner = _Scanner(_WindowReader(fd, size, path), path, min_length, prefix, walk_all=True)
+    try:
+        scanner.scan()
+    except InvalidModelError as exc:
+        raise exc from refusal
 
 
 def _parse_metadata(metadata: bytearray, path: str) -> onnx.ModelProto:
@@ -255,6 +273,13 @@ def _encode_varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+# The same table with each field's encoded key (tag of wire type 2), which the scan writes before re-encoded content.
+_CHILDREN: dict[str, dict[int, tuple[str, bytes]]] = {
+    kind: {number: (child, _encode_varint(number << 3 | _LEN)) for number, child in fields.items()}
+    for kind, fields in _SCHEMA.items()
+}
 
 
 class _WindowReader:
@@ -295,10 +320,20 @@ class _WindowReader:
 
 
 class _Scanner:
-    """One pass over the file: re-encodes the tensor-holding messages, records the payloads it strips."""
+    """One pass over the file: re-encodes the tensor-holding messages, records the payloads it strips.
 
-    def __init__(self, reader: _WindowReader, path: str, min_length: int, prefix: bytes) -> None:
+    A message is re-encoded only when something inside it was stripped; every other byte, including whole
+    tensor-holding sub-messages where nothing was stripped, stays in a verbatim run copied with one read at the end
+    of the run. The hot loop decodes one-byte tags and one-byte varints inline from the read-ahead window and calls
+    :meth:`_varint` only for longer ones or at a window edge.
+    """
+
+    def __init__(
+        self, reader: _WindowReader, path: str, min_length: int, prefix: bytes, *, walk_all: bool = False
+    ) -> None:
         self._reader = reader
+        # walk_all: descend into every tensor-holding sub-message, even one too short to hold a payload (diagnosis).
+        self._walk_all = walk_all
         self._path = path
         # A payload no longer than the placeholder would not shrink, and stripping it would only cost a lookup.
         self._strip_from = max(min_length, PLACEHOLDER_LENGTH + 1)
@@ -307,8 +342,10 @@ class _Scanner:
         self.payloads: list[InlinePayload] = []
 
     def scan(self) -> bytearray:
-        out = bytearray()
-        self._message("ModelProto", 0, self._reader.size, 0, out)
+        out = self._message("ModelProto", 0, self._reader.size, 0)
+        if out is None:  # nothing was stripped: the metadata is the whole file
+            out = bytearray()
+            self._flush(0, self._reader.size, out)
         return out
 
     def _fail(self, what: str, pos: int, kind: str) -> InvalidModelError:
@@ -320,7 +357,7 @@ class _Scanner:
         """Decode the varint at ``pos`` that must end before ``end``; return (value, position after it).
 
         ``role`` and ``number`` only name the varint in an error ("field tag", or field ``number``'s "value" or
-        "length"); the message is built only on failure, as this is the scan's hottest path.
+        "length"); the message is built only on failure.
         """
         reader = self._reader
         limit = min(pos + _MAX_VARINT_BYTES, end)
@@ -340,69 +377,98 @@ class _Scanner:
         where = "file" if limit == reader.size else "enclosing message"
         raise self._fail(f"{what} varint truncated by the end of the {where}", pos, kind)
 
-    def _message(self, kind: str, start: int, end: int, depth: int, out: bytearray) -> None:
-        """Append the re-encoded content of the ``kind`` message in ``[start, end)`` to ``out``."""
+    def _message(self, kind: str, start: int, end: int, depth: int) -> bytearray | None:
+        """Scan the ``kind`` message in ``[start, end)``; return its re-encoded content, or ``None`` if nothing in it
+        was stripped (its bytes are then exactly the file's, and the caller keeps them in its verbatim run)."""
         if depth > MAX_NESTING_DEPTH:
             raise self._fail(f"messages nested deeper than {MAX_NESTING_DEPTH} levels", start, kind)
-        children = _SCHEMA[kind]
+        children = _CHILDREN[kind]
+        reader = self._reader
+        strip_from = self._strip_from
+        # The smallest message that can hold a strippable payload at any depth (its tag and length take at least a
+        # byte each): a shorter tensor-holding sub-message is left to protobuf without being walked here.
+        holds_payload = 0 if self._walk_all else strip_from + 2
+        buffer, base = reader.buffer, reader.start
+        window_end = base + len(buffer)
+        out: bytearray | None = None
         pos = copy_from = start
         while pos < end:
             field_start = pos
-            tag, pos = self._varint(pos, end, kind, "field tag")
-            number, wire_type = tag >> 3, tag & 7
-            if tag > _MAX_TAG or number == 0:
-                raise self._fail(f"invalid field tag {tag} (field number {number})", field_start, kind)
-            if wire_type == _VARINT:
-                _, pos = self._varint(pos, end, kind, "value", number)
+            # Inline fast paths: a one-byte varint inside the window (most tags and small lengths). Anything else,
+            # and every error, goes through _varint, which moves the window; the locals are refreshed after it.
+            if base <= pos < window_end and (tag := buffer[pos - base]) < 0x80:
+                pos += 1
+            else:
+                tag, pos = self._varint(pos, end, kind, "field tag")
+                buffer, base = reader.buffer, reader.start
+                window_end = base + len(buffer)
+            if tag < 8 or tag > _MAX_TAG:
+                raise self._fail(f"invalid field tag {tag} (field number {tag >> 3})", field_start, kind)
+            wire_type = tag & 7
+            if wire_type == _LEN:
+                if pos < end and base <= pos < window_end and (length := buffer[pos - base]) < 0x80:
+                    pos += 1
+                else:
+                    length, pos = self._varint(pos, end, kind, "length", tag >> 3)
+                    buffer, base = reader.buffer, reader.start
+                    window_end = base + len(buffer)
+                if length > end - pos:
+                    raise self._truncated(f"field {tag >> 3} (length {length})", field_start, end, kind)
+                child = children.get(tag >> 3)
+                if child is not None:
+                    child_kind, key = child
+                    content: bytes | bytearray | None = None
+                    if child_kind == _RAW_DATA:
+                        if length >= strip_from:
+                            content = self._prefix + len(self.payloads).to_bytes(_INDEX_LENGTH, "big")
+                            self.payloads.append(InlinePayload(pos, length))
+                    elif length >= holds_payload:
+                        content = self._message(child_kind, pos, pos + length, depth + 1)
+                    if content is not None:
+                        if out is None:
+                            out = bytearray()
+                        self._flush(copy_from, field_start, out)
+                        out += key
+                        size = len(content)
+                        if size < 0x80:
+                            out.append(size)
+                        else:
+                            out += _encode_varint(size)
+                        out += content
+                        # The content's own bytes were counted by its flushes; a placeholder by nobody yet.
+                        self._kept += len(key) + _MAX_VARINT_BYTES + (len(content) if child_kind == _RAW_DATA else 0)
+                        copy_from = pos + length
+                        buffer, base = reader.buffer, reader.start
+                        window_end = base + len(buffer)
+                pos += length
+            elif wire_type == _VARINT:
+                if pos < end and base <= pos < window_end and buffer[pos - base] < 0x80:
+                    pos += 1
+                else:
+                    _, pos = self._varint(pos, end, kind, "value", tag >> 3)
+                    buffer, base = reader.buffer, reader.start
+                    window_end = base + len(buffer)
             elif wire_type in (_I64, _I32):
                 width = 8 if wire_type == _I64 else 4
                 if width > end - pos:
-                    raise self._truncated(f"field {number} ({width}-byte value)", field_start, end, kind)
+                    raise self._truncated(f"field {tag >> 3} ({width}-byte value)", field_start, end, kind)
                 pos += width
-            elif wire_type == _LEN:
-                length, pos = self._varint(pos, end, kind, "length", number)
-                if length > end - pos:
-                    raise self._truncated(f"field {number} (length {length})", field_start, end, kind)
-                child = children.get(number)
-                if child == _RAW_DATA and length < self._strip_from:
-                    child = None  # a small payload stays in the verbatim run
-                if child is not None:
-                    self._flush(copy_from, field_start, out)
-                    self._child(child, number, pos, length, depth, out)
-                    copy_from = pos + length
-                pos += length
             elif wire_type in (_SGROUP, _EGROUP):
                 raise self._fail(
-                    f"field {number} uses the group wire type {wire_type}, which ONNX never uses", field_start, kind
+                    f"field {tag >> 3} uses the group wire type {wire_type}, which ONNX never uses", field_start, kind
                 )
             else:
-                raise self._fail(f"field {number} has the invalid wire type {wire_type}", field_start, kind)
-        self._flush(copy_from, end, out)
+                raise self._fail(f"field {tag >> 3} has the invalid wire type {wire_type}", field_start, kind)
+        if out is not None:
+            self._flush(copy_from, end, out)
+        return out
 
     def _truncated(self, what: str, pos: int, end: int, kind: str) -> InvalidModelError:
         where = "file" if end == self._reader.size else f"enclosing message (which ends at byte offset {end})"
         return self._fail(f"{what} runs past the end of the {where}", pos, kind)
 
-    def _child(self, child: str, number: int, pos: int, length: int, depth: int, out: bytearray) -> None:
-        """Re-encode one tensor-holding field whose content is ``[pos, pos + length)``."""
-        key = _encode_varint((number << 3) | _LEN)
-        if child == _RAW_DATA:
-            placeholder = self._prefix + len(self.payloads).to_bytes(_INDEX_LENGTH, "big")
-            self.payloads.append(InlinePayload(pos, length))
-            out += key
-            out += _encode_varint(PLACEHOLDER_LENGTH)
-            out += placeholder
-            self._kept += len(key) + 1 + PLACEHOLDER_LENGTH
-            return
-        content = bytearray()
-        self._message(child, pos, pos + length, depth + 1, content)
-        out += key
-        out += _encode_varint(len(content))
-        out += content
-        self._kept += len(key) + _MAX_VARINT_BYTES
-
     def _flush(self, start: int, end: int, out: bytearray) -> None:
-        """Copy ``[start, end)`` of the file verbatim, within protobuf's size limit."""
+        """Copy ``[start, end)`` of the file verbatim, within protobuf's size limit (checked before reading)."""
         self._kept += end - start
         if self._kept > _PROTOBUF_LIMIT:
             raise InvalidModelError(
