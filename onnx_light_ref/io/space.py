@@ -29,10 +29,18 @@ import logging
 import os
 import struct
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["FilesystemInfo", "SpaceReservation", "filesystem_of", "reserve_space", "shared_extent_bytes"]
+__all__ = [
+    "FilesystemInfo",
+    "SpaceRequest",
+    "SpaceReservation",
+    "filesystem_of",
+    "reserve_space",
+    "reserve_space_for_all",
+    "shared_extent_bytes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -162,10 +170,11 @@ def _free_bytes(fd: int) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def _no_space(needed: int, free: int, where: str, path: str) -> OSError:
+def _no_space(needed: int, free: int, where: str, what: str) -> OSError:
+    """``what``: the destination(s), already quoted."""
     return OSError(
         errno.ENOSPC,
-        f"not enough free space on {where} for {path!r}: {needed} bytes needed ({needed / 2**30:.2f} GiB), "
+        f"not enough free space on {where} for {what}: {needed} bytes needed ({needed / 2**30:.2f} GiB), "
         f"{free} bytes free ({free / 2**30:.2f} GiB); nothing was written",
     )
 
@@ -202,7 +211,7 @@ def reserve_space(fd: int, size: int, *, path: str, clone_bytes: int = 0, preall
     filesystem = filesystem_of(st.st_dev, path)
     where = filesystem.describe(os.path.dirname(os.path.abspath(path)))
     if needed > free:
-        raise _no_space(needed, free, where, path)
+        raise _no_space(needed, free, where, repr(path))
     preallocated = False
     if preallocate and clone_bytes == 0 and size > st.st_size:
         try:
@@ -210,10 +219,58 @@ def reserve_space(fd: int, size: int, *, path: str, clone_bytes: int = 0, preall
         except OSError as exc:
             os.ftruncate(fd, st.st_size)
             if exc.errno == errno.ENOSPC:
-                raise _no_space(needed, free, where, path) from exc
+                raise _no_space(needed, free, where, repr(path)) from exc
             raise
     logger.debug("reserved %d bytes for %r on %s (%d free, preallocated=%s)", needed, path, where, free, preallocated)
     return SpaceReservation(needed, free, preallocated, filesystem)
+
+
+@dataclass(frozen=True, slots=True)
+class SpaceRequest:
+    """One destination of a multi-file job, for :func:`reserve_space_for_all` (same fields as :func:`reserve_space`)."""
+
+    fd: int
+    size: int
+    path: str
+    clone_bytes: int = 0
+
+
+def reserve_space_for_all(requests: Sequence[SpaceRequest], *, preallocate: bool = True) -> list[SpaceReservation]:
+    """Reserve the space of every file of one job (e.g. the shards of a sharded write), checking the total first.
+
+    Reserving shard after shard would refuse the job only at the first shard that no longer fits, with a message
+    about that shard ("2 MiB needed, 1.6 MiB free") when the job needs 12 MiB of 8: the user would free too little
+    and fail again. Here the files on each filesystem are summed and checked against its free space before any is
+    preallocated, so the message gives the whole job's bytes; then each file is reserved with :func:`reserve_space`.
+
+    Args:
+        requests: The destinations, each open for writing (normally new, empty temporary files).
+        preallocate: False only checks free space.
+
+    Returns:
+        One :class:`SpaceReservation` per request, in order.
+
+    Raises:
+        OSError: ``errno.ENOSPC`` when the files on one filesystem need more than it has free (the message gives the
+            total needed and free, the filesystem and the files), or when a preallocation runs out of space; the
+            files already preallocated keep their blocks until the caller discards them (temporary files).
+        ValueError: When a ``size`` or ``clone_bytes`` is negative.
+    """
+    by_device: dict[int, list[SpaceRequest]] = {}
+    for request in requests:
+        if request.size < 0 or request.clone_bytes < 0:
+            raise ValueError(f"size and clone_bytes must be >= 0, got {request.size} and {request.clone_bytes}.")
+        by_device.setdefault(os.fstat(request.fd).st_dev, []).append(request)
+    for device, group in by_device.items():
+        needed = sum(max(0, r.size - r.clone_bytes) for r in group)
+        free = _free_bytes(group[0].fd)
+        if needed > free:
+            where = filesystem_of(device, group[0].path).describe(os.path.dirname(os.path.abspath(group[0].path)))
+            files = repr(group[0].path) + (f" and {len(group) - 1} more files" if len(group) > 1 else "")
+            raise _no_space(needed, free, where, files)
+    return [
+        reserve_space(r.fd, r.size, path=r.path, clone_bytes=r.clone_bytes, preallocate=preallocate) for r in requests
+    ]
 
 
 _FS_IOC_FIEMAP = 0xC020660B  # _IOWR('f', 11, struct fiemap), the same on every Linux architecture

@@ -12,7 +12,13 @@ import pytest
 
 from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.io.copy_engine import CopyRange, RangeCopier, can_clone
-from onnx_light_ref.io.space import filesystem_of, reserve_space, shared_extent_bytes
+from onnx_light_ref.io.space import (
+    SpaceRequest,
+    filesystem_of,
+    reserve_space,
+    reserve_space_for_all,
+    shared_extent_bytes,
+)
 
 MIB = 1024 * 1024
 BLOCK = 4096
@@ -138,6 +144,49 @@ def test_reserve_space_preallocates_what_fits(small_tmpfs):
     assert reservation.filesystem.mount_point == str(small_tmpfs)
     assert st.st_size == 6 * MIB and st.st_blocks * 512 >= 6 * MIB
     assert free_bytes(small_tmpfs) <= 2 * MIB
+
+
+def test_reserving_several_files_checks_their_total_before_preallocating_any(small_tmpfs):
+    paths = [small_tmpfs / f"shard{i}" for i in range(6)]
+    fds = [new_file(path) for path in paths]
+    try:
+        free = free_bytes(small_tmpfs)
+        with pytest.raises(OSError) as raised:
+            reserve_space_for_all([SpaceRequest(fd, 2 * MIB, str(path)) for fd, path in zip(fds, paths, strict=True)])
+        sizes = [os.fstat(fd).st_size for fd in fds]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+    assert raised.value.errno == errno.ENOSPC
+    message = str(raised.value)
+    # The whole job, not the first shard that no longer fits.
+    assert f"{12 * MIB} bytes needed" in message and f"{free} bytes free" in message
+    assert f"for {str(paths[0])!r} and 5 more files" in message
+    assert f"{str(small_tmpfs)!r} (tmpfs" in message
+    assert sizes == [0] * 6
+    assert free_bytes(small_tmpfs) == free
+
+
+def test_reserving_several_files_that_fit_preallocates_each(small_tmpfs, tmp_path):
+    paths = [small_tmpfs / "a", small_tmpfs / "b", tmp_path / "elsewhere"]
+    fds = [new_file(path) for path in paths]
+    try:
+        reservations = reserve_space_for_all(
+            [
+                SpaceRequest(fds[0], 3 * MIB, str(paths[0])),
+                SpaceRequest(fds[1], 4 * MIB, str(paths[1]), MIB),
+                SpaceRequest(fds[2], MIB, str(paths[2])),
+            ]
+        )
+        sizes = [os.fstat(fd).st_size for fd in fds]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+    assert [r.needed_bytes for r in reservations] == [3 * MIB, 3 * MIB, MIB]
+    assert [r.preallocated for r in reservations] == [True, False, True]  # expected clones: no preallocation
+    assert sizes == [3 * MIB, 0, MIB]
 
 
 def test_a_copy_that_fills_the_disk_reports_enospc_not_an_unsupported_method(tmp_path, small_tmpfs):
