@@ -74,8 +74,9 @@ def weights_location(dst_onnx: str, dst_weights: str) -> str:
     location = os.path.relpath(weights_path, folder).replace(os.sep, "/")
     if location == ".." or location.startswith("../") or os.path.isabs(location):
         raise UnsafeLocationError(
-            f"weights file {raw!r} is outside the destination model's folder {folder!r}; loaders only read external "
-            "data next to (or below) the model."
+            f"weights file {raw!r} is outside the destination model's folder {folder!r}: it must be inside the folder "
+            f"of the destination model (it would be stored as location {location!r}), since loaders only read "
+            "external data next to (or below) the model."
         )
     try:
         check_location_syntax(location, tensor_name="<destination weights>")
@@ -123,7 +124,10 @@ def check_outputs(dst_onnx: str, weights_paths: Sequence[str], sources: Mapping[
         folder, name = os.path.split(path)
         key = destination_key(path)
         if key is None:
-            raise FileNotFoundError(f"destination folder does not exist (or is not a folder): {folder!r}.")
+            raise FileNotFoundError(
+                f"destination folder does not exist: {folder!r} (the folder of destination {path!r} does not exist "
+                "or is not a folder)."
+            )
         if len(os.fsencode(name)) > _name_max(folder):
             raise DestinationConflictError(
                 f"destination {path!r}: its name is {len(os.fsencode(name))} bytes, longer than the "
@@ -142,8 +146,8 @@ def check_outputs(dst_onnx: str, weights_paths: Sequence[str], sources: Mapping[
             source = sources.get(identity)
             if source is not None:
                 raise DestinationConflictError(
-                    f"destination {path!r} is the source file {source!r} (same file, a hard link or a symlink to "
-                    "it): writing it would destroy the input. Choose another destination."
+                    f"destination {path!r} is the source file {source!r} (the same file, a hard link of it or a "
+                    "symlink to it): writing it would destroy the source. Choose another destination."
                 )
             other = identities.get(identity)
             if other is not None and other != path:

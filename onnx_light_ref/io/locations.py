@@ -124,13 +124,17 @@ def check_location_syntax(location: str | bytes, *, tensor_name: str) -> str:
         raise UnsafeLocationError(f"{where} contains a backslash; locations use '/' as separator.")
     if os.path.isabs(location) or location.startswith("/"):
         raise UnsafeLocationError(f"{where} is absolute; the ONNX spec requires a path relative to the model's folder.")
+    if ".." in location.split("/"):
+        raise UnsafeLocationError(f"{where} contains a '..' component, which the ONNX spec disallows.")
     if ".." in location:
         raise UnsafeLocationError(
-            f"{where} contains '..'; onnx refuses to load any location containing '..' (even inside a name such as "
-            "'w..1.bin'), and the ONNX spec forbids leaving the model's folder."
+            f"{where} contains '..' inside a name; onnx refuses to load any location containing '..' (even "
+            "'w..1.bin'), so such a model could not be loaded."
         )
     if location.endswith(("/", "/.")) or location == "." or location.strip("/.") == "":
-        raise UnsafeLocationError(f"{where} does not name a file (it ends with '/' or '/.', or is '.').")
+        raise UnsafeLocationError(
+            f"{where} does not name a file: it names a folder (it ends with '/' or '/.', or is '.')."
+        )
     return location
 
 

@@ -688,7 +688,7 @@ ALIGN_CASES = [
         None,
         {},
         DestinationConflictError,
-        "is the source model file",
+        "is the source file",
     ),
     (
         "dst-onnx-is-source-data",
@@ -696,7 +696,7 @@ ALIGN_CASES = [
         None,
         {},
         DestinationConflictError,
-        "is the source weights file",
+        "is the source file",
     ),
     (
         "dst-onnx-equals-dst-weights",
@@ -853,7 +853,7 @@ def full_tmpfs(function: str) -> Callable[[Scene], Callable[[], object]]:
 
 for _function in ALIGNERS:
     row(f"{_function}-dst-on-read-only-tmpfs", read_only_tmpfs(_function), OSError, "Read-only file system")
-    row(f"{_function}-dst-on-full-tmpfs", full_tmpfs(_function), OSError, "No space left")
+    row(f"{_function}-dst-on-full-tmpfs", full_tmpfs(_function), OSError, "not enough free space")
 
 
 # ------------------------------------------------------------------ shared saver: destinations and arguments
