@@ -32,7 +32,7 @@ from onnx_light_ref.io.model_file import serialize_model
 from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.publish import OutputTransaction, StagedFile
 from onnx_light_ref.io.results import AlignResult
-from onnx_light_ref.io.space import reserve_space
+from onnx_light_ref.io.space import SpaceRequest, reserve_space_for_all
 from onnx_light_ref.io.walker import iter_tensors
 
 __all__ = [
@@ -91,7 +91,8 @@ def _stage_all(
     ``clones``: the ranges go through the copy engine, which may clone (reflink) block-aligned ones: those need no
     free space. Written from memory, every byte needs space.
     """
-    staged = []
+    staged: list[StagedFile] = []
+    requests: list[SpaceRequest] = []
     for shard in plan.shards:
         weights = outputs.stage(shard.path)
         assert weights.fd is not None
@@ -99,8 +100,10 @@ def _stage_all(
         if clones and shard.ranges:
             with RangeCopier(weights.fd, chunk_size, durable=durable) as probe:
                 clone_bytes = probe.plan_clone_bytes(shard.ranges)
-        reserve_space(weights.fd, shard.size, path=shard.path, clone_bytes=clone_bytes)
         staged.append(weights)
+        requests.append(SpaceRequest(weights.fd, shard.size, shard.path, clone_bytes))
+    # All files of the job checked together per filesystem, so a too-small disk reports the whole job's bytes.
+    reserve_space_for_all(requests)
     return staged
 
 
