@@ -18,6 +18,7 @@ from onnx import numpy_helper
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming
 from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, UnsafeLocationError
+from onnx_light_ref.io.arguments import ArgumentTypeError
 
 WEIGHTS = np.arange(16, dtype=np.float32)  # 64 bytes in model/w.bin
 
@@ -129,6 +130,17 @@ REFUSALS = {
     "alignment 4096.0": (_args(alignment=4096.0), ValueError, ["alignment", "float"]),
     "chunk_size 0": (_args(chunk_size=0), ValueError, ["chunk_size", "0"]),
     "chunk_size -5": (_args(chunk_size=-5), ValueError, ["chunk_size", "-5"]),
+    "align_threshold -1": (_args(align_threshold=-1), ValueError, ["align_threshold", ">= 0", "-1"]),
+    "align_threshold '1M'": (_args(align_threshold="1M"), ArgumentTypeError, ["align_threshold", "int", "str"]),
+    "align_threshold None": (_args(align_threshold=None), ArgumentTypeError, ["align_threshold", "int", "None"]),
+    "max_shard_size 0": (_args(max_shard_size=0), ValueError, ["max_shard_size", ">= 1", "0"]),
+    "max_shard_size -4096": (_args(max_shard_size=-4096), ValueError, ["max_shard_size", "-4096"]),
+    "max_shard_size 1.5": (_args(max_shard_size=1.5), ArgumentTypeError, ["max_shard_size", "int", "float"]),
+    "dedup 1": (_args(dedup=1), ArgumentTypeError, ["dedup", "bool", "int"]),
+    "dedup 'yes'": (_args(dedup="yes"), ArgumentTypeError, ["dedup", "bool", "str"]),
+    "size_threshold -1": (_args(size_threshold=-1), ValueError, ["size_threshold", ">= 0", "-1"]),
+    "size_threshold '1K'": (_args(size_threshold="1K"), ArgumentTypeError, ["size_threshold", "int", "str"]),
+    "size_threshold True": (_args(size_threshold=True), ArgumentTypeError, ["size_threshold", "int", "bool"]),
     "'..' location": (
         _bad_entries({"location": "../outside/secret.bin", "length": "64"}),
         UnsafeLocationError,
@@ -196,7 +208,11 @@ REFUSALS = {
         DestinationConflictError,
         ["model.onnx.data", "is the source file"],
     ),
-    "dst weights is the source model": (_dst_weights_is_source_model, DestinationConflictError, ["model.onnx", "is the source file"]),
+    "dst weights is the source model": (
+        _dst_weights_is_source_model,
+        DestinationConflictError,
+        ["model.onnx", "is the source file"],
+    ),
     "dst weights outside the folder": (
         _dst_weights_outside,
         UnsafeLocationError,
@@ -290,7 +306,7 @@ def test_an_io_error_during_the_copy_leaves_no_output_and_no_temp_file(
 def test_a_missing_destination_folder_is_refused_before_copying(tmp_path, layout, sha256_of_tree):
     before = sha256_of_tree(tmp_path)
 
-    with pytest.raises(FileNotFoundError, match="folder of destination .* does not exist"):
+    with pytest.raises(FileNotFoundError, match=r"folder of destination .* does not exist"):
         align_external_data_streaming(layout / "model.onnx", layout / "out.onnx", layout / "missing" / "w.bin")
 
     assert sha256_of_tree(tmp_path) == before
@@ -307,10 +323,22 @@ def test_the_python_api_never_creates_a_destination_folder(
         overrides = {"dst_weights_path": layout / "missing" / "w.bin"}
     before = sha256_of_tree(tmp_path)
 
-    with pytest.raises(FileNotFoundError, match="folder of destination .* does not exist") as raised:
+    with pytest.raises(FileNotFoundError, match=r"folder of destination .* does not exist") as raised:
         _call(aligner, layout, overrides)
 
     assert str(layout / "missing") in str(raised.value)
     assert not (layout / "missing").exists()
     assert sha256_of_tree(tmp_path) == before
     assert_no_temp_files(tmp_path)
+
+
+@pytest.mark.parametrize("aligner", ["streaming", "in_memory"])
+@pytest.mark.parametrize(
+    "option", [{"align_threshold": -1}, {"max_shard_size": 0}, {"dedup": None}, {"size_threshold": -2}]
+)
+def test_layout_options_are_checked_before_the_source_is_read(tmp_path, aligner, option):
+    """A bad option is reported even when the source does not exist: nothing was opened."""
+    function = align_external_data_streaming if aligner == "streaming" else align_external_data_in_memory
+    with pytest.raises(ValueError, match=next(iter(option))):
+        function(tmp_path / "missing.onnx", tmp_path / "out.onnx", **option)
+    assert list(tmp_path.iterdir()) == []
