@@ -1,5 +1,11 @@
 """Read a ``.onnx`` file's metadata (never its external weights) and serialize a model for publication.
 
+A ``.onnx`` is always parsed as binary protobuf, whatever its name: onnx picks a text parser for names ending in
+``.json``, ``.textproto``, ``.onnxtxt`` or ``.txt``, and that parser's errors are not ours to leak. Every string field
+of a parsed model must be UTF-8 (:func:`check_model_strings`): protobuf hands back ``bytes`` for one that is not, and
+code expecting ``str`` (onnx's helpers among them) would fail with a ``TypeError`` or ``UnicodeDecodeError`` far
+from the cause.
+
 This module never reads external weights and never writes a file: publication is :mod:`onnx_light_ref.io.publish`'s.
 """
 
@@ -7,38 +13,112 @@ from __future__ import annotations
 
 import importlib
 import os
+from typing import Any
 
 import onnx
 
 from onnx_light_ref.errors import InvalidModelError
 
-__all__ = ["load_model_metadata", "serialize_model"]
+__all__ = ["check_model_strings", "load_model_metadata", "serialize_model"]
 
 # protobuf ships no type stubs (types-protobuf is not a dependency): looked up by name, so that mypy needs none.
 _DecodeError: type[Exception] = importlib.import_module("google.protobuf.message").DecodeError
+_FieldDescriptor: Any = importlib.import_module("google.protobuf.descriptor").FieldDescriptor
+
+# Per message type: its string fields and its message fields, each as (name, repeated). Built once per type, so the
+# walk touches only fields that can hold a string (never raw_data nor the typed value arrays).
+_FIELDS: dict[str, tuple[tuple[tuple[str, bool], ...], tuple[tuple[str, bool], ...]]] = {}
+
+
+def _is_repeated(field: Any) -> bool:
+    """protobuf >= 6 has ``is_repeated`` and dropped ``label``; older releases have only ``label``."""
+    is_repeated = getattr(field, "is_repeated", None)
+    if is_repeated is not None:
+        return bool(is_repeated)
+    return bool(field.label == _FieldDescriptor.LABEL_REPEATED)
+
+
+def _fields_of(descriptor: Any) -> tuple[tuple[tuple[str, bool], ...], tuple[tuple[str, bool], ...]]:
+    cached = _FIELDS.get(descriptor.full_name)
+    if cached is None:
+        strings, messages = [], []
+        for field in descriptor.fields:
+            repeated = _is_repeated(field)
+            if field.type == _FieldDescriptor.TYPE_STRING:
+                strings.append((field.name, repeated))
+            elif field.type == _FieldDescriptor.TYPE_MESSAGE:
+                messages.append((field.name, repeated))
+        cached = _FIELDS[descriptor.full_name] = (tuple(strings), tuple(messages))
+    return cached
+
+
+def _first_non_utf8(message: Any, path: str) -> tuple[str, bytes] | None:
+    strings, messages = _fields_of(message.DESCRIPTOR)
+    for name, repeated in strings:
+        if repeated:
+            values = getattr(message, name)
+            if values and bytes in map(type, values):  # protobuf's answer for a stored value that is not UTF-8
+                index = [type(value) for value in values].index(bytes)
+                return f"{path}.{name}[{index}]", values[index]
+        else:
+            value = getattr(message, name)
+            if type(value) is bytes:
+                return f"{path}.{name}", value
+    for name, repeated in messages:
+        if repeated:
+            children = getattr(message, name)
+            for index in range(len(children)):
+                found = _first_non_utf8(children[index], "")
+                if found is not None:  # the path is built only on the way back from a hit
+                    return f"{path}.{name}[{index}]{found[0]}", found[1]
+        elif message.HasField(name):
+            found = _first_non_utf8(getattr(message, name), "")
+            if found is not None:
+                return f"{path}.{name}{found[0]}", found[1]
+    return None
+
+
+def check_model_strings(model: onnx.ModelProto, *, what: str = "the model") -> None:
+    """Refuse a model with a string field that is not UTF-8 (a tensor name, a ``location``, a node name...).
+
+    Args:
+        model: the parsed model.
+        what: how to name the model in the message (e.g. its path).
+
+    Raises:
+        InvalidModelError: naming the first such field (e.g. ``graph.initializer[3].name``) and its bytes.
+    """
+    found = _first_non_utf8(model, "model")
+    if found is not None:
+        field, value = found
+        raise InvalidModelError(
+            f"{what} is not a valid ONNX model: {field} is not valid UTF-8 ({value[:64]!r}); protobuf string fields "
+            "must be UTF-8, and onnx and onnxruntime cannot use such a name."
+        )
 
 
 def load_model_metadata(path: str) -> onnx.ModelProto:
-    """Parse ``path`` with ``load_external_data=False``: external tensors keep their entries, no weight is read.
+    """Parse ``path`` as binary protobuf with ``load_external_data=False``: no weight is read.
 
     Args:
-        path: the ``.onnx`` file.
+        path: the ``.onnx`` file (whatever its name ends with: always parsed as binary protobuf).
 
     Returns:
         The parsed model, external tensors still EXTERNAL.
 
     Raises:
         FileNotFoundError: ``path`` is not a file.
-        InvalidModelError: ``path`` cannot be parsed as a model, or has no graph.
+        InvalidModelError: ``path`` cannot be parsed as a model, has no graph, or has a string that is not UTF-8.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"ONNX model file not found: {path!r}")
     try:
-        model = onnx.load_model(path, load_external_data=False)
-    except (_DecodeError, RuntimeError, ValueError) as exc:
+        model = onnx.load_model(path, format="protobuf", load_external_data=False)
+    except (_DecodeError, RuntimeError, ValueError, TypeError, UnicodeDecodeError) as exc:
         raise InvalidModelError(f"{path!r} is not a valid ONNX model (cannot parse it: {exc}).") from exc
     if not model.HasField("graph"):
         raise InvalidModelError(f"{path!r} is not a valid ONNX model (it has no graph; truncated or not ONNX?).")
+    check_model_strings(model, what=repr(path))
     return model
 
 

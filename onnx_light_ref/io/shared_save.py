@@ -36,7 +36,7 @@ from onnx_light_ref.io.locations import (
     file_identity,
     parse_external_data,
 )
-from onnx_light_ref.io.model_file import serialize_model
+from onnx_light_ref.io.model_file import check_model_strings, serialize_model
 from onnx_light_ref.io.publish import OutputTransaction, StagedFile
 from onnx_light_ref.io.results import SaveResult
 from onnx_light_ref.io.space import reserve_space
@@ -121,7 +121,8 @@ def save_model_with_shared_external_data(
         DestinationConflictError: the secondary file is the ``.onnx`` or a reused file (also through a hard link).
         ExternalDataError: a tensor both inline and EXTERNAL, an unsafe ``location`` (``UnsafeLocationError``),
             ``raw_data`` whose size disagrees with dims and data type.
-        InvalidModelError: the model cannot be serialized (over protobuf's 2 GiB limit).
+        InvalidModelError: a string field (a tensor name, a location...) is not UTF-8; the model cannot be
+            serialized (over protobuf's 2 GiB limit).
         FileNotFoundError: the destination folder does not exist.
         OSError: writing or publishing failed; the destinations and ``model`` are then unchanged.
     """
@@ -131,6 +132,7 @@ def save_model_with_shared_external_data(
     check_int("size_threshold", size_threshold)
     check_bool("check_references", check_references)
     check_bool("durable", durable)
+    check_model_strings(model)  # a name protobuf hands back as bytes would fail far from here, or be written out
     plan = _plan(model, os.path.abspath(os.fspath(dst_onnx_path)), location, step, size_threshold, check_references)
     with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
         weights = _write_new_tensors(outputs, plan, progress)
