@@ -3,9 +3,12 @@
 Usage::
 
     python _crash_child.py align SRC_ONNX DST_ONNX CHUNK_SIZE ALIGNMENT
+    python _crash_child.py align-sharded SRC_ONNX DST_ONNX CHUNK_SIZE MAX_SHARD_SIZE
     python _crash_child.py shared SRC_ONNX DST_ONNX NEW_BYTES SEED
 
-``shared`` loads the source's metadata (its external tensors are reused), adds ``NEW_BYTES`` of new float32 weights
+``align-sharded`` aligns at 4096 with ``align_threshold=1024``, ``dedup=True``, ``size_threshold=1024`` and
+``max_shard_size``: several weights files and one ``.onnx`` published as one transaction. ``shared`` loads the
+source's metadata (its external tensors are reused), adds ``NEW_BYTES`` of new float32 weights
 generated from ``SEED`` (see :func:`new_weights`), and saves the variant at ``DST_ONNX``. The child prints ``ready``
 just before calling the function and ``done <return value>`` after it; the parent kills it in between.
 """
@@ -39,6 +42,17 @@ def main(argv: list[str]) -> int:
     command, src, dst, first, second = argv
     if command == "align":
         call = lambda: align_external_data_streaming(src, dst, chunk_size=int(first), alignment=int(second))  # noqa: E731
+    elif command == "align-sharded":
+        call = lambda: align_external_data_streaming(  # noqa: E731
+            src,
+            dst,
+            chunk_size=int(first),
+            alignment=4096,
+            align_threshold=1024,
+            max_shard_size=int(second),
+            dedup=True,
+            size_threshold=1024,
+        )
     elif command == "shared":
         model = variant_model(src, int(first), int(second))
         call = lambda: save_model_with_shared_external_data(model, dst, alignment=4096)  # noqa: E731

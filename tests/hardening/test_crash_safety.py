@@ -185,6 +185,71 @@ def test_sigkilled_aligner_leaves_absent_previous_or_complete_destination(source
     loads_equal_to_source(dst_onnx, source)
 
 
+SHARD_SIZE = 16 * 1024 * 1024  # the 64 MiB source gives five weights files
+SHARDED_TRIALS = 12
+
+
+def shard_paths(dst_onnx: Path, count: int) -> list[Path]:
+    return [Path(f"{dst_onnx}.data")] + [Path(f"{dst_onnx}.data.{i}") for i in range(1, count)]
+
+
+def test_sigkilled_sharded_aligner_leaves_every_file_absent_previous_or_complete(source: Path, tmp_path: Path):
+    sources_before = snapshot_tree(source.parent)
+    options = {"alignment": 4096, "align_threshold": 1024, "max_shard_size": SHARD_SIZE, "dedup": True}
+    reference_dir = tmp_path / "reference"
+    reference_dir.mkdir()
+    result = align_external_data_in_memory(source, reference_dir / "out.onnx", size_threshold=1024, **options)
+    assert len(result.weights_files) >= 3
+    ref_onnx = (reference_dir / "out.onnx").read_bytes()
+    ref_shards = [Path(p).read_bytes() for p in result.weights_files]
+
+    dst_dir = tmp_path / "dst"
+    dst_dir.mkdir()
+    dst_onnx = dst_dir / "out.onnx"
+    shards = shard_paths(dst_onnx, len(ref_shards))
+    args = ("align-sharded", source, dst_onnx, CHUNK_SIZE, SHARD_SIZE)
+    duration = timed_full_run(*args)
+    assert dst_onnx.read_bytes() == ref_onnx  # streaming in a child == in-memory oracle, byte for byte
+    assert [p.read_bytes() for p in shards] == ref_shards
+
+    rng = random.Random(SEED + 2)
+    outcomes: Counter = Counter()
+    for trial in range(SHARDED_TRIALS):
+        with_previous = trial % 2 == 1
+        previous_onnx = None
+        if with_previous:
+            for path, content in zip(shards, ref_shards, strict=True):
+                path.write_bytes(content)
+            dst_onnx.write_bytes(ref_onnx)
+            previous_onnx = with_marker(dst_onnx)
+        else:
+            for path in (dst_onnx, *shards):
+                path.unlink(missing_ok=True)
+        kill_at_random(rng, duration, *args)
+        onnx_state = file_state(dst_onnx, ref_onnx, previous_onnx)
+        states = [
+            file_state(path, content, content if with_previous else None)
+            for path, content in zip(shards, ref_shards, strict=True)
+        ]
+        if with_previous:
+            assert onnx_state in ("previous", "complete")
+            assert set(states) == {"complete"}  # previous and new weights are the same bytes (see module doc)
+        elif onnx_state == "complete":
+            assert set(states) == {"complete"}, "the .onnx was published before all of its weights files"
+        outcomes[f"{'previous' if with_previous else 'absent'} -> onnx {onnx_state}, shards {states}"] += 1
+        if onnx_state != "absent":
+            onnx.checker.check_model(str(dst_onnx))
+    print(f"sharded aligner: {SHARDED_TRIALS} SIGKILL trials over a {duration:.2f} s run: {dict(outcomes)}")
+    assert snapshot_tree(source.parent) == sources_before
+
+    for path in (dst_onnx, *shards):
+        path.unlink(missing_ok=True)
+    timed_full_run(*args)
+    assert temp_files_under(dst_dir) == []
+    assert dst_onnx.read_bytes() == ref_onnx and [p.read_bytes() for p in shards] == ref_shards
+    loads_equal_to_source(dst_onnx, source)
+
+
 def test_sigkilled_shared_saver_leaves_absent_previous_or_complete_destination(source: Path, tmp_path: Path):
     from _crash_child import new_weights, variant_model
 
