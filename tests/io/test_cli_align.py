@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -215,3 +216,58 @@ def test_no_fsync_writes_the_same_files_without_any_fsync(
     for name in ("out.onnx", "out.onnx.data"):
         assert (tmp_path / "fast" / name).read_bytes() == (tmp_path / "durable" / name).read_bytes()
     assert "3 tensors, 196 bytes written (88 padding)" in capsys.readouterr().out
+
+
+def test_layout_options_with_size_suffixes(tmp_path, build_identity_model, capsys):
+    from onnx_light_ref.io.verify import verify_models
+
+    big = np.arange(3000, dtype=np.float32)  # 12,000 bytes
+    tensors = {"a": big, "a_copy": big.copy(), "b": np.arange(5000, dtype=np.float32), "tiny": np.ones(3, np.int64)}
+    src = tmp_path / "src.onnx"
+    onnx.save_model(build_identity_model(tensors), str(src))  # every tensor inline
+    dst = tmp_path / "out" / "model.onnx"
+
+    status = main(
+        [
+            "align",
+            str(src),
+            str(dst),
+            "--align-threshold",
+            "1K",
+            "--max-shard-size",
+            "16K",
+            "--dedup",
+            "--size-threshold",
+            "1K",
+            "--no-progress",
+        ]
+    )
+
+    assert status == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    assert "(+1 shards: 2 files)" in out
+    assert "3 tensors (3 moved out of the .onnx, 1 deduplicated (12000 bytes saved))" in out
+    assert sorted(p.name for p in dst.parent.iterdir()) == ["model.onnx", "model.onnx.data", "model.onnx.data.1"]
+    # a (12,000 bytes) fits the cap; b (20,000 bytes) is larger, so it gets a file of its own; tiny stays inline
+    assert (dst.parent / "model.onnx.data").stat().st_size == 12000
+    assert (dst.parent / "model.onnx.data.1").stat().st_size == 20000
+    assert verify_models(src, dst).equal
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "fragment"),
+    [("--max-shard-size", "0", "max_shard_size must be >= 1"), ("--max-shard-size", "1.5G", "invalid size")],
+)
+def test_bad_layout_option_values_are_reported(
+    tmp_path, make_external_model, reference_tensors, capsys, option, value, fragment
+):
+    src = make_external_model(tmp_path, reference_tensors())
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    with pytest.raises(SystemExit) if fragment == "invalid size" else contextlib.nullcontext():
+        status = main(["align", str(src), str(tmp_path / "out.onnx"), option, value])
+        assert status == 1
+
+    assert fragment in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -20,7 +20,18 @@ from onnx_light_ref.io.results import AlignResult, SaveResult
 
 
 def _align_result() -> AlignResult:
-    return AlignResult(196, tensors=3, payload_bytes=108, weights_files=["/x/w.bin"], copy_methods={"sendfile"})
+    return AlignResult(
+        196,
+        tensors=3,
+        payload_bytes=108,
+        weights_files=["/x/w.bin"],
+        copy_methods={"sendfile"},
+        deduplicated_tensors=1,
+        deduplicated_bytes=28,
+        externalized_tensors=2,
+        bytes_by_method={"sendfile": 108},
+        clone_eligible_bytes=0,
+    )
 
 
 def test_a_result_behaves_as_the_plain_int():
@@ -39,6 +50,8 @@ def test_a_result_keeps_its_facts_through_pickle_and_copy():
         assert type(clone) is AlignResult and clone == 196
         assert (clone.tensors, clone.payload_bytes, clone.padding) == (3, 108, 88)
         assert clone.weights_files == ("/x/w.bin",) and clone.copy_methods == frozenset({"sendfile"})
+        assert (clone.deduplicated_tensors, clone.deduplicated_bytes, clone.externalized_tensors) == (1, 28, 2)
+        assert clone.bytes_by_method == {"sendfile": 108} and clone.clone_eligible_bytes == 0
 
 
 def test_a_result_is_read_only():
@@ -65,6 +78,8 @@ def test_the_aligners_report_what_they_wrote(tmp_path, make_external_model, refe
     assert result == weights.stat().st_size == 196
     # Four external tensors; w0_again names w0's bytes, stored once (28 + 12 + 68 payload bytes, the rest padding).
     assert (result.tensors, result.payload_bytes, result.padding) == (4, 108, 88)
+    assert (result.deduplicated_tensors, result.deduplicated_bytes, result.externalized_tensors) == (1, 28, 0)
+    assert sum(result.bytes_by_method.values()) == 108 and set(result.bytes_by_method) == set(result.copy_methods)
     assert result.weights_files == (str(weights),)
     if aligner is align_external_data_in_memory:
         assert result.copy_methods == {"pread_pwrite"}
@@ -80,6 +95,14 @@ def test_an_aligner_without_external_tensors_reports_nothing_written(tmp_path, b
 
     assert result == 0 and result.tensors == 0 and result.payload_bytes == 0
     assert result.weights_files == () and result.copy_methods == frozenset()
+    assert result.bytes_by_method == {} and result.externalized_tensors == 0 and result.deduplicated_tensors == 0
+
+
+def test_a_result_built_without_the_new_fields_defaults_them():
+    result = AlignResult(0, tensors=0, payload_bytes=0, weights_files=[], copy_methods=[])
+
+    assert (result.deduplicated_tensors, result.deduplicated_bytes, result.externalized_tensors) == (0, 0, 0)
+    assert result.bytes_by_method == {} and result.clone_eligible_bytes == 0
 
 
 def test_the_shared_saver_reports_new_and_reused_tensors(tmp_path, make_external_model, reference_tensors):
