@@ -13,9 +13,20 @@ Properties of :func:`load_model_stripped` on each input:
 * when it succeeds, protobuf parses the whole file too, and the stripped model with the payloads put back from the
   reported file ranges equals protobuf's parse; every payload lies inside the file;
 * when it refuses, protobuf refuses the whole file too, unless the refusal is one of ours by design (group wire
-  types, which ONNX never writes; nesting past protobuf's own limit).
+  types, which ONNX never writes; nesting past protobuf's own limit);
+* no read overlaps a stripped payload by a whole read-ahead window (payloads are skipped, not read).
 
-``WIRE_FUZZ_EXAMPLES`` raises the number of examples per property (200 by default, so the suite stays fast).
+Every property also runs with tiny read-ahead windows (10 to 64 bytes), so window edges fall inside tags, varints
+and payloads of these small inputs.
+
+A second family starts from valid models (hypothesis builds them: tensors with ``raw_data`` longer than the
+placeholder as initializers, sparse values and indices, attribute ``t``/``tensors``/``sparse_tensor(s)``, in
+subgraphs two levels deep, in functions and ``training_info``), then damages them: truncation, flipped bytes, a
+spliced varint, or a length prefix changed (found by an independent tolerant walk). Intact ones must be accepted with
+exactly the payloads protobuf's parse has.
+
+``WIRE_FUZZ_EXAMPLES`` sets the number of examples per property (200 by default, 100 for the model family, so the
+suite stays fast).
 """
 
 from __future__ import annotations
@@ -42,7 +53,12 @@ from onnx_light_ref.io import wire
 from onnx_light_ref.io.wire import StrippedModel, load_model_stripped
 
 EXAMPLES = int(os.environ.get("WIRE_FUZZ_EXAMPLES", "200"))
+# Generating a model costs more than damaging bytes: fewer by default, as many as asked for in a campaign.
+MODEL_EXAMPLES = int(os.environ.get("WIRE_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+# Read-ahead windows: tiny ones put window edges inside tags, varints and payloads of small inputs (>= 10 bytes, the
+# longest varint, which the reader relies on), and the real 64 KiB one.
+WINDOWS = st.sampled_from([10, 16, 23, 64, 65536])
 # Refusals protobuf itself would not make: ONNX never uses groups, and nesting is capped at protobuf's default limit.
 OURS_BY_DESIGN = ("group wire type", "nested deeper than")
 
@@ -143,12 +159,16 @@ def outcome(stripped: StrippedModel | str) -> str:
     return "refused: " + re.sub(r"\d+", "N", reason.group(1) if reason else stripped)[:50]
 
 
-def check(data: bytes, workdir: Path, min_length: int = 0) -> StrippedModel | str:
-    """Run the reader on ``data`` and check every property in the module docstring; return the result or the error."""
+def check(data: bytes, workdir: Path, min_length: int = 0, window: int | None = None) -> StrippedModel | str:
+    """Run the reader on ``data`` and check every property in the module docstring; return the result or the error.
+
+    ``window`` shrinks the read-ahead window (default 64 KiB) so that small inputs cross window edges everywhere.
+    """
     path = workdir / "fuzz.onnx"
     path.write_bytes(data)
     expected = protobuf_parse(data)
-    with guarded():
+    window = window or wire._WINDOW
+    with guarded() as reads, mock.patch.object(wire, "_WINDOW", window):
         try:
             stripped = load_model_stripped(path, min_length)
         except InvalidModelError as exc:
@@ -157,34 +177,42 @@ def check(data: bytes, workdir: Path, min_length: int = 0) -> StrippedModel | st
             assert expected is None or any(reason in message for reason in OURS_BY_DESIGN), message
             return message
     assert expected is not None, "accepted a file protobuf refuses"
+    for payload in stripped.payloads:
+        assert payload.offset >= 0 and payload.offset + payload.length <= len(data)
+        for offset, length in reads:  # payloads are skipped: only a window's read-ahead may run into one
+            overlap = min(offset + length, payload.offset + payload.length) - max(offset, payload.offset)
+            assert overlap < window, f"read of {length} at {offset} covers payload {payload}"
     back = onnx.ModelProto()
     back.CopyFrom(stripped.model)
     for tensor in all_tensors(back):
         payload = stripped.payload(tensor)
         if payload is not None:
-            assert payload.offset >= 0 and payload.offset + payload.length <= len(data)
             tensor.raw_data = data[payload.offset : payload.offset + payload.length]
     assert back == expected
     return stripped
 
 
+@pytest.mark.parametrize("window", [65536, 10])
 @pytest.mark.parametrize("min_length", [0, 48])
-def test_every_truncation_of_the_seed(workdir, min_length):
-    seed = check(SEED, workdir, min_length)
+def test_every_truncation_of_the_seed(workdir, min_length, window):
+    seed = check(SEED, workdir, min_length, window)
     assert isinstance(seed, StrippedModel)
     # w; then/else branches x (attr, init); ts; sparse values+indices, as initializer and attribute; fn; algorithm x 2
     assert len(seed.payloads) == (13 if min_length == 0 else 6)
     for end in range(len(SEED)):
-        check(SEED[:end], workdir, min_length)
+        check(SEED[:end], workdir, min_length, window)
 
 
 @FUZZ
-@given(flips=st.lists(st.tuples(st.integers(0, len(SEED) - 1), st.integers(1, 255)), min_size=1, max_size=6))
-def test_flipped_bytes(workdir, flips):
+@given(
+    flips=st.lists(st.tuples(st.integers(0, len(SEED) - 1), st.integers(1, 255)), min_size=1, max_size=6),
+    window=WINDOWS,
+)
+def test_flipped_bytes(workdir, flips, window):
     data = bytearray(SEED)
     for position, mask in flips:
         data[position] ^= mask
-    event(outcome(check(bytes(data), workdir)))
+    event(outcome(check(bytes(data), workdir, window=window)))
 
 
 @FUZZ
@@ -193,10 +221,11 @@ def test_flipped_bytes(workdir, flips):
     replaced=st.integers(0, 4),
     value=st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1), st.sampled_from([2**31, 2**32, 2**63])),
     width=st.integers(1, 12),
+    window=WINDOWS,
 )
-def test_spliced_varints(workdir, position, replaced, value, width):
+def test_spliced_varints(workdir, position, replaced, value, width, window):
     data = SEED[:position] + encode_varint(value, min_bytes=width) + SEED[position + replaced :]
-    event(outcome(check(data, workdir)))
+    event(outcome(check(data, workdir, window=window)))
 
 
 FIELD_NUMBERS = st.one_of(st.sampled_from([1, 2, 5, 6, 7, 9, 10, 11, 15, 20, 22, 23, 25]), st.integers(0, 2**29 + 3))
@@ -231,3 +260,217 @@ def test_random_field_trees(workdir, tree, with_graph):
     if with_graph:
         data += field_key(7, 2) + encode_varint(len(data)) + data
     event(outcome(check(data, workdir)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Valid-ish models with strippable payloads at random places, then damaged. The field trees above almost never form
+# a TensorProto with a long raw_data inside the right chain of messages; these do, so the stripping and
+# re-encoding paths (and the refusals inside them) are what gets fuzzed.
+
+NAMES = st.text("abcxyz_0123456789", min_size=1, max_size=6)
+# Mostly longer than the 32-byte placeholder, some at or below it (they stay inline), some far above the windows.
+RAW = st.one_of(st.binary(min_size=33, max_size=80), st.binary(max_size=33), st.binary(min_size=100, max_size=300))
+
+
+@st.composite
+def tensors(draw: st.DrawFn) -> onnx.TensorProto:
+    tensor = onnx.TensorProto(name=draw(NAMES), data_type=onnx.TensorProto.UINT8)
+    raw = draw(RAW)
+    tensor.dims.append(len(raw))
+    tensor.raw_data = raw
+    extra = draw(st.sampled_from(["", "", "typed", "external", "doc"]))
+    if extra == "typed":  # raw_data and a typed field together: invalid for onnx, still protobuf
+        tensor.float_data.extend(draw(st.lists(st.sampled_from([0.0, 1.5, -2.0, 3e38]), max_size=3)))
+    elif extra == "external":
+        entry = tensor.external_data.add()
+        entry.key, entry.value = "location", draw(NAMES)
+    elif extra == "doc":
+        tensor.doc_string = draw(st.text(max_size=20))
+    return tensor
+
+
+@st.composite
+def sparse_tensors(draw: st.DrawFn) -> onnx.SparseTensorProto:
+    sparse = onnx.SparseTensorProto()
+    sparse.values.CopyFrom(draw(tensors()))
+    if draw(st.booleans()):
+        sparse.indices.CopyFrom(draw(tensors()))
+    sparse.dims.extend(draw(st.lists(st.integers(0, 50), max_size=2)))
+    return sparse
+
+
+def attributes(graphs: st.SearchStrategy[onnx.GraphProto]) -> st.SearchStrategy[onnx.AttributeProto]:
+    A = onnx.AttributeProto
+
+    @st.composite
+    def build(draw: st.DrawFn) -> onnx.AttributeProto:
+        attribute = onnx.AttributeProto(name=draw(NAMES))
+        kind = draw(st.sampled_from(["t", "tensors", "sparse_tensor", "sparse_tensors", "g", "graphs", "i", "s"]))
+        if kind == "t":
+            attribute.type = A.TENSOR
+            attribute.t.CopyFrom(draw(tensors()))
+        elif kind == "tensors":
+            attribute.type = A.TENSORS
+            attribute.tensors.extend(draw(st.lists(tensors(), max_size=3)))
+        elif kind == "sparse_tensor":
+            attribute.type = A.SPARSE_TENSOR
+            attribute.sparse_tensor.CopyFrom(draw(sparse_tensors()))
+        elif kind == "sparse_tensors":
+            attribute.type = A.SPARSE_TENSORS
+            attribute.sparse_tensors.extend(draw(st.lists(sparse_tensors(), max_size=2)))
+        elif kind == "g":
+            attribute.type = A.GRAPH
+            attribute.g.CopyFrom(draw(graphs))
+        elif kind == "graphs":
+            attribute.type = A.GRAPHS
+            attribute.graphs.extend(draw(st.lists(graphs, max_size=2)))
+        elif kind == "i":
+            attribute.type, attribute.i = A.INT, draw(st.integers(-(2**63), 2**63 - 1))
+        else:
+            attribute.type, attribute.s = A.STRING, draw(st.binary(max_size=60))
+        return attribute
+
+    return build()
+
+
+def nodes(graphs: st.SearchStrategy[onnx.GraphProto]) -> st.SearchStrategy[onnx.NodeProto]:
+    @st.composite
+    def build(draw: st.DrawFn) -> onnx.NodeProto:
+        node = onnx.NodeProto(op_type=draw(st.sampled_from(["Constant", "If", "Loop", "Custom"])), name=draw(NAMES))
+        node.input.extend(draw(st.lists(NAMES, max_size=2)))
+        node.output.append(draw(NAMES))
+        node.attribute.extend(draw(st.lists(attributes(graphs), max_size=3)))
+        return node
+
+    return build()
+
+
+def graphs(depth: int) -> st.SearchStrategy[onnx.GraphProto]:
+    """Graphs with subgraphs down to ``depth`` more levels."""
+    inner = graphs(depth - 1) if depth > 0 else st.builds(onnx.GraphProto, name=NAMES)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> onnx.GraphProto:
+        graph = onnx.GraphProto(name=draw(NAMES))
+        graph.node.extend(draw(st.lists(nodes(inner), max_size=3)))
+        graph.initializer.extend(draw(st.lists(tensors(), max_size=4)))
+        graph.sparse_initializer.extend(draw(st.lists(sparse_tensors(), max_size=2)))
+        if draw(st.booleans()):
+            graph.output.append(helper.make_tensor_value_info(draw(NAMES), onnx.TensorProto.FLOAT, [3]))
+        return graph
+
+    return build()
+
+
+@st.composite
+def models(draw: st.DrawFn) -> onnx.ModelProto:
+    model = onnx.ModelProto(ir_version=10, producer_name=draw(st.text(max_size=8)))
+    model.opset_import.append(helper.make_opsetid("", 18))
+    model.graph.CopyFrom(draw(graphs(2)))
+    for _ in range(draw(st.integers(0, 2))):
+        function = model.functions.add(name=draw(NAMES), domain="ai.test")
+        function.node.extend(draw(st.lists(nodes(graphs(0)), max_size=2)))
+        function.attribute_proto.extend(draw(st.lists(attributes(graphs(0)), max_size=2)))
+    for _ in range(draw(st.integers(0, 1))):
+        info = model.training_info.add()
+        info.initialization.CopyFrom(draw(graphs(1)))
+        if draw(st.booleans()):
+            info.algorithm.CopyFrom(draw(graphs(0)))
+    return model
+
+
+def length_prefixes(data: bytes, start: int = 0, end: int | None = None) -> list[tuple[int, int, int]]:
+    """(offset, width, value) of every length varint in ``data``, descending into whatever parses as a message.
+
+    Independent of the module under test: a tolerant walk that treats each length-delimited field as a possible
+    message (a string that happens to parse as one only adds more places to damage).
+    """
+    end = len(data) if end is None else end
+    found: list[tuple[int, int, int]] = []
+    pos = start
+
+    def varint(at: int) -> tuple[int, int]:
+        value = shift = 0
+        for i in range(at, min(at + 10, end)):
+            value |= (data[i] & 0x7F) << shift
+            if data[i] < 0x80:
+                return value, i + 1
+            shift += 7
+        raise ValueError
+
+    try:
+        while pos < end:
+            tag, pos = varint(pos)
+            wire_type = tag & 7
+            if wire_type == 0:
+                _, pos = varint(pos)
+            elif wire_type in (1, 5):
+                pos += 8 if wire_type == 1 else 4
+            elif wire_type == 2:
+                length, after = varint(pos)
+                if after + length > end:
+                    raise ValueError
+                found.append((pos, after - pos, length))
+                found.extend(length_prefixes(data, after, after + length))
+                pos = after + length
+            else:
+                raise ValueError
+    except ValueError:
+        pass
+    return found
+
+
+@st.composite
+def damaged(draw: st.DrawFn, data: bytes) -> tuple[str, bytes]:
+    """``data`` damaged one way: truncated, bytes flipped, a varint spliced in, a length prefix changed, or intact."""
+    # "intact" comes last: hypothesis draws the first choice more often, and length damage is the one that matters.
+    how = draw(st.sampled_from(["length", "truncate", "flip", "splice", "length", "intact"]))
+    if how == "truncate":
+        return how, data[: draw(st.integers(0, len(data) - 1))]
+    if how == "flip":
+        out = bytearray(data)
+        for _ in range(draw(st.integers(1, 4))):
+            out[draw(st.integers(0, len(out) - 1))] ^= draw(st.integers(1, 255))
+        return how, bytes(out)
+    value = st.one_of(st.integers(0, 300), st.sampled_from([2**31, 2**32, 2**63, 2**64 - 1]))
+    if how == "splice":
+        at = draw(st.integers(0, len(data)))
+        spliced = encode_varint(draw(value), min_bytes=draw(st.integers(1, 11)))
+        return how, data[:at] + spliced + data[at + draw(st.integers(0, 3)) :]
+    prefixes = length_prefixes(data)
+    if how == "intact" or not prefixes:
+        return "intact", data
+    at, width, length = draw(st.sampled_from(prefixes))
+    new = draw(st.one_of(st.integers(max(0, length - 3), length + 3), value))
+    return how, data[:at] + encode_varint(new, min_bytes=draw(st.sampled_from([1, 1, width, 10, 11]))) + data[
+        at + width :
+    ]
+
+
+MODEL_FUZZ = settings(
+    max_examples=MODEL_EXAMPLES,
+    deadline=None,  # generation time varies a lot; the SIGALRM guard still catches a scan that does not end
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@MODEL_FUZZ
+@given(
+    model=models(),
+    data=st.data(),
+    min_length=st.sampled_from([0, 0, 40, 64, 200]),
+    window=WINDOWS,
+)
+def test_models_with_payloads_everywhere_damaged(workdir, model, data, min_length, window):
+    encoded = model.SerializeToString()
+    how, damaged_bytes = data.draw(damaged(encoded), label="damage")
+    result = check(damaged_bytes, workdir, min_length, window)
+    if isinstance(result, StrippedModel):
+        count = len(result.payloads)
+        event(f"{how}: accepted, {'no' if not count else '1-9' if count < 10 else '10+'} payloads")
+    else:
+        event(f"{how}: {outcome(result)}")
+    if how == "intact":
+        assert isinstance(result, StrippedModel), result
+        strip_from = max(min_length, wire.PLACEHOLDER_LENGTH + 1)
+        assert len(result.payloads) == sum(len(t.raw_data) >= strip_from for t in all_tensors(model))
