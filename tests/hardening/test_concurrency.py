@@ -1,4 +1,5 @@
-"""Concurrency: one evaluator shared by 8 threads, and several processes aligning one source at once.
+"""Concurrency: one evaluator shared by 8 threads, several processes aligning one source at once, and writers racing
+to publish into one destination (a retried job): the ``.onnx`` left behind must always describe the weights beside it.
 
 The DelayedInitializer kernel reads with its own descriptor and positional reads (``file`` mode) or hands out copies
 of a read-only cache (``cpu`` mode), so runs of one evaluator in parallel threads must always return the right
@@ -12,6 +13,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +33,7 @@ from onnx_light_ref import align_external_data_in_memory
 from onnx_light_ref.ops.evaluate import reference_evaluator
 
 CHILD = Path(__file__).with_name("_crash_child.py")
+RACE_CHILD = Path(__file__).with_name("_race_child.py")
 THREADS = 8
 RUNS_PER_THREAD = 50
 PASSED_THROUGH = ("w_i64", "w_u8", "w_f16", "w_bool")  # returned by Identity nodes
@@ -183,3 +186,74 @@ def test_two_processes_aligning_into_the_same_destination_leave_one_complete_out
     assert temp_files_under(tmp_path) == []
     assert sorted(p.name for p in destination.parent.iterdir()) == ["out.onnx", "out.onnx.data"]
     assert snapshot_tree(big_source.parent) == sources_before
+
+
+# ------------------------------------------------------------------------------- writers racing to one destination
+
+
+def race_child(dst: Path, writer: int, times: int, *pause: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(RACE_CHILD), str(dst), str(writer), str(times), *pause],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(RACE_CHILD.parent),  # the child imports its helpers from there
+    )
+
+
+def finish(child: subprocess.Popen[str]) -> None:
+    _out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+
+
+def assert_consistent_pair(dst: Path) -> int:
+    """The published .onnx describes the weights beside it: its own writer's bytes, read through onnx's loader."""
+    from _race_child import writer_array
+
+    model = onnx.load_model(str(dst))  # loads the external data through onnx's own checks
+    writer = int(model.graph.name.removeprefix("writer"))
+    (tensor,) = model.graph.initializer
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(tensor), writer_array(writer))
+    entries = {
+        e.key: e.value for e in onnx.load_model(str(dst), load_external_data=False).graph.initializer[0].external_data
+    }
+    assert int(entries["offset"]) + int(entries["length"]) == Path(f"{dst}.data").stat().st_size
+    return writer
+
+
+def test_racing_writers_always_leave_a_consistent_pair(tmp_path: Path):
+    """Three processes publish different models into one destination, many times; check after every round."""
+    dst = tmp_path / "out" / "m.onnx"
+    dst.parent.mkdir()
+    winners = set()
+    for _round in range(5):
+        children = [race_child(dst, writer, 6) for writer in (1, 2, 3)]
+        for child in children:
+            finish(child)
+        winners.add(assert_consistent_pair(dst))
+        assert temp_files_under(tmp_path) == []
+        assert sorted(p.name for p in dst.parent.iterdir()) == ["m.onnx", "m.onnx.data"]
+    assert winners <= {1, 2, 3}
+
+
+def test_a_writer_waits_while_another_is_between_its_two_renames(tmp_path: Path):
+    """Writer 1 stops after renaming its weights; writer 2, started then, must not publish in that window.
+
+    Without the publication lock writer 2 would finish inside the window and writer 1's .onnx would land beside writer
+    2's weights. With it, writer 2 waits for writer 1's .onnx rename, so the pair left is writer 2's, whole.
+    """
+    dst = tmp_path / "out" / "m.onnx"
+    dst.parent.mkdir()
+    mid, resume = tmp_path / "mid", tmp_path / "resume"
+    first = race_child(dst, 1, 1, "pause", str(mid), str(resume))
+    for _ in range(6000):  # the child creates the marker once its weights are renamed
+        if mid.exists() or first.poll() is not None:
+            break
+        time.sleep(0.01)
+    assert mid.exists(), first.communicate()[1]
+    second = race_child(dst, 2, 1)
+    finish(second)
+    resume.touch()
+    finish(first)
+    assert assert_consistent_pair(dst) == 2
+    assert temp_files_under(dst.parent) == []

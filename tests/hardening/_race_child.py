@@ -1,0 +1,67 @@
+"""Child process of the publication race tests: save writer ``K``'s model into one destination, ``N`` times.
+
+Usage: ``python _race_child.py DST_ONNX WRITER TIMES [pause MID_MARKER RESUME_MARKER]``.
+
+Writer ``K``'s model has graph name ``writer<K>`` and one tensor whose size and values depend on ``K`` (see
+:func:`writer_array`), so an ``.onnx`` beside another writer's weights file is detected by reading it back. With
+``pause``, the first publication stops between the weights rename and the ``.onnx`` rename: it creates
+``MID_MARKER`` and waits (at most a few seconds) for ``RESUME_MARKER``, which is exactly the window where a second
+writer, if it were not locked out, would publish and leave a mixed pair behind.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from onnx_light_ref.io import publish
+from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
+
+PAUSE_SECONDS = 3.0
+
+
+def writer_array(writer: int) -> np.ndarray:
+    """Different lengths (so offsets and file sizes differ) and values per writer."""
+    return np.arange(1000 + 37 * writer, dtype=np.float32) + 1000.0 * writer
+
+
+def writer_model(writer: int) -> onnx.ModelProto:
+    array = writer_array(writer)
+    tensor = numpy_helper.from_array(array, "w")
+    node = helper.make_node("Identity", ["w"], ["y"])
+    out = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(array.shape))
+    graph = helper.make_graph([node], f"writer{writer}", [], [out], initializer=[tensor])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def pause_after_first_rename(mid_marker: str, resume_marker: str) -> None:
+    real_commit = publish.StagedFile.commit
+    state = {"commits": 0}
+
+    def commit(self: publish.StagedFile) -> None:
+        real_commit(self)
+        state["commits"] += 1
+        if state["commits"] == 1:  # the weights file is published, the .onnx not yet
+            open(mid_marker, "w").close()
+            deadline = time.monotonic() + PAUSE_SECONDS
+            while not os.path.exists(resume_marker) and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    publish.StagedFile.commit = commit  # type: ignore[method-assign]
+
+
+def main(argv: list[str]) -> None:
+    dst, writer, times = argv[0], int(argv[1]), int(argv[2])
+    if len(argv) > 3 and argv[3] == "pause":
+        pause_after_first_rename(argv[4], argv[5])
+    for _ in range(times):
+        save_model_with_shared_external_data(writer_model(writer), dst, alignment=64, durable=False)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
