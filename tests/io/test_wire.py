@@ -643,3 +643,76 @@ def test_a_hand_built_stripped_model_matches_no_file(tmp_path):
     by_hand = StrippedModel(loaded.model, loaded.path, loaded.file_size, loaded.payloads, loaded.metadata_size, b"x")
     assert (by_hand.device, by_hand.inode, by_hand.mtime_ns) == (-1, -1, -1)
     assert not by_hand.same_file(path.stat())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fast scan: what it leaves to protobuf, and that it changes nothing in the result.
+
+
+def test_a_fault_left_to_protobuf_is_still_named_by_its_byte_offset(tmp_path, sha256_of_tree):
+    # A 3-byte TensorProto cannot hold a payload: the scan leaves it to protobuf; protobuf's refusal has no offset,
+    # so the file is rescanned walking every tensor-holding message, and that error is the one raised.
+    path = tmp_path / "m.onnx"
+    data = in_graph(field_key(5, LEN) + encode_varint(3) + field_key(9, LEN) + encode_varint(10) + b"x") + b"\x08\x0a"
+    path.write_bytes(data)
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(InvalidModelError) as info:
+        load_model_stripped(path, 0)
+    assert str(info.value) == (
+        f"{str(path)!r} is not a valid ONNX model: field 9 (length 10) runs past the end of the enclosing message "
+        "(which ends at byte offset 7) at byte offset 4 (in a TensorProto)."
+    )
+    assert "protobuf cannot parse it" in str(info.value.__cause__)
+    assert sha256_of_tree(tmp_path) == before
+    # With a min_length so large that nothing is walked at all, deep nesting is still refused by name.
+    path.write_bytes(nested_graphs(34))
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(InvalidModelError, match="messages nested deeper than 100 levels at byte offset"):
+        load_model_stripped(path, 10**9)
+    assert sha256_of_tree(tmp_path) == before
+
+
+def test_a_group_inside_a_message_too_short_for_a_payload_is_protobufs_call(tmp_path):
+    # Where the scan walks, groups are refused; a sub-message too short to hold a payload is not walked, and
+    # protobuf keeps a group there as an unknown field, as onnx.load does.
+    group = field_key(30, 3) + field_key(30, 4)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(in_graph(field_key(5, LEN) + encode_varint(len(group)) + group))
+    stripped = load_model_stripped(path, 0)
+    assert stripped.model == onnx.load(str(path)) and stripped.payloads == ()
+    assert stripped.metadata_size == path.stat().st_size
+
+
+def test_a_model_where_nothing_is_stripped_is_parsed_from_its_own_bytes(tmp_path, read_log):
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["y"], value=floats("c", 4))], "main", [], [out("y", [4])]
+    )
+    graph.initializer.extend(floats(f"w{i}", 100) for i in range(50))
+    path = save(model(graph), tmp_path / "m.onnx")
+    stripped = load_model_stripped(path, 10**6)
+    assert stripped.payloads == () and stripped.metadata_size == path.stat().st_size
+    assert stripped.model == onnx.load(str(path))
+    # One read of the whole file (the scan itself never needed a window: every message was longer than its need).
+    assert sum(n for _, n in read_log) <= 2 * path.stat().st_size
+
+
+@pytest.mark.parametrize("window", [10, 11, 17, 64, 4096])
+def test_read_ahead_window_edges_anywhere(tmp_path, monkeypatch, window):
+    # Tiny windows put an edge inside every kind of tag, length and payload; the result must not change.
+    monkeypatch.setattr(wire, "_WINDOW", window)
+    loop_body = branch("body", 40)
+    graph = helper.make_graph(
+        [
+            helper.make_node("If", ["c"], ["r"], then_branch=loop_body, else_branch=branch("else", 9)),
+            helper.make_node("Constant", [], ["k"], value=floats("k", 300)),
+        ],
+        "main",
+        [helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, [])],
+        [out("r", [40])],
+        initializer=[floats(f"w{i}", 5 + 13 * i) for i in range(30)],
+        sparse_initializer=[sparse("sp", 20)],
+    )
+    graph.doc_string = "d" * 300  # a two-byte length in a message the scan walks
+    path = save(model(graph), tmp_path / "m.onnx")
+    for min_length in (0, 100):
+        assert_round_trip(path, min_length)
