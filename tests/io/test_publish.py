@@ -6,14 +6,18 @@ or exactly the previous ones (hash snapshot) and no temp file.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import onnx_light_ref.io.publish as publish
 from onnx_light_ref.io.arguments import ArgumentTypeError
+from onnx_light_ref.io.locations import FileIdentity
 from onnx_light_ref.io.publish import OutputTransaction, StagedFile, publish_all, staged_files
 
 WEIGHTS = ["shard-1.bin", "shard-2.bin", "shard-3.bin"]
@@ -133,3 +137,104 @@ def test_the_lower_level_names_still_publish(tmp_path, assert_no_temp_files):
     assert (tmp_path / "w.bin").read_bytes() == b"weights"
     assert (tmp_path / "m.onnx").read_bytes() == b"model"
     assert_no_temp_files(tmp_path)
+
+
+# ------------------------------------------------------------------------------------ temp names and the sweeper
+
+
+def test_a_destination_name_of_the_maximum_legal_length_publishes(tmp_path, assert_no_temp_files):
+    """Temp names do not embed the final name, so any legal name works (they are at most 50 bytes)."""
+    weights, model = tmp_path / ("w" * 250 + ".data"), tmp_path / ("m" * 250 + ".onnx")
+    with OutputTransaction() as outputs:
+        staged = outputs.stage(str(weights))
+        assert len(os.path.basename(staged.temp_path)) <= 50
+        staged.write_all(b"payload", 0)
+        outputs.publish(str(model), b"model")
+    assert weights.read_bytes() == b"payload" and model.read_bytes() == b"model"
+    assert_no_temp_files(tmp_path)
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _temp_like(folder: Path, final_name: str, pid: int) -> Path:
+    """A file named exactly like a temp file of ``final_name`` written by ``pid``."""
+    path = folder / f".olr~{publish._name_tag(final_name)}~{pid}~{'ab' * 8}.tmp"
+    path.write_bytes(b"left by a killed run")
+    return path
+
+
+def test_the_sweeper_removes_only_dead_writers_temp_files_of_the_same_destination(tmp_path):
+    dead = _dead_pid()
+    stale = _temp_like(tmp_path, "m.onnx", dead)
+    alive = _temp_like(tmp_path, "m.onnx", os.getpid())
+    other_destination = _temp_like(tmp_path, "other.onnx", dead)
+    old_style = tmp_path / f".m.onnx.{dead}.{'ab' * 8}.tmp"  # a user file in the previous naming scheme
+    old_style.write_bytes(b"user data")
+    lookalike = tmp_path / f".olr~{publish._name_tag('m.onnx')}~{dead}~not-a-token.tmp"
+    lookalike.write_bytes(b"user data")
+
+    assert publish.remove_stale_temp_files(str(tmp_path / "m.onnx")) == [stale.name]
+
+    assert not stale.exists()
+    assert alive.exists() and other_destination.exists() and old_style.exists() and lookalike.exists()
+
+
+def test_the_sweeper_never_removes_a_source_of_the_current_job(tmp_path):
+    source = _temp_like(tmp_path, "m.onnx", _dead_pid())
+    st = source.stat()
+    identity = FileIdentity(st.st_dev, st.st_ino)
+
+    assert publish.remove_stale_temp_files(str(tmp_path / "m.onnx"), keep={identity}) == []
+    with OutputTransaction(keep={identity}) as outputs:
+        outputs.publish(str(tmp_path / "m.onnx"), b"model")
+    assert source.read_bytes() == b"left by a killed run"
+
+
+def test_the_sweeper_skips_a_temp_file_whose_lock_is_held(tmp_path):
+    """A dead pid but a held lock: a writer in another pid namespace (a container) is still writing it."""
+    held = _temp_like(tmp_path, "m.onnx", _dead_pid())
+    fd = os.open(held, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert publish.remove_stale_temp_files(str(tmp_path / "m.onnx")) == []
+    finally:
+        os.close(fd)
+    assert publish.remove_stale_temp_files(str(tmp_path / "m.onnx")) == [held.name]
+
+
+def test_a_staged_file_holds_its_lock_until_renamed(tmp_path):
+    staged = StagedFile(str(tmp_path / "w.bin"))
+    staged.write_all(b"x", 0)
+    staged.flush()  # the write descriptor is closed; the lock must still be held
+    probe = os.open(staged.temp_path, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        staged.commit()
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released with the rename
+    finally:
+        os.close(probe)
+
+
+def test_publication_holds_the_folder_lock_during_the_renames(tmp_path, monkeypatch):
+    held_during_rename = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        probe = os.open(tmp_path, os.O_RDONLY)
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held_during_rename.append(False)
+        except BlockingIOError:
+            held_during_rename.append(True)
+        finally:
+            os.close(probe)
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(publish.os, "replace", replace)
+    _write_job(tmp_path)
+    assert held_during_rename == [True] * 4
