@@ -317,3 +317,22 @@ def test_generated_models_with_every_option_stream_exactly_like_in_memory(
         for path in result.weights_files:
             held = [e for e in entries.values() if e["location"] == Path(path).name]
             assert Path(path).stat().st_size <= max_shard_size or len({e["offset"] for e in held}) == 1
+
+
+OPTION_SETS = {
+    "threshold+dedup": {"alignment": 64, "align_threshold": 16, "dedup": True},
+    "shards+inline": {"alignment": 4096, "max_shard_size": 64, "size_threshold": 0},
+    "everything": {"alignment": 64, "align_threshold": 8, "max_shard_size": 100, "dedup": True, "size_threshold": 4},
+}
+
+
+@pytest.mark.parametrize("options", sorted(OPTION_SETS))
+def test_zoo_models_with_option_sets_match_in_memory_verify_and_run(tmp_path, zoo_model, options):
+    result = run_both(zoo_model.path, tmp_path / "out", **OPTION_SETS[options])
+
+    assert result.tensors >= 1
+    aligned = tmp_path / "out" / "s" / "model.onnx"
+    before = ort.InferenceSession(str(zoo_model.path)).run(None, zoo_model.feeds)
+    after = ort.InferenceSession(str(aligned)).run(None, zoo_model.feeds)
+    for x, y in zip(before, after, strict=True):
+        np.testing.assert_array_equal(x, y)
