@@ -3,7 +3,8 @@
 Hypothesis draws a model description: tensors of several dtypes and shapes, each inline, valid external (its bytes
 really are where its entries say) or hostile external (locations from a list of known-bad ones or random strings,
 offsets and lengths from random numbers and malformed strings, unknown or duplicated keys, inline and external at
-once), placed in the main graph, in an If branch, in an If nested in an If, or in a Constant attribute; plus a
+once), placed in the main graph, in an If branch, in an If nested in an If, or in a Constant attribute, aligned with
+random layout options (align threshold, shards, dedup, inline size threshold); plus a
 folder with data files of random sizes, a symlink, a symlinked folder and a hard link pointing outside.
 
 Properties, for ``align_external_data_streaming``, ``align_external_data_in_memory``,
@@ -94,6 +95,7 @@ class ModelSpec:
     seed: int
     alignment: int
     chunk_size: int
+    layout: tuple[tuple[str, object], ...] = ()  # align_threshold, max_shard_size, dedup, size_threshold
 
 
 def numbers(low: int, high: int) -> st.SearchStrategy[str | None]:
@@ -139,6 +141,12 @@ model_specs = st.builds(
     seed=st.integers(0, 2**32 - 1),
     alignment=st.sampled_from([0, 1, 16, 64, 4096]),
     chunk_size=st.sampled_from([1, 7, 64, 1 << 20]),
+    layout=st.tuples(
+        st.tuples(st.just("align_threshold"), st.sampled_from([0, 0, 8, 100])),
+        st.tuples(st.just("max_shard_size"), st.sampled_from([None, None, 1, 50, 1000])),
+        st.tuples(st.just("dedup"), st.booleans()),
+        st.tuples(st.just("size_threshold"), st.sampled_from([None, None, 0, 16])),
+    ),
 )
 
 
@@ -285,10 +293,11 @@ def test_random_external_data_succeeds_correctly_or_raises_a_documented_error(sp
         stream_dir.mkdir()
         memory_dir.mkdir()
 
+        layout = dict(spec.layout)
         streamed = call(
-            align_external_data_streaming, src, stream_dir / "out.onnx", None, spec.alignment, spec.chunk_size
+            align_external_data_streaming, src, stream_dir / "out.onnx", None, spec.alignment, spec.chunk_size, **layout
         )
-        in_memory = call(align_external_data_in_memory, src, memory_dir / "out.onnx", None, spec.alignment)
+        in_memory = call(align_external_data_in_memory, src, memory_dir / "out.onnx", None, spec.alignment, **layout)
         assert type(streamed) is type(in_memory), (streamed, in_memory)
         event(f"align: {type(streamed).__name__}")
         if everything_valid(spec):
