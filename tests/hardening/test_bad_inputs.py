@@ -54,7 +54,10 @@ from onnx_light_ref.errors import (
     InvalidModelError,
     UnsafeLocationError,
 )
+from onnx_light_ref.io.arguments import ArgumentTypeError
+from onnx_light_ref.io.verify import verify_models
 from onnx_light_ref.ops.convert import delay_initializers
+from onnx_light_ref.ops.undelay import undelay_initializers
 
 GOOD = np.arange(16, dtype=np.float32).reshape(4, 4)  # 64 bytes at offset 0 of model.onnx.data
 BAD = np.arange(16, dtype=np.float32).reshape(4, 4) * -1  # its 64 bytes are at offset 64; entries vary per row
@@ -214,11 +217,24 @@ def call_delay(scene: Scene) -> Callable[[], object]:
     return lambda: delay_initializers(scene.src)
 
 
+def call_undelay(scene: Scene) -> Callable[[], object]:
+    """undelay moves the source's external tensors into its own weights file: they are validated like any source."""
+    out = scene.dst_dir / "out.onnx"
+    scene.destinations += [out, scene.dst_dir / "out.onnx.data"]
+    return lambda: undelay_initializers(scene.src, out, alignment=64)
+
+
+def call_verify(scene: Scene) -> Callable[[], object]:
+    return lambda: verify_models(scene.src, scene.src)
+
+
 CALLERS = {
     "streaming": call_streaming,
     "in_memory": call_in_memory,
     "shared": call_shared,
     "delay": call_delay,
+    "undelay": call_undelay,
+    "verify": call_verify,
 }
 
 
@@ -271,6 +287,27 @@ def symlink_loop(scene: Scene) -> onnx.ModelProto:
 def nested_dotdot(scene: Scene) -> onnx.ModelProto:
     (scene.model_dir / "sub").mkdir()
     return source_model(bad(*entries("sub/../../outside/secret.bin", "0")))
+
+
+def not_utf8(model: onnx.ModelProto, placeholder: bytes) -> onnx.ModelProto:
+    """``model`` with ``placeholder`` replaced by bytes that are not UTF-8 (protobuf then hands back ``bytes``)."""
+    data = model.SerializeToString()
+    assert placeholder in data
+    parsed = onnx.ModelProto()
+    parsed.ParseFromString(data.replace(placeholder, b"\xff\xfe" + placeholder[2:]))
+    return parsed
+
+
+def with_typed_values(field_name: str, array: np.ndarray) -> onnx.TensorProto:
+    """An EXTERNAL tensor that also holds its values in a typed field (``float_data``...)."""
+    tensor = external_tensor("w_bad", array, entries())
+    getattr(tensor, field_name).extend(array.ravel().tolist())
+    return tensor
+
+
+def negative_dims(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    tensor.dims[0] = -4
+    return tensor
 
 
 def simple(tensor_or_model: Callable[[], onnx.ModelProto]) -> Callable[[Scene], onnx.ModelProto]:
@@ -466,6 +503,68 @@ REFERENCE_CASES = [
         UnsafeLocationError,
         "'..' component",
         skip=("delay",),
+    ),
+    ReferenceCase(
+        "location-dotdot-inside-a-name",  # onnx refuses any '..' substring, so such a model could never be loaded
+        lambda s: (
+            (s.model_dir / "w..1.bin").write_bytes((s.model_dir / DATA).read_bytes()),
+            source_model(bad(*entries("w..1.bin"))),
+        )[1],
+        UnsafeLocationError,
+        "'..' inside a name",
+    ),
+    ReferenceCase(
+        "location-trailing-slash",
+        simple(lambda: source_model(bad(*entries(DATA + "/")))),
+        UnsafeLocationError,
+        "does not name a file",
+    ),
+    ReferenceCase(
+        "location-trailing-slash-dot",
+        simple(lambda: source_model(bad(*entries(DATA + "/.")))),
+        UnsafeLocationError,
+        "does not name a file",
+    ),
+    ReferenceCase(
+        "location-not-utf8",
+        simple(lambda: not_utf8(source_model(bad(*entries("LOC~~~~.bin"))), b"LOC~~~~")),
+        InvalidModelError,
+        "is not valid UTF-8",
+        shared_error=InvalidModelError,
+    ),
+    ReferenceCase(
+        "tensor-name-not-utf8",
+        simple(lambda: not_utf8(source_model(external_tensor("NAM~~~~", BAD, entries())), b"NAM~~~~")),
+        InvalidModelError,
+        "is not valid UTF-8",
+        shared_error=InvalidModelError,
+    ),
+    *(
+        ReferenceCase(
+            f"external-and-{field_name}",
+            simple(lambda field_name=field_name, array=array: source_model(with_typed_values(field_name, array))),
+            ExternalDataError,
+            f"also holds inline values in {field_name}",
+            shared_error=ExternalDataError,
+        )
+        for field_name, array in (
+            ("float_data", BAD),
+            ("int32_data", BAD.astype(np.int32)),
+            ("int64_data", BAD.astype(np.int64)),
+            ("double_data", BAD.astype(np.float64)),
+        )
+    ),
+    ReferenceCase(
+        "negative-dims-without-length",
+        simple(lambda: source_model(negative_dims(bad(*entries(length=None))))),
+        ExternalDataError,
+        "negative dims",
+    ),
+    ReferenceCase(
+        "negative-dims-with-length",
+        simple(lambda: source_model(negative_dims(bad(*entries())))),
+        ExternalDataError,
+        "negative dims",
     ),
     ReferenceCase(
         "bad-constant-attribute",
@@ -974,6 +1073,216 @@ row(
 )
 
 
+# ------------------------------------------- shared saver: locations and reused references checked by one rule
+
+
+def symlink_in_model_dir(name: str, target: str) -> Callable[[Scene], None]:
+    """``model/<name>`` -> ``target`` (relative to model/, or ``outside`` for the folder that must never be written)."""
+
+    def setup(scene: Scene) -> None:
+        destination = scene.outside if target == "outside" else Path(target)
+        (scene.model_dir / name).symlink_to(destination, target_is_directory=True)
+
+    return setup
+
+
+SHARED_LOCATION_CASES = [
+    ("location-dotdot-inside-a-name", {"location": "w..1.bin"}, None, UnsafeLocationError, "'..' inside a name"),
+    ("location-trailing-slash", {"location": "x.data/"}, None, UnsafeLocationError, "does not name a file"),
+    ("location-trailing-slash-dot", {"location": "x.data/."}, None, UnsafeLocationError, "does not name a file"),
+    ("location-dot", {"location": "."}, None, UnsafeLocationError, "does not name a file"),
+    ("location-not-a-str", {"location": b"x.data"}, None, ArgumentTypeError, "location must be a str"),
+    ("location-too-long", {"location": "x" * 256}, None, DestinationConflictError, "longer than the 255"),
+    (
+        "location-through-self-link-to-dst-onnx",
+        {"location": "self/variant.onnx"},
+        symlink_in_model_dir("self", "."),
+        DestinationConflictError,
+        "are the same file",
+    ),
+    (
+        "location-through-self-link-to-reused-file",
+        {"location": f"self/{DATA}"},
+        symlink_in_model_dir("self", "."),
+        DestinationConflictError,
+        "would destroy the shared weights",
+    ),
+    (
+        "location-through-self-link-to-reused-file-unchecked",
+        {"location": f"self/{DATA}", "check_references": False},
+        symlink_in_model_dir("self", "."),
+        DestinationConflictError,
+        "would destroy the shared weights",
+    ),
+    (
+        "location-escaping-through-symlinked-folder",
+        {"location": "esc/x.data"},
+        symlink_in_model_dir("esc", "outside"),
+        UnsafeLocationError,
+        "through a symbolic link",
+    ),
+    (
+        "location-is-a-directory",
+        {"location": "subdir"},
+        lambda s: (s.model_dir / "subdir").mkdir(),
+        DestinationConflictError,
+        "is a directory",
+    ),
+]
+
+for _case_id, _kwargs, _setup, _error, _fragment in SHARED_LOCATION_CASES:
+    row(f"shared-{_case_id}", shared_prepare(variant, _setup, **_kwargs), _error, _fragment)
+
+row(
+    "shared-dst-onnx-is-a-directory",
+    shared_prepare(lambda s: s.model_dir / "dir.onnx", lambda s: (s.model_dir / "dir.onnx").mkdir()),
+    DestinationConflictError,
+    "is a directory",
+)
+
+
+def unchecked_reuse(*pairs: tuple[str, str]) -> Callable[[Scene], Callable[[], object]]:
+    """A variant whose reused tensor has ``pairs`` as entries, saved with check_references=False."""
+
+    def prepare(scene: Scene) -> Callable[[], object]:
+        model = identity_model(
+            [external_tensor("w_reused", GOOD, pairs), numpy_helper.from_array(np.full(8, 7, np.float64), "w_new")]
+        )
+        scene.protos.append(model)
+        out = variant(scene)
+        scene.destinations += [out, Path(f"{out}.data")]
+        return lambda: save_model_with_shared_external_data(model, out, check_references=False)
+
+    return prepare
+
+
+UNCHECKED_REUSE_CASES = [
+    ("folder-dot", entries(f"{DATA}/.", "0"), UnsafeLocationError, "does not name a file"),
+    ("trailing-slash", entries(f"{DATA}/", "0"), UnsafeLocationError, "does not name a file"),
+    ("dotdot-inside-a-name", entries("w..1.bin", "0"), UnsafeLocationError, "'..' inside a name"),
+    ("dotdot-component", entries("../outside/secret.bin", "0"), UnsafeLocationError, "'..' component"),
+    ("absolute", entries("/etc/passwd", "0"), UnsafeLocationError, "is absolute"),
+    ("unknown-key", entries(DATA, "0", "64", ("sha256", "00")), ExternalDataError, "unknown external_data keys"),
+    ("no-location", [("offset", "0")], ExternalDataError, "no external_data 'location'"),
+    *(
+        (f"{key}-spelled-{spelling_id}", entries(**{key: spelling}), ExternalDataError, "ASCII digits only")
+        for key in ("offset", "length")
+        for spelling_id, spelling in (
+            ("plus-zero", "+0"),
+            ("leading-space", " 64"),
+            ("underscore", "6_4"),
+            ("arabic-indic-digits", "\u0666\u0664"),
+        )
+    ),
+]
+
+for _case_id, _pairs, _error, _fragment in UNCHECKED_REUSE_CASES:
+    row(f"shared-unchecked-reuse-{_case_id}", unchecked_reuse(*_pairs), _error, _fragment)
+
+
+# ---------------------------------------------------------------------------------------- undelay destinations
+
+
+def undelay_prepare(
+    dst: Callable[[Scene], tuple[Path, Path | None]], setup: Callable[[Scene], None] | None = None
+) -> Callable[[Scene], Callable[[], object]]:
+    def prepare(scene: Scene) -> Callable[[], object]:
+        valid_source(scene)
+        dst_onnx, dst_weights = dst(scene)
+        if setup is not None:
+            setup(scene)
+        # Outputs absent now must stay absent; one that exists (a source reached through a link) is in the snapshot.
+        outputs = [dst_onnx, dst_weights or Path(f"{dst_onnx}.data")]
+        scene.destinations += [path for path in outputs if not os.path.lexists(path)]
+        return lambda: undelay_initializers(scene.src, dst_onnx, dst_weights)
+
+    return prepare
+
+
+def self_link_in_dst(scene: Scene) -> None:
+    (scene.dst_dir / "self").symlink_to(".", target_is_directory=True)
+
+
+UNDELAY_CASES = [
+    (
+        "weights-reach-dst-onnx-through-self-link",
+        lambda s: (s.dst_dir / "out.onnx", s.dst_dir / "self" / "out.onnx"),
+        self_link_in_dst,
+        DestinationConflictError,
+        "are the same file",
+    ),
+    (
+        "weights-escape-through-symlinked-folder",
+        lambda s: (s.dst_dir / "out.onnx", s.dst_dir / "esc" / "w.bin"),
+        lambda s: (s.dst_dir / "esc").symlink_to(s.outside, target_is_directory=True),
+        UnsafeLocationError,
+        "through a symbolic link",
+    ),
+    (
+        "weights-dotdot-inside-a-name",
+        lambda s: (s.dst_dir / "out.onnx", s.dst_dir / "w..1.bin"),
+        None,
+        UnsafeLocationError,
+        "'..' inside a name",
+    ),
+    (
+        "dst-onnx-is-a-directory",
+        lambda s: (s.dst_dir / "out.onnx", None),
+        lambda s: (s.dst_dir / "out.onnx").mkdir(),
+        DestinationConflictError,
+        "is a directory",
+    ),
+    (
+        "dst-weights-is-source-data-through-self-link",
+        lambda s: (s.model_dir / "out.onnx", s.model_dir / "self" / DATA),
+        lambda s: (s.model_dir / "self").symlink_to(".", target_is_directory=True),
+        DestinationConflictError,
+        "would destroy the source",
+    ),
+    (
+        "dst-onnx-name-too-long",
+        lambda s: (s.dst_dir / ("o" * 256), s.dst_dir / "w.bin"),
+        None,
+        DestinationConflictError,
+        "longer than the 255",
+    ),
+]
+
+for _case_id, _dst, _setup, _error, _fragment in UNDELAY_CASES:
+    row(f"undelay-{_case_id}", undelay_prepare(_dst, _setup), _error, _fragment)
+
+
+# ------------------------------------------- model files whose names make onnx pick a text parser: always binary
+
+
+def text_named_source(suffix: str, function: str) -> Callable[[Scene], Callable[[], object]]:
+    def prepare(scene: Scene) -> Callable[[], object]:
+        src = scene.model_dir / f"model{suffix}"
+        src.write_bytes(b'ir_version: 10\ngraph { name: "text" }\n')
+        out = scene.dst_dir / "out.onnx"
+        scene.destinations += [out, scene.dst_dir / "out.onnx.data"]
+        calls: dict[str, Callable[[], object]] = {
+            "streaming": lambda: align_external_data_streaming(src, out),
+            "in_memory": lambda: align_external_data_in_memory(src, out),
+            "delay": lambda: delay_initializers(src),
+            "undelay": lambda: undelay_initializers(src, out),
+            "verify": lambda: verify_models(src, src),
+        }
+        return calls[function]
+
+    return prepare
+
+
+for _suffix in (".json", ".textproto", ".onnxtxt", ".txt"):
+    for _function in ("streaming", "in_memory", "delay", "undelay", "verify"):
+        row(
+            f"{_function}-text-file-named{_suffix.replace('.', '-')}",
+            text_named_source(_suffix, _function),
+            InvalidModelError,
+            "not a valid ONNX model",
+        )
+
+
 # ------------------------------------------------------------------------------- delay_initializers arguments
 
 
@@ -1159,6 +1468,6 @@ def test_matrix_covers_every_function_with_enough_rows():
     for param in ROWS:
         function = param.id.split("-")[0]
         counts[function] = counts.get(function, 0) + 1
-    assert set(counts) == {"streaming", "in_memory", "shared", "delay", "op"}
+    assert set(counts) == {"streaming", "in_memory", "shared", "delay", "undelay", "verify", "op"}
     assert sum(counts.values()) >= 40
     assert all(count >= 8 for count in counts.values()), counts
