@@ -1,0 +1,100 @@
+"""io/model_file: always binary protobuf whatever the name, UTF-8 strings only, typed errors (also on the CLI)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from onnx_light_ref.errors import ExternalDataError, InvalidModelError
+from onnx_light_ref.io.locations import check_external_structure, expected_nbytes
+from onnx_light_ref.io.model_file import check_model_strings, load_model_metadata
+
+
+def small_model(name: str = "w") -> onnx.ModelProto:
+    tensor = numpy_helper.from_array(np.arange(4, dtype=np.float32), name)
+    node = helper.make_node("Identity", [name], ["y"])
+    out = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])
+    graph = helper.make_graph([node], "g", [], [out], initializer=[tensor])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def with_bytes(model: onnx.ModelProto, placeholder: bytes) -> bytes:
+    return model.SerializeToString().replace(placeholder, b"\xff\xfe" + placeholder[2:])
+
+
+@pytest.mark.parametrize("suffix", [".json", ".textproto", ".onnxtxt", ".txt", ".onnx", ""])
+def test_a_binary_model_loads_whatever_its_name(tmp_path: Path, suffix: str):
+    path = tmp_path / f"model{suffix}"
+    path.write_bytes(small_model().SerializeToString())
+    assert load_model_metadata(str(path)).graph.initializer[0].name == "w"
+
+
+@pytest.mark.parametrize("suffix", [".json", ".textproto", ".onnxtxt", ".txt"])
+def test_a_text_model_is_an_invalid_model_not_a_parse_error(tmp_path: Path, suffix: str):
+    path = tmp_path / f"model{suffix}"
+    path.write_text(onnx.printer.to_text(small_model()) if suffix == ".onnxtxt" else "ir_version: 10\ngraph {}\n")
+    with pytest.raises(InvalidModelError, match="is not a valid ONNX model"):
+        load_model_metadata(str(path))
+
+
+@pytest.mark.parametrize(
+    ("placeholder", "field"),
+    [
+        (b"NAMEXX", "model.graph.node[0].input[0]"),  # the tensor name, first met as the node's input
+        (b"GRAPHX", "model.graph.name"),
+    ],
+)
+def test_non_utf8_strings_are_an_invalid_model_naming_the_field(tmp_path: Path, placeholder: bytes, field: str):
+    model = small_model("NAMEXX")
+    model.graph.name = "GRAPHX"
+    path = tmp_path / "m.onnx"
+    path.write_bytes(with_bytes(model, placeholder))
+    with pytest.raises(InvalidModelError) as raised:
+        load_model_metadata(str(path))
+    assert f"{field} is not valid UTF-8" in str(raised.value)
+    parsed = onnx.ModelProto()
+    parsed.ParseFromString(path.read_bytes())
+    with pytest.raises(InvalidModelError, match="is not valid UTF-8"):
+        check_model_strings(parsed)
+
+
+def test_the_cli_prints_one_error_line_for_a_non_utf8_model(tmp_path: Path):
+    src = tmp_path / "m.onnx"
+    src.write_bytes(with_bytes(small_model("NAMEXX"), b"NAMEXX"))
+    for command in (
+        ["inspect", str(src)],
+        ["align", str(src), str(tmp_path / "out.onnx")],
+        ["verify", str(src), str(src)],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "onnx_light_ref", *command], check=False, capture_output=True, text=True
+        )
+        assert done.returncode == 1, (command, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:") and "not valid UTF-8" in lines[0], done.stderr
+        assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+@pytest.mark.parametrize("dims", [[-1], [4, -4], [-2, -2]])
+def test_expected_nbytes_is_never_negative(dims: list[int]):
+    tensor = onnx.TensorProto(name="w", data_type=onnx.TensorProto.FLOAT, dims=dims)
+    with pytest.raises(ExternalDataError, match=r"'w' has negative dims"):
+        expected_nbytes(tensor)
+
+
+@pytest.mark.parametrize("field", ["float_data", "int32_data", "int64_data", "double_data", "uint64_data"])
+def test_an_external_tensor_with_typed_values_is_refused(field: str):
+    tensor = onnx.TensorProto(name="w", data_type=onnx.TensorProto.FLOAT, dims=[1])
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", "w.bin"
+    getattr(tensor, field).append(1)
+    with pytest.raises(ExternalDataError, match=f"also holds inline values in {field}"):
+        check_external_structure(tensor)
