@@ -97,11 +97,13 @@ def check_model_strings(model: onnx.ModelProto, *, what: str = "the model") -> N
         )
 
 
-def load_model_metadata(path: str) -> onnx.ModelProto:
+def load_model_metadata(path: str, *, check_strings: bool = True) -> onnx.ModelProto:
     """Parse ``path`` as binary protobuf with ``load_external_data=False``: no weight is read.
 
     Args:
         path: the ``.onnx`` file (whatever its name ends with: always parsed as binary protobuf).
+        check_strings: refuse a model with a non-UTF-8 string (:func:`check_model_strings`). Only a diagnostic
+            reader that reports such strings per tensor itself (``inspect``) passes False; every writer keeps it.
 
     Returns:
         The parsed model, external tensors still EXTERNAL.
@@ -118,7 +120,8 @@ def load_model_metadata(path: str) -> onnx.ModelProto:
         raise InvalidModelError(f"{path!r} is not a valid ONNX model (cannot parse it: {exc}).") from exc
     if not model.HasField("graph"):
         raise InvalidModelError(f"{path!r} is not a valid ONNX model (it has no graph; truncated or not ONNX?).")
-    check_model_strings(model, what=repr(path))
+    if check_strings:
+        check_model_strings(model, what=repr(path))
     return model
 
 
