@@ -288,7 +288,8 @@ def build_layout_report(model_path: PathLike) -> LayoutReport:
         InvalidModelError: ``model_path`` is not a parsable ONNX model.
     """
     path = os.path.abspath(os.fspath(model_path))
-    model = load_model_metadata(path)
+    # Names that are not UTF-8 are reported per tensor below, instead of refusing the whole model.
+    model = load_model_metadata(path, check_strings=False)
     resolver = LocationResolver(os.path.dirname(path))
     tensors: list[TensorLayout] = []
     files: dict[str, FileLayout] = {}  # keyed by resolved path (two spellings of one file are one file)
