@@ -175,15 +175,33 @@ def _statvfs_free(path: str) -> int:
     return st.f_bfree * st.f_frsize
 
 
+# Counters of ``AlignResult`` worth reporting (issues 11-13); absent attributes (an older aligner) are left out.
+_ALIGN_RESULT_INTS = (
+    "payload_bytes",
+    "tensors",
+    "deduplicated_tensors",
+    "deduplicated_bytes",
+    "externalized_tensors",
+    "clone_eligible_bytes",
+)
+
+
 def _align_result(args: dict[str, Any], written: Any, free_before: int | None) -> dict[str, Any]:
     extra: dict[str, Any] = {"bytes_written": int(written)}
     if args.get("list_files", False):
         extra["files"] = _weights_files(args["dst"])
-    for attribute in ("payload_bytes", "tensors"):
+    for attribute in _ALIGN_RESULT_INTS:
         if hasattr(written, attribute):
             extra[attribute] = int(getattr(written, attribute))
     if hasattr(written, "copy_methods"):
         extra["copy_methods"] = sorted(written.copy_methods)
+    if hasattr(written, "bytes_by_method"):
+        extra["bytes_by_method"] = {method: int(n) for method, n in sorted(written.bytes_by_method.items())}
+    if hasattr(written, "weights_files"):
+        # The aligner's own list (shard order), checked against what is on disk by the tests; names only, the
+        # folders are fresh per run.
+        extra["weights_files"] = [os.path.basename(path) for path in written.weights_files]
+        extra["shard_count"] = len(written.weights_files)
     if free_before is not None:
         # New blocks the operation took on the destination filesystem (reflinks share extents: close to zero).
         extra["fs_new_bytes"] = free_before - _statvfs_free(os.path.dirname(args["dst"]))

@@ -105,6 +105,7 @@ def test_externalize_inline(compare: Any, benchmark: Any, inline_models: InlineM
     for label in ("streaming", "in_memory"):
         assert summary[label]["extra"]["bytes_written"] == expected
         assert summary[label]["extra"]["files"] == {"out.onnx.data": expected}
+        assert summary[label]["extra"]["externalized_tensors"] == model.tensor_count  # not the 16-byte shape
 
 
 def test_externalize_huge(compare: Any, benchmark: Any, inline_models: InlineModels, bench_config: BenchConfig) -> None:
@@ -118,3 +119,4 @@ def test_externalize_huge(compare: Any, benchmark: Any, inline_models: InlineMod
     require(summary, ["streaming"], benchmark.extra_info.get("skipped"))
     assert summary["streaming"]["extra"]["bytes_written"] == expected
     assert summary["streaming"]["extra"]["files"] == {"out.onnx.data": expected}
+    assert summary["streaming"]["extra"]["externalized_tensors"] == model.tensor_count

@@ -81,6 +81,8 @@ def test_dedup_no_duplicates(compare: Any, benchmark: Any, models: ModelCache) -
     expected = aligned_size(model.tensor_count, model.tensor_bytes)
     assert summary["streaming"]["extra"]["bytes_written"] == expected
     assert summary["dedup"]["extra"]["bytes_written"] == expected  # nothing merged: no two tensors are equal
+    for label in ("streaming", "dedup"):
+        assert summary[label]["extra"]["deduplicated_tensors"] == summary[label]["extra"]["deduplicated_bytes"] == 0
 
 
 def test_dedup_duplicates(compare: Any, benchmark: Any, layout_models: LayoutModels) -> None:
@@ -93,6 +95,11 @@ def test_dedup_duplicates(compare: Any, benchmark: Any, layout_models: LayoutMod
     # Tensor sizes are multiples of the alignment: the deduplicated file is exactly the unique bytes, no padding.
     assert summary["dedup"]["extra"]["bytes_written"] == model.unique_bytes
     assert sum(summary["dedup"]["extra"]["files"].values()) == model.unique_bytes
+    duplicates = model.tensor_count - model.unique_count
+    assert summary["dedup"]["extra"]["deduplicated_tensors"] == duplicates
+    assert summary["dedup"]["extra"]["deduplicated_bytes"] == duplicates * model.tensor_bytes
+    assert summary["dedup"]["extra"]["payload_bytes"] == model.unique_bytes
+    assert summary["streaming"]["extra"]["deduplicated_tensors"] == 0  # equal bytes, distinct source ranges
 
 
 def test_shards(compare: Any, benchmark: Any, models: ModelCache, bench_config: BenchConfig) -> None:
@@ -115,6 +122,10 @@ def test_shards(compare: Any, benchmark: Any, models: ModelCache, bench_config: 
     count = -(-model.tensor_count // per_shard)
     assert count > 1
     assert sorted(files) == sorted(["out.onnx.data", *(f"out.onnx.data.{i}" for i in range(1, count))])
+    assert summary["sharded"]["extra"]["weights_files"] == ["out.onnx.data", *(f"out.onnx.data.{i}" for i in
+                                                                             range(1, count))]  # fmt: skip
+    assert summary["sharded"]["extra"]["shard_count"] == count
+    assert summary["one_file"]["extra"]["shard_count"] == 1
     assert all(size <= shard for size in files.values())
     assert sum(files.values()) == summary["sharded"]["extra"]["bytes_written"] == total  # offsets restart at 0
     assert len(summary["onnx_ir_sharded"]["extra"]["files"]) > 1

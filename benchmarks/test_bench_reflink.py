@@ -1,11 +1,12 @@
 """Reflinks (issue 13): on a loop-mounted XFS made with ``mkfs.xfs -m reflink=1``, re-aligning a model whose
 tensors already sit at 4096-aligned offsets lets ``copy_file_range`` clone extents (no data moves, no new blocks),
-against the same model from unaligned offsets (every byte copied).
+against the same model from unaligned offsets (bytes copied, except every 64th tensor, which the 64-byte gaps
+happen to bring back to a 4096 boundary).
 
 Group ``reflink-xfs``: the ``large`` shape twice on the XFS, ``gap=0`` (aligned) and the usual 64-byte gaps
 (unaligned); the outputs go next to their sources on the same filesystem (cloning needs one filesystem). Each child
 also reports ``fs_new_bytes``: the filesystem's free space before minus after the operation (``statvfs``), the
-blocks it really took.
+blocks it really took, and the aligner's ``clone_eligible_bytes`` (checked against the source offsets).
 
 Mounting needs root, ``mount``/``umount`` and ``mkfs.xfs`` (``.ci/run`` installs xfsprogs when it can); otherwise
 the test is skipped with that reason. The filesystem image is a sparse file under pytest's temp folder, and the
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import onnx
 import pytest
 
 from benchmarks.checks import ALIGNMENT, DEFAULT_CHUNK, aligned_size, require
@@ -79,6 +81,20 @@ def _realign(label: str, model: AlignModel) -> Method:
     return Method(label, "align_streaming", args, cleanup=(dst, dst + ".data"))
 
 
+def _block_aligned_bytes(model: AlignModel) -> int:
+    """Bytes of the tensors whose source offset is a multiple of 4096: those the aligner can clone.
+
+    All of them with ``gap=0``; with the default 64-byte gaps, every 64th tensor (the gaps add up to 4096).
+    """
+    proto = onnx.load(model.onnx_path, load_external_data=False)
+    total = 0
+    for tensor in proto.graph.initializer:
+        entries = {entry.key: int(entry.value) for entry in tensor.external_data if entry.key in ("offset", "length")}
+        if entries["offset"] % ALIGNMENT == 0:
+            total += entries["length"] // ALIGNMENT * ALIGNMENT
+    return total
+
+
 def test_reflink_xfs(compare: Any, benchmark: Any, xfs_models: dict[str, AlignModel]) -> None:
     aligned, unaligned = xfs_models["aligned"], xfs_models["unaligned"]
     assert aligned.data_bytes == aligned.payload_bytes  # gap=0: tensors back to back at 4096-aligned offsets
@@ -96,3 +112,7 @@ def test_reflink_xfs(compare: Any, benchmark: Any, xfs_models: dict[str, AlignMo
     for label in ("aligned", "unaligned"):
         assert summary[label]["extra"]["bytes_written"] == expected
         assert "fs_new_bytes" in summary[label]["extra"]
+    # Whether the kernel really shared the extents is what fs_new_bytes measures; the aligner's own accounting says
+    # which bytes it handed to copy_file_range between block-aligned offsets on a reflink filesystem.
+    for label, model in (("aligned", aligned), ("unaligned", unaligned)):
+        assert summary[label]["extra"]["clone_eligible_bytes"] == _block_aligned_bytes(model), label
