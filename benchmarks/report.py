@@ -436,7 +436,34 @@ def _group_table(group: str, info: dict[str, Any]) -> list[str]:
             f"{_fmt_s(summary['seconds_max'])} | {throughput}{delta:,.1f} | {_ratio(seconds, ref_seconds):.2f} | "
             f"{_ratio(max(delta, _RSS_FLOOR_MIB), ref_rss):.2f} |"
         )
+    notes = [f"- {label}: {note}" for method, label in _LABELS[family].items() if (note := _written_note(info, method))]
+    if notes:
+        lines += ["", "What was written (first run):", "", *notes]
     return lines
+
+
+def _written_note(info: dict[str, Any], method: str) -> str:
+    """What an aligner reported about its output (``AlignResult`` fields, via the child): files, merged, moved, cloned.
+
+    Empty for the peers (they report only bytes and files) and for records from before these fields existed.
+    """
+    extra = (info["summary"].get(method) or {}).get("extra") or {}
+    if "shard_count" not in extra:
+        return ""
+    parts = [f"{extra['shard_count']} weights file{'s' if extra['shard_count'] != 1 else ''}, "
+             f"{_fmt_bytes(extra['bytes_written'])}"]  # fmt: skip
+    if extra.get("deduplicated_tensors"):
+        parts.append(
+            f"{extra['deduplicated_tensors']} tensors deduplicated ({_fmt_bytes(extra['deduplicated_bytes'])})"
+        )
+    if extra.get("externalized_tensors"):
+        parts.append(f"{extra['externalized_tensors']} tensors externalized")
+    moved = extra.get("bytes_by_method") or {}
+    if moved:
+        parts.append("moved by " + ", ".join(f"{name} {_fmt_bytes(n)}" for name, n in moved.items()))
+    if extra.get("clone_eligible_bytes"):
+        parts.append(f"{_fmt_bytes(extra['clone_eligible_bytes'])} clone-eligible")
+    return "; ".join(parts)
 
 
 def _group_title(group: str, info: dict[str, Any]) -> str:
@@ -600,16 +627,21 @@ def _targets_panel(ax: Any, targets: list[Target]) -> None:
 # Running
 
 
-def _run_suite(size: str, rounds: int | None, keyword: str | None, out: Path) -> tuple[Path, str]:
+def _run_suite(size: str, rounds: int | None, keyword: str | None, out: Path) -> tuple[Path, int]:
+    """Run the suite at ``size``; return the JSON it wrote and pytest's exit status.
+
+    A failed test (an assertion on the written bytes, a child that crashed) still leaves pytest-benchmark's JSON with
+    every other comparison: the report is written from it, and the caller exits with pytest's status afterwards.
+    """
     total = parse_size(size)
     free = shutil.disk_usage(tempfile.gettempdir()).free
-    # Sources of both shapes, plus one destination at a time, plus the evaluator models.
     # Sources of every scenario (both align shapes, dedup, aligned copy, inline, the evaluator models), the loop XFS
     # image (3 x total) and one destination at a time (the > 2 GiB externalize writes 2.25 GiB at 1G and above).
     need = 10 * total + (3 * GIB if total >= GIB else 0)
     if free < need:
         raise SystemExit(f"not enough free disk for a {size} run: {free / GIB:.1f} GiB free, need {need / GIB:.1f}.")
     raw = out / f"raw-{size}.json"
+    raw.unlink(missing_ok=True)  # a failed run must not report an older run's numbers as its own
     # A private basetemp: other pytest runs on the machine (same user) prune old numbered temp folders, and the
     # GiB-sized models must not sit where another run might delete them, nor linger afterwards.
     basetemp = Path(tempfile.gettempdir()) / f"onnx-light-ref-bench-{size}"
@@ -629,9 +661,11 @@ def _run_suite(size: str, rounds: int | None, keyword: str | None, out: Path) ->
     completed = subprocess.run(cmd, cwd=_REPO_ROOT, env=env, check=False)
     shutil.rmtree(basetemp, ignore_errors=True)
     print(f"suite finished in {time.perf_counter() - start:.0f} s (exit {completed.returncode})", flush=True)
-    if completed.returncode != 0:
+    if completed.returncode != 0 and not raw.exists():
         raise SystemExit(completed.returncode)
-    return raw, printable
+    if completed.returncode != 0:
+        print(f"the suite failed (exit {completed.returncode}): reporting what it measured", flush=True)
+    return raw, completed.returncode
 
 
 def _report_command(args: argparse.Namespace) -> str:
@@ -653,10 +687,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     args.out.mkdir(parents=True, exist_ok=True)
+    status = 0
     if args.json:
         paths = args.json
     else:
-        raw, _ = _run_suite(args.size, args.rounds, args.keyword, args.out)
+        raw, status = _run_suite(args.size, args.rounds, args.keyword, args.out)
         annotate(raw, _report_command(args))
         paths = sorted(args.out.glob("raw-*.json"))
     commands = run_commands(paths) or ["python -m benchmarks.report --json " + " ".join(str(p) for p in paths)]
@@ -667,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     write_markdown(results, targets, args.out / "results.md", commands, _machine())
     write_chart(results, args.out / "results.png", targets)
     print((args.out / "results.md").read_text())
-    return 0
+    return status
 
 
 if __name__ == "__main__":
