@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +30,7 @@ from onnx import numpy_helper
 
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
-from onnx_light_ref.io.copy_engine import CopyRange, open_source
+from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, open_source
 from onnx_light_ref.io.locations import (
     FileIdentity,
     LocationResolver,
@@ -55,9 +54,6 @@ DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
 # in blocks copied out with ``tobytes()``: memoryview equality unpacks element by element (~100x slower), and one
 # big ``tobytes()`` would allocate a chunk-sized copy. 256 KiB blocks cost ~1.3x a memcmp and bound the scratch.
 _COMPARE_BLOCK = 256 * 1024
-
-ProgressCallback = Callable[[int, int], None]
-"""``progress(done_bytes, total_bytes)``, called after each compared chunk."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto
 
+from onnx_light_ref.io.arguments import INT64_MAX
 from onnx_light_ref.ops.dtypes import describe_allowed, dtype_name, is_allowed_dtype, np_dtype_for
 
 __all__ = [
@@ -48,10 +49,6 @@ ATTRIBUTE_TYPES: dict[str, int] = {
 
 LOAD_DEVICES = ("cpu", "file")
 RUNTIME_DEVICES = ("cpu",)
-
-# Offsets and sizes are int64 in the reference implementation (and in every C++ consumer): a range ending past
-# this cannot be addressed there, so it is refused here too even though Python ints do not overflow.
-_INT64_MAX = 2**63 - 1
 
 MAX_RANK = 64
 """Most dimensions a numpy array can have (``numpy.ndarray``'s limit, 64 since numpy 2.0 and 32 before)."""
@@ -188,7 +185,7 @@ def validate_attributes(values: Mapping[str, object], *, where: str) -> DelayedI
         raise ValueError(
             f"{where}: shape has {len(shape)} dimensions; at most {MAX_RANK} are supported (numpy's limit)."
         )
-    too_large = [d for d in shape if d > _INT64_MAX]
+    too_large = [d for d in shape if d > INT64_MAX]
     if too_large:
         raise ValueError(f"{where}: shape dimension {too_large[0]} does not fit in int64.")
     if not is_allowed_dtype(dtype):
@@ -206,12 +203,12 @@ def validate_attributes(values: Mapping[str, object], *, where: str) -> DelayedI
     # numpy refuses a shape whose non-zero dimensions multiply past its maximum size even when another dimension is
     # 0 (``[0, 2**63-1]``), so the bound is checked on that product, not only on the (zero) byte size.
     nonzero_bytes = math.prod(d for d in shape if d != 0) * params.np_dtype.itemsize
-    if 0 in shape and nonzero_bytes > _INT64_MAX:
+    if 0 in shape and nonzero_bytes > INT64_MAX:
         raise ValueError(
             f"{where}: shape {list(shape)} of {dtype_name(dtype)} cannot be built: its non-zero dimensions span "
             f"{nonzero_bytes} bytes, more than int64 can address (even with a zero dimension, numpy refuses it)."
         )
-    if params.nbytes > _INT64_MAX or offset > _INT64_MAX - params.nbytes:
+    if params.nbytes > INT64_MAX or offset > INT64_MAX - params.nbytes:
         raise ValueError(
             f"{where}: shape {list(shape)} of {dtype_name(dtype)} at offset {offset} is too large "
             f"({params.nbytes} bytes); offset + size must fit in int64."

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import onnx
 import onnx.inliner
 
+from onnx_light_ref.io.arguments import PathLike, check_int
 from onnx_light_ref.io.locations import (
     ExternalRef,
     LocationResolver,
@@ -63,8 +64,6 @@ from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE, SINCE_VERSION, make_delay
 __all__ = ["ConversionPlan", "DelayedTensor", "delay_initializers", "plan_delayed_initializers"]
 
 logger = logging.getLogger(__name__)
-
-PathLike = str | os.PathLike[str]
 
 
 @dataclass(frozen=True)
@@ -131,8 +130,7 @@ def plan_delayed_initializers(
         ValueError: a bad ``min_size``, or a proto with external initializers to convert and no ``base_dir``.
         UnsafeLocationError, ExternalDataError, FileNotFoundError: a bad reference (see :func:`delay_initializers`).
     """
-    if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
-        raise ValueError(f"min_size must be a non-negative int (bytes), got {min_size!r}.")
+    check_int("min_size", min_size)
     model, folder = _load(model_or_path, base_dir)
     if len(model.functions) > 0:
         # new_ops never reaches the evaluators onnx builds for model-local functions: inline them so that every

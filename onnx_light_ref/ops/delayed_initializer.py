@@ -36,6 +36,7 @@ import onnx
 from onnx.reference.op_run import OpRun
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
+from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.locations import FileIdentity, check_location_syntax
 from onnx_light_ref.io.posix import check_single_link, pread_exact
 from onnx_light_ref.ops.attributes import (
@@ -158,8 +159,7 @@ class DelayedInitializer(OpRun):
         Raises:
             TypeError: ``allow_outside_folder`` is not a bool.
         """
-        if not isinstance(allow_outside_folder, bool):
-            raise TypeError(f"allow_outside_folder must be a bool, got {type(allow_outside_folder).__name__}.")
+        check_bool("allow_outside_folder", allow_outside_folder)
         bound_dir = os.path.abspath(os.fspath(base_dir))
         policy = "absolute filenames allowed anywhere" if allow_outside_folder else "every filename confined to it"
         namespace = {

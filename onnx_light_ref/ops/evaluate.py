@@ -30,6 +30,7 @@ from typing import Any
 from onnx.external_data_helper import load_external_data_for_tensor
 from onnx.reference import ReferenceEvaluator
 
+from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.locations import is_external
 from onnx_light_ref.io.walker import iter_tensors
 from onnx_light_ref.ops.convert import delay_initializers
@@ -66,8 +67,7 @@ def reference_evaluator(
         ValueError: the errors of :func:`~onnx_light_ref.ops.convert.delay_initializers` and of the kernel's
             attribute checks (bad references are refused before anything is read).
     """
-    if not isinstance(allow_outside_folder, bool):
-        raise TypeError(f"allow_outside_folder must be a bool, got {type(allow_outside_folder).__name__}.")
+    check_bool("allow_outside_folder", allow_outside_folder)
     model_path = os.path.abspath(os.fspath(path))
     folder = os.path.dirname(model_path)
     converted = delay_initializers(model_path, load_device, base_dir=folder)

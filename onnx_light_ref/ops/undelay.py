@@ -28,7 +28,7 @@ import onnx
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.alignment import align_up, validate_alignment
-from onnx_light_ref.io.arguments import check_bool, check_int
+from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
 from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, RangeCopier
 from onnx_light_ref.io.destinations import check_outputs, weights_location
 from onnx_light_ref.io.entries import write_entries
@@ -58,8 +58,6 @@ from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE
 __all__ = ["undelay_initializers"]
 
 logger = logging.getLogger(__name__)
-
-PathLike = str | os.PathLike[str]
 
 # The copy engine's default: one buffer of this size is the most its last fallback holds in memory.
 _DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
