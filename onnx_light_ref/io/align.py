@@ -24,7 +24,15 @@ import logging
 import os
 
 from onnx_light_ref.errors import ExternalDataError
-from onnx_light_ref.io.align_plan import _TYPED_FIELDS, AlignPlan, Shard, check_layout_options, plan_alignment
+from onnx_light_ref.io.align_plan import (
+    _TYPED_FIELDS,
+    SITE_INLINE,
+    SITE_KEPT,
+    AlignPlan,
+    Shard,
+    check_layout_options,
+    plan_alignment,
+)
 from onnx_light_ref.io.arguments import PathLike, check_int
 from onnx_light_ref.io.copy_engine import CopyMethod, CopyRange, CopyStats, ProgressCallback, RangeCopier, open_source
 from onnx_light_ref.io.entries import write_entries
@@ -49,18 +57,34 @@ _BUFFER_METHOD: CopyMethod = "pread_pwrite"  # bytes written from a Python buffe
 
 
 def _rewrite_entries(plan: AlignPlan) -> None:
-    """Point every moved tensor at its new place (``checksum`` kept, other keys dropped, inline data cleared)."""
-    for move in plan.moves:
-        if move.was_inline:
-            move.tensor.ClearField("raw_data")
+    """Point every moved tensor at its new place (``checksum`` kept, other keys dropped, inline data cleared).
+
+    The plan keeps columns, not tensors: the moved tensors are found again by walking the model, which planning
+    left as it was, in the same order (``plan.sites`` has one byte per tensor of that walk).
+    """
+    sites = iter(plan.sites)
+    move = 0
+    for site in iter_tensors(plan.model):
+        kind = next(sites, None)
+        if kind is None:
+            raise AssertionError("the model has more tensors than when it was planned; nothing published.")
+        tensor = site.tensor
+        if kind != SITE_INLINE and plan.stripped is not None and plan.stripped.payload(tensor) is not None:
+            # A placeholder left in the output would be read as the tensor's data by every loader: never publish one.
+            raise AssertionError(f"tensor {site.label!r} still holds a payload placeholder; nothing published.")
+        if kind == SITE_KEPT:
+            continue
+        if kind == SITE_INLINE:
+            tensor.ClearField("raw_data")
             for name in _TYPED_FIELDS:
-                move.tensor.ClearField(name)
-        write_entries(move.tensor, plan.shards[move.shard].location, move.offset, move.length, move.checksum)
-    if plan.stripped is not None:
-        # A placeholder left in the output would be read as the tensor's data by every loader: never publish one.
-        for site in iter_tensors(plan.model):
-            if plan.stripped.payload(site.tensor) is not None:
-                raise AssertionError(f"tensor {site.label!r} still holds a payload placeholder; nothing published.")
+                tensor.ClearField(name)
+        shard = plan.shards[plan.move_shards[move]]
+        write_entries(
+            tensor, shard.location, plan.move_offsets[move], plan.move_lengths[move], plan.checksums.get(move)
+        )
+        move += 1
+    if next(sites, None) is not None or move != plan.tensors:
+        raise AssertionError("the model has fewer tensors than when it was planned; nothing published.")
 
 
 class _Progress:
@@ -198,7 +222,7 @@ def _publish(plan: AlignPlan, outputs: OutputTransaction, stats: CopyStats) -> A
     bytes_by_method: dict[str, int] = {method: count for method, count in stats.bytes_by_method.items() if count}
     result = AlignResult(
         plan.total_size,
-        tensors=len(plan.moves),
+        tensors=plan.tensors,
         payload_bytes=plan.payload_bytes,
         weights_files=plan.weights_paths,
         copy_methods=bytes_by_method,

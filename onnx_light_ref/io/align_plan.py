@@ -18,9 +18,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, overload
 
 import onnx
 from onnx import numpy_helper
@@ -46,7 +47,16 @@ from onnx_light_ref.io.placement import ShardedLayout, shard_path
 from onnx_light_ref.io.walker import iter_tensors
 from onnx_light_ref.io.wire import StrippedModel, load_model_stripped
 
-__all__ = ["AlignPlan", "Move", "Shard", "check_layout_options", "plan_alignment"]
+__all__ = [
+    "SITE_EXTERNAL",
+    "SITE_INLINE",
+    "SITE_KEPT",
+    "AlignPlan",
+    "Shard",
+    "SourceFile",
+    "check_layout_options",
+    "plan_alignment",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -60,41 +70,109 @@ _DEDUP_CHUNK = 1024 * 1024  # find_duplicates' two buffers when the caller gives
 
 
 @dataclass(frozen=True, slots=True)
-class Move:
-    """One tensor of the output model that points at external data: where, and what it was."""
+class SourceFile:
+    """One source file payloads are copied from: its validated path and identity (checked again when opened)."""
 
-    tensor: onnx.TensorProto  # the live proto in the plan's model
-    shard: int
-    offset: int
-    length: int
-    checksum: str | None  # kept from the source entry (external tensors only)
-    was_inline: bool  # True when the tensor is externalized by this run
+    path: str
+    identity: FileIdentity | None
+
+
+class _Ranges(Sequence[CopyRange]):
+    """A shard's file-to-file copies as :class:`CopyRange` objects, built on demand from its columns."""
+
+    __slots__ = ("_shard",)
+
+    def __init__(self, shard: Shard) -> None:
+        self._shard = shard
+
+    def __len__(self) -> int:
+        return len(self._shard.range_lengths)
+
+    @overload
+    def __getitem__(self, index: int) -> CopyRange: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[CopyRange]: ...
+
+    def __getitem__(self, index: int | slice) -> CopyRange | list[CopyRange]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        shard = self._shard
+        source = shard.files[shard.range_files[index]]
+        return CopyRange(
+            source.path,
+            shard.range_src_offsets[index],
+            shard.range_dst_offsets[index],
+            shard.range_lengths[index],
+            source.identity,
+        )
+
+    def __iter__(self) -> Iterator[CopyRange]:
+        return (self[index] for index in range(len(self)))
 
 
 @dataclass
 class Shard:
-    """One destination weights file: its path, the location stored in the model, its size and its content."""
+    """One destination weights file: its path, the location stored in the model, its size and its content.
+
+    File-to-file copies are kept as four columns (source file index into :attr:`files`, source offset, offset in
+    this file, length), one entry per distinct payload, in destination order; :attr:`ranges` shows them as
+    :class:`CopyRange` objects. ``writes`` holds the few payloads written from memory.
+    """
 
     path: str
     location: str
+    files: Sequence[SourceFile] = ()  # the plan's source file table
     size: int = 0
-    ranges: list[CopyRange] = field(default_factory=list)  # file-to-file copies (offsets in this file)
+    range_files: array[int] = field(default_factory=lambda: array("i"))
+    range_src_offsets: array[int] = field(default_factory=lambda: array("q"))
+    range_dst_offsets: array[int] = field(default_factory=lambda: array("q"))
+    range_lengths: array[int] = field(default_factory=lambda: array("q"))
     writes: list[tuple[int, bytes]] = field(default_factory=list)  # (offset, bytes) written from memory
+
+    def add_range(self, file_index: int, src_offset: int, dst_offset: int, length: int) -> None:
+        self.range_files.append(file_index)
+        self.range_src_offsets.append(src_offset)
+        self.range_dst_offsets.append(dst_offset)
+        self.range_lengths.append(length)
+
+    @property
+    def ranges(self) -> Sequence[CopyRange]:
+        """The file-to-file copies, in destination order."""
+        return _Ranges(self)
 
     @property
     def payload_bytes(self) -> int:
-        return sum(r.length for r in self.ranges) + sum(len(data) for _, data in self.writes)
+        return sum(self.range_lengths) + sum(len(data) for _, data in self.writes)
+
+
+# What AlignPlan.sites holds for each tensor of the walk, in iter_tensors order.
+SITE_KEPT = 0  # not moved: inline and staying inline
+SITE_EXTERNAL = 1  # external in the source, rewritten
+SITE_INLINE = 2  # inline in the source, externalized by this run
 
 
 @dataclass
 class AlignPlan:
-    """Everything decided before the first byte is written."""
+    """Everything decided before the first byte is written.
+
+    Per-tensor facts are columns, not objects (``docs/align.md``, design notes): ``sites`` has one byte per tensor
+    of the walk (``SITE_*``); the moved tensors (``SITE_EXTERNAL`` or ``SITE_INLINE``), in walk order, have their
+    destination in ``move_shards``, ``move_offsets`` and ``move_lengths``, and their kept source ``checksum`` in the
+    sparse ``checksums``. The tensors themselves are found again by walking ``model``, which planning leaves as is.
+    """
 
     model: onnx.ModelProto
     stripped: StrippedModel | None  # the stripped parse (streaming with size_threshold), to find placeholders
     dst_onnx_path: str
     shards: list[Shard]
-    moves: list[Move]
+    files: list[SourceFile]
+    sites: bytearray
+    move_shards: array[int]
+    move_offsets: array[int]
+    move_lengths: array[int]
+    checksums: dict[int, str]  # move index -> checksum, for the moved tensors that have one
+    externalized_tensors: int = 0  # tensors that were inline in the source
     deduplicated_tensors: int = 0  # tensors sharing bytes stored for an earlier tensor
     deduplicated_bytes: int = 0  # bytes those tensors would have taken
 
@@ -113,8 +191,9 @@ class AlignPlan:
         return [shard.path for shard in self.shards]
 
     @property
-    def externalized_tensors(self) -> int:
-        return sum(1 for move in self.moves if move.was_inline)
+    def tensors(self) -> int:
+        """External tensors of the output model."""
+        return len(self.move_lengths)
 
 
 def check_layout_options(
@@ -132,19 +211,6 @@ def check_layout_options(
     inline_threshold = check_optional_int("size_threshold", size_threshold)
     check_bool("durable", durable)
     return threshold, shard_cap, bool(dedup), inline_threshold
-
-
-@dataclass(frozen=True, slots=True)
-class _Candidate:
-    """A payload some tensor points at: a range of a file, or bytes in memory."""
-
-    length: int
-    path: str = ""
-    offset: int = 0
-    identity: FileIdentity | None = None
-    data: bytes | None = None
-    key: tuple[int, int, int] | None = None  # (file index, offset, length): equal keys are the same bytes
-    label: str = ""
 
 
 def plan_alignment(
@@ -193,30 +259,33 @@ def plan_alignment(
 
     model, stripped, onnx_identity = _load(src_onnx, inline_threshold, mode)
     resolver = LocationResolver(os.path.dirname(src_onnx))
-    files: dict[FileIdentity, int] = {}  # one index per source file, for range keys
+    table = _SourceTable()
     refs: dict[FileIdentity, ExternalRef] = {}  # the first reference to each data file, for the hard-link check
-    candidates: list[_Candidate] = []
-    pending: list[tuple[onnx.TensorProto, int, str | None, bool]] = []  # tensor, candidate, checksum, was_inline
+    # One entry per moved tensor, in walk order: where its payload is now (file index and offset, or -1 and its
+    # bytes in `memory`) and its length. Columns, not objects: see docs/align.md, design notes.
+    payloads = _Payloads()
+    checksums: dict[int, str] = {}
+    sites = bytearray()
+    externalized = 0
     for site in iter_tensors(model):
         tensor = site.tensor
         if is_external(tensor):
-            # Each reference is checked and reduced to a candidate right away, never kept (docs/align.md).
+            # Each reference is checked and reduced to columns right away, never kept (docs/align.md).
             ref = parse_external_data(tensor, resolver, label=site.label)
-            refs.setdefault(ref.identity, ref)
-            index = files.setdefault(ref.identity, len(files))
-            candidates.append(
-                _Candidate(ref.length, ref.path, ref.offset, ref.identity, None, (index, ref.offset, ref.length))
-            )
-            pending.append((tensor, len(candidates) - 1, ref.checksum, False))
+            identity = ref.identity
+            refs.setdefault(identity, ref)
+            if ref.checksum is not None:
+                checksums[len(payloads)] = ref.checksum
+            payloads.add_range(table.index(ref.path, identity), ref.offset, ref.length)
+            sites.append(SITE_EXTERNAL)
             continue
-        if inline_threshold is None:
-            continue
-        candidate = _inline_candidate(
-            site.tensor, site.label, inline_threshold, stripped, src_onnx, onnx_identity, files
-        )
-        if candidate is not None:
-            candidates.append(candidate)
-            pending.append((tensor, len(candidates) - 1, None, True))
+        if inline_threshold is not None and _add_inline(
+            tensor, site.label, inline_threshold, stripped, src_onnx, onnx_identity, table, payloads
+        ):
+            sites.append(SITE_INLINE)
+            externalized += 1
+        else:
+            sites.append(SITE_KEPT)
 
     sources = {identity: ref.path for identity, ref in refs.items()}
     src_identity = onnx_identity or file_identity(src_onnx)
@@ -229,44 +298,99 @@ def plan_alignment(
     check_outputs(dst_onnx, [dst_weights], sources)
     for ref in refs.values():
         check_not_hard_linked(ref)
+    del refs
 
-    first = _representatives(candidates, dedup, chunk_size)
+    first = _representatives(table.files, payloads, dedup, chunk_size)
     layout = ShardedLayout(step, threshold, shard_cap)
-    placed: dict[int, tuple[int, int]] = {}  # representative candidate -> (shard, offset)
     shards: list[Shard] = []
-    for index, candidate in enumerate(candidates):
-        if first[index] != index:
+    move_shards: array[int] = array("i")
+    move_offsets: array[int] = array("q")
+    deduplicated_tensors = deduplicated_bytes = 0
+    for index, length in enumerate(payloads.lengths):
+        representative = first[index]
+        if representative != index:  # always an earlier tensor: its place is known
+            move_shards.append(move_shards[representative])
+            move_offsets.append(move_offsets[representative])
+            deduplicated_tensors += 1
+            deduplicated_bytes += length
             continue
-        where = layout.place(candidate.length)
-        placed[index] = (where.shard, where.offset)
+        where = layout.place(length)
+        move_shards.append(where.shard)
+        move_offsets.append(where.offset)
         while len(shards) <= where.shard:
             path = shard_path(dst_weights, len(shards))
-            shards.append(Shard(path, _weights_location(dst_onnx, path)))
+            shards.append(Shard(path, _weights_location(dst_onnx, path), table.files))
         shard = shards[where.shard]
-        if candidate.data is not None:
-            if candidate.length:
-                shard.writes.append((where.offset, candidate.data))
-        elif candidate.length:
-            shard.ranges.append(
-                CopyRange(candidate.path, candidate.offset, where.offset, candidate.length, candidate.identity)
-            )
+        file_index = payloads.files[index]
+        if file_index < 0:
+            if length:
+                shard.writes.append((where.offset, payloads.memory[index]))
+        elif length:
+            shard.add_range(file_index, payloads.offsets[index], where.offset, length)
     for shard, size in zip(shards, layout.sizes, strict=True):
         shard.size = size
-
-    moves: list[Move] = []
-    deduplicated_tensors = deduplicated_bytes = 0
-    seen: set[int] = set()
-    for tensor, index, checksum, was_inline in pending:
-        representative = first[index]
-        if representative in seen:
-            deduplicated_tensors += 1
-            deduplicated_bytes += candidates[index].length
-        seen.add(representative)
-        shard_index, offset = placed[representative]
-        moves.append(Move(tensor, shard_index, offset, candidates[index].length, checksum, was_inline))
     if len(shards) > 1:
         check_outputs(dst_onnx, [s.path for s in shards], sources)
-    return AlignPlan(model, stripped, dst_onnx, shards, moves, deduplicated_tensors, deduplicated_bytes)
+    return AlignPlan(
+        model,
+        stripped,
+        dst_onnx,
+        shards,
+        table.files,
+        sites,
+        move_shards,
+        move_offsets,
+        payloads.lengths,
+        checksums,
+        externalized,
+        deduplicated_tensors,
+        deduplicated_bytes,
+    )
+
+
+class _SourceTable:
+    """One index per source file (by identity), for the range columns and the range keys."""
+
+    def __init__(self) -> None:
+        self.files: list[SourceFile] = []
+        self._indices: dict[FileIdentity, int] = {}
+
+    def index(self, path: str, identity: FileIdentity) -> int:
+        index = self._indices.get(identity)
+        if index is None:
+            index = self._indices[identity] = len(self.files)
+            self.files.append(SourceFile(path, identity))
+        return index
+
+
+class _Payloads:
+    """The payload of every moved tensor, in walk order, as columns: a range of a source file, or bytes in memory."""
+
+    def __init__(self) -> None:
+        self.files: array[int] = array("i")  # index into the source table; -1: bytes in `memory`
+        self.offsets: array[int] = array("q")
+        self.lengths: array[int] = array("q")
+        self.memory: dict[int, bytes] = {}  # the few typed-field or short raw_data tensors
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def add_range(self, file_index: int, offset: int, length: int) -> None:
+        self.files.append(file_index)
+        self.offsets.append(offset)
+        self.lengths.append(length)
+
+    def add_bytes(self, data: bytes) -> None:
+        self.memory[len(self.lengths)] = data
+        self.add_range(-1, 0, len(data))
+
+    def key(self, index: int) -> int | None:
+        """Equal keys are the same bytes by construction: same file, offset and length (None for bytes in memory)."""
+        file_index = self.files[index]
+        if file_index < 0:
+            return None
+        # offset and length are below 2**63 (checked when parsed), so the packing is exact.
+        return (file_index << 128) | (self.offsets[index] << 64) | self.lengths[index]
 
 
 def _load(
@@ -283,21 +407,22 @@ def _load(
     return stripped.model, stripped, after
 
 
-def _inline_candidate(
+def _add_inline(
     tensor: onnx.TensorProto,
     label: str,
     inline_threshold: int,
     stripped: StrippedModel | None,
     src_onnx: str,
     onnx_identity: FileIdentity | None,
-    files: dict[FileIdentity, int],
-) -> _Candidate | None:
-    """The payload of an inline tensor to externalize, or None when it stays inline."""
+    table: _SourceTable,
+    payloads: _Payloads,
+) -> bool:
+    """Add the payload of an inline tensor to externalize to ``payloads``; False when it stays inline."""
     if tensor.data_type in _NEVER_EXTERNAL:
-        return None
+        return False
     expected = expected_nbytes(tensor)
     if expected is None:  # an unknown data type: its size cannot be checked, leave it as it is
-        return None
+        return False
     payload = stripped.payload(tensor) if stripped is not None else None
     if payload is not None:
         length = payload.length
@@ -307,7 +432,7 @@ def _inline_candidate(
         length = expected
     # A tensor without data has nothing to move (and size_threshold=0 would otherwise move every empty tensor).
     if length == 0 or length < inline_threshold:
-        return None
+        return False
     if length != expected:
         raise ExternalDataError(
             f"tensor {label!r}: inline raw_data holds {length} bytes but its dims {list(tensor.dims)} and data type "
@@ -315,11 +440,12 @@ def _inline_candidate(
         )
     if payload is not None:
         assert onnx_identity is not None
-        index = files.setdefault(onnx_identity, len(files))
-        return _Candidate(length, src_onnx, payload.offset, onnx_identity, None, (index, payload.offset, length), label)
-    if tensor.HasField("raw_data"):
-        return _Candidate(length, data=tensor.raw_data, label=label)
-    return _Candidate(length, data=_typed_bytes(tensor, label, expected), label=label)
+        payloads.add_range(table.index(src_onnx, onnx_identity), payload.offset, length)
+    elif tensor.HasField("raw_data"):
+        payloads.add_bytes(tensor.raw_data)
+    else:
+        payloads.add_bytes(_typed_bytes(tensor, label, expected))
+    return True
 
 
 def _typed_bytes(tensor: onnx.TensorProto, label: str, expected: int) -> bytes:
@@ -349,32 +475,64 @@ def _dtype_name(data_type: int) -> str:
         return f"unknown data type {data_type}"
 
 
-def _representatives(candidates: Sequence[_Candidate], dedup: bool, chunk_size: int) -> list[int]:
-    """For each candidate, the first candidate whose bytes it shares (itself when it is the first)."""
-    if not dedup:
-        first_of: dict[tuple[int, int, int], int] = {}
-        return [first_of.setdefault(c.key, index) if c.key is not None else index for index, c in enumerate(candidates)]
-    with _open_files(candidates) as fds:
-        blobs = [
-            BlobSource(c.length, data=c.data, key=c.key, label=f"tensor {c.label!r}")
-            if c.data is not None
-            else BlobSource(c.length, fds[c.path], c.offset, key=c.key, label=f"{c.path!r}")
-            for c in candidates
-        ]
-        return find_duplicates(blobs, chunk_size)
+def _representatives(files: Sequence[SourceFile], payloads: _Payloads, dedup: bool, chunk_size: int) -> array[int]:
+    """For each payload, the first payload whose bytes it shares (itself when it is the first)."""
+    if dedup:
+        with _open_files(files) as fds:
+            return find_duplicates(_Blobs(files, fds, payloads), chunk_size)
+    first: array[int] = array("q", range(len(payloads)))
+    first_of: dict[int, int] = {}
+    for index in range(len(payloads)):
+        key = payloads.key(index)
+        if key is not None:
+            first[index] = first_of.setdefault(key, index)
+    return first
+
+
+class _Blobs(Sequence[BlobSource]):
+    """The payloads as :class:`BlobSource` descriptors for :func:`find_duplicates`, built on demand."""
+
+    def __init__(self, files: Sequence[SourceFile], fds: Sequence[int], payloads: _Payloads) -> None:
+        self._files = files
+        self._fds = fds
+        self._payloads = payloads
+
+    def __len__(self) -> int:
+        return len(self._payloads)
+
+    @overload
+    def __getitem__(self, index: int) -> BlobSource: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[BlobSource]: ...
+
+    def __getitem__(self, index: int | slice) -> BlobSource | list[BlobSource]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        payloads = self._payloads
+        length = payloads.lengths[index]
+        file_index = payloads.files[index]
+        if file_index < 0:
+            return BlobSource(length, data=payloads.memory[index])
+        return BlobSource(
+            length,
+            self._fds[file_index],
+            payloads.offsets[index],
+            key=payloads.key(index),
+            label=repr(self._files[file_index].path),
+        )
 
 
 @contextlib.contextmanager
-def _open_files(candidates: Sequence[_Candidate]) -> Iterator[dict[str, int]]:
+def _open_files(files: Sequence[SourceFile]) -> Iterator[list[int]]:
     """Open each source file once (refusing one swapped since validation) for the duplicate search."""
-    fds: dict[str, int] = {}
+    fds: list[int] = []
     try:
-        for c in candidates:
-            if c.data is None and c.path not in fds:
-                fds[c.path] = open_source(CopyRange(c.path, c.offset, 0, c.length, c.identity))
+        for source in files:
+            fds.append(open_source(CopyRange(source.path, 0, 0, 0, source.identity)))
         yield fds
     finally:
-        for fd in fds.values():
+        for fd in fds:
             os.close(fd)
 
 

@@ -14,6 +14,7 @@ reads through the descriptors it is given and never opens, writes or closes a fi
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -37,20 +38,32 @@ class BlobSource:
     key: object = None  # equal keys mean the same bytes by construction (same file, offset and length)
 
 
-def find_duplicates(blobs: Sequence[BlobSource], chunk_size: int) -> list[int]:
+def find_duplicates(blobs: Sequence[BlobSource], chunk_size: int) -> array[int]:
     """For each blob, the index of the first blob with identical bytes (itself when it is the first).
 
-    Raises :class:`ExternalDataError` when a file ends before a blob's range (it changed since it was validated).
+    ``blobs`` may build each descriptor on demand (the aligner keeps its payloads as columns): each is asked for
+    about twice, and none is kept beyond the comparison that needs it.
+
+    Args:
+        blobs: the blobs, in the order that decides which of identical blobs is "first".
+        chunk_size: size of each of the two read buffers.
+
+    Returns:
+        One int64 per blob: its own index, or that of an earlier blob with the same bytes.
+
+    Raises:
+        ExternalDataError: a file ended before a blob's range (it changed since it was validated).
     """
-    first = list(range(len(blobs)))
+    first: array[int] = array("q", range(len(blobs)))
     by_key: dict[object, int] = {}
     by_length: dict[int, list[int]] = {}
-    for index, blob in enumerate(blobs):
+    for index in range(len(blobs)):
+        blob = blobs[index]
         if blob.key is not None:
-            if blob.key in by_key:
-                first[index] = by_key[blob.key]
+            earlier = by_key.setdefault(blob.key, index)
+            if earlier != index:
+                first[index] = earlier
                 continue
-            by_key[blob.key] = index
         by_length.setdefault(blob.length, []).append(index)
     reader = _ChunkReader(chunk_size)
     for length, members in by_length.items():
@@ -66,10 +79,12 @@ def find_duplicates(blobs: Sequence[BlobSource], chunk_size: int) -> list[int]:
         for group in by_digest.values():
             _merge_equal(group, blobs, reader, first)
     # Blobs merged by key point at a representative that may itself have been merged by content.
-    return [first[first[index]] for index in range(len(blobs))]
+    for index in range(len(first)):
+        first[index] = first[first[index]]
+    return first
 
 
-def _merge_equal(group: list[int], blobs: Sequence[BlobSource], reader: _ChunkReader, first: list[int]) -> None:
+def _merge_equal(group: list[int], blobs: Sequence[BlobSource], reader: _ChunkReader, first: array[int]) -> None:
     """Merge each blob of ``group`` into the first earlier one it is byte-identical to."""
     representatives: list[int] = []
     for index in group:

@@ -32,13 +32,13 @@ def test_identical_ranges_in_different_files_are_merged(data_file):
     a = data_file(b"xx" + b"hello world" + b"yy")
     b = data_file(b"hello world")
     blobs = [BlobSource(11, fd=a, offset=2), BlobSource(11, fd=b, offset=0), BlobSource(11, data=b"hello world")]
-    assert find_duplicates(blobs, chunk_size=3) == [0, 0, 0]
+    assert list(find_duplicates(blobs, chunk_size=3)) == [0, 0, 0]
 
 
 def test_a_blob_differing_only_in_its_last_byte_is_kept_apart(data_file):
     fd = data_file(b"A" * 100 + b"A" * 99 + b"B")
     blobs = [BlobSource(100, fd=fd, offset=0), BlobSource(100, fd=fd, offset=100)]
-    assert find_duplicates(blobs, chunk_size=7) == [0, 1]
+    assert list(find_duplicates(blobs, chunk_size=7)) == [0, 1]
 
 
 def test_a_digest_collision_never_merges_different_bytes(monkeypatch, data_file):
@@ -55,21 +55,21 @@ def test_a_digest_collision_never_merges_different_bytes(monkeypatch, data_file)
     monkeypatch.setattr(dedup_module.hashlib, "blake2b", ConstantHash)
     fd = data_file(b"abcdabce")
     blobs = [BlobSource(4, fd=fd, offset=0), BlobSource(4, fd=fd, offset=4), BlobSource(4, data=b"abcd")]
-    assert find_duplicates(blobs, chunk_size=2) == [0, 1, 0]
+    assert list(find_duplicates(blobs, chunk_size=2)) == [0, 1, 0]
 
 
 def test_blobs_of_unique_length_are_never_read():
     blobs = [BlobSource(3, fd=-1, offset=0), BlobSource(4, fd=-1, offset=0)]  # an invalid fd would raise if read
-    assert find_duplicates(blobs, chunk_size=2) == [0, 1]
+    assert list(find_duplicates(blobs, chunk_size=2)) == [0, 1]
 
 
 def test_same_key_means_same_bytes_without_reading():
     blobs = [BlobSource(5, fd=-1, key=("f", 0, 5)), BlobSource(5, fd=-1, key=("f", 0, 5))]
-    assert find_duplicates(blobs, chunk_size=2) == [0, 0]
+    assert list(find_duplicates(blobs, chunk_size=2)) == [0, 0]
 
 
 def test_zero_length_blobs_are_all_identical():
-    assert find_duplicates([BlobSource(0, fd=-1), BlobSource(0, data=b"")], chunk_size=2) == [0, 0]
+    assert list(find_duplicates([BlobSource(0, fd=-1), BlobSource(0, data=b"")], chunk_size=2)) == [0, 0]
 
 
 def test_a_file_shorter_than_its_range_is_an_error(data_file):
@@ -84,4 +84,4 @@ def test_a_file_shorter_than_its_range_is_an_error(data_file):
 def test_matches_a_naive_comparison(payloads, chunk_size):
     blobs = [BlobSource(len(p), data=p) for p in payloads]
     expected = [payloads.index(p) for p in payloads]
-    assert find_duplicates(blobs, chunk_size) == expected
+    assert list(find_duplicates(blobs, chunk_size)) == expected
