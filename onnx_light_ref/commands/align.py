@@ -28,7 +28,7 @@ from onnx_light_ref.commands.sizes import size_argument
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
     from onnx_light_ref.io.results import AlignResult
 
-__all__ = ["register", "run_align"]
+__all__ = ["align_command", "register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -99,10 +99,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(for scratch copies and comparisons with tools that never fsync)",
     )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
-    parser.set_defaults(func=run_align)
+    parser.set_defaults(func=align_command)
 
 
-def run_align(args: argparse.Namespace) -> int:
+def align_command(args: argparse.Namespace) -> int:
     """Run the command; return the exit status."""
     from onnx_light_ref.io.align import align_external_data_streaming
 
