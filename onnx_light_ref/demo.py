@@ -26,8 +26,8 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -36,7 +36,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from tqdm import tqdm
 
+from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.io import align_external_data_streaming, save_model_with_shared_external_data
+from onnx_light_ref.io.entries import write_entries
 from onnx_light_ref.io.layout_report import build_layout_report
 from onnx_light_ref.io.verify import verify_models
 from onnx_light_ref.ops import reference_evaluator
@@ -112,28 +114,14 @@ def _peak_rss_mib() -> float:
     return peak / 1024 / (1024 if sys.platform == "darwin" else 1)  # bytes on macOS, KiB elsewhere
 
 
-@contextmanager
-def _byte_progress(description: str, enabled: bool) -> Iterator[Callable[[int, int], None]]:
-    """A ``progress(done, total)`` callback drawing a tqdm bar of bytes."""
-    bar = tqdm(desc=description, unit="B", unit_scale=True, unit_divisor=1024, disable=not enabled, leave=False)
-
-    def update(done: int, total: int) -> None:
-        if bar.total != total:
-            bar.total = total
-        bar.update(done - bar.n)
-
-    try:
-        yield update
-    finally:
-        bar.close()
+def _byte_progress(description: str, enabled: bool) -> AbstractContextManager[Callable[[int, int], None]]:
+    """The commands' byte bar, shown whenever ``enabled`` (the caller decided) and erased once done."""
+    return byte_progress(description, hidden=not enabled, terminal_only=False, leave=False)
 
 
 def _external_tensor(name: str, dims: list[int], location: str, offset: int) -> TensorProto:
-    tensor = TensorProto(name=name, dims=dims, data_type=TensorProto.FLOAT, data_location=TensorProto.EXTERNAL)
-    length = 4 * math.prod(dims)
-    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
-        entry = tensor.external_data.add()
-        entry.key, entry.value = key, value
+    tensor = TensorProto(name=name, dims=dims, data_type=TensorProto.FLOAT)
+    write_entries(tensor, location, offset, 4 * math.prod(dims))
     return tensor
 
 

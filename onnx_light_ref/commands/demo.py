@@ -13,6 +13,7 @@ import sys
 import tempfile
 from typing import Any
 
+from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.sizes import size_argument
 
 __all__ = ["demo_command", "register"]
@@ -41,16 +42,14 @@ def demo_command(args: argparse.Namespace) -> int:
         if args.keep is not None:
             problem = _check_keep_folder(args.keep)
             if problem is not None:
-                print(f"error: {problem}", file=sys.stderr)
-                return 1
+                return error_exit(problem)
             os.makedirs(args.keep, exist_ok=True)
             result = run_demo(args.size, os.path.abspath(args.keep), progress=progress)
         else:
             with tempfile.TemporaryDirectory(prefix="onnx-light-ref-demo-") as workdir:
                 result = run_demo(args.size, workdir, progress=progress)
     except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return error_exit(exc)
     print("\n".join(result.lines))
     if args.keep is not None:
         print(f"files kept in {result.workdir}")

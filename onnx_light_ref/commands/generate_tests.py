@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from typing import Any
+
+from onnx_light_ref.commands.errors import error_exit
 
 __all__ = ["generate_tests_command", "register"]
 
@@ -23,8 +24,7 @@ def generate_tests_command(args: argparse.Namespace) -> int:
     try:
         case_dirs = generate(args.output_dir, relocatable=args.relocatable)
     except OSError as exc:
-        print(f"error: {exc.strerror or exc}", file=sys.stderr)
-        return 1
+        return error_exit(exc.strerror or exc)
     for case_dir in case_dirs:
         logger.info("wrote %s", case_dir)
     node_dir = case_dirs[0].parent if case_dirs else args.output_dir

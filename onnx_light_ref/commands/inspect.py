@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io.layout_report import LayoutReport, TensorLayout, build_layout_report
 
@@ -151,8 +152,7 @@ def inspect_command(args: argparse.Namespace) -> int:
     try:
         report = build_layout_report(args.model)
     except (FileNotFoundError, InvalidModelError) as exc:
-        print(f"error: {printable(str(exc))}", file=sys.stderr)
-        return 1
+        return error_exit(printable(str(exc)))
     sys.stdout.write(format_report(report))
     return 0 if report.ok else 1
 

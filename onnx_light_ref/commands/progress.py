@@ -1,7 +1,7 @@
-"""The byte progress bar of every command that moves weights (``align``, ``verify``, ``undelay``...).
+"""The byte progress bar of every command that moves weights (``align``, ``verify``, the demo's steps...).
 
-One tqdm bar on stderr, shown only on a terminal unless disabled, fed by the library's
-``progress(done_bytes, total_bytes)`` callback. This module never prints to stdout: summaries are the command's.
+One tqdm bar on stderr, by default shown only on a terminal, fed by the library's ``progress(done_bytes,
+total_bytes)`` callback. This module never prints to stdout: summaries are the command's.
 """
 
 from __future__ import annotations
@@ -16,19 +16,27 @@ __all__ = ["byte_progress"]
 
 
 @contextlib.contextmanager
-def byte_progress(desc: str, *, hidden: bool) -> Iterator[Callable[[int, int], None]]:
+def byte_progress(
+    desc: str, *, hidden: bool, terminal_only: bool = True, leave: bool = True
+) -> Iterator[Callable[[int, int], None]]:
     """Yield a ``progress(done, total)`` callback drawing a bar named ``desc``; the bar is closed on exit.
 
     Args:
         desc: the bar's label, usually the command's name.
-        hidden: never show the bar (``--no-progress``); otherwise it is shown when stderr is a terminal.
+        hidden: never show the bar (``--no-progress``).
+        terminal_only: when not hidden, show the bar only if stderr is a terminal (default); ``False``: always.
+        leave: keep the finished bar on screen (default); ``False``: erase it when closed.
+
+    Yields:
+        The callback to hand to the library's ``progress`` parameter.
     """
     bar = tqdm(
         desc=desc,
         unit="B",
         unit_scale=True,
         unit_divisor=1024,
-        disable=True if hidden else None,  # None: shown on a terminal only
+        disable=True if hidden else (None if terminal_only else False),  # None: tqdm checks for a terminal
+        leave=leave,
         file=sys.stderr,
     )
 

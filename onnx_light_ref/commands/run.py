@@ -17,13 +17,13 @@ import argparse
 import io
 import os
 import re
-import sys
 import time
 from typing import Any
 
 import numpy as np
 import onnx
 
+from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.io.publish import StagedFile, publish_all, staged_files
 
 __all__ = ["output_file_name", "parse_input_spec", "register", "run_command"]
@@ -177,8 +177,7 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         return _evaluate(args)
     except _RunError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return error_exit(exc)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -7,8 +7,8 @@ and reports every refusal as one ``error: ...`` line with exit status 1 (nothing
 from __future__ import annotations
 
 import argparse
-import sys
 
+from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.errors import InvalidModelError
 
 __all__ = ["register", "undelay_command"]
@@ -28,8 +28,7 @@ def undelay_command(args: argparse.Namespace) -> int:
             durable=not args.no_fsync,
         )
     except (OSError, ValueError, TypeError, InvalidModelError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return error_exit(exc)
     weights = args.weights or f"{args.dst}.data"
     where = f" and {weights} ({written} bytes)" if written else " (no weights file needed)"
     print(f"wrote {args.dst}{where}")

@@ -12,8 +12,8 @@ writes a file.
 from __future__ import annotations
 
 import argparse
-import sys
 
+from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import size_argument
 
@@ -68,8 +68,7 @@ def verify_command(args: argparse.Namespace) -> int:
                 progress=progress,
             )
     except (ValueError, OSError) as exc:  # ExternalDataError/InvalidModelError are ValueErrors
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return error_exit(exc)
     for mismatch in result.checksum_mismatches:
         print(f"checksum mismatch: {mismatch}")
     if not result.equal:
