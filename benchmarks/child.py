@@ -12,6 +12,10 @@ and preparation are excluded).
 A scenario is a function ``prepare(args) -> list[(phase name, callable)]``: preparation runs before the baseline;
 each phase callable receives the previous phase's return value (``None`` for the first).
 
+Profiling: with ``ONNX_LIGHT_REF_BENCH_PROFILE=<folder>`` in the environment, each phase runs under ``cProfile`` and
+its stats go to ``<folder>/<scenario>-<phase>-<pid>.prof`` (read them with ``python -m pstats``). The profiler slows
+Python code down, so the times of such a run are not comparable with others.
+
 This module never prints anything but the result line on stdout; a scenario whose API is missing (an op still being
 written) reports ``{"skipped": reason}`` instead of failing, so the suite runs before and after it lands.
 """
@@ -28,9 +32,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-__all__ = ["RESULT_PREFIX", "ScenarioUnavailableError", "run_in_child"]
+__all__ = ["ENV_PROFILE", "RESULT_PREFIX", "ScenarioUnavailableError", "run_in_child"]
 
 RESULT_PREFIX = "BENCH_RESULT "
+ENV_PROFILE = "ONNX_LIGHT_REF_BENCH_PROFILE"
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 # Nothing in the suite should take this long at 4 GiB on a slow shared disk; a hung child must not hang the run.
 _CHILD_TIMEOUT_S = 1800
@@ -88,6 +93,25 @@ def _status_kib(*fields: str) -> dict[str, int]:
 
 def _mib(kib: int) -> float:
     return round(kib / 1024, 2)
+
+
+def _profiled(scenario: str, name: str, call: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``call`` under cProfile when :data:`ENV_PROFILE` names a folder (stats dumped there), else ``call`` itself."""
+    folder = os.environ.get(ENV_PROFILE)
+    if not folder:
+        return call
+
+    def run(value: Any) -> Any:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        try:
+            return profiler.runcall(call, value)
+        finally:
+            os.makedirs(folder, exist_ok=True)
+            profiler.dump_stats(os.path.join(folder, f"{scenario}-{name}-{os.getpid()}.prof"))
+
+    return run
 
 
 def _measure(phases: list[Phase]) -> dict[str, Any]:
@@ -549,7 +573,7 @@ def main(argv: list[str]) -> int:
     except ScenarioUnavailableError as exc:
         record: dict[str, Any] = {"scenario": scenario, "skipped": str(exc)}
     else:
-        record = {"scenario": scenario, **_measure(phases)}
+        record = {"scenario": scenario, **_measure([(name, _profiled(scenario, name, call)) for name, call in phases])}
     sys.stdout.write(RESULT_PREFIX + json.dumps(record) + "\n")
     return 0
 

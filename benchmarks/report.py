@@ -530,6 +530,12 @@ def write_markdown(results: dict[str, dict[str, dict[str, Any]]], targets: list[
 # Chart
 
 
+def _legend(ax: Any) -> None:
+    """A legend when the panel has labelled data (a partial run, ``-k``, may leave a panel empty)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+
+
 def write_chart(results: dict[str, dict[str, dict[str, Any]]], path: Path, targets: list[Target] | None = None) -> None:
     import matplotlib
 
@@ -561,7 +567,7 @@ def write_chart(results: dict[str, dict[str, dict[str, Any]]], path: Path, targe
         ax.set_title(title)
         if log:
             ax.set_yscale("log")
-        ax.legend()
+        _legend(ax)
 
     def bars(ax: Any, group: str, key: str, title: str, phase: str | None = None, scale: float = 1.0) -> None:
         info = groups.get(group)
@@ -586,7 +592,7 @@ def write_chart(results: dict[str, dict[str, dict[str, Any]]], path: Path, targe
             axes[1][0].bar([i + offset for i in range(len(methods))], values, width, label=label)
     axes[1][0].set_xticks(range(len(methods)), [m.split("_")[1] for m in methods])
     axes[1][0].set_title("Streaming time by chunk size (s)")
-    axes[1][0].legend()
+    _legend(axes[1][0])
     bars(axes[1][1], "delayed", "seconds", "DelayedInitializer run vs np.fromfile (ms)", phase="run", scale=1e3)
 
     evaluator = groups.get("evaluator")
@@ -601,7 +607,7 @@ def write_chart(results: dict[str, dict[str, dict[str, Any]]], path: Path, targe
         ax.axhline(evaluator["weight_bytes"] / MIB, color="black", linestyle="--", label="weights")
         ax.set_xticks(range(len(methods)), methods)
         ax.set_title("Evaluator peak RSS above baseline (MiB)")
-        ax.legend()
+        _legend(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
