@@ -5,7 +5,8 @@ Options map one to one to the library's: ``--align-threshold``, ``--max-shard-si
 
 A thin front end of :func:`onnx_light_ref.align_external_data_streaming`: a progress bar (bytes) fed by its
 ``progress`` callback, then one summary line (tensors, weights files, externalized and deduplicated tensors, bytes
-written, padding, time, throughput) on stdout, taken from the :class:`~onnx_light_ref.io.results.AlignResult` it
+written, padding, time, throughput) on stdout, and a ``note:`` line naming shard files an earlier run left at the
+destination (never deleted), taken from the :class:`~onnx_light_ref.io.results.AlignResult` it
 returns. Unlike the Python API, the command creates missing
 destination folders, as users expect from a command line (and removes those it created if the run fails). A problem
 with the input (bad argument, unsafe or out-of-bounds reference, destination that is a source, missing file, I/O
@@ -159,7 +160,19 @@ def _remove_empty_folders(created: list[str]) -> None:
 
 
 def _summary(dst_onnx: str, dst_weights: str | None, result: AlignResult, elapsed: float) -> str:
-    """One line: tensors, files, bytes, padding, dedup, externalized tensors, time and throughput."""
+    """One line (tensors, files, bytes, padding, dedup, externalized tensors, time and throughput), plus one naming
+    the files an earlier run left at this destination, if any."""
+    line = _written(dst_onnx, dst_weights, result, elapsed)
+    stale = result.stale_weights_files
+    if stale:
+        line += (
+            f"\nnote: {len(stale)} file(s) left by an earlier run at this destination are not used by {dst_onnx} and "
+            f"were not deleted: {', '.join(stale)} (delete them if nothing else uses them)"
+        )
+    return line
+
+
+def _written(dst_onnx: str, dst_weights: str | None, result: AlignResult, elapsed: float) -> str:
     if result.tensors == 0:
         return f"{dst_onnx}: no external tensor, nothing to align (model written, no weights file)."
     weights = dst_weights if dst_weights is not None else f"{dst_onnx}.data"

@@ -231,6 +231,7 @@ def _publish(plan: AlignPlan, outputs: OutputTransaction, stats: CopyStats) -> A
         externalized_tensors=plan.externalized_tensors,
         bytes_by_method=bytes_by_method,
         clone_eligible_bytes=stats.clone_eligible_bytes,
+        stale_weights_files=plan.stale_weights_files,
     )
     logger.info(
         "wrote %d weights file(s) %s (%d tensors, %d externalized, %d deduplicated, %d bytes, %d padding) and %s",
@@ -243,6 +244,14 @@ def _publish(plan: AlignPlan, outputs: OutputTransaction, stats: CopyStats) -> A
         result.padding,
         plan.dst_onnx_path,
     )
+    if result.stale_weights_files:
+        # Not ours to delete: another model may use them. Naming them is the least we owe the user.
+        logger.warning(
+            "%s does not reference %d file(s) left by an earlier run at this destination, not deleted: %s",
+            plan.dst_onnx_path,
+            len(result.stale_weights_files),
+            ", ".join(result.stale_weights_files),
+        )
     return result
 
 
@@ -297,7 +306,9 @@ def align_external_data_streaming(
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`: an ``int`` equal to the bytes of all weights files,
         padding included (0, and no weights file, when no tensor is external), which also carries the tensor
-        counts, payload bytes, padding, weights files, dedup and externalization counts and how bytes moved.
+        counts, payload bytes, padding, weights files, dedup and externalization counts, how bytes moved, and
+        the files named like further shards that an earlier run left at the destination (``stale_weights_files``:
+        not referenced by the new ``.onnx``, never deleted; also logged as a warning).
 
     Raises:
         ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).

@@ -175,6 +175,7 @@ class AlignPlan:
     externalized_tensors: int = 0  # tensors that were inline in the source
     deduplicated_tensors: int = 0  # tensors sharing bytes stored for an earlier tensor
     deduplicated_bytes: int = 0  # bytes those tensors would have taken
+    stale_weights_files: list[str] = field(default_factory=list)  # see _stale_shards
 
     @property
     def total_size(self) -> int:
@@ -331,6 +332,7 @@ def plan_alignment(
         shard.size = size
     if len(shards) > 1:
         check_outputs(dst_onnx, [s.path for s in shards], sources)
+    stale = _stale_shards(dst_weights, len(shards), {dst_onnx}, set(sources))
     return AlignPlan(
         model,
         stripped,
@@ -345,6 +347,7 @@ def plan_alignment(
         externalized,
         deduplicated_tensors,
         deduplicated_bytes,
+        stale,
     )
 
 
@@ -534,6 +537,36 @@ def _open_files(files: Sequence[SourceFile]) -> Iterator[list[int]]:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _stale_shards(base: str, count: int, outputs: set[str], sources: set[FileIdentity]) -> list[str]:
+    """Files named like shards of ``base`` beyond the ``count`` this run writes, left by an earlier run.
+
+    Shard ``n`` is ``<base>.<n>`` (``n`` written without leading zeros, as :func:`shard_path` does), and ``base``
+    itself when nothing at all is written. A source of this run, or the ``.onnx`` being written, is not listed. They
+    are never deleted (this job did not create them); the aligners name them so the user can.
+    """
+    folder, name = os.path.split(base)
+    found: list[tuple[int, str]] = []
+    try:
+        entries = os.scandir(folder)
+    except OSError:  # the folder is missing or unreadable: publication reports it
+        return []
+    with entries:
+        for entry in entries:
+            suffix = entry.name[len(name) + 1 :] if entry.name.startswith(name + ".") else ""
+            if suffix.isascii() and suffix.isdigit() and suffix == str(int(suffix)) and int(suffix) >= max(count, 1):
+                found.append((int(suffix), entry.path))
+    if count == 0 and os.path.lexists(base):
+        found.append((0, base))
+    return [path for _, path in sorted(found) if path not in outputs and not _is_source(path, sources)]
+
+
+def _is_source(path: str, sources: set[FileIdentity]) -> bool:
+    try:
+        return file_identity(path) in sources
+    except OSError:  # a symlink loop, a permission problem: not a source of this run, which was validated
+        return False
 
 
 def _weights_location(dst_onnx: str, dst_weights: str) -> str:

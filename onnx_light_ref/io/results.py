@@ -46,6 +46,9 @@ class AlignResult(_SizeResult):
         bytes_by_method: payload bytes moved by each method of ``copy_methods``.
         clone_eligible_bytes: bytes copied by ``copy_file_range`` between block-aligned offsets on a filesystem that
             shares extents (reflinks): cloned rather than copied. 0 on ext4, tmpfs and across filesystems.
+        stale_weights_files: absolute paths of files named like further shards of this destination (``W.3`` when
+            this run wrote ``W`` and ``W.1``; ``W`` itself when it wrote none) that an earlier run left: the new
+            ``.onnx`` does not reference them, and they were not deleted.
     """
 
     tensors: int
@@ -57,6 +60,7 @@ class AlignResult(_SizeResult):
     externalized_tensors: int
     bytes_by_method: dict[str, int]
     clone_eligible_bytes: int
+    stale_weights_files: tuple[str, ...]
 
     def __new__(
         cls,
@@ -71,6 +75,7 @@ class AlignResult(_SizeResult):
         externalized_tensors: int = 0,
         bytes_by_method: Mapping[str, int] | None = None,
         clone_eligible_bytes: int = 0,
+        stale_weights_files: Iterable[str] = (),
     ) -> AlignResult:
         result = super().__new__(cls, total_size)
         result._set(
@@ -83,6 +88,7 @@ class AlignResult(_SizeResult):
             externalized_tensors=externalized_tensors,
             bytes_by_method=dict(bytes_by_method or {}),
             clone_eligible_bytes=clone_eligible_bytes,
+            stale_weights_files=tuple(stale_weights_files),
         )
         return result
 

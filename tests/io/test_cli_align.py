@@ -255,6 +255,39 @@ def test_layout_options_with_size_suffixes(tmp_path, build_identity_model, capsy
     assert verify_models(src, dst).equal
 
 
+def test_align_names_the_shards_an_earlier_run_left_and_keeps_them(tmp_path, build_identity_model, capsys):
+    from onnx_light_ref.io.verify import verify_models
+
+    tensors = {f"t{i}": np.full(1000, i, dtype=np.float32) for i in range(3)}  # 4000 bytes each
+    src = tmp_path / "src.onnx"
+    onnx.save_model(build_identity_model(tensors), str(src))
+    dst = tmp_path / "out" / "model.onnx"
+    common = [str(src), str(dst), "--alignment", "0", "--size-threshold", "1K", "--no-progress", "--no-fsync"]
+    assert main(["align", *common, "--max-shard-size", "4000"]) == 0
+    assert "note:" not in capsys.readouterr().out
+    left = (dst.parent / "model.onnx.data.2").read_bytes()
+
+    status = main(["align", *common, "--max-shard-size", "8000"])  # two shards now: W and W.1
+
+    assert status == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert len(lines) == 2 and "(+1 shards: 2 files)" in lines[0]
+    stale = str(dst.parent / "model.onnx.data.2")
+    assert lines[1] == (
+        f"note: 1 file(s) left by an earlier run at this destination are not used by {dst} and were not deleted: "
+        f"{stale} (delete them if nothing else uses them)"
+    )
+    assert (dst.parent / "model.onnx.data.2").read_bytes() == left
+    assert {
+        e.value
+        for t in onnx.load_model(str(dst), load_external_data=False).graph.initializer
+        for e in t.external_data
+        if e.key == "location"
+    } == {"model.onnx.data", "model.onnx.data.1"}
+    assert verify_models(src, dst).equal
+
+
 @pytest.mark.parametrize(
     ("option", "value", "fragment"),
     [("--max-shard-size", "0", "max_shard_size must be >= 1"), ("--max-shard-size", "1.5G", "invalid size")],

@@ -336,3 +336,58 @@ def test_zoo_models_with_option_sets_match_in_memory_verify_and_run(tmp_path, zo
     after = ort.InferenceSession(str(aligned)).run(None, zoo_model.feeds)
     for x, y in zip(before, after, strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("aligner", [align_external_data_streaming, align_external_data_in_memory])
+def test_fewer_shards_than_an_earlier_run_leave_its_extra_files_named_not_deleted(
+    tmp_path, make_external_model, aligner, caplog
+):
+    src = make_external_model(mkdir(tmp_path / "src"), uint8_tensors([3000, 3000, 3000, 9000, 100]))
+    out = mkdir(tmp_path / "out")
+    first = aligner(src, out / "model.onnx", alignment=4096, max_shard_size=8192)
+    assert len(first.weights_files) == 4 and first.stale_weights_files == ()
+    # Look-alikes that are not shard names of this destination: never listed.
+    for name in ("model.onnx.data.01", "model.onnx.data.x", "model.onnx.data.-1", "model.onnx.data.4.tmp"):
+        (out / name).write_bytes(b"other")
+    left = {name: (out / name).read_bytes() for name in ("model.onnx.data.2", "model.onnx.data.3")}
+
+    with caplog.at_level("WARNING", logger="onnx_light_ref.io.align"):
+        second = aligner(src, out / "model.onnx", alignment=4096, max_shard_size=1 << 20)
+
+    assert [Path(p).name for p in second.weights_files] == ["model.onnx.data"]
+    stale = [str(out / "model.onnx.data.1"), str(out / "model.onnx.data.2"), str(out / "model.onnx.data.3")]
+    assert list(second.stale_weights_files) == stale
+    assert {name: (out / name).read_bytes() for name in left} == left  # untouched
+    assert {e["location"] for e in entries_of(out / "model.onnx").values()} == {"model.onnx.data"}
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and all(path in warnings[0] for path in stale), warnings
+    assert "not deleted" in warnings[0] and str(out / "model.onnx") in warnings[0]
+    assert verify_models(src, out / "model.onnx").equal
+
+
+def test_a_run_writing_no_weights_file_names_the_one_an_earlier_run_left(tmp_path, build_identity_model):
+    out = mkdir(tmp_path / "out")
+    src = tmp_path / "inline.onnx"
+    onnx.save_model(build_identity_model({"a": np.arange(4, dtype=np.float32)}), str(src))
+    (out / "model.onnx.data").write_bytes(b"from before")
+    (out / "model.onnx.data.1").write_bytes(b"from before")
+
+    result = align_external_data_streaming(src, out / "model.onnx")
+
+    assert result == 0 and result.weights_files == ()
+    assert list(result.stale_weights_files) == [str(out / "model.onnx.data"), str(out / "model.onnx.data.1")]
+    assert (out / "model.onnx.data").read_bytes() == b"from before"
+
+
+def test_a_source_named_like_a_further_shard_is_not_called_stale(tmp_path, make_external_model):
+    # The source's weights are out.onnx.data.3, next to the destination out.onnx: a shard name, but read by this run.
+    src = make_external_model(tmp_path, uint8_tensors([100, 100]), location="out.onnx.data.3")
+    (tmp_path / "out.onnx.data.7").symlink_to(tmp_path / "out.onnx.data.3")  # the same file under another name
+    source_bytes = (tmp_path / "out.onnx.data.3").read_bytes()
+
+    result = align_external_data_streaming(src, tmp_path / "out.onnx", alignment=64)
+
+    assert result.weights_files == (str(tmp_path / "out.onnx.data"),)
+    assert result.stale_weights_files == ()
+    assert (tmp_path / "out.onnx.data.3").read_bytes() == source_bytes
+    assert verify_models(src, tmp_path / "out.onnx").equal

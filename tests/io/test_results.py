@@ -31,6 +31,7 @@ def _align_result() -> AlignResult:
         externalized_tensors=2,
         bytes_by_method={"sendfile": 108},
         clone_eligible_bytes=0,
+        stale_weights_files=["/x/w.bin.1"],
     )
 
 
@@ -52,6 +53,7 @@ def test_a_result_keeps_its_facts_through_pickle_and_copy():
         assert clone.weights_files == ("/x/w.bin",) and clone.copy_methods == frozenset({"sendfile"})
         assert (clone.deduplicated_tensors, clone.deduplicated_bytes, clone.externalized_tensors) == (1, 28, 2)
         assert clone.bytes_by_method == {"sendfile": 108} and clone.clone_eligible_bytes == 0
+        assert clone.stale_weights_files == ("/x/w.bin.1",)
 
 
 def test_a_result_is_read_only():
@@ -103,6 +105,7 @@ def test_a_result_built_without_the_new_fields_defaults_them():
 
     assert (result.deduplicated_tensors, result.deduplicated_bytes, result.externalized_tensors) == (0, 0, 0)
     assert result.bytes_by_method == {} and result.clone_eligible_bytes == 0
+    assert result.stale_weights_files == ()
 
 
 def test_the_shared_saver_reports_new_and_reused_tensors(tmp_path, make_external_model, reference_tensors):
