@@ -1,6 +1,8 @@
 """Child process of the publication race tests: save writer ``K``'s model into one destination, ``N`` times.
 
-Usage: ``python _race_child.py DST_ONNX WRITER TIMES [pause MID_MARKER RESUME_MARKER]``.
+Usage, from the repository root (the child imports ``tests.models``)::
+
+    python -m tests.hardening._race_child DST_ONNX WRITER TIMES [pause MID_MARKER RESUME_MARKER]
 
 Writer ``K``'s model has graph name ``writer<K>`` and one tensor whose size and values depend on ``K`` (see
 :func:`writer_array`), so an ``.onnx`` beside another writer's weights file is detected by reading it back. With
@@ -17,10 +19,10 @@ import time
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
 
 from onnx_light_ref.io import publish
 from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
+from tests.models import identity_model
 
 PAUSE_SECONDS = 3.0
 
@@ -31,12 +33,8 @@ def writer_array(writer: int) -> np.ndarray:
 
 
 def writer_model(writer: int) -> onnx.ModelProto:
-    array = writer_array(writer)
-    tensor = numpy_helper.from_array(array, "w")
-    node = helper.make_node("Identity", ["w"], ["y"])
-    out = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(array.shape))
-    graph = helper.make_graph([node], f"writer{writer}", [], [out], initializer=[tensor])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    """Writer ``writer``'s model: graph ``writer<K>`` returning its one tensor ``w``."""
+    return identity_model({"w": writer_array(writer)}, name=f"writer{writer}")
 
 
 def pause_after_first_rename(mid_marker: str, resume_marker: str) -> None:

@@ -29,15 +29,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from _hardening_support import (
-    OPSET,
-    external_tensor,
-    identity_model,
-    snapshot_tree,
-    temp_files_under,
-    write_external_model,
-    write_model,
-)
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
@@ -58,6 +49,8 @@ from onnx_light_ref.io.arguments import ArgumentTypeError
 from onnx_light_ref.io.verify import verify_models
 from onnx_light_ref.ops.convert import delay_initializers
 from onnx_light_ref.ops.undelay import undelay_initializers
+from tests.checks import snapshot_tree, temp_files_under
+from tests.models import OPSET, external_tensor, identity_model, write_external_model, write_model
 
 GOOD = np.arange(16, dtype=np.float32).reshape(4, 4)  # 64 bytes at offset 0 of model.onnx.data
 BAD = np.arange(16, dtype=np.float32).reshape(4, 4) * -1  # its 64 bytes are at offset 64; entries vary per row

@@ -19,21 +19,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from _hardening_support import (
-    OPSET,
-    external_tensor,
-    snapshot_tree,
-    temp_files_under,
-    write_external_model,
-    write_model,
-)
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from onnx_light_ref import align_external_data_in_memory
 from onnx_light_ref.ops.evaluate import reference_evaluator
+from tests.checks import snapshot_tree, temp_files_under
+from tests.models import IR_VERSION, OPSET, externalize, write_external_model, write_model
 
 CHILD = Path(__file__).with_name("_crash_child.py")
-RACE_CHILD = Path(__file__).with_name("_race_child.py")
+RACE_CHILD = "tests.hardening._race_child"
+REPOSITORY = str(Path(__file__).resolve().parents[2])
 THREADS = 8
 RUNS_PER_THREAD = 50
 PASSED_THROUGH = ("w_i64", "w_u8", "w_f16", "w_bool")  # returned by Identity nodes
@@ -55,18 +50,10 @@ def weights() -> dict[str, np.ndarray]:
 def write_lazy_model(folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
     """Several external initializers in two files (odd offsets), used by Identity, Add and an If branch."""
     arrays = weights()
-    tensors = []
-    offsets = {"a.data": 0, "sub/b.data": 0}
     (folder / "sub").mkdir()
-    for index, (name, array) in enumerate(arrays.items()):
-        location = "a.data" if index % 2 == 0 else "sub/b.data"
-        payload = array.tobytes()
-        with open(folder / location, "ab") as data_file:
-            data_file.write(b"\x5a" * 5)
-            offset = offsets[location] = data_file.tell()
-            data_file.write(payload)
-        entries = [("location", location), ("offset", str(offset)), ("length", str(len(payload)))]
-        tensors.append(external_tensor(name, array, entries))
+    locations = {name: "a.data" if index % 2 == 0 else "sub/b.data" for index, name in enumerate(arrays)}
+    tensors = [numpy_helper.from_array(array, name) for name, array in arrays.items()]
+    externalize(tensors, folder, lambda tensor: locations[tensor.name], gap=b"\x5a" * 5)
 
     def out(name: str, dtype: int, shape: list[int]) -> onnx.ValueInfoProto:
         return helper.make_tensor_value_info(name, dtype, shape)
@@ -88,7 +75,7 @@ def write_lazy_model(folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
         for name in PASSED_THROUGH
     ]
     graph = helper.make_graph(nodes, "lazy", [out("cond", onnx.TensorProto.BOOL, [])], outputs, initializer=tensors)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=10)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
     return write_model(folder / "model.onnx", model), arrays
 
 
@@ -193,11 +180,11 @@ def test_two_processes_aligning_into_the_same_destination_leave_one_complete_out
 
 def race_child(dst: Path, writer: int, times: int, *pause: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(RACE_CHILD), str(dst), str(writer), str(times), *pause],
+        [sys.executable, "-m", RACE_CHILD, str(dst), str(writer), str(times), *pause],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        cwd=str(RACE_CHILD.parent),  # the child imports its helpers from there
+        cwd=REPOSITORY,  # the child imports its helpers as tests.models
     )
 
 
@@ -208,7 +195,7 @@ def finish(child: subprocess.Popen[str]) -> None:
 
 def assert_consistent_pair(dst: Path) -> int:
     """The published .onnx describes the weights beside it: its own writer's bytes, read through onnx's loader."""
-    from _race_child import writer_array
+    from tests.hardening._race_child import writer_array
 
     model = onnx.load_model(str(dst))  # loads the external data through onnx's own checks
     writer = int(model.graph.name.removeprefix("writer"))

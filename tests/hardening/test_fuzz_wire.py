@@ -46,11 +46,11 @@ from google.protobuf.message import DecodeError, Message
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from onnx import helper, numpy_helper
-from wire_writer import encode_varint, field_key
 
 from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io import wire
 from onnx_light_ref.io.wire import StrippedModel, load_model_stripped
+from tests.wire_writer import encode_varint, field_key
 
 EXAMPLES = int(os.environ.get("WIRE_FUZZ_EXAMPLES", "200"))
 # Generating a model costs more than damaging bytes: fewer by default, as many as asked for in a campaign.

@@ -1,8 +1,8 @@
 """Shared checks of the layout (issue 11) and inline (issue 12) acceptance tests: run both aligners, read the layout.
 
-Import as ``from acceptance_support import ...`` (pytest puts this folder on ``sys.path``; ``tests/`` is not a
-package). Everything here reads files through plain ``open``/``onnx.load_model(load_external_data=False)``, never
-through the code under test, so the checks do not share the aligners' bugs.
+Import as ``from tests.io.acceptance_support import ...``; models are built with :mod:`tests.models`. Everything here
+reads files through plain ``open``/``onnx.load_model(load_external_data=False)``, never through the code under test,
+so the checks do not share the aligners' bugs.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from onnx import TensorProto, numpy_helper
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming
 from onnx_light_ref.io.verify import verify_models
 from onnx_light_ref.io.walker import TensorSite, iter_tensors
+from tests.checks import external_payload, run_onnxruntime
 
 __all__ = [
     "AlignedPair",
@@ -30,7 +31,6 @@ __all__ = [
     "external_ranges",
     "files_of",
     "payload",
-    "run_onnxruntime",
     "sites",
     "tensor_nbytes",
     "weights_files",
@@ -114,10 +114,7 @@ def payload(site: TensorSite, folder: Path) -> bytes:
     """The tensor's little-endian bytes, read from its file when external."""
     tensor = site.tensor
     if _is_external(tensor):
-        entries = _entries(tensor)
-        with open(folder / entries["location"], "rb") as data:
-            data.seek(int(entries.get("offset", "0")))
-            return data.read(int(entries["length"]))
+        return external_payload(tensor, folder)
     if tensor.HasField("raw_data"):
         return tensor.raw_data
     return _typed_as_raw(tensor)
@@ -160,14 +157,6 @@ def assert_shards(path: Path, base: str, cap: int) -> None:
             assert length > cap and offset == 0 and size == length, (name, size, held)
         for offset, length in held:
             assert offset + length <= size  # never split over two files
-
-
-def run_onnxruntime(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Outputs of an onnxruntime CPU session on ``path``."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return [np.asarray(output) for output in session.run(None, feeds)]
 
 
 def assert_common(pair: AlignedPair, feeds_list: list[dict[str, np.ndarray]]) -> None:

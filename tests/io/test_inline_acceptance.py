@@ -23,18 +23,19 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from acceptance_support import (
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.checks import run_onnxruntime
+from tests.io.acceptance_support import (
     align_both,
     assert_common,
     assert_shards,
     external_ranges,
     payload,
-    run_onnxruntime,
     sites,
     tensor_nbytes,
     weights_files,
 )
-from onnx import TensorProto, helper, numpy_helper
 
 TYPED = ("typed_f32", "typed_i64", "typed_f16", "c_typed_value", "loop_w")
 

@@ -24,7 +24,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from acceptance_support import (
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.io.acceptance_support import (
     align_both,
     assert_common,
     assert_shards,
@@ -34,7 +36,6 @@ from acceptance_support import (
     tensor_nbytes,
     weights_files,
 )
-from onnx import TensorProto, helper, numpy_helper
 
 ALIGNMENT = 4096
 # Smaller than the three 16 KiB tensors (each must get a file of its own), larger than W2 (8 KiB).

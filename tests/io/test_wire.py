@@ -15,12 +15,12 @@ import onnx
 import pytest
 from google.protobuf.message import Message
 from onnx import helper, numpy_helper
-from wire_writer import LEN, VARINT, Hole, encode_varint, field_key, len_field, write_model, write_segments
 
 from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io import wire
 from onnx_light_ref.io.arguments import ArgumentTypeError
 from onnx_light_ref.io.wire import PLACEHOLDER_LENGTH, InlinePayload, StrippedModel, load_model_stripped
+from tests.wire_writer import LEN, VARINT, Hole, encode_varint, field_key, len_field, write_model, write_segments
 
 IR_VERSION = 10
 OPSET = 18

@@ -16,19 +16,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from lazy_models import (
-    IR_VERSION,
-    OPSET,
-    build_control_flow_model,
-    build_shadowing_model,
-    build_training_model,
-    control_flow_feeds,
-    run_onnxruntime,
-    save_external,
-    shadowing_feeds,
-    training_feeds,
-    value_info,
-)
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 from onnx.reference import ReferenceEvaluator
@@ -45,6 +32,19 @@ from onnx_light_ref.ops import (
 from onnx_light_ref.ops.convert import plan_delayed_initializers
 from onnx_light_ref.ops.dtypes import np_dtype_for
 from onnx_light_ref.ops.schema import make_delayed_initializer_node
+from tests.checks import run_onnxruntime
+from tests.models import (
+    IR_VERSION,
+    OPSET,
+    build_control_flow_model,
+    build_shadowing_model,
+    build_training_model,
+    control_flow_feeds,
+    save_external,
+    shadowing_feeds,
+    training_feeds,
+    value_info,
+)
 
 pytest.importorskip("onnxruntime")
 

@@ -7,22 +7,22 @@ import os
 import numpy as np
 import onnx
 import pytest
-from lazy_models import (
-    IR_VERSION,
-    OPSET,
-    build_control_flow_model,
-    build_training_model,
-    control_flow_feeds,
-    run_onnxruntime,
-    save_external,
-    training_feeds,
-    value_info,
-)
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from onnx_light_ref.ops import reference_evaluator
+from tests.checks import run_onnxruntime
+from tests.models import (
+    IR_VERSION,
+    OPSET,
+    build_control_flow_model,
+    build_training_model,
+    control_flow_feeds,
+    save_external,
+    training_feeds,
+    value_info,
+)
 
 
 @pytest.mark.parametrize("load_device", ["file", "cpu"])

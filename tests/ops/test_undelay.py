@@ -13,18 +13,18 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from lazy_models import (
-    IR_VERSION,
-    OPSET,
-    build_control_flow_model,
-    control_flow_feeds,
-    run_onnxruntime,
-    save_external,
-)
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, UnsafeLocationError
 from onnx_light_ref.ops import delay_initializers, undelay_initializers
+from tests.checks import run_onnxruntime
+from tests.models import (
+    IR_VERSION,
+    OPSET,
+    build_control_flow_model,
+    control_flow_feeds,
+    save_external,
+)
 
 
 def build_mlp() -> onnx.ModelProto:

@@ -1,0 +1,1 @@
+"""The test suite, a package: helpers are imported as ``tests.models``, ``tests.checks``, ``tests.wire_writer``."""

@@ -1,0 +1,96 @@
+"""Checks on what a run left behind, read with plain file reads and never through the code under test.
+
+Import as ``from tests.checks import ...``. Model builders live in :mod:`tests.models`.
+
+* :func:`sha256_of_tree` / :func:`snapshot_tree`: a folder's content, to prove nothing was created, removed or
+  modified (``snapshot_tree`` also records directories and special files);
+* :func:`assert_no_temp_files` / :func:`temp_files_under`: staged temp files a run must not leave behind;
+* :func:`external_payload`: a tensor's bytes as its entries say (plain ``open``/``seek``/``read``);
+* :func:`run_onnxruntime`: a model's outputs computed by onnxruntime.
+
+Nothing here writes a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+__all__ = [
+    "assert_no_temp_files",
+    "external_payload",
+    "run_onnxruntime",
+    "sha256_of_tree",
+    "snapshot_tree",
+    "temp_files_under",
+]
+
+
+def _walk(folder: str | os.PathLike[str]) -> Iterator[tuple[str, str]]:
+    """``(relative path, absolute path)`` of every entry under ``folder``, symlinks not followed."""
+    root = os.fspath(folder)
+    for current, dirs, files in os.walk(root):
+        for entry in dirs + files:
+            path = os.path.join(current, entry)
+            yield os.path.relpath(path, root), path
+
+
+def sha256_of_tree(folder: str | os.PathLike[str], *, every_entry: bool = False) -> dict[str, str]:
+    """``{relative path: sha256}`` of every regular file under ``folder`` (symlinks recorded by target, not followed).
+
+    Comparing two snapshots proves that nothing was created, removed or modified. With ``every_entry``,
+    directories (``"dir"``) and special files (``"special"``) are recorded too, so an empty folder left behind counts.
+    """
+    snapshot: dict[str, str] = {}
+    for relative, path in sorted(_walk(folder)):
+        if os.path.islink(path):
+            snapshot[relative] = f"symlink -> {os.readlink(path)}"
+        elif os.path.isfile(path):
+            with open(path, "rb") as handle:
+                snapshot[relative] = hashlib.sha256(handle.read()).hexdigest()
+        elif every_entry:
+            snapshot[relative] = "dir" if os.path.isdir(path) else "special"
+    return snapshot
+
+
+def snapshot_tree(folder: str | os.PathLike[str]) -> dict[str, str]:
+    """:func:`sha256_of_tree` of ``folder`` with ``every_entry=True``."""
+    return sha256_of_tree(folder, every_entry=True)
+
+
+def temp_files_under(folder: str | os.PathLike[str]) -> list[str]:
+    """Staged temp files (``.<name>.<pid>.<random>.tmp``) anywhere under ``folder``, as sorted absolute paths."""
+    return sorted(
+        path
+        for _relative, path in _walk(folder)
+        if os.path.basename(path).startswith(".") and path.endswith(".tmp") and not os.path.isdir(path)
+    )
+
+
+def assert_no_temp_files(folder: str | os.PathLike[str]) -> None:
+    """Fail if a staged temp file, or any hidden file or folder, or any ``*.tmp`` is left under ``folder``."""
+    leftovers = sorted(
+        path for _relative, path in _walk(folder) if os.path.basename(path).startswith(".") or path.endswith(".tmp")
+    )
+    assert leftovers == [], f"temp files left behind: {leftovers}"
+
+
+def external_payload(tensor: onnx.TensorProto, base_dir: str | os.PathLike[str]) -> bytes:
+    """Bytes of an EXTERNAL tensor, read with a plain ``open``/``seek``/``read`` (independent of the package)."""
+    entries = {e.key: e.value for e in tensor.external_data}
+    with open(Path(base_dir) / entries["location"], "rb") as data_file:
+        data_file.seek(int(entries.get("offset", 0)))
+        return data_file.read(int(entries["length"]))
+
+
+def run_onnxruntime(path: str | os.PathLike[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Outputs of an onnxruntime CPU session on the model at ``path``."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return [np.asarray(output) for output in session.run(None, feeds)]
