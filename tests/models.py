@@ -39,6 +39,7 @@ __all__ = [
     "externalize",
     "identity_model",
     "make_external_model",
+    "mlp_model",
     "save_external",
     "shadowing_feeds",
     "training_feeds",
@@ -212,6 +213,39 @@ def write_external_model(
     externalize(tensors, folder, location, gap=b"\xa5" * gap)
     tensors.extend(numpy_helper.from_array(array, tensor_name) for tensor_name, array in (inline or {}).items())
     return write_model(folder / name, identity_model(tensors))
+
+
+def mlp_model(weights: Mapping[str, np.ndarray], *, batch: int | None = None, name: str = "mlp") -> onnx.ModelProto:
+    """``x -> MatMul + Add (+ Relu between layers) -> y``, one layer per ``(weight, bias)`` pair of ``weights``.
+
+    Args:
+        weights: float32 arrays in layer order: weight ``(in, out)`` then bias ``(out,)``, under any names.
+        batch: the batch dimension of ``x`` and ``y`` (None: dynamic).
+        name: the graph's name.
+
+    Returns:
+        The model, every weight an inline initializer (nothing is written).
+    """
+    items = list(weights.items())
+    layers = list(zip(items[0::2], items[1::2], strict=True))
+    nodes = []
+    current = "x"
+    for index, ((weight, _), (bias, _)) in enumerate(layers):
+        last = index == len(layers) - 1
+        summed = "y" if last else f"z{index}"
+        nodes.append(helper.make_node("MatMul", [current, weight], [f"mm{index}"]))
+        nodes.append(helper.make_node("Add", [f"mm{index}", bias], [summed]))
+        if not last:
+            current = f"h{index}"
+            nodes.append(helper.make_node("Relu", [summed], [current]))
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [value_info("x", TensorProto.FLOAT, [batch, layers[0][0][1].shape[0]])],
+        [value_info("y", TensorProto.FLOAT, [batch, layers[-1][0][1].shape[1]])],
+        [numpy_helper.from_array(array, tensor_name) for tensor_name, array in items],
+    )
+    return _model(graph)
 
 
 def build_control_flow_model() -> onnx.ModelProto:

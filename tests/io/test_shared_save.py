@@ -32,9 +32,7 @@ from onnx_light_ref.errors import (
     ExternalDataError,
     UnsafeLocationError,
 )
-
-IR_VERSION = 10  # onnxruntime 1.32 reads IR 10
-OPSET = 18
+from tests.models import IR_VERSION, OPSET, identity_model, mlp_model
 
 # The reference implementation's test data (notes/reference-onnx-light.md, section 3).
 FIRST_TENSORS = {"a0": np.full(7, 1.5, np.float32), "a1": np.full(11, -2.0, np.float32)}  # 28 B, 44 B
@@ -42,18 +40,6 @@ NEW_TENSORS = {"n0": np.full(5, 7.0, np.float32), "n1": np.full(3, -3.5, np.floa
 
 
 # --------------------------------------------------------------------------------------------------------- helpers
-
-
-def identity_model(tensors: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """A runnable model returning each initializer through an Identity node named ``out_<name>``."""
-    nodes = [helper.make_node("Identity", [name], [f"out_{name}"]) for name in tensors]
-    outputs = [
-        helper.make_tensor_value_info(f"out_{name}", helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-        for name, a in tensors.items()
-    ]
-    initializers = [numpy_helper.from_array(a, name) for name, a in tensors.items()]
-    graph = helper.make_graph(nodes, "identity", [], outputs, initializer=initializers)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
 
 
 def save_first(folder: Path, model: onnx.ModelProto | None = None, **kwargs: object) -> Path:
@@ -192,26 +178,6 @@ def test_only_reused_tensors_writes_no_weights_file(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------ a real variant runs
 
 
-def mlp(weights: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """x -> (MatMul + Add + Relu) x 2 -> MatMul + Add -> y."""
-    nodes = []
-    current = "x"
-    for layer in range(3):
-        nodes.append(helper.make_node("MatMul", [current, f"W{layer}"], [f"mm{layer}"]))
-        nodes.append(helper.make_node("Add", [f"mm{layer}", f"b{layer}"], [f"z{layer}"]))
-        if layer < 2:
-            nodes.append(helper.make_node("Relu", [f"z{layer}"], [f"h{layer}"]))
-            current = f"h{layer}"
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None, 8])],
-        [helper.make_tensor_value_info("z2", onnx.TensorProto.FLOAT, [None, 4])],
-        initializer=[numpy_helper.from_array(a, n) for n, a in weights.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
-
-
 def mlp_reference(x: np.ndarray, w: dict[str, np.ndarray]) -> np.ndarray:
     h = np.maximum(x @ w["W0"] + w["b0"], 0)
     h = np.maximum(h @ w["W1"] + w["b1"], 0)
@@ -227,7 +193,7 @@ def test_variant_with_a_new_last_layer_runs_in_onnxruntime(tmp_path: Path) -> No
     rng = np.random.default_rng(0)
     shapes = {"W0": (8, 16), "b0": (16,), "W1": (16, 16), "b1": (16,), "W2": (16, 4), "b2": (4,)}
     weights = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
-    first = save_first(tmp_path, mlp(weights))
+    first = save_first(tmp_path, mlp_model(weights))
     first_files = tree(tmp_path)
 
     head = {"W2": rng.standard_normal((16, 4)).astype(np.float32), "b2": rng.standard_normal(4).astype(np.float32)}

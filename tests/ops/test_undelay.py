@@ -23,11 +23,13 @@ from tests.models import (
     OPSET,
     build_control_flow_model,
     control_flow_feeds,
+    mlp_model,
     save_external,
 )
 
 
 def build_mlp() -> onnx.ModelProto:
+    """A two-layer MLP, ``x`` of shape ``(3, 8)`` to ``y`` of shape ``(3, 4)``."""
     rng = np.random.default_rng(7)
     weights = {
         "W1": rng.standard_normal((8, 16)).astype(np.float32),
@@ -35,21 +37,7 @@ def build_mlp() -> onnx.ModelProto:
         "W2": rng.standard_normal((16, 4)).astype(np.float32),
         "b2": rng.standard_normal(4).astype(np.float32),
     }
-    nodes = [
-        helper.make_node("MatMul", ["x", "W1"], ["h0"]),
-        helper.make_node("Add", ["h0", "b1"], ["h1"]),
-        helper.make_node("Relu", ["h1"], ["h2"]),
-        helper.make_node("MatMul", ["h2", "W2"], ["h3"]),
-        helper.make_node("Add", ["h3", "b2"], ["y"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
-        [numpy_helper.from_array(a, n) for n, a in weights.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    return mlp_model(weights, batch=3)
 
 
 def build_constant_model() -> onnx.ModelProto:
