@@ -3,8 +3,10 @@ filesystems, and reflink-capable.
 
 Writers: both aligners (one file and a sharded write), ``save_model_with_shared_external_data`` and
 ``undelay_initializers``. Each fault test asserts the error (type, errno, message), that nothing was left behind
-(no temp file, the previous destination byte-for-byte intact) and that no source byte changed. These are the real
-twins of the monkeypatched full-disk and read-only rows of ``tests/hardening/test_bad_inputs.py``.
+(no temp file, the previous destination byte-for-byte intact) and that no source byte changed. They replace the
+monkeypatched read-only, full-tmpfs and "fails after the weights were staged" rows that
+``tests/hardening/test_bad_inputs.py`` had; its remaining full-disk rows are a write failing after the space check
+passed, which no local filesystem does on demand.
 
 The system-call spies here only *record* (which descriptor was written, on which device); they never fake a fault.
 """
@@ -205,6 +207,7 @@ def test_a_job_larger_than_the_free_space_fails_before_copying_and_leaves_everyt
 
     assert raised.value.errno == errno.ENOSPC
     message = str(raised.value)
+    assert message.startswith(f"[Errno {errno.ENOSPC}] not enough free space on "), message
     needed = re.search(r"(\d+) bytes needed", message)
     available = re.search(r"(\d+) bytes free", message)
     assert needed is not None and available is not None, message
@@ -255,7 +258,7 @@ def use_up_inodes(folder: Path) -> list[Path]:
 def test_running_out_of_inodes_at_every_file_creation_leaves_everything_as_it_was(
     writer, tmp_path, inode_tmpfs, make_job, sha256_of_tree, assert_no_temp_files
 ):
-    # The real twin of the "read-only after the weights were staged" rows: the n-th file the job creates fails.
+    # The n-th file the job creates fails (a weights file staged, then the next one or the .onnx refused).
     src_dir = tmp_path / "src"
     src_dir.mkdir()
     job = make_job(writer, src_dir, inode_tmpfs, tensors_for(writer, 5, 64 * 1024))

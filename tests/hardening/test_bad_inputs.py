@@ -8,20 +8,21 @@ every file, symlink targets, folders), calls the public function, and asserts:
 * an in-memory model handed to the function is unchanged (``save_model_with_shared_external_data`` and
   ``delay_initializers`` must not mutate it when they refuse).
 
-How hostile environments are simulated (the tests run as root, so ``chmod`` stops nothing):
+Faults of the filesystem itself are tested for real in ``tests/fs/test_writers_on_real_filesystems.py`` (every
+writer on a full tmpfs, a read-only mount, a tmpfs out of inodes at each file creation). The rows here simulate only
+what no local filesystem gives on demand:
 
-* a read-only destination folder: ``os.open`` is wrapped to raise ``PermissionError(EACCES)`` for files created
-  in it; when the process may ``mount``, a second row also uses a real tmpfs remounted read-only (``EROFS``);
-* a full disk: ``os.write``/``os.pwrite``/``os.pwritev``/``os.writev``/``os.copy_file_range``/``os.sendfile`` all
-  raise ``OSError(ENOSPC)`` so the copy engine's fallback chain cannot route around it; when the process may
-  ``mount``, a second row copies 2 MiB into a real 1 MiB tmpfs.
+* a disk that fills *during* the copy, after the space check and preallocation succeeded (NFS, ZFS and other
+  filesystems without ``fallocate``, or another writer taking the space): ``os.write``/``os.pwrite``/
+  ``os.pwritev``/``os.writev``/``os.copy_file_range``/``os.sendfile`` all raise ``OSError(ENOSPC)`` so the copy
+  engine's fallback chain cannot route around it;
+* ``fsync`` or ``rename`` reporting EIO, and a source swapped between validation and copy.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,7 @@ from onnx_light_ref.io.verify import verify_models
 from onnx_light_ref.ops.convert import delay_initializers
 from onnx_light_ref.ops.undelay import undelay_initializers
 from tests.checks import snapshot_tree, temp_files_under
-from tests.models import OPSET, external_tensor, identity_model, write_external_model, write_model
+from tests.models import OPSET, external_tensor, identity_model, write_model
 
 GOOD = np.arange(16, dtype=np.float32).reshape(4, 4)  # 64 bytes at offset 0 of model.onnx.data
 BAD = np.arange(16, dtype=np.float32).reshape(4, 4) * -1  # its 64 bytes are at offset 64; entries vary per row
@@ -66,7 +67,6 @@ class Scene:
     monkeypatch: pytest.MonkeyPatch
     protos: list[onnx.ModelProto] = field(default_factory=list)  # in-memory inputs that must stay unchanged
     destinations: list[Path] = field(default_factory=list)  # paths that must not appear
-    cleanups: list[Callable[[], None]] = field(default_factory=list)
     after_call: list[Callable[[], None]] = field(default_factory=list)  # undo what the row did to the sources
 
     def __post_init__(self) -> None:
@@ -117,8 +117,6 @@ def test_bad_input_is_refused_and_changes_nothing(case: Row, tmp_path: Path, mon
         assert [proto.SerializeToString() for proto in scene.protos] == protos_before
     finally:
         monkeypatch.undo()
-        for cleanup in reversed(scene.cleanups):
-            cleanup()
 
 
 # --------------------------------------------------------------------------------------------------- source models
@@ -651,27 +649,12 @@ def default_dst(scene: Scene) -> tuple[Path, Path | None]:
     return scene.dst_dir / "out.onnx", None
 
 
-def fail_creating_files_in(folder: Path, *, after: int = 0) -> Callable[[Scene], None]:
-    """Simulate a read-only folder: creating a file in ``folder`` fails with EACCES (after ``after`` successes)."""
+def disk_full_after_reservation(scene: Scene) -> None:
+    """The disk fills during the copy: the space check and preallocation pass, then every write fails with ENOSPC.
 
-    def setup(scene: Scene) -> None:
-        real_open = os.open
-        created = []
-
-        def guarded_open(path, flags, *args, **kwargs):
-            if flags & os.O_CREAT and os.path.dirname(os.path.abspath(path)) == str(folder):
-                if len(created) >= after:
-                    raise PermissionError(errno.EACCES, "Permission denied", path)
-                created.append(path)
-            return real_open(path, flags, *args, **kwargs)
-
-        scene.monkeypatch.setattr(os, "open", guarded_open)
-
-    return setup
-
-
-def disk_full(scene: Scene) -> None:
-    """Every way of writing bytes fails with ENOSPC, so no fallback of the copy engine can succeed."""
+    What a filesystem without ``fallocate`` (NFS, ZFS) does when the space goes while the copy runs: no local
+    filesystem does it on demand, so every way of writing bytes is made to fail and no fallback can route around it.
+    """
 
     def enospc(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -814,27 +797,13 @@ ALIGN_CASES = [
         FileNotFoundError,
         "destination folder does not exist",
     ),
+    # Read-only folders, full disks caught by the space check and file creations failing one after the other are
+    # real in tests/fs (read-only mount, full tmpfs, tmpfs out of inodes); these rows are the write failing later.
+    ("disk-full-after-reservation", default_dst, disk_full_after_reservation, {}, OSError, "No space left"),
     (
-        "dst-folder-read-only",
+        "disk-full-after-reservation-over-previous-output",
         default_dst,
-        lambda s: fail_creating_files_in(s.dst_dir)(s),
-        {},
-        PermissionError,
-        "Permission denied",
-    ),
-    (
-        "dst-folder-read-only-after-weights-staged",
-        default_dst,
-        lambda s: fail_creating_files_in(s.dst_dir, after=1)(s),
-        {},
-        PermissionError,
-        "Permission denied",
-    ),
-    ("disk-full", default_dst, disk_full, {}, OSError, "No space left"),
-    (
-        "disk-full-over-previous-output",
-        default_dst,
-        lambda s: (previous_destination(s), disk_full(s)),
+        lambda s: (previous_destination(s), disk_full_after_reservation(s)),
         {},
         OSError,
         "No space left",
@@ -907,47 +876,6 @@ for _function in ALIGNERS:
         )
 
 
-# ------------------------------------------------------------------------------------------ mount-based rows
-
-
-def mount_tmpfs(scene: Scene, folder: Path, options: str) -> None:
-    """Mount a tmpfs on ``folder`` (root only); skip the row, saying why, when this process may not mount."""
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot mount a tmpfs here ({exc}); the monkeypatched rows cover this case")
-    scene.cleanups.append(lambda: subprocess.run(["umount", "-l", str(folder)], check=False, capture_output=True))
-
-
-def read_only_tmpfs(function: str) -> Callable[[Scene], Callable[[], object]]:
-    def prepare(scene: Scene) -> Callable[[], object]:
-        valid_source(scene)
-        mount_tmpfs(scene, scene.dst_dir, "size=1m")
-        subprocess.run(["mount", "-o", "remount,ro", str(scene.dst_dir)], check=True, capture_output=True)
-        scene.destinations += [scene.dst_dir / "out.onnx", scene.dst_dir / "out.onnx.data"]
-        return lambda: ALIGNERS[function](scene.src, scene.dst_dir / "out.onnx")
-
-    return prepare
-
-
-def full_tmpfs(function: str) -> Callable[[Scene], Callable[[], object]]:
-    def prepare(scene: Scene) -> Callable[[], object]:
-        rng = np.random.default_rng(7)
-        big = {f"w{i}": rng.standard_normal(128 * 1024).astype(np.float32) for i in range(4)}  # 2 MiB in all
-        (scene.model_dir / DATA).unlink()
-        write_external_model(scene.model_dir, big)
-        mount_tmpfs(scene, scene.dst_dir, "size=1m")
-        scene.destinations += [scene.dst_dir / "out.onnx", scene.dst_dir / "out.onnx.data"]
-        return lambda: ALIGNERS[function](scene.src, scene.dst_dir / "out.onnx")
-
-    return prepare
-
-
-for _function in ALIGNERS:
-    row(f"{_function}-dst-on-read-only-tmpfs", read_only_tmpfs(_function), OSError, "Read-only file system")
-    row(f"{_function}-dst-on-full-tmpfs", full_tmpfs(_function), OSError, "not enough free space")
-
-
 # ------------------------------------------------------------------ shared saver: destinations and arguments
 
 
@@ -1013,7 +941,8 @@ SHARED_CASES = [
     ("durable-none", variant, None, {"durable": None}, ValueError, "durable must be a bool, got NoneType None"),
     ("check-references-int", variant, None, {"check_references": 1}, ValueError, "check_references must be a bool"),
     ("check-references-str", variant, None, {"check_references": "no"}, ValueError, "check_references must be a bool"),
-    ("disk-full", variant, disk_full, {}, OSError, "No space left"),
+    # Read-only folders and file creations failing are real in tests/fs; this row is a write failing after the check.
+    ("disk-full-after-reservation", variant, disk_full_after_reservation, {}, OSError, "No space left"),
     ("fsync-fails", variant, failing("fsync", errno.EIO), {}, OSError, "Input/output error"),
     (
         "rename-of-onnx-fails-after-weights-published",
@@ -1030,22 +959,6 @@ SHARED_CASES = [
         {},
         OSError,
         "Input/output error",
-    ),
-    (
-        "dst-folder-read-only",
-        variant,
-        lambda s: fail_creating_files_in(s.model_dir)(s),
-        {},
-        PermissionError,
-        "Permission denied",
-    ),
-    (
-        "dst-folder-read-only-after-weights-staged",
-        variant,
-        lambda s: fail_creating_files_in(s.model_dir, after=1)(s),
-        {},
-        PermissionError,
-        "Permission denied",
     ),
 ]
 
