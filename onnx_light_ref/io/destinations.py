@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from onnx_light_ref.errors import DestinationConflictError, UnsafeLocationError
-from onnx_light_ref.io.locations import FileIdentity, check_location_syntax
+from onnx_light_ref.io.locations import FileIdentity, check_location_syntax, is_inside
 
 __all__ = ["DestinationKey", "check_outputs", "destination_key", "weights_location"]
 
@@ -43,10 +43,6 @@ def destination_key(path: str) -> DestinationKey | None:
     if not stat.S_ISDIR(st.st_mode):
         return None
     return DestinationKey(st.st_dev, st.st_ino, name)
-
-
-def _inside(real_base: str, real: str) -> bool:
-    return os.path.commonpath([real_base, real]) == real_base
 
 
 def weights_location(dst_onnx: str, dst_weights: str) -> str:
@@ -87,7 +83,7 @@ def weights_location(dst_onnx: str, dst_weights: str) -> str:
         ) from None
     real_folder = os.path.realpath(folder)
     real_weights_folder = os.path.realpath(os.path.dirname(weights_path))
-    if not _inside(real_folder, real_weights_folder):
+    if not is_inside(real_folder, real_weights_folder):
         raise UnsafeLocationError(
             f"weights file {raw!r} reaches {real_weights_folder!r}, outside the destination model's folder "
             f"{real_folder!r}, through a symbolic link: the weights would land elsewhere and loaders would refuse "

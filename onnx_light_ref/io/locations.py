@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,8 +33,10 @@ __all__ = [
     "expected_nbytes",
     "file_identity",
     "is_external",  # re-exported from onnx_light_ref.io.entries, where it lives
+    "is_inside",
     "parse_external_data",
     "resolve_location",
+    "stat_regular_file",
 ]
 
 # Element types whose elements are smaller than a byte: (elements per byte). Packed as in ONNX raw_data.
@@ -172,30 +175,67 @@ class LocationResolver:
         return hit
 
 
+def is_inside(real_base: str, real: str) -> bool:
+    """Whether the real path ``real`` is ``real_base`` or below it (both already resolved by ``realpath``)."""
+    return os.path.commonpath([real_base, real]) == real_base
+
+
+def stat_regular_file(
+    path: str,
+    *,
+    missing: Callable[[], FileNotFoundError],
+    inaccessible: Callable[[str], Exception],
+    not_regular: Callable[[], Exception],
+) -> os.stat_result:
+    """``os.stat(path)`` of a data file, each way it can fail reported with the caller's message.
+
+    Args:
+        path: the real path to check.
+        missing: builds the error for a file that does not exist (also ``ENOTDIR``: a component is a file, as in
+            ``'w.bin/x'``, so there is no such file).
+        inaccessible: builds the error for a name that cannot be read through (``ELOOP``, ``ENAMETOOLONG``,
+            ``EACCES``...), given the system's reason.
+        not_regular: builds the error for a directory, FIFO, device...
+
+    Returns:
+        The ``stat`` result of the regular file.
+
+    Raises:
+        FileNotFoundError: from ``missing``.
+        Exception: from ``inaccessible`` or ``not_regular`` (``ExternalDataError`` at every caller).
+    """
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise missing() from exc
+    except OSError as exc:
+        raise inaccessible(str(exc.strerror or exc)) from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise not_regular()
+    return st
+
+
 def _resolve_and_stat(real_base: str, location: str, tensor_name: str) -> tuple[str, os.stat_result]:
     check_location_syntax(location, tensor_name=tensor_name)
     joined = os.path.join(real_base, location)
     real = os.path.realpath(joined)
-    if os.path.commonpath([real_base, real]) != real_base:
+    if not is_inside(real_base, real):
         raise UnsafeLocationError(
             f"tensor {tensor_name!r}: external data location {location!r} resolves to {real!r}, outside the "
             f"model's folder {real_base!r} (through a symbolic link)."
         )
-    try:
-        st = os.stat(real)
-    except (FileNotFoundError, NotADirectoryError):  # ENOTDIR: a component is a file ('w.bin/x'), so no such file
-        raise FileNotFoundError(
+    st = stat_regular_file(
+        real,
+        missing=lambda: FileNotFoundError(
             f"tensor {tensor_name!r}: external data file {location!r} does not exist (looked for {joined!r})."
-        ) from None
-    except OSError as exc:  # ELOOP, ENAMETOOLONG, EACCES...: the location names nothing we can read
-        raise ExternalDataError(
-            f"tensor {tensor_name!r}: external data location {location!r} ({joined!r}) cannot be accessed: "
-            f"{exc.strerror or exc}."
-        ) from exc
-    if not stat.S_ISREG(st.st_mode):
-        raise ExternalDataError(
+        ),
+        inaccessible=lambda reason: ExternalDataError(
+            f"tensor {tensor_name!r}: external data location {location!r} ({joined!r}) cannot be accessed: {reason}."
+        ),
+        not_regular=lambda: ExternalDataError(
             f"tensor {tensor_name!r}: external data location {location!r} ({real!r}) is not a regular file."
-        )
+        ),
+    )
     return real, st
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import stat
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -37,7 +36,7 @@ from onnx.reference.op_run import OpRun
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.arguments import check_bool
-from onnx_light_ref.io.locations import FileIdentity, check_location_syntax
+from onnx_light_ref.io.locations import FileIdentity, check_location_syntax, is_inside, stat_regular_file
 from onnx_light_ref.io.posix import check_single_link, pread_exact
 from onnx_light_ref.ops.attributes import (
     ATTRIBUTE_TYPES,
@@ -73,10 +72,6 @@ class _Source:
     refuse_hard_links: bool
     identity: FileIdentity
     size: int
-
-
-def _inside(real_base: str, real: str) -> bool:
-    return os.path.commonpath([real_base, real]) == real_base
 
 
 def _checked_getcwd(where: str) -> str:
@@ -199,7 +194,7 @@ class DelayedInitializer(OpRun):
                     f"{self._rt_where}: relative filename {filename!r} must stay inside the folder {base!r}: {exc}"
                 ) from exc
         real = os.path.realpath(os.path.join(real_base, filename))
-        if not _inside(real_base, real):
+        if not is_inside(real_base, real):
             hint = (
                 " Pass allow_outside_folder=True (CLI: --allow-outside-folder) if you trust this model."
                 if confined
@@ -215,26 +210,28 @@ class DelayedInitializer(OpRun):
         """Check the path and ``stat`` the file it names (not opened yet)."""
         path, resolved, confined_to, refuse_hard_links = self._rt_check_path(params)
         shown = params.filename
-        try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError) as exc:
+
+        def missing() -> FileNotFoundError:
             folder = "" if os.path.isabs(shown) else f" in {os.path.dirname(path) or path!r}"
             if not os.path.isabs(shown) and self._rt_base_dir is not None:
                 folder = f" in {self._rt_base_dir!r}"
-            raise FileNotFoundError(
+            return FileNotFoundError(
                 errno.ENOENT,
                 f"{self._rt_where}: file {shown!r} does not exist{folder} (needed {self._rt_wanted(params)})",
                 path,
-            ) from exc
-        except OSError as exc:  # ELOOP, ENAMETOOLONG, EACCES...: a name we cannot read
-            raise ExternalDataError(
-                f"{self._rt_where}: file {shown!r} ({path!r}) cannot be accessed: {exc.strerror or exc} "
-                f"(needed {self._rt_wanted(params)})."
-            ) from exc
-        if not stat.S_ISREG(st.st_mode):
-            raise ExternalDataError(
-                f"{self._rt_where}: {shown!r} ({path!r}) is not a regular file (needed {self._rt_wanted(params)})."
             )
+
+        st = stat_regular_file(
+            path,
+            missing=missing,
+            inaccessible=lambda reason: ExternalDataError(
+                f"{self._rt_where}: file {shown!r} ({path!r}) cannot be accessed: {reason} "
+                f"(needed {self._rt_wanted(params)})."
+            ),
+            not_regular=lambda: ExternalDataError(
+                f"{self._rt_where}: {shown!r} ({path!r}) is not a regular file (needed {self._rt_wanted(params)})."
+            ),
+        )
         source = _Source(
             path, shown, resolved, confined_to, refuse_hard_links, FileIdentity(st.st_dev, st.st_ino), st.st_size
         )
@@ -298,7 +295,7 @@ class DelayedInitializer(OpRun):
             opened = os.readlink(os.path.join(_PROC_FD, str(fd)))
         except OSError:
             return
-        if not _inside(source.confined_to, opened):
+        if not is_inside(source.confined_to, opened):
             raise UnsafeLocationError(
                 f"{self._rt_where}: file {source.shown!r} opened as {opened!r}, outside the model's folder "
                 f"{source.confined_to!r} (a folder was swapped during the open); nothing was read."

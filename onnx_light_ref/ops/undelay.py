@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -39,7 +38,9 @@ from onnx_light_ref.io.locations import (
     check_not_hard_linked,
     file_identity,
     is_external,
+    is_inside,
     parse_external_data,
+    stat_regular_file,
 )
 from onnx_light_ref.io.model_file import load_model_metadata, serialize_model
 from onnx_light_ref.io.posix import check_single_link
@@ -87,10 +88,6 @@ def _is_delayed(node: onnx.NodeProto) -> bool:
     return node.domain == DOMAIN and node.op_type == OP_TYPE
 
 
-def _inside(real_base: str, real: str) -> bool:
-    return os.path.commonpath([real_base, real]) == real_base
-
-
 class _SourceResolver:
     """Resolves DelayedInitializer filenames against the source folder, each distinct filename once."""
 
@@ -115,20 +112,18 @@ class _SourceResolver:
                 raise UnsafeLocationError(f"{where}: filename {filename!r} is not allowed: {exc}") from exc
         real = os.path.realpath(os.path.join(self.real_base, filename))
         confined = not (absolute and self.allow_outside_folder)
-        if confined and not _inside(self.real_base, real):
+        if confined and not is_inside(self.real_base, real):
             hint = " Pass allow_outside_folder=True (CLI: --allow-outside-folder) to trust it." if absolute else ""
             raise UnsafeLocationError(
                 f"{where}: filename {filename!r} resolves to {real!r}, outside the source model's folder "
                 f"{self.real_base!r}; nothing was written.{hint}"
             )
-        try:
-            st = os.stat(real)
-        except (FileNotFoundError, NotADirectoryError) as exc:
-            raise FileNotFoundError(f"{where}: file {filename!r} does not exist (looked for {real!r}).") from exc
-        except OSError as exc:
-            raise ExternalDataError(f"{where}: file {filename!r} cannot be accessed: {exc.strerror or exc}.") from exc
-        if not stat.S_ISREG(st.st_mode):
-            raise ExternalDataError(f"{where}: {filename!r} ({real!r}) is not a regular file.")
+        st = stat_regular_file(
+            real,
+            missing=lambda: FileNotFoundError(f"{where}: file {filename!r} does not exist (looked for {real!r})."),
+            inaccessible=lambda reason: ExternalDataError(f"{where}: file {filename!r} cannot be accessed: {reason}."),
+            not_regular=lambda: ExternalDataError(f"{where}: {filename!r} ({real!r}) is not a regular file."),
+        )
         if confined:
             check_single_link(st, what=f"{where}: file {filename!r} ({real!r})")
         return _Source(real, FileIdentity(st.st_dev, st.st_ino), st.st_size)
