@@ -27,11 +27,9 @@ Models of the layout and inline benchmarks (issues 11 and 12):
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -349,19 +347,11 @@ def make_aligned_copy(model: AlignModel, folder: str | os.PathLike[str], alignme
 
 
 def _wire_writer() -> ModuleType:
-    """``tests/wire_writer.py`` (the hand-made protobuf writer shared with the tests), loaded by path: ``tests`` is
-    not a package, and the benchmarks must not depend on what else is on ``sys.path``."""
-    name = "_onnx_light_ref_bench_wire_writer"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = Path(__file__).resolve().parents[1] / "tests" / "wire_writer.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None or not path.is_file():
-        raise FileNotFoundError(f"the wire-format writer {path} is missing; the inline benchmarks need it.")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """``tests/wire_writer.py``, the hand-made protobuf writer shared with the tests (``tests`` is a package beside
+    ``benchmarks``: the repository root that makes ``benchmarks`` importable makes it importable too)."""
+    from tests import wire_writer
+
+    return wire_writer
 
 
 def make_inline_model(

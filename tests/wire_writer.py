@@ -10,8 +10,8 @@ without its large tensors, then appends those tensors' fields by hand with their
 It also exposes the wire primitives (:func:`encode_varint` with non-minimal encodings, :func:`field_key` with any
 wire type) so that tests can craft malformed files byte by byte.
 
-Import it as ``wire_writer`` from tests (``tests/`` is on ``sys.path`` through its conftest) or as
-``tests.wire_writer`` from the repository root (benchmarks). It never writes outside the path it is given.
+Import it as ``tests.wire_writer`` (tests and benchmarks alike, from the repository root). It never writes outside
+the path it is given.
 """
 
 from __future__ import annotations

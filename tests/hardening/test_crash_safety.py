@@ -28,9 +28,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from _hardening_support import snapshot_tree, temp_files_under, write_external_model
 
 from onnx_light_ref import align_external_data_in_memory, save_model_with_shared_external_data
+from tests.checks import snapshot_tree, temp_files_under
+from tests.models import write_external_model
 
 CHILD = Path(__file__).with_name("_crash_child.py")
 SEED = 20240607
@@ -251,7 +252,7 @@ def test_sigkilled_sharded_aligner_leaves_every_file_absent_previous_or_complete
 
 
 def test_sigkilled_shared_saver_leaves_absent_previous_or_complete_destination(source: Path, tmp_path: Path):
-    from _crash_child import new_weights, variant_model
+    from tests.hardening._crash_child import new_weights, variant_model
 
     sources_before = snapshot_tree(source.parent)
     # The variant must sit next to the source to reuse its weights: work in a private copy of the source folder

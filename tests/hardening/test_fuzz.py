@@ -29,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from _hardening_support import IR_VERSION, OPSET, snapshot_tree, temp_files_under
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from onnx import helper, numpy_helper
@@ -41,6 +40,8 @@ from onnx_light_ref import (
 )
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError
 from onnx_light_ref.ops.convert import delay_initializers
+from tests.checks import snapshot_tree, temp_files_under
+from tests.models import IR_VERSION, OPSET
 
 DOCUMENTED_ERRORS = (ExternalDataError, InvalidModelError, FileNotFoundError, ValueError)
 
