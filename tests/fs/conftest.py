@@ -7,6 +7,7 @@ reflink-capable filesystem really do; these fixtures give the tests the real thi
 * ``make_readonly(fill)``: a tmpfs that ``fill`` populates, then remounted read-only (EROFS);
 * ``tmpfs_mount`` and ``ext4_mount``: two different filesystems (``copy_file_range`` fails with EXDEV between them);
 * ``inode_tmpfs``: a tmpfs with 64 inodes (ENOSPC when creating a file, with bytes to spare);
+* ``ext3_mount``: a loop-mounted ext3 (no extents, so no ``fallocate``: space is checked, never reserved);
 * ``xfs_mount``: a loop-mounted XFS made with ``mkfs.xfs -m reflink=1`` on a sparse file (cloning).
 
 Mounting needs root (CI runs as root). Where the kernel or the system refuses (not root, no loop devices, no
@@ -94,6 +95,16 @@ def ext4_mount(tmp_path: Path) -> Iterator[Path]:
     """A loop-mounted 128 MiB ext4 (no reflinks; ``copy_file_range`` copies in the kernel)."""
     _require_tools("mount", "umount", "mkfs.ext4")
     yield from _loop_filesystem(tmp_path, "ext4", 128 * MIB, ["mkfs.ext4", "-q", "-F"])
+
+
+@pytest.fixture
+def ext3_mount(tmp_path: Path) -> Iterator[Path]:
+    """A loop-mounted 64 MiB ext3: ``fallocate`` fails with EOPNOTSUPP, like ZFS and some NFS servers.
+
+    No blocks reserved for root (``-m 0``): the tests run as root, which could otherwise write past ``f_bavail``.
+    """
+    _require_tools("mount", "umount", "mkfs.ext3")
+    yield from _loop_filesystem(tmp_path, "ext3", 64 * MIB, ["mkfs.ext3", "-q", "-F", "-m", "0"])
 
 
 @pytest.fixture

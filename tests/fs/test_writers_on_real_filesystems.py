@@ -5,10 +5,12 @@ Writers: both aligners (one file and a sharded write), ``save_model_with_shared_
 ``undelay_initializers``. Each fault test asserts the error (type, errno, message), that nothing was left behind
 (no temp file, the previous destination byte-for-byte intact) and that no source byte changed. They replace the
 monkeypatched read-only, full-tmpfs and "fails after the weights were staged" rows that
-``tests/hardening/test_bad_inputs.py`` had; its remaining full-disk rows are a write failing after the space check
-passed, which no local filesystem does on demand.
+``tests/hardening/test_bad_inputs.py`` had. A disk that fills *during* the copy, after the space check passed, is
+real here too: at the copy's first write the test fills the filesystem from another file (real writes, real
+ENOSPC); on ext3 (no ``fallocate``, like ZFS and some NFS) the copy then fails, on tmpfs the preallocation holds.
 
-The system-call spies here only *record* (which descriptor was written, on which device); they never fake a fault.
+The system-call spies here only *record* (which descriptor was written, on which device) or, for that one test,
+fill the disk with real writes; they never fake a fault.
 """
 
 from __future__ import annotations
@@ -232,6 +234,112 @@ def test_a_job_that_fits_the_small_disk_is_written(writer, tmp_path, small_tmpfs
 
     assert int(result) == job.payload
     assert all(path.is_file() for path in job.outputs)
+    assert verify_models(job.reference, job.dst).equal
+    assert_no_temp_files(small_tmpfs)
+
+
+# ------------------------------------------------------------------- the disk fills during the copy (ENOSPC)
+
+
+@dataclass
+class Filler:
+    """Another writer, armed to take the free space at the job's first write to the destination's filesystem."""
+
+    folder: Path
+    leave: int  # free bytes left to the job once filled
+    path: Path | None = None  # the filler file, once written
+    writes_after: list[str] = field(default_factory=list)  # the job's write calls from then on
+
+    def fill(self, write: Callable[[int, bytes], int]) -> None:
+        self.path = self.folder / "filler.bin"
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        chunk = b"\xff" * (64 * 1024)
+        try:
+            while free_bytes(self.folder) > self.leave:
+                try:
+                    write(fd, chunk)
+                except OSError as exc:  # the metadata took the rest: the disk is as full as it gets
+                    assert exc.errno == errno.ENOSPC, exc
+                    break
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        assert free_bytes(self.folder) <= self.leave
+
+
+@pytest.fixture
+def fill_at_first_write(monkeypatch) -> Callable[[Path, int], Filler]:
+    """``fill_at_first_write(folder, leave)``: when the job first writes to ``folder``'s filesystem (its space
+    already checked and, where supported, preallocated), a filler file takes all but ``leave`` free bytes."""
+
+    def arm(folder: Path, leave: int) -> Filler:
+        device = os.stat(folder).st_dev
+        filler = Filler(folder, leave)
+        real_write = os.write
+        for name, fd_position in (
+            ("copy_file_range", 1),
+            ("sendfile", 0),
+            ("pwrite", 0),
+            ("pwritev", 0),
+            ("write", 0),
+            ("writev", 0),
+        ):
+            real = getattr(os, name, None)
+            if real is None:
+                continue
+
+            def filling(*args: Any, _real: Any = real, _name: str = name, _at: int = fd_position, **kw: Any) -> Any:
+                if os.fstat(args[_at]).st_dev == device:
+                    if filler.path is None:
+                        filler.fill(real_write)
+                    filler.writes_after.append(_name)
+                return _real(*args, **kw)
+
+            monkeypatch.setattr(os, name, filling)
+        return filler
+
+    return arm
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_disk_filled_during_the_copy_without_preallocation_fails_and_leaves_everything_as_it_was(
+    writer, tmp_path, ext3_mount, make_job, fill_at_first_write, sha256_of_tree, assert_no_temp_files
+):
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    job = make_job(writer, src_dir, ext3_mount, tensors_for(writer, 3, MIB))  # 3 MiB fit the 60 MiB free
+    place_previous_outputs(job)
+    snapshot = Snapshot.take(job, [ext3_mount], sha256_of_tree)
+    filler = fill_at_first_write(ext3_mount, 256 * 1024)
+
+    with pytest.raises(OSError) as raised:
+        job.run()
+
+    assert filler.path is not None, "the job wrote nothing to the destination"
+    assert raised.value.errno == errno.ENOSPC, raised.value
+    assert "not enough free space" not in str(raised.value), "the space check, not the copy, failed"
+    filler.path.unlink()  # the other writer's file; everything else must be as it was
+    snapshot.assert_unchanged(job, sha256_of_tree)
+    assert_no_temp_files(ext3_mount)
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_disk_filled_during_the_copy_does_not_fail_a_preallocated_job(
+    writer, tmp_path, small_tmpfs, make_job, fill_at_first_write, assert_no_temp_files
+):
+    # The same filler on tmpfs: the weights' blocks were preallocated, so the copy needs none of the space it takes;
+    # the .onnx (never preallocated, a few KiB here) fits in what the filler leaves.
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    job = make_job(writer, src_dir, small_tmpfs, tensors_for(writer, 3, MIB))
+    place_previous_outputs(job)
+    filler = fill_at_first_write(small_tmpfs, 256 * 1024)
+
+    result = job.run()
+
+    assert filler.path is not None and filler.writes_after, "the filler never ran"
+    assert free_bytes(small_tmpfs) < job.payload
+    assert int(result) == job.payload
     assert verify_models(job.reference, job.dst).equal
     assert_no_temp_files(small_tmpfs)
 

@@ -9,13 +9,13 @@ every file, symlink targets, folders), calls the public function, and asserts:
   ``delay_initializers`` must not mutate it when they refuse).
 
 Faults of the filesystem itself are tested for real in ``tests/fs/test_writers_on_real_filesystems.py`` (every
-writer on a full tmpfs, a read-only mount, a tmpfs out of inodes at each file creation). The rows here simulate only
-what no local filesystem gives on demand:
+writer on a full tmpfs, a read-only mount, a tmpfs out of inodes at each file creation, and an ext3 filled by
+another file during the copy). The rows here simulate:
 
 * a disk that fills *during* the copy, after the space check and preallocation succeeded (NFS, ZFS and other
   filesystems without ``fallocate``, or another writer taking the space): ``os.write``/``os.pwrite``/
-  ``os.pwritev``/``os.writev``/``os.copy_file_range``/``os.sendfile`` all raise ``OSError(ENOSPC)`` so the copy
-  engine's fallback chain cannot route around it;
+  ``os.pwritev``/``os.writev``/``os.copy_file_range``/``os.sendfile`` all raise ``OSError(ENOSPC)``, so every
+  fallback of the copy engine fails too, not only the route the real ext3 test happens to take;
 * ``fsync`` or ``rename`` reporting EIO, and a source swapped between validation and copy.
 """
 
