@@ -185,9 +185,9 @@ def check(data: bytes, workdir: Path, min_length: int = 0, window: int | None = 
     back = onnx.ModelProto()
     back.CopyFrom(stripped.model)
     for tensor in all_tensors(back):
-        payload = stripped.payload(tensor)
-        if payload is not None:
-            tensor.raw_data = data[payload.offset : payload.offset + payload.length]
+        found = stripped.payload(tensor)
+        if found is not None:
+            tensor.raw_data = data[found.offset : found.offset + found.length]
     assert back == expected
     return stripped
 
