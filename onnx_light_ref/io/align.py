@@ -29,6 +29,8 @@ from onnx_light_ref.io.align_plan import (
     SITE_INLINE,
     SITE_KEPT,
     AlignPlan,
+    LayoutOptions,
+    Mode,
     Shard,
     check_layout_options,
     plan_alignment,
@@ -255,6 +257,46 @@ def _publish(plan: AlignPlan, outputs: OutputTransaction, stats: CopyStats) -> A
     return result
 
 
+def _align(
+    mode: Mode,
+    src_onnx_path: PathLike,
+    dst_onnx_path: PathLike,
+    dst_weights_path: PathLike | None,
+    alignment: int,
+    layout: LayoutOptions,
+    chunk_size: int | None,
+    durable: bool,
+    progress: ProgressCallback | None,
+) -> AlignResult:
+    """Plan, then execute the plan in ``mode`` (read everything first when ``in_memory``), then publish.
+
+    ``chunk_size`` is None only in memory (dedup then compares through 1 MiB buffers).
+
+    The transaction never sweeps away a file this job reads (``keep``): a source may be named like a dead writer's
+    temp file of a destination.
+    """
+    plan = plan_alignment(
+        src_onnx_path,
+        dst_onnx_path,
+        dst_weights_path,
+        alignment,
+        mode=mode,
+        chunk_size=chunk_size,
+        align_threshold=layout.align_threshold,
+        max_shard_size=layout.max_shard_size,
+        dedup=layout.dedup,
+        size_threshold=layout.size_threshold,
+    )
+    payloads = _read_all(plan) if mode == "in_memory" else None
+    with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
+        if payloads is None:
+            assert chunk_size is not None
+            stats = _copy_streaming(plan, outputs, chunk_size, durable, progress)
+        else:
+            stats = _write_payloads(plan, payloads, outputs, durable, progress)
+        return _publish(plan, outputs, stats)
+
+
 def align_external_data_streaming(
     src_onnx_path: PathLike,
     dst_onnx_path: PathLike,
@@ -322,22 +364,10 @@ def align_external_data_streaming(
             the destinations are then unchanged.
     """
     check_int("chunk_size", chunk_size, minimum=1)
-    check_layout_options(align_threshold, max_shard_size, dedup, size_threshold, durable)
-    plan = plan_alignment(
-        src_onnx_path,
-        dst_onnx_path,
-        dst_weights_path,
-        alignment,
-        align_threshold=align_threshold,
-        max_shard_size=max_shard_size,
-        dedup=dedup,
-        size_threshold=size_threshold,
-        mode="streaming",
-        chunk_size=chunk_size,
+    layout = check_layout_options(align_threshold, max_shard_size, dedup, size_threshold, durable)
+    return _align(
+        "streaming", src_onnx_path, dst_onnx_path, dst_weights_path, alignment, layout, chunk_size, durable, progress
     )
-    with OutputTransaction(durable=durable) as outputs:
-        stats = _copy_streaming(plan, outputs, chunk_size, durable, progress)
-        return _publish(plan, outputs, stats)
 
 
 def align_external_data_in_memory(
@@ -383,19 +413,7 @@ def align_external_data_in_memory(
         FileNotFoundError: the source model, a referenced file or the destination folder does not exist.
         OSError: reading or publishing failed; the destinations are then unchanged.
     """
-    check_layout_options(align_threshold, max_shard_size, dedup, size_threshold, durable)
-    plan = plan_alignment(
-        src_onnx_path,
-        dst_onnx_path,
-        dst_weights_path,
-        alignment,
-        align_threshold=align_threshold,
-        max_shard_size=max_shard_size,
-        dedup=dedup,
-        size_threshold=size_threshold,
-        mode="in_memory",
+    layout = check_layout_options(align_threshold, max_shard_size, dedup, size_threshold, durable)
+    return _align(
+        "in_memory", src_onnx_path, dst_onnx_path, dst_weights_path, alignment, layout, None, durable, progress
     )
-    payloads = _read_all(plan)
-    with OutputTransaction(durable=durable) as outputs:
-        stats = _write_payloads(plan, payloads, outputs, durable, progress)
-        return _publish(plan, outputs, stats)

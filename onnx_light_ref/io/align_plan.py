@@ -21,7 +21,7 @@ import os
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, overload
+from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict, overload
 
 import onnx
 from onnx import numpy_helper
@@ -42,16 +42,21 @@ from onnx_light_ref.io.locations import (
     file_identity,
     parse_external_data,
 )
-from onnx_light_ref.io.model_file import load_model_metadata
+from onnx_light_ref.io.model_file import check_model_strings, load_model_metadata
 from onnx_light_ref.io.placement import ShardedLayout, shard_path
 from onnx_light_ref.io.walker import iter_tensors
 from onnx_light_ref.io.wire import StrippedModel, load_model_stripped
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "SITE_EXTERNAL",
     "SITE_INLINE",
     "SITE_KEPT",
     "AlignPlan",
+    "LayoutKeywords",
+    "LayoutOptions",
     "Shard",
     "SourceFile",
     "check_layout_options",
@@ -176,6 +181,7 @@ class AlignPlan:
     deduplicated_tensors: int = 0  # tensors sharing bytes stored for an earlier tensor
     deduplicated_bytes: int = 0  # bytes those tensors would have taken
     stale_weights_files: list[str] = field(default_factory=list)  # see _stale_shards
+    sources: frozenset[FileIdentity] = frozenset()  # every file this job reads: never removed by a temp-file sweep
 
     @property
     def total_size(self) -> int:
@@ -197,9 +203,27 @@ class AlignPlan:
         return len(self.move_lengths)
 
 
+class LayoutOptions(NamedTuple):
+    """The layout options shared by both aligners, validated (see :func:`check_layout_options`)."""
+
+    align_threshold: int = 0
+    max_shard_size: int | None = None
+    dedup: bool = False
+    size_threshold: int | None = None
+
+
+class LayoutKeywords(TypedDict, total=False):
+    """:class:`LayoutOptions` as keyword arguments of :func:`plan_alignment`."""
+
+    align_threshold: int
+    max_shard_size: int | None
+    dedup: bool
+    size_threshold: int | None
+
+
 def check_layout_options(
     align_threshold: object, max_shard_size: object, dedup: object, size_threshold: object, durable: object
-) -> tuple[int, int | None, bool, int | None]:
+) -> LayoutOptions:
     """Validate the keyword options shared by both aligners; return them typed.
 
     Raises:
@@ -211,7 +235,7 @@ def check_layout_options(
     check_bool("dedup", dedup)
     inline_threshold = check_optional_int("size_threshold", size_threshold)
     check_bool("durable", durable)
-    return threshold, shard_cap, bool(dedup), inline_threshold
+    return LayoutOptions(threshold, shard_cap, bool(dedup), inline_threshold)
 
 
 def plan_alignment(
@@ -220,39 +244,40 @@ def plan_alignment(
     dst_weights_path: PathLike | None = None,
     alignment: int = 4096,
     *,
-    align_threshold: int = 0,
-    max_shard_size: int | None = None,
-    dedup: bool = False,
-    size_threshold: int | None = None,
     mode: Mode = "streaming",
-    chunk_size: int = _DEDUP_CHUNK,
+    chunk_size: int | None = None,
+    **options: Unpack[LayoutKeywords],
 ) -> AlignPlan:
     """Validate arguments, parse the source metadata, check every reference and lay out every output file.
 
     Args:
-        src_onnx_path, dst_onnx_path, dst_weights_path, alignment, align_threshold, max_shard_size, dedup,
-            size_threshold: as documented on :func:`~onnx_light_ref.io.align.align_external_data_streaming`.
+        src_onnx_path, dst_onnx_path, dst_weights_path, alignment: as documented on
+            :func:`~onnx_light_ref.io.align.align_external_data_streaming`.
         mode: ``"streaming"`` parses the ``.onnx`` without inline payloads of ``size_threshold`` bytes or more (they
             are copied out of the file); ``"in_memory"`` parses it whole (they are written from memory). The plan
             places the same bytes at the same offsets either way.
-        chunk_size: size of each of the two buffers used to compare candidate duplicates.
+        chunk_size: size of each of the two buffers used to compare candidate duplicates (None: 1 MiB).
+        options: ``align_threshold``, ``max_shard_size``, ``dedup``, ``size_threshold`` (:class:`LayoutOptions`), as
+            documented on :func:`~onnx_light_ref.io.align.align_external_data_streaming`.
 
     Returns:
         The :class:`AlignPlan`; nothing was written.
 
     Raises:
         ValueError: an invalid argument (``ArgumentTypeError`` for a wrong type).
-        InvalidModelError: ``src_onnx_path`` is not an ONNX model.
+        TypeError: an unknown layout keyword.
+        InvalidModelError: ``src_onnx_path`` is not an ONNX model, or has a string field that is not UTF-8.
         ExternalDataError: a malformed or out-of-bounds reference, an inline tensor whose data does not match its
             dims and data type; ``UnsafeLocationError`` for an unsafe location or hard-linked source,
             ``DestinationConflictError`` for an output that is a source or another output.
         FileNotFoundError: the source model or a referenced file does not exist.
     """
     step = validate_alignment(alignment)
-    threshold, shard_cap, dedup, inline_threshold = check_layout_options(
-        align_threshold, max_shard_size, dedup, size_threshold, True
-    )
-    check_int("chunk_size", chunk_size, minimum=1)
+    unknown = sorted(set(options) - set(LayoutOptions._fields))
+    if unknown:
+        raise TypeError(f"plan_alignment() got unexpected keyword argument(s) {', '.join(unknown)}.")
+    threshold, shard_cap, dedup, inline_threshold = check_layout_options(*LayoutOptions(**options), True)
+    chunk_size = _DEDUP_CHUNK if chunk_size is None else check_int("chunk_size", chunk_size, minimum=1)
     src_onnx = os.path.abspath(os.fspath(src_onnx_path))
     dst_onnx = os.path.abspath(os.fspath(dst_onnx_path))
     dst_weights = os.path.abspath(os.fspath(dst_weights_path) if dst_weights_path is not None else dst_onnx + ".data")
@@ -348,6 +373,7 @@ def plan_alignment(
         deduplicated_tensors,
         deduplicated_bytes,
         stale,
+        frozenset(sources) | ({src_identity} if src_identity is not None else set()),
     )
 
 
@@ -404,6 +430,8 @@ def _load(
         return load_model_metadata(src_onnx), None, None
     before = file_identity(src_onnx)
     stripped = load_model_stripped(src_onnx, min_length=inline_threshold)
+    # load_model_metadata checks the strings; the stripped parse does not: a non-UTF-8 name is refused the same way.
+    check_model_strings(stripped.model, what=repr(src_onnx))
     after = file_identity(src_onnx)
     if before is None or before != after:
         raise ExternalDataError(f"source model {src_onnx!r} was replaced while it was being parsed; nothing written.")

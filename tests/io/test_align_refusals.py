@@ -8,6 +8,9 @@ snapshot of the whole tree (sources, outside file, destination folder) is identi
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +20,8 @@ import pytest
 from onnx import numpy_helper
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming
-from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, UnsafeLocationError
+from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, InvalidModelError, UnsafeLocationError
+from onnx_light_ref.io import publish
 from onnx_light_ref.io.arguments import ArgumentTypeError
 
 WEIGHTS = np.arange(16, dtype=np.float32)  # 64 bytes in model/w.bin
@@ -342,3 +346,53 @@ def test_layout_options_are_checked_before_the_source_is_read(tmp_path, aligner,
     with pytest.raises(ValueError, match=next(iter(option))):
         function(tmp_path / "missing.onnx", tmp_path / "out.onnx", **option)
     assert list(tmp_path.iterdir()) == []
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("aligner", ["streaming", "in_memory"])
+@pytest.mark.parametrize("destination", ["out.onnx.data", "out.onnx"])
+def test_a_source_named_like_a_dead_writers_temp_file_is_never_swept(
+    tmp_path, layout, sha256_of_tree, aligner, destination
+):
+    """The stale-temp sweep of each output keeps the job's sources, whatever their names (publish's ``keep``)."""
+    lookalike = f".olr~{publish._name_tag(destination)}~{_dead_pid()}~{'ab' * 8}.tmp"
+    os.rename(layout / "w.bin", layout / lookalike)
+    write_model(layout, {"location": lookalike, "offset": "0", "length": "64"})
+    sources = sha256_of_tree(layout)
+
+    _call(aligner, layout, {"dst_onnx_path": layout / "out.onnx"})
+
+    assert (layout / lookalike).read_bytes() == WEIGHTS.tobytes()
+    assert {name: digest for name, digest in sha256_of_tree(layout).items() if name in sources} == sources
+    assert (layout / "out.onnx.data").read_bytes()[:64] == WEIGHTS.tobytes()
+
+
+@pytest.mark.parametrize("aligner", ["streaming", "in_memory"])
+def test_a_non_utf8_tensor_name_is_refused_when_inline_tensors_move_out(
+    tmp_path, sha256_of_tree, assert_no_temp_files, aligner
+):
+    """The stripped parse (streaming with ``size_threshold``) refuses a non-UTF-8 name like the whole parse does."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    tensor = numpy_helper.from_array(np.arange(256, dtype=np.float32), "NAME_A")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["NAME_A"], ["y"])],
+        "g",
+        [],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [256])],
+        initializer=[tensor],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=10)
+    (folder / "model.onnx").write_bytes(model.SerializeToString().replace(b"NAME_A", b"N\xffME_A"))
+    before = sha256_of_tree(tmp_path)
+
+    with pytest.raises(InvalidModelError, match=re.escape("is not valid UTF-8 (b'N\\xffME_A')")):
+        _call(aligner, folder, {"dst_onnx_path": folder / "out.onnx", "size_threshold": 0})
+
+    assert sha256_of_tree(tmp_path) == before
+    assert_no_temp_files(tmp_path)
