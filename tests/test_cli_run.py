@@ -12,6 +12,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_light_ref.cli import main
 from onnx_light_ref.commands.run import output_file_name
+from tests.checks import snapshot_tree
 
 
 def save_linear_model(folder: Path) -> Path:
@@ -138,7 +139,8 @@ def test_output_dir_that_is_a_file(tmp_path, capsys):
     one_error_line(capsys, "exists and is not a folder")
     assert (tmp_path / "out").read_bytes() == b"keep me"
     assert run_cli(path, tmp_path / "out" / "sub", f"x={tmp_path / 'x.npy'}") == 1
-    one_error_line(capsys, "cannot write the outputs")
+    one_error_line(capsys, f"--output-dir: cannot create the folder {str(tmp_path / 'out' / 'sub')!r}: Not a directory")
+    assert (tmp_path / "out").read_bytes() == b"keep me"
 
 
 def test_model_the_converter_refuses(tmp_path, capsys):
@@ -214,3 +216,30 @@ def test_sequence_output_is_refused_before_writing_anything(tmp_path, capsys):
     assert run_cli(path, tmp_path / "out", f"x={tmp_path / 'x.npy'}") == 1
     one_error_line(capsys, "output 'seq' is a sequence of 2 values")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_nested_output_dir_is_created(tmp_path, capsys):
+    path = save_linear_model(tmp_path)
+    x = np.ones((2, 8), dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "new" / "deeper" / "out"
+
+    assert run_cli(path, out, f"x={tmp_path / 'x.npy'}") == 0, capsys.readouterr().err
+
+    expected = ReferenceEvaluator(str(path)).run(None, {"x": x})
+    np.testing.assert_array_equal(np.load(out / "y.npy"), expected[0])
+    assert sorted(p.name for p in out.iterdir()) == ["w_sum.npy", "y.npy"]
+
+
+@pytest.mark.parametrize("failure", ["wrong feed", "model the converter refuses"])
+def test_output_folders_created_for_a_refused_run_are_removed(tmp_path, capsys, failure):
+    path = save_linear_model(tmp_path)
+    np.save(tmp_path / "x.npy", np.ones((2, 8) if failure != "wrong feed" else (3, 8), dtype=np.float32))
+    if failure != "wrong feed":
+        (tmp_path / "w.data").write_bytes(b"short")  # the weights file no longer holds W and b
+    before = snapshot_tree(tmp_path)
+
+    assert run_cli(path, tmp_path / "new" / "a" / "out", f"x={tmp_path / 'x.npy'}") == 1
+
+    one_error_line(capsys, "has shape [3, 8]" if failure == "wrong feed" else f"cannot evaluate {str(path)!r}")
+    assert snapshot_tree(tmp_path) == before

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light_ref.cli import main
 from onnx_light_ref.ops import delay_initializers
+from tests.checks import snapshot_tree
 
 
 def delayed_model(folder: Path) -> tuple[Path, np.ndarray]:
@@ -86,3 +87,43 @@ def test_outside_file_needs_the_flag(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["undelay", str(src), str(dst), "--allow-outside-folder"]) == 0
     got = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, {})[0]
     np.testing.assert_array_equal(got, [1.5, -2])
+
+
+def test_missing_destination_folders_are_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    delayed, w = delayed_model(tmp_path)
+    dst = tmp_path / "new" / "deeper" / "out.onnx"
+    weights = tmp_path / "new" / "deeper" / "weights" / "w.data"
+
+    assert main(["undelay", str(delayed), str(dst), "--weights", str(weights), "--no-fsync"]) == 0, capsys.readouterr()
+
+    assert f"wrote {dst} and {weights}" in capsys.readouterr().out
+    x = np.ones((2, 3), dtype=np.float32)
+    got = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, x @ w)
+
+
+@pytest.mark.parametrize("weights", [None, "new/a/w/w.data"])
+def test_folders_created_for_a_refused_run_are_removed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], weights: str | None
+) -> None:
+    delayed, _ = delayed_model(tmp_path)
+    before = snapshot_tree(tmp_path)
+    extra = ["--weights", str(tmp_path / weights)] if weights else []
+
+    assert main(["undelay", str(delayed), str(tmp_path / "new" / "a" / "out.onnx"), "--alignment", "3", *extra]) == 1
+
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "power of two" in err[0]
+    assert snapshot_tree(tmp_path) == before
+
+
+def test_a_destination_under_a_file_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    delayed, _ = delayed_model(tmp_path)
+    (tmp_path / "blocker").write_bytes(b"not a folder")
+    before = snapshot_tree(tmp_path)
+
+    assert main(["undelay", str(delayed), str(tmp_path / "blocker" / "sub" / "out.onnx")]) == 1
+
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"error: cannot create the folder {str(tmp_path / 'blocker' / 'sub')!r}: Not a directory"]
+    assert snapshot_tree(tmp_path) == before

@@ -8,7 +8,8 @@ A thin front end of :func:`onnx_light_ref.align_external_data_streaming`: a prog
 written, padding, time, throughput) on stdout, and a ``note:`` line naming shard files an earlier run left at the
 destination (never deleted), taken from the :class:`~onnx_light_ref.io.results.AlignResult` it
 returns. Unlike the Python API, the command creates missing
-destination folders, as users expect from a command line (and removes those it created if the run fails). A problem
+destination folders, as users expect from a command line (and removes those it created if the run fails; see
+:mod:`onnx_light_ref.commands.folders`). A problem
 with the input (bad argument, unsafe or out-of-bounds reference, destination that is a source, missing file, I/O
 error) prints one ``error: ...`` line on stderr and exits with status 1, without a traceback; the library has then
 written nothing.
@@ -17,12 +18,12 @@ written nothing.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import sys
 import time
 from typing import TYPE_CHECKING
 
+from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.folders import make_folders, remove_created_folders
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import size_argument
 
@@ -110,7 +111,8 @@ def align_command(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     created: list[str] = []
     try:
-        created = _make_folders([args.dst, args.weights if args.weights is not None else args.dst])
+        weights = args.weights if args.weights is not None else args.dst
+        created = make_folders(os.path.dirname(os.path.abspath(path)) for path in (args.dst, weights))
         with byte_progress("align", hidden=args.no_progress) as progress:
             result = align_external_data_streaming(
                 args.src,
@@ -126,37 +128,11 @@ def align_command(args: argparse.Namespace) -> int:
                 durable=not args.no_fsync,
             )
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
-        _remove_empty_folders(created)
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        remove_created_folders(created)
+        return error_exit(exc)
     elapsed = time.perf_counter() - started
     print(_summary(args.dst, args.weights, result, elapsed))
     return 0
-
-
-def _make_folders(paths: list[str]) -> list[str]:
-    """Create the missing folders of ``paths``; return those created, deepest first."""
-    created: list[str] = []
-    for path in paths:
-        folder = os.path.dirname(os.path.abspath(path))
-        missing = []
-        while not os.path.lexists(folder):
-            missing.append(folder)
-            folder = os.path.dirname(folder)
-        for folder in reversed(missing):
-            try:
-                os.mkdir(folder)
-            except FileExistsError:  # created meanwhile by someone else: not ours to remove
-                continue
-            created.insert(0, folder)
-    return created
-
-
-def _remove_empty_folders(created: list[str]) -> None:
-    """Undo :func:`_make_folders` after a failure (the library wrote nothing in them)."""
-    for folder in created:
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
 
 
 def _summary(dst_onnx: str, dst_weights: str | None, result: AlignResult, elapsed: float) -> str:

@@ -3,7 +3,8 @@
 Builds the evaluator with :func:`onnx_light_ref.ops.reference_evaluator` (external weights become
 ``DelayedInitializer`` nodes bound to, and confined to, the model's folder unless ``--allow-outside-folder``),
 checks the feeds against the model's declared inputs, runs it, and writes each output to
-``<output-dir>/<name>.npy``, printing its shape and dtype.
+``<output-dir>/<name>.npy``, printing its shape and dtype. A missing ``--output-dir`` is created (with its parents)
+before the model is evaluated, and removed again if the run fails.
 
 Every ordinary mistake (a feed of the wrong shape or type, an output folder that is a file, a model the converter
 or the kernel refuses, an output that is a sequence or a map) prints one ``error: ...`` line and exits 1. Outputs are
@@ -24,6 +25,7 @@ import numpy as np
 import onnx
 
 from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders
 from onnx_light_ref.io.publish import StagedFile, publish_all, staged_files
 
 __all__ = ["output_file_name", "parse_input_spec", "register", "run_command"]
@@ -132,7 +134,6 @@ def _plan_outputs(folder: str, names: list[str], values: list[object]) -> list[t
 
 def _save_outputs(folder: str, planned: list[tuple[str, str, np.ndarray]]) -> None:
     try:
-        os.makedirs(folder, exist_ok=True)
         with staged_files() as files:
             for _, target, array in planned:
                 buffer = io.BytesIO()
@@ -146,10 +147,22 @@ def _save_outputs(folder: str, planned: list[tuple[str, str, np.ndarray]]) -> No
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from onnx_light_ref.ops import reference_evaluator
-
     feeds = _load_feeds(args.input)
     _check_output_dir(args.output_dir)
+    try:
+        created = make_folders([args.output_dir])
+    except FolderError as exc:
+        raise _RunError(f"--output-dir: {exc}") from exc
+    try:
+        return _run_and_save(args, feeds)
+    except BaseException:
+        remove_created_folders(created)
+        raise
+
+
+def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray]) -> int:
+    from onnx_light_ref.ops import reference_evaluator
+
     start = time.perf_counter()
     try:
         sess = reference_evaluator(args.model, args.load_device, allow_outside_folder=args.allow_outside_folder)
@@ -206,7 +219,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="file: read each weight at every run, nothing at construction (default); cpu: read each weight once "
         "when the evaluator is built",
     )
-    parser.add_argument("--output-dir", default=".", help="folder for the output .npy files (default: current)")
+    parser.add_argument(
+        "--output-dir",
+        default=".",
+        help="folder for the output .npy files, created if missing (default: current)",
+    )
     parser.add_argument(
         "--allow-outside-folder",
         action="store_true",

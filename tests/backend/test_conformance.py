@@ -393,6 +393,18 @@ def test_cli_generate_tests_into_a_file_is_one_error_line(
     assert not any(os.path.lexists(p) for p in seed_weights_paths())
 
 
+def test_cli_generate_tests_creates_a_missing_nested_output_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "new" / "deeper" / "cases"
+    try:
+        assert main(["generate-tests", str(target)]) == 0
+        assert sorted(p.name for p in (target / "node").iterdir()) == sorted(CASE_NAMES)
+        assert f"wrote {len(CASE_NAMES)} cases under {target / 'node'}" in capsys.readouterr().out
+    finally:
+        _remove_seed_files()
+
+
 def test_generate_checks_every_model_before_writing(tmp_path: Path) -> None:
     registry = build_cases(case_root=str(tmp_path / "out" / "node"))
     bad = CaseRegistry()

@@ -1,0 +1,66 @@
+"""Destination folders for the commands that write: create the missing ones, remove them again if the run fails.
+
+Users expect a command line to create a missing output folder; the Python API keeps refusing one (a typo in a
+library call should fail, not scatter folders). Every writing command calls :func:`make_folders` before the
+library call and :func:`remove_created_folders` when that call fails, so a refused run leaves the tree as it was.
+
+This module never removes a folder it did not create, nor a folder that is not empty (``rmdir`` only), and never
+creates anything but folders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Sequence
+
+__all__ = ["FolderError", "make_folders", "remove_created_folders"]
+
+
+class FolderError(OSError):
+    """A destination folder could not be created (a parent is a file, no permission...); ``str`` is the message."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def make_folders(folders: Iterable[str | os.PathLike[str]]) -> list[str]:
+    """Create each missing folder of ``folders`` with its missing parents.
+
+    Args:
+        folders: the folders the command writes into (absolute or relative).
+
+    Returns:
+        The folders this call created, deepest first (the order :func:`remove_created_folders` needs). A folder
+        created meanwhile by someone else is not listed.
+
+    Raises:
+        FolderError: a folder cannot be created (e.g. a parent is a file); the folders this call had already
+            created are removed first.
+    """
+    created: list[str] = []
+    for given in folders:
+        folder = os.path.abspath(os.fspath(given))
+        missing = []
+        while not os.path.lexists(folder):
+            missing.append(folder)
+            folder = os.path.dirname(folder)
+        for folder in reversed(missing):
+            try:
+                os.mkdir(folder)
+            except FileExistsError:  # created meanwhile by someone else: not ours to remove
+                continue
+            except OSError as exc:
+                remove_created_folders(created)
+                raise FolderError(
+                    exc.errno, f"cannot create the folder {folder!r}: {exc.strerror or exc}", folder
+                ) from exc
+            created.insert(0, folder)
+    return created
+
+
+def remove_created_folders(created: Sequence[str]) -> None:
+    """Undo :func:`make_folders` after a failure: remove each listed folder that is still empty, deepest first."""
+    for folder in created:
+        with contextlib.suppress(OSError):  # not empty (something else wrote there) or already gone: leave it
+            os.rmdir(folder)
