@@ -36,7 +36,7 @@ import fcntl
 import logging
 import os
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -96,21 +96,57 @@ class CopyRange:
 
 def merge_ranges(ranges: Iterable[CopyRange]) -> list[CopyRange]:
     """Merge ranges that continue each other in both source and destination (kept in destination order)."""
-    merged: list[CopyRange] = []
-    for item in sorted((r for r in ranges if r.length > 0), key=lambda r: r.dst_offset):
-        last = merged[-1] if merged else None
+    ordered, _ = _in_destination_order(ranges)
+    return list(_merged(ordered))
+
+
+def _in_destination_order(ranges: Iterable[CopyRange]) -> tuple[Iterable[CopyRange], int]:
+    """``ranges`` in destination order, and their total length.
+
+    One pass checks the order: ranges already in destination order (every plan's are) are returned as given, a
+    sequence never copied; only out-of-order ones are sorted into a list. A plan's shard builds its
+    :class:`CopyRange` objects on demand, so a sort would hold one object per range of the shard at once.
+    """
+    if not isinstance(ranges, Sequence):
+        ranges = list(ranges)  # a one-shot iterable is read twice below
+    total = 0
+    last = -1
+    ordered = True
+    for item in ranges:
+        if item.length > 0:
+            total += item.length
+            ordered = ordered and item.dst_offset >= last
+            last = item.dst_offset
+    if not ordered:
+        ranges = sorted(ranges, key=lambda r: r.dst_offset)
+    return ranges, total
+
+
+def _merged(ordered: Iterable[CopyRange]) -> Iterator[CopyRange]:
+    """One pass over ranges in destination order: empty ones dropped, continuing ones joined."""
+    pending: CopyRange | None = None
+    for item in ordered:
+        if item.length <= 0:
+            continue
         if (
-            last is not None
-            and last.src_path == item.src_path
-            and last.src_offset + last.length == item.src_offset
-            and last.dst_offset + last.length == item.dst_offset
+            pending is not None
+            and pending.src_path == item.src_path
+            and pending.src_offset + pending.length == item.src_offset
+            and pending.dst_offset + pending.length == item.dst_offset
         ):
-            merged[-1] = CopyRange(
-                last.src_path, last.src_offset, last.dst_offset, last.length + item.length, last.src_identity
+            pending = CopyRange(
+                pending.src_path,
+                pending.src_offset,
+                pending.dst_offset,
+                pending.length + item.length,
+                pending.src_identity,
             )
-        else:
-            merged.append(item)
-    return merged
+            continue
+        if pending is not None:
+            yield pending
+        pending = item
+    if pending is not None:
+        yield pending
 
 
 def open_source(item: CopyRange) -> int:
@@ -274,7 +310,7 @@ class RangeCopier:
         if "copy_file_range" not in self.methods:
             return 0
         total = 0
-        for item in merge_ranges(ranges):
+        for item in _merged(_in_destination_order(ranges)[0]):
             src_fd, src_dev = self._open_source(item)
             if self._can_clone(src_fd, src_dev):
                 total += _clonable_part(item.src_offset, item.dst_offset, item.length, self._block)[1]
@@ -301,10 +337,9 @@ class RangeCopier:
             ExternalDataError: A source was replaced after validation, or ended before its range.
             OSError: A real I/O error (EIO, ENOSPC, ...), from the copy or from starting writeback.
         """
-        merged = merge_ranges(ranges)
-        total = sum(r.length for r in merged)
+        ordered, total = _in_destination_order(ranges)
         done = 0
-        for item in merged:
+        for item in _merged(ordered):
             src_fd, src_dev = self._open_source(item)
             disabled = self._disabled.setdefault((src_dev, self._dst_dev), set())
             position = 0

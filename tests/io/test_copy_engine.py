@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
 
@@ -11,6 +12,7 @@ import pytest
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming
 from onnx_light_ref.errors import ExternalDataError
+from onnx_light_ref.io import copy_engine
 from onnx_light_ref.io.copy_engine import CopyMethod, CopyRange, RangeCopier, merge_ranges
 from onnx_light_ref.io.locations import file_identity
 
@@ -79,6 +81,46 @@ def test_ranges_are_not_merged_across_gaps_or_files():
 def test_merge_orders_by_destination_and_drops_empty_ranges():
     ranges = [CopyRange("a", 10, 10, 10), CopyRange("a", 50, 20, 0), CopyRange("a", 0, 0, 10)]
     assert merge_ranges(ranges) == [CopyRange("a", 0, 0, 20)]
+
+
+class _LazyRanges(Sequence[CopyRange]):
+    """Ranges built on demand, as a plan's shard gives them; counts how many were built."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.built = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            raise AssertionError("a slice copies the ranges")
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        self.built += 1
+        gap = 16 if index % 2 else 0  # pairs of ranges contiguous in both source and destination
+        return CopyRange("a", 32 * (index // 2) + 16 * (index % 2), 64 * (index // 2) + gap, 16)
+
+
+def test_ranges_in_destination_order_are_merged_in_one_pass_without_sorting(monkeypatch):
+    def no_sort(*args, **kwargs):
+        raise AssertionError("ranges already in destination order were sorted")
+
+    monkeypatch.setattr(copy_engine, "sorted", no_sort, raising=False)
+    ranges = _LazyRanges(1000)
+
+    merged = merge_ranges(ranges)
+
+    assert merged == [CopyRange("a", 32 * i, 64 * i, 32) for i in range(500)]
+    assert ranges.built == 2000  # one pass to check the order, one to merge: never a list of every range
+
+
+def test_out_of_order_ranges_and_one_shot_iterables_are_sorted_first():
+    ordered = [CopyRange("a", 32 * i, 64 * i, 32) for i in range(50)]
+    shuffled = ordered[1::2] + ordered[::2]
+    assert merge_ranges(iter(shuffled)) == ordered
+    assert merge_ranges(iter(ordered)) == ordered
 
 
 # ---------------------------------------------------------------------------------------------- methods and fallbacks
