@@ -9,7 +9,10 @@ repository root on ``sys.path``). Checks on what a run left behind live in :mod:
 * :func:`externalize` / :func:`write_external_model` / :func:`external_tensor`: external data placed by hand (gaps,
   several files, checksums, exact entries, tensors onnx's writer does not handle such as sparse ones);
 * :func:`write_model`: serialize a proto as it is (``onnx.save`` would touch external data);
+* :func:`make_model`: a graph as a model of the suite's :data:`IR_VERSION` and :data:`OPSET`;
 * :func:`build_control_flow_model`, :func:`build_shadowing_model`, :func:`build_training_model` and their feeds.
+
+The aligners' zoo of model shapes (one model per case, built on these) lives in :mod:`tests.zoo`.
 
 Every builder writes real files only under the folder or path it is given (normally under ``tmp_path``); nothing
 here calls the code under test.
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +42,7 @@ __all__ = [
     "externalize",
     "identity_model",
     "make_external_model",
+    "make_model",
     "mlp_model",
     "save_external",
     "shadowing_feeds",
@@ -54,13 +58,30 @@ OPSET = 18
 TRAINING_WEIGHTS = "train.bin"
 
 
-def value_info(name: str, elem: int, shape: list[int] | None) -> onnx.ValueInfoProto:
+def value_info(name: str, elem: int, shape: Sequence[int | str | None] | None) -> onnx.ValueInfoProto:
     """A tensor value info (short form of ``helper.make_tensor_value_info``)."""
     return helper.make_tensor_value_info(name, elem, shape)
 
 
-def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+def make_model(
+    graph: onnx.GraphProto,
+    *,
+    domains: Mapping[str, int] | None = None,
+    functions: Iterable[onnx.FunctionProto] = (),
+) -> onnx.ModelProto:
+    """``graph`` as a model of :data:`IR_VERSION` importing the default domain at :data:`OPSET`.
+
+    Args:
+        graph: the main graph.
+        domains: further operator set imports, version by domain (e.g. the domain of local ``functions``).
+        functions: model-local functions.
+
+    Returns:
+        The model (nothing is written).
+    """
+    opsets = [helper.make_opsetid("", OPSET)]
+    opsets.extend(helper.make_opsetid(domain, version) for domain, version in (domains or {}).items())
+    return helper.make_model(graph, opset_imports=opsets, functions=list(functions), ir_version=IR_VERSION)
 
 
 def identity_model(
@@ -93,7 +114,7 @@ def identity_model(
         initializers = list(tensors)
     nodes = [helper.make_node("Identity", [t.name], [f"out_{t.name}"], name=f"id_{t.name}") for t in initializers]
     outputs = [value_info(f"out_{t.name}", t.data_type, list(t.dims)) for t in initializers]
-    return _model(helper.make_graph(nodes, name, [], outputs, initializer=initializers))
+    return make_model(helper.make_graph(nodes, name, [], outputs, initializer=initializers))
 
 
 def write_model(path: str | os.PathLike[str], model: onnx.ModelProto) -> Path:
@@ -104,10 +125,16 @@ def write_model(path: str | os.PathLike[str], model: onnx.ModelProto) -> Path:
 
 
 def save_external(
-    model: onnx.ModelProto, path: str | os.PathLike[str], location: str = "weights.data", *, size_threshold: int = 0
+    model: onnx.ModelProto,
+    path: str | os.PathLike[str],
+    location: str = "weights.data",
+    *,
+    size_threshold: int = 0,
+    convert_attribute: bool = False,
 ) -> Path:
     """Save ``model`` at ``path`` with onnx's own writer: every raw tensor of ``size_threshold`` bytes or more goes to
-    ``location``, back to back as onnx writes them. Returns the ``.onnx`` path."""
+    ``location``, back to back as onnx writes them (attribute tensors too with ``convert_attribute``). Returns the
+    ``.onnx`` path."""
     path = Path(path)
     onnx.save_model(
         model,
@@ -116,6 +143,7 @@ def save_external(
         all_tensors_to_one_file=True,
         location=location,
         size_threshold=size_threshold,
+        convert_attribute=convert_attribute,
     )
     return path
 
@@ -245,7 +273,7 @@ def mlp_model(weights: Mapping[str, np.ndarray], *, batch: int | None = None, na
         [value_info("y", TensorProto.FLOAT, [batch, layers[-1][0][1].shape[1]])],
         [numpy_helper.from_array(array, tensor_name) for tensor_name, array in items],
     )
-    return _model(graph)
+    return make_model(graph)
 
 
 def build_control_flow_model() -> onnx.ModelProto:
@@ -301,7 +329,7 @@ def build_control_flow_model() -> onnx.ModelProto:
         [value_info("z", TensorProto.FLOAT, f24), value_info("looped", TensorProto.FLOAT, f24)],
         [W, B],
     )
-    return _model(graph)
+    return make_model(graph)
 
 
 def control_flow_feeds(cond: bool) -> dict[str, np.ndarray]:
@@ -372,7 +400,7 @@ def build_shadowing_model() -> onnx.ModelProto:
         [float4("z"), float4("z2"), float4("looped")],
         [tensor("W", 0), tensor("B", 1)],
     )
-    return _model(graph)
+    return make_model(graph)
 
 
 def shadowing_feeds(cond: bool, flip: bool) -> dict[str, np.ndarray]:
@@ -434,7 +462,7 @@ def build_training_model(folder: Path) -> tuple[Path, dict[str, bytes]]:
     training.algorithm.CopyFrom(algorithm)
     training.initialization_binding.add(key="W", value="W_init")
     training.update_binding.add(key="W", value="W_new")
-    model = _model(graph)
+    model = make_model(graph)
     model.training_info.append(training)
     path = save_external(model, folder / "model.onnx")
     entries = {

@@ -16,6 +16,9 @@ from onnx.external_data_helper import _get_all_tensors
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming
 from onnx_light_ref.io.walker import iter_tensors
+from tests.checks import assert_no_temp_files, sha256_of_tree
+from tests.models import externalize, identity_model, make_external_model
+from tests.zoo import build_zoo_model, model_facts, reference_tensors
 
 ALIGNMENTS = [0, 1, 64, 4096, 65536]
 CHUNK_SIZES = [7, 4096, 4 * 1024 * 1024]
@@ -25,7 +28,7 @@ def external_facts(facts):
     return [f for f in facts if f.entries is not None]
 
 
-def test_reference_arithmetic_28_12_68_bytes_at_alignment_64(tmp_path, make_external_model, reference_tensors):
+def test_reference_arithmetic_28_12_68_bytes_at_alignment_64(tmp_path):
     src = make_external_model(tmp_path, reference_tensors())
     dst = tmp_path / "aligned.onnx"
 
@@ -51,9 +54,7 @@ def test_reference_arithmetic_28_12_68_bytes_at_alignment_64(tmp_path, make_exte
 
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
 @pytest.mark.parametrize("alignment", ALIGNMENTS)
-def test_several_source_files_merge_into_one_aligned_file(
-    tmp_path, build_zoo_model, model_facts, alignment, chunk_size
-):
+def test_several_source_files_merge_into_one_aligned_file(tmp_path, alignment, chunk_size):
     src = build_zoo_model("several_files", tmp_path).path
     before = model_facts(src)
     assert len({f.entries["location"] for f in before}) == 3
@@ -78,7 +79,7 @@ def test_several_source_files_merge_into_one_aligned_file(
 
 @pytest.mark.parametrize("chunk_size", [7, 4 * 1024 * 1024])
 @pytest.mark.parametrize("alignment", ALIGNMENTS)
-def test_streaming_and_in_memory_write_identical_files(tmp_path, zoo_model, model_facts, alignment, chunk_size):
+def test_streaming_and_in_memory_write_identical_files(tmp_path, zoo_model, alignment, chunk_size):
     streamed = align_external_data_streaming(
         zoo_model.path, tmp_path / "s.onnx", tmp_path / "w.bin", alignment=alignment, chunk_size=chunk_size
     )
@@ -145,7 +146,7 @@ def test_onnxruntime_outputs_are_identical(tmp_path, zoo_model):
         assert got.tobytes() == want.tobytes()
 
 
-def test_sources_are_never_modified(tmp_path, zoo_model, sha256_of_tree, assert_no_temp_files):
+def test_sources_are_never_modified(tmp_path, zoo_model):
     before = sha256_of_tree(zoo_model.path.parent)
 
     align_external_data_streaming(zoo_model.path, tmp_path / "out.onnx", alignment=64, chunk_size=5)
@@ -154,7 +155,7 @@ def test_sources_are_never_modified(tmp_path, zoo_model, sha256_of_tree, assert_
     assert_no_temp_files(tmp_path)
 
 
-def test_tensors_in_subgraphs_constants_sparse_and_functions_move_to_the_new_file(tmp_path, build_zoo_model):
+def test_tensors_in_subgraphs_constants_sparse_and_functions_move_to_the_new_file(tmp_path):
     for name, expected_where in [
         ("subgraphs", ["then_branch", "else_branch", "body"]),
         ("constants", ["/ value", "then_branch", "else_branch"]),
@@ -187,7 +188,7 @@ def _read_external(folder: Path, tensor: onnx.TensorProto) -> bytes:
         return data_file.read(int(entries["length"]))
 
 
-def test_inline_tensors_stay_inline_with_their_bytes(tmp_path, build_zoo_model):
+def test_inline_tensors_stay_inline_with_their_bytes(tmp_path):
     src = build_zoo_model("inline_mixed", tmp_path).path
     source = {t.name: t for t in onnx.load_model(str(src), load_external_data=False).graph.initializer}
     assert source["small_raw"].data_location != onnx.TensorProto.EXTERNAL
@@ -204,7 +205,7 @@ def test_inline_tensors_stay_inline_with_their_bytes(tmp_path, build_zoo_model):
     assert (tmp_path / "out.onnx.data").stat().st_size == 4096 + 400
 
 
-def test_checksum_entries_are_kept(tmp_path, build_zoo_model):
+def test_checksum_entries_are_kept(tmp_path):
     src = build_zoo_model("checksum", tmp_path).path
     source = onnx.load_model(str(src), load_external_data=False)
 
@@ -219,7 +220,7 @@ def test_checksum_entries_are_kept(tmp_path, build_zoo_model):
         )
 
 
-def test_entries_in_another_order_or_with_other_keys_are_rewritten_canonically(tmp_path, make_external_model):
+def test_entries_in_another_order_or_with_other_keys_are_rewritten_canonically(tmp_path):
     src = make_external_model(tmp_path, {"a": np.arange(3, dtype=np.float32), "b": np.ones(5, dtype=np.int64)})
     model = onnx.load_model(str(src), load_external_data=False)
     a, b = model.graph.initializer
@@ -242,7 +243,7 @@ def test_entries_in_another_order_or_with_other_keys_are_rewritten_canonically(t
     np.testing.assert_array_equal(numpy_helper.to_array(loaded.graph.initializer[1]), np.ones(5, dtype=np.int64))
 
 
-def test_zero_length_tensors_get_aligned_offsets_inside_the_file(tmp_path, build_zoo_model):
+def test_zero_length_tensors_get_aligned_offsets_inside_the_file(tmp_path):
     src = build_zoo_model("zero_length", tmp_path).path
 
     total = align_external_data_streaming(src, tmp_path / "out.onnx", alignment=64)
@@ -258,7 +259,7 @@ def test_zero_length_tensors_get_aligned_offsets_inside_the_file(tmp_path, build
     assert shapes["empty_last"] == (0, 4)
 
 
-def test_identical_source_ranges_are_stored_once(tmp_path, build_zoo_model):
+def test_identical_source_ranges_are_stored_once(tmp_path):
     src = build_zoo_model("shared_range", tmp_path).path
 
     total = align_external_data_streaming(src, tmp_path / "out.onnx", alignment=64)
@@ -269,9 +270,9 @@ def test_identical_source_ranges_are_stored_once(tmp_path, build_zoo_model):
     assert total == 64 + 16
 
 
-def test_model_without_external_tensors_returns_zero_and_writes_no_weights(tmp_path, build_identity_model):
+def test_model_without_external_tensors_returns_zero_and_writes_no_weights(tmp_path):
     src = tmp_path / "inline.onnx"
-    onnx.save_model(build_identity_model({"w": np.arange(4, dtype=np.float32)}), str(src))
+    onnx.save_model(identity_model({"w": np.arange(4, dtype=np.float32)}), str(src))
 
     total = align_external_data_streaming(src, tmp_path / "out.onnx")
 
@@ -280,7 +281,7 @@ def test_model_without_external_tensors_returns_zero_and_writes_no_weights(tmp_p
     assert onnx.load_model(str(tmp_path / "out.onnx")) == onnx.load_model(str(src))
 
 
-def test_destination_model_may_overwrite_the_source_model(tmp_path, make_external_model, reference_tensors):
+def test_destination_model_may_overwrite_the_source_model(tmp_path):
     src = make_external_model(tmp_path, reference_tensors())
     old_weights = (tmp_path / "model.onnx.data").read_bytes()
 
@@ -295,7 +296,7 @@ def test_destination_model_may_overwrite_the_source_model(tmp_path, make_externa
         np.testing.assert_array_equal(numpy_helper.to_array(tensor), reference_tensors()[tensor.name])
 
 
-def test_weights_in_a_subfolder_are_referenced_as_sub_path(tmp_path, make_external_model, reference_tensors):
+def test_weights_in_a_subfolder_are_referenced_as_sub_path(tmp_path):
     src = make_external_model(tmp_path, reference_tensors())
     (tmp_path / "sub").mkdir()
 
@@ -308,7 +309,7 @@ def test_weights_in_a_subfolder_are_referenced_as_sub_path(tmp_path, make_extern
         np.testing.assert_array_equal(numpy_helper.to_array(tensor), reference_tensors()[tensor.name])
 
 
-def test_progress_reports_bytes_monotonically_up_to_the_total(tmp_path, make_external_model, reference_tensors):
+def test_progress_reports_bytes_monotonically_up_to_the_total(tmp_path):
     src = make_external_model(tmp_path, reference_tensors())
     calls: list[tuple[int, int]] = []
 
@@ -329,9 +330,7 @@ def test_progress_reports_bytes_monotonically_up_to_the_total(tmp_path, make_ext
     alignment=st.sampled_from([0, 1, 2, 8, 64, 512, 4096]),
     chunk_size=st.integers(min_value=1, max_value=300),
 )
-def test_generated_models_stream_exactly_like_in_memory(
-    tmp_path_factory, build_identity_model, externalize, model_facts, data, alignment, chunk_size
-):
+def test_generated_models_stream_exactly_like_in_memory(tmp_path_factory, data, alignment, chunk_size):
     dtypes = [np.float32, np.float64, np.int8, np.int64, np.uint16, np.float16, np.bool_]
     count = data.draw(st.integers(min_value=1, max_value=8), label="tensor count")
     tensors = {}
@@ -343,7 +342,7 @@ def test_generated_models_stream_exactly_like_in_memory(
     inline = data.draw(st.lists(st.booleans(), min_size=count, max_size=count), label="inline")
     gap = data.draw(st.binary(max_size=9), label="gap")
     folder = tmp_path_factory.mktemp("gen")
-    model = build_identity_model(tensors)
+    model = identity_model(tensors)
     to_move = [t for t, keep in zip(model.graph.initializer, inline, strict=True) if not keep]
     externalize(to_move, folder, lambda t: files[int(t.name[1:])], gap=gap)
     src = folder / "model.onnx"
