@@ -19,6 +19,8 @@ from onnx_light_ref.io.space import (
     reserve_space_for_all,
     shared_extent_bytes,
 )
+from tests.checks import assert_no_temp_files, sha256_of_tree
+from tests.models import make_external_model
 
 MIB = 1024 * 1024
 BLOCK = 4096
@@ -92,7 +94,7 @@ def test_tmpfs_to_ext4_without_sendfile_uses_the_bounded_buffer(tmpfs_mount, ext
     assert (ext4_mount / "dst.bin").read_bytes() == expected(data, ranges)
 
 
-def test_a_model_on_tmpfs_aligns_onto_ext4_byte_for_byte(tmpfs_mount, ext4_mount, make_external_model, sha256_of_tree):
+def test_a_model_on_tmpfs_aligns_onto_ext4_byte_for_byte(tmpfs_mount, ext4_mount):
     tensors = {f"w{i}": np.arange(1000 + i, dtype=np.float32) for i in range(5)}
     src = make_external_model(tmpfs_mount, tensors)
     oracle_dir = tmpfs_mount / "oracle"
@@ -198,9 +200,7 @@ def test_a_copy_that_fills_the_disk_reports_enospc_not_an_unsupported_method(tmp
     assert raised.value.errno == errno.ENOSPC
 
 
-def test_aligning_onto_a_full_disk_leaves_nothing_and_keeps_the_previous_output(
-    tmp_path, small_tmpfs, make_external_model, sha256_of_tree, assert_no_temp_files
-):
+def test_aligning_onto_a_full_disk_leaves_nothing_and_keeps_the_previous_output(tmp_path, small_tmpfs):
     src_dir = tmp_path / "src"
     src_dir.mkdir()
     src = make_external_model(src_dir, {f"w{i}": np.full(MIB // 4, i, dtype=np.float32) for i in range(12)})
@@ -220,9 +220,7 @@ def test_aligning_onto_a_full_disk_leaves_nothing_and_keeps_the_previous_output(
 # ------------------------------------------------------------------------------------------------- read-only
 
 
-def test_a_read_only_destination_is_refused_with_erofs_before_anything_is_written(
-    tmp_path, make_readonly, make_external_model, sha256_of_tree
-):
+def test_a_read_only_destination_is_refused_with_erofs_before_anything_is_written(tmp_path, make_readonly):
     src = make_external_model(tmp_path, {"w": np.arange(4096, dtype=np.float32)})
     readonly = make_readonly(lambda folder: (folder / "m.onnx").write_bytes(b"previous"))
     before = sha256_of_tree(readonly)

@@ -37,6 +37,8 @@ from onnx_light_ref import (
 from onnx_light_ref.io.space import shared_extent_bytes
 from onnx_light_ref.io.verify import verify_models
 from onnx_light_ref.ops import delay_initializers, undelay_initializers
+from tests.checks import assert_no_temp_files, sha256_of_tree
+from tests.models import externalize, identity_model, make_external_model
 
 MIB = 1024 * 1024
 BLOCK = 4096
@@ -72,14 +74,11 @@ class Job:
     proto: onnx.ModelProto | None = None  # the shared saver's in-memory model, which must not change on failure
 
 
-def prepare(
+def make_job(
     writer: str,
     src_dir: Path,
     dst_dir: Path,
     tensors: dict[str, np.ndarray],
-    make_external_model: Callable[..., Path],
-    build_identity_model: Callable[..., onnx.ModelProto],
-    externalize: Callable[..., None],
 ) -> Job:
     """Write the sources of ``writer`` under ``src_dir`` (the shared saver's reused file goes to ``dst_dir``)."""
     dst = dst_dir / "m.onnx"
@@ -89,8 +88,8 @@ def prepare(
         externalize([reused], dst_dir, "reused.data")
         every = {"reused": np.arange(BLOCK // 4, dtype=np.float32), **tensors}
         reference = src_dir / "reference.onnx"  # the same tensors, all inline: what the saved model must hold
-        onnx.save(build_identity_model(every), reference)
-        model = build_identity_model(every)
+        onnx.save(identity_model(every), reference)
+        model = identity_model(every)
         model.graph.initializer[0].CopyFrom(reused)
         return Job(
             writer,
@@ -120,14 +119,6 @@ def prepare(
     else:
         raise AssertionError(writer)
     return Job(writer, dst, run, outputs, payload, src, [src_dir])
-
-
-@pytest.fixture
-def make_job(make_external_model, build_identity_model, externalize) -> Callable[..., Job]:
-    def make(writer: str, src_dir: Path, dst_dir: Path, tensors: dict[str, np.ndarray]) -> Job:
-        return prepare(writer, src_dir, dst_dir, tensors, make_external_model, build_identity_model, externalize)
-
-    return make
 
 
 def place_previous_outputs(job: Job) -> None:
@@ -194,7 +185,7 @@ def tensors_for(writer: str, count: int, nbytes: int) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("writer", WRITERS)
 def test_a_job_larger_than_the_free_space_fails_before_copying_and_leaves_everything_as_it_was(
-    writer, tmp_path, small_tmpfs, make_job, writes_on, sha256_of_tree, assert_no_temp_files
+    writer, tmp_path, small_tmpfs, writes_on
 ):
     src_dir = tmp_path / "src"
     src_dir.mkdir()
@@ -224,7 +215,7 @@ def test_a_job_larger_than_the_free_space_fails_before_copying_and_leaves_everyt
 
 
 @pytest.mark.parametrize("writer", WRITERS)
-def test_a_job_that_fits_the_small_disk_is_written(writer, tmp_path, small_tmpfs, make_job, assert_no_temp_files):
+def test_a_job_that_fits_the_small_disk_is_written(writer, tmp_path, small_tmpfs):
     src_dir = tmp_path / "src"
     src_dir.mkdir()
     job = make_job(writer, src_dir, small_tmpfs, tensors_for(writer, 6, MIB))  # 6 MiB into 8 MiB
@@ -303,7 +294,7 @@ def fill_at_first_write(monkeypatch) -> Callable[[Path, int], Filler]:
 
 @pytest.mark.parametrize("writer", WRITERS)
 def test_a_disk_filled_during_the_copy_without_preallocation_fails_and_leaves_everything_as_it_was(
-    writer, tmp_path, ext3_mount, make_job, fill_at_first_write, sha256_of_tree, assert_no_temp_files
+    writer, tmp_path, ext3_mount, fill_at_first_write
 ):
     src_dir = tmp_path / "src"
     src_dir.mkdir()
@@ -325,7 +316,7 @@ def test_a_disk_filled_during_the_copy_without_preallocation_fails_and_leaves_ev
 
 @pytest.mark.parametrize("writer", WRITERS)
 def test_a_disk_filled_during_the_copy_does_not_fail_a_preallocated_job(
-    writer, tmp_path, small_tmpfs, make_job, fill_at_first_write, assert_no_temp_files
+    writer, tmp_path, small_tmpfs, fill_at_first_write
 ):
     # The same filler on tmpfs: the weights' blocks were preallocated, so the copy needs none of the space it takes;
     # the .onnx (never preallocated, a few KiB here) fits in what the filler leaves.
@@ -363,9 +354,7 @@ def use_up_inodes(folder: Path) -> list[Path]:
 
 
 @pytest.mark.parametrize("writer", WRITERS)
-def test_running_out_of_inodes_at_every_file_creation_leaves_everything_as_it_was(
-    writer, tmp_path, inode_tmpfs, make_job, sha256_of_tree, assert_no_temp_files
-):
+def test_running_out_of_inodes_at_every_file_creation_leaves_everything_as_it_was(writer, tmp_path, inode_tmpfs):
     # The n-th file the job creates fails (a weights file staged, then the next one or the .onnx refused).
     src_dir = tmp_path / "src"
     src_dir.mkdir()
@@ -398,9 +387,7 @@ def test_running_out_of_inodes_at_every_file_creation_leaves_everything_as_it_wa
 
 
 @pytest.mark.parametrize("writer", WRITERS)
-def test_a_read_only_destination_fails_with_erofs_and_changes_nothing(
-    writer, tmp_path, make_readonly, make_job, sha256_of_tree
-):
+def test_a_read_only_destination_fails_with_erofs_and_changes_nothing(writer, tmp_path, make_readonly):
     src_dir = tmp_path / "src"
     src_dir.mkdir()
     jobs: list[Job] = []
@@ -425,7 +412,7 @@ def test_a_read_only_destination_fails_with_erofs_and_changes_nothing(
 
 
 @pytest.mark.parametrize("writer", ["streaming", "in_memory", "sharded", "undelay"])
-def test_tmpfs_sources_are_written_onto_ext4(writer, tmpfs_mount, ext4_mount, make_job, sha256_of_tree):
+def test_tmpfs_sources_are_written_onto_ext4(writer, tmpfs_mount, ext4_mount):
     # The shared saver is left out: it copies no file, it writes inline bytes from memory.
     job = make_job(writer, tmpfs_mount, ext4_mount, tensors_for(writer, 6, MIB + BLOCK))
     source_before = sha256_of_tree(tmpfs_mount)
@@ -443,7 +430,7 @@ def test_tmpfs_sources_are_written_onto_ext4(writer, tmpfs_mount, ext4_mount, ma
         assert result.clone_eligible_bytes == 0
 
 
-def test_a_model_aligned_across_filesystems_runs_in_onnxruntime_like_its_source(tmpfs_mount, ext4_mount, make_job):
+def test_a_model_aligned_across_filesystems_runs_in_onnxruntime_like_its_source(tmpfs_mount, ext4_mount):
     import onnxruntime as ort
 
     job = make_job("streaming", tmpfs_mount, ext4_mount, tensors_for("streaming", 4, MIB))
@@ -476,7 +463,7 @@ def shared_bytes(files: list[Path]) -> int:
     return total
 
 
-def realign_on_xfs(xfs: Path, tmp_path: Path, make_external_model, *, aligned: bool, **options: Any) -> Any:
+def realign_on_xfs(xfs: Path, tmp_path: Path, *, aligned: bool, **options: Any) -> Any:
     """Write a source onto ``xfs`` (block-aligned or not), then re-align it there twice: durable and not."""
     tensors = tensors_of(16, 4 * MIB, seed=5, lead=0 if aligned else 100)
     original = make_external_model(tmp_path, tensors)
@@ -497,11 +484,9 @@ def realign_on_xfs(xfs: Path, tmp_path: Path, make_external_model, *, aligned: b
 
 
 @pytest.mark.parametrize("options", [{}, {"max_shard_size": 16 * MIB}], ids=["one file", "shards"])
-def test_re_aligning_an_aligned_model_on_xfs_clones_and_needs_no_new_blocks(
-    xfs_mount, tmp_path, make_external_model, options
-):
+def test_re_aligning_an_aligned_model_on_xfs_clones_and_needs_no_new_blocks(xfs_mount, tmp_path, options):
     payload = 16 * 4 * MIB
-    source, results = realign_on_xfs(xfs_mount, tmp_path, make_external_model, aligned=True, **options)
+    source, results = realign_on_xfs(xfs_mount, tmp_path, aligned=True, **options)
 
     for durable, (result, new_bytes) in results.items():
         out = xfs_mount / f"durable_{durable}" / "m.onnx"
@@ -524,9 +509,9 @@ def test_re_aligning_an_aligned_model_on_xfs_clones_and_needs_no_new_blocks(
     assert (xfs_mount / "durable_True" / "m.onnx").read_bytes() == (xfs_mount / "durable_False" / "m.onnx").read_bytes()
 
 
-def test_re_aligning_an_unaligned_model_on_xfs_copies_every_byte(xfs_mount, tmp_path, make_external_model):
+def test_re_aligning_an_unaligned_model_on_xfs_copies_every_byte(xfs_mount, tmp_path):
     payload = 100 + 16 * 4 * MIB
-    source, results = realign_on_xfs(xfs_mount, tmp_path, make_external_model, aligned=False)
+    source, results = realign_on_xfs(xfs_mount, tmp_path, aligned=False)
 
     for durable, (result, new_bytes) in results.items():
         out = xfs_mount / f"durable_{durable}" / "m.onnx"
@@ -548,7 +533,7 @@ def test_re_aligning_an_unaligned_model_on_xfs_copies_every_byte(xfs_mount, tmp_
 
 @pytest.mark.parametrize("writer", WRITERS)
 def test_durable_fsyncs_every_output_and_the_folder_and_paces_writeback_while_durable_false_does_neither(
-    writer, tmp_path, monkeypatch, make_job, assert_no_temp_files
+    writer, tmp_path, monkeypatch
 ):
     from onnx_light_ref.io import writeback
 
