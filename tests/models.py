@@ -150,7 +150,7 @@ def save_external(
 
 def make_external_model(
     folder: str | os.PathLike[str],
-    tensors: dict[str, np.ndarray],
+    tensors: Mapping[str, np.ndarray],
     *,
     name: str = "model.onnx",
     location: str | None = None,

@@ -17,6 +17,8 @@ from onnx_light_ref.cli import main
 from onnx_light_ref.io.alignment import MAX_ALIGNMENT, align_up, validate_alignment
 from onnx_light_ref.io.arguments import ArgumentTypeError
 from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
+from tests.checks import sha256_of_tree
+from tests.models import make_external_model
 
 TOO_LARGE = [2**31, 2**40, 2**62, 2**63, 2**64, 2**100]
 
@@ -43,7 +45,7 @@ def test_non_int_alignments_are_argument_type_errors(value, shown):
 
 
 @pytest.fixture
-def source(tmp_path, make_external_model):
+def source(tmp_path):
     folder = tmp_path / "src"
     folder.mkdir()
     tensors = {f"w{i}": np.full(3, i, dtype=np.float32) for i in range(3)}
@@ -52,7 +54,7 @@ def source(tmp_path, make_external_model):
 
 @pytest.mark.parametrize("align", [align_external_data_streaming, align_external_data_in_memory])
 @pytest.mark.parametrize("alignment", [2**40, 2**62, 2**63])
-def test_aligners_refuse_before_writing(tmp_path, source, align, alignment, sha256_of_tree):
+def test_aligners_refuse_before_writing(tmp_path, source, align, alignment):
     before = sha256_of_tree(tmp_path)
 
     with pytest.raises(ValueError, match="at most 1073741824"):
@@ -61,7 +63,7 @@ def test_aligners_refuse_before_writing(tmp_path, source, align, alignment, sha2
     assert sha256_of_tree(tmp_path) == before  # no output, no temp file, source untouched
 
 
-def test_shared_saver_refuses_before_writing(tmp_path, source, sha256_of_tree):
+def test_shared_saver_refuses_before_writing(tmp_path, source):
     model = onnx.load_model(str(source))  # weights loaded: the saver would write them all anew
     before = sha256_of_tree(tmp_path)
 
@@ -71,7 +73,7 @@ def test_shared_saver_refuses_before_writing(tmp_path, source, sha256_of_tree):
     assert sha256_of_tree(tmp_path) == before
 
 
-def test_cli_prints_one_error_line(tmp_path, source, capsys, sha256_of_tree):
+def test_cli_prints_one_error_line(tmp_path, source, capsys):
     before = sha256_of_tree(tmp_path)
 
     status = main(["align", str(source), str(tmp_path / "out.onnx"), "--alignment", "2G", "--no-progress"])

@@ -15,6 +15,7 @@ from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io import copy_engine
 from onnx_light_ref.io.copy_engine import CopyMethod, CopyRange, RangeCopier, merge_ranges
 from onnx_light_ref.io.locations import file_identity
+from tests.zoo import build_zoo_model
 
 SOURCE_BYTES = bytes(range(256)) * 40  # 10240 bytes, every offset distinguishable modulo 256
 
@@ -248,7 +249,7 @@ def test_invalid_options_are_refused(tmp_path, bad):
 # -------------------------------------------------------------------------------------------------- end to end
 
 
-def test_aligned_output_is_identical_through_the_bounded_buffer(tmp_path, build_zoo_model, monkeypatch):
+def test_aligned_output_is_identical_through_the_bounded_buffer(tmp_path, monkeypatch):
     # Mocked: both kernel copies refused at once does not happen on a filesystem at hand (sendfile: tests/fs).
     src = build_zoo_model("several_files", tmp_path).path
     align_external_data_in_memory(src, tmp_path / "oracle.onnx", alignment=64)

@@ -14,6 +14,7 @@ import pytest
 from onnx_light_ref.errors import DestinationConflictError, UnsafeLocationError
 from onnx_light_ref.io.destinations import check_outputs, destination_key, weights_location
 from onnx_light_ref.io.locations import FileIdentity, file_identity
+from tests.checks import sha256_of_tree
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def test_weights_inside_the_folder_get_a_relative_location(out: Path, weights: s
         ("w\\x.bin", "backslash"),
     ],
 )
-def test_unsafe_weights_paths_are_refused(out: Path, weights: str, fragment: str, sha256_of_tree):
+def test_unsafe_weights_paths_are_refused(out: Path, weights: str, fragment: str):
     before = sha256_of_tree(out.parent)
     path = weights if weights.startswith("/") else f"{out}/{weights}"
     with pytest.raises(UnsafeLocationError) as raised:
@@ -68,7 +69,7 @@ def test_outputs_aliasing_through_a_symlinked_folder_are_one_file(out: Path):
     assert destination_key(str(out / "missing" / "x")) is None
 
 
-def test_an_output_that_is_a_source_is_refused_whatever_the_path(out: Path, tmp_path: Path, sha256_of_tree):
+def test_an_output_that_is_a_source_is_refused_whatever_the_path(out: Path, tmp_path: Path):
     source = tmp_path / "elsewhere" / "src.data"
     source.write_bytes(b"source bytes")
     identity = file_identity(str(source))

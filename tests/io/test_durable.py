@@ -22,6 +22,9 @@ from onnx_light_ref import (
     align_external_data_streaming,
     save_model_with_shared_external_data,
 )
+from tests.checks import assert_no_temp_files
+from tests.models import make_external_model
+from tests.zoo import reference_tensors
 
 
 def _streaming(src: Path, folder: Path, durable: bool) -> int:
@@ -54,9 +57,7 @@ def _outputs(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("name", list(WRITERS))
-def test_durable_false_skips_every_fsync_and_writes_the_same_bytes(
-    tmp_path, monkeypatch, make_external_model, reference_tensors, assert_no_temp_files, name
-):
+def test_durable_false_skips_every_fsync_and_writes_the_same_bytes(tmp_path, monkeypatch, name):
     (tmp_path / "src").mkdir()
     src = make_external_model(tmp_path / "src", reference_tensors())
     synced: dict[bool, list[str]] = {True: [], False: []}
@@ -82,9 +83,7 @@ def test_durable_false_skips_every_fsync_and_writes_the_same_bytes(
 
 
 @pytest.mark.parametrize("name", list(WRITERS))
-def test_durable_false_still_publishes_from_temp_names(
-    tmp_path, monkeypatch, make_external_model, reference_tensors, name
-):
+def test_durable_false_still_publishes_from_temp_names(tmp_path, monkeypatch, name):
     (tmp_path / "src").mkdir()
     src = make_external_model(tmp_path / "src", reference_tensors())
     (tmp_path / "out").mkdir()

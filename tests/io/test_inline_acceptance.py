@@ -25,7 +25,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.checks import run_onnxruntime
+from tests.checks import assert_no_temp_files, run_onnxruntime, sha256_of_tree
 from tests.io.acceptance_support import (
     align_both,
     assert_common,
@@ -196,9 +196,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
 
 
 @pytest.mark.parametrize("option_set", list(OPTIONS))
-def test_size_threshold_on_models_saved_by_onnx(
-    source: Path, option_set: str, tmp_path: Path, sha256_of_tree: Any, assert_no_temp_files: Any
-) -> None:
+def test_size_threshold_on_models_saved_by_onnx(source: Path, option_set: str, tmp_path: Path) -> None:
     options = OPTIONS[option_set]
     size_threshold = options["size_threshold"]
     alignment = options.get("alignment", 4096)

@@ -26,6 +26,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.checks import assert_no_temp_files, sha256_of_tree
 from tests.io.acceptance_support import (
     align_both,
     assert_common,
@@ -161,9 +162,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
 
 
 @pytest.mark.parametrize("option_set", list(OPTIONS))
-def test_layout_options_on_real_producers(
-    produced: Path, option_set: str, tmp_path: Path, sha256_of_tree: Any, assert_no_temp_files: Any
-) -> None:
+def test_layout_options_on_real_producers(produced: Path, option_set: str, tmp_path: Path) -> None:
     options = dict(OPTIONS[option_set])
     dst_weights = options.pop("dst_weights", None)
     alignment = options.get("alignment", ALIGNMENT)

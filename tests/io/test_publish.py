@@ -19,6 +19,7 @@ import onnx_light_ref.io.publish as publish
 from onnx_light_ref.io.arguments import ArgumentTypeError
 from onnx_light_ref.io.locations import FileIdentity
 from onnx_light_ref.io.publish import OutputTransaction, StagedFile, publish_all, staged_files
+from tests.checks import assert_no_temp_files, sha256_of_tree
 
 WEIGHTS = ["shard-1.bin", "shard-2.bin", "shard-3.bin"]
 
@@ -44,7 +45,7 @@ def _record(monkeypatch: pytest.MonkeyPatch, name: str, calls: list, *, fail_at:
     monkeypatch.setattr(publish.os, name, recording)
 
 
-def test_every_weights_file_then_the_model_is_published(tmp_path, monkeypatch, assert_no_temp_files):
+def test_every_weights_file_then_the_model_is_published(tmp_path, monkeypatch):
     renames: list = []
     _record(monkeypatch, "replace", renames)
 
@@ -57,9 +58,7 @@ def test_every_weights_file_then_the_model_is_published(tmp_path, monkeypatch, a
 
 
 @pytest.mark.parametrize("failing_rename", [1, 2, 3, 4])
-def test_a_failed_rename_restores_every_previous_file(
-    tmp_path, monkeypatch, sha256_of_tree, assert_no_temp_files, failing_rename
-):
+def test_a_failed_rename_restores_every_previous_file(tmp_path, monkeypatch, failing_rename):
     _write_job(tmp_path, tag=b"old")
     (tmp_path / "shard-3.bin").unlink()  # one destination absent before the run: it must stay absent
     before = sha256_of_tree(tmp_path)
@@ -72,7 +71,7 @@ def test_a_failed_rename_restores_every_previous_file(
     assert_no_temp_files(tmp_path)
 
 
-def test_an_error_while_writing_deletes_every_temp_file(tmp_path, assert_no_temp_files):
+def test_an_error_while_writing_deletes_every_temp_file(tmp_path):
     with pytest.raises(RuntimeError, match="copy failed"), OutputTransaction() as outputs:
         outputs.stage(str(tmp_path / "w.bin")).write_all(b"partial", 0)
         raise RuntimeError("copy failed")
@@ -82,7 +81,7 @@ def test_an_error_while_writing_deletes_every_temp_file(tmp_path, assert_no_temp
 
 
 @pytest.mark.parametrize("durable", [True, False])
-def test_durable_false_skips_every_fsync_and_writes_the_same_bytes(tmp_path, monkeypatch, sha256_of_tree, durable):
+def test_durable_false_skips_every_fsync_and_writes_the_same_bytes(tmp_path, monkeypatch, durable):
     (tmp_path / "reference").mkdir()
     _write_job(tmp_path / "reference")
     synced: list[str] = []
@@ -123,7 +122,7 @@ def test_durable_must_be_a_bool(tmp_path, value):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_lower_level_names_still_publish(tmp_path, assert_no_temp_files):
+def test_the_lower_level_names_still_publish(tmp_path):
     """staged_files + StagedFile + publish_all: the form other writers used before OutputTransaction."""
     with staged_files() as files:
         weights = StagedFile(str(tmp_path / "w.bin"))
@@ -142,7 +141,7 @@ def test_the_lower_level_names_still_publish(tmp_path, assert_no_temp_files):
 # ------------------------------------------------------------------------------------ temp names and the sweeper
 
 
-def test_a_destination_name_of_the_maximum_legal_length_publishes(tmp_path, assert_no_temp_files):
+def test_a_destination_name_of_the_maximum_legal_length_publishes(tmp_path):
     """Temp names do not embed the final name, so any legal name works (they are at most 50 bytes)."""
     weights, model = tmp_path / ("w" * 250 + ".data"), tmp_path / ("m" * 250 + ".onnx")
     with OutputTransaction() as outputs:

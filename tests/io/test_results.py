@@ -17,6 +17,8 @@ from onnx_light_ref import (
     save_model_with_shared_external_data,
 )
 from onnx_light_ref.io.results import AlignResult, SaveResult
+from tests.models import identity_model, make_external_model
+from tests.zoo import reference_tensors
 
 
 def _align_result() -> AlignResult:
@@ -64,7 +66,7 @@ def test_a_result_is_read_only():
 
 
 @pytest.mark.parametrize("aligner", [align_external_data_streaming, align_external_data_in_memory])
-def test_the_aligners_report_what_they_wrote(tmp_path, make_external_model, reference_tensors, aligner):
+def test_the_aligners_report_what_they_wrote(tmp_path, aligner):
     src = make_external_model(tmp_path, reference_tensors())
     model = onnx.load_model(str(src), load_external_data=False)
     shared = copy.deepcopy(model.graph.initializer[0])  # same file, offset and length as w0
@@ -89,9 +91,9 @@ def test_the_aligners_report_what_they_wrote(tmp_path, make_external_model, refe
         assert result.copy_methods and result.copy_methods <= {"copy_file_range", "sendfile", "pread_pwrite"}
 
 
-def test_an_aligner_without_external_tensors_reports_nothing_written(tmp_path, build_identity_model):
+def test_an_aligner_without_external_tensors_reports_nothing_written(tmp_path):
     src = tmp_path / "inline.onnx"
-    onnx.save_model(build_identity_model({"w": np.ones(2, dtype=np.float32)}), str(src))
+    onnx.save_model(identity_model({"w": np.ones(2, dtype=np.float32)}), str(src))
 
     result = align_external_data_streaming(src, tmp_path / "out.onnx")
 
@@ -108,7 +110,7 @@ def test_a_result_built_without_the_new_fields_defaults_them():
     assert result.stale_weights_files == ()
 
 
-def test_the_shared_saver_reports_new_and_reused_tensors(tmp_path, make_external_model, reference_tensors):
+def test_the_shared_saver_reports_new_and_reused_tensors(tmp_path):
     src = make_external_model(tmp_path, reference_tensors())
     variant = onnx.load_model(str(src), load_external_data=False)
     variant.graph.initializer.append(numpy_helper.from_array(np.full(5, 7.0, np.float32), "n0"))  # 20 bytes

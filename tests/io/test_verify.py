@@ -23,6 +23,8 @@ from onnx_light_ref.errors import ExternalDataError, InvalidModelError, UnsafeLo
 from onnx_light_ref.io import verify as verify_module
 from onnx_light_ref.io.verify import VerifyResult, verify_models
 from onnx_light_ref.io.walker import iter_tensors
+from tests.checks import assert_no_temp_files, sha256_of_tree
+from tests.models import externalize, identity_model, make_external_model
 
 IR_VERSION = 10
 OPSET = 18
@@ -91,20 +93,20 @@ TOTAL = sum(a.nbytes for a in weights().values())
 
 
 @pytest.fixture
-def inline_model(tmp_path, build_identity_model) -> Path:
-    return save_inline(build_identity_model(weights()), tmp_path / "inline" / "model.onnx")
+def inline_model(tmp_path) -> Path:
+    return save_inline(identity_model(weights()), tmp_path / "inline" / "model.onnx")
 
 
-def test_inline_and_one_external_file_are_equal(tmp_path, inline_model, make_external_model):
+def test_inline_and_one_external_file_are_equal(tmp_path, inline_model):
     external = external_model(make_external_model, tmp_path / "ext")
 
     assert_equal(verify_models(inline_model, external), 4, TOTAL)
     assert_equal(verify_models(external, inline_model, chunk_size=7), 4, TOTAL)
 
 
-def test_typed_fields_equal_their_raw_bytes_inline_or_external(tmp_path, build_identity_model, make_external_model):
+def test_typed_fields_equal_their_raw_bytes_inline_or_external(tmp_path):
     tensors = weights()
-    typed = save_inline(build_identity_model(tensors, typed_inline=list(tensors)), tmp_path / "typed" / "model.onnx")
+    typed = save_inline(identity_model(tensors, typed_inline=list(tensors)), tmp_path / "typed" / "model.onnx")
     assert len(onnx.load(str(typed)).graph.initializer[1].int64_data) == 300  # really typed, not raw_data
     external = external_model(make_external_model, tmp_path / "ext")
 
@@ -135,11 +137,11 @@ def test_sub_byte_and_bool_typed_tensors_equal_their_packed_raw_bytes(tmp_path):
     assert_equal(verify_models(typed, raw), 2, 5)
 
 
-def test_one_file_per_tensor_written_by_onnx_equals_one_file(tmp_path, build_identity_model, make_external_model):
+def test_one_file_per_tensor_written_by_onnx_equals_one_file(tmp_path):
     per_tensor = tmp_path / "per_tensor" / "model.onnx"
     per_tensor.parent.mkdir()
     onnx.save_model(
-        build_identity_model(weights()),
+        identity_model(weights()),
         str(per_tensor),
         save_as_external_data=True,
         all_tensors_to_one_file=False,
@@ -195,7 +197,7 @@ def test_every_zoo_model_equals_its_aligned_and_its_inlined_copies(tmp_path, zoo
         assert result.tensors == count
 
 
-def test_a_model_equals_itself_and_progress_ends_at_the_total(make_external_model, tmp_path):
+def test_a_model_equals_itself_and_progress_ends_at_the_total(tmp_path):
     model = external_model(make_external_model, tmp_path)
     calls = []
 
@@ -205,7 +207,7 @@ def test_a_model_equals_itself_and_progress_ends_at_the_total(make_external_mode
     assert calls[-1] == (TOTAL, TOTAL)
 
 
-def test_progress_reports_every_chunk_up_to_the_total(tmp_path, inline_model, make_external_model):
+def test_progress_reports_every_chunk_up_to_the_total(tmp_path, inline_model):
     external = external_model(make_external_model, tmp_path / "ext")
     calls: list[tuple[int, int]] = []
 
@@ -220,7 +222,7 @@ def test_progress_reports_every_chunk_up_to_the_total(tmp_path, inline_model, ma
 
 
 @pytest.fixture
-def pair(tmp_path, make_external_model) -> tuple[Path, Path]:
+def pair(tmp_path) -> tuple[Path, Path]:
     """Two identical external models in two folders: tests edit B."""
     return (
         external_model(make_external_model, tmp_path / "a"),
@@ -246,7 +248,7 @@ def test_a_tensor_differing_only_in_its_last_byte_is_found_exactly(pair, chunk_s
     )
 
 
-def test_external_bytes_differing_from_the_other_sides_inline_bytes(tmp_path, inline_model, make_external_model):
+def test_external_bytes_differing_from_the_other_sides_inline_bytes(tmp_path, inline_model):
     external = external_model(make_external_model, tmp_path / "ext")
     entries = entries_of(external, "w2")
     flip_byte(external.parent / entries["location"], int(entries["offset"]))
@@ -362,7 +364,7 @@ def subgraph_model(folder: Path, then_value: np.ndarray, externalize, *, externa
     return save_inline(model, folder / "model.onnx")
 
 
-def test_subgraph_tensor_difference_names_its_place(tmp_path, externalize):
+def test_subgraph_tensor_difference_names_its_place(tmp_path):
     value = np.arange(4, dtype=np.float32)
     a = subgraph_model(tmp_path / "a", value, externalize, external=True)
     same = subgraph_model(tmp_path / "same", value.copy(), externalize, external=False)
@@ -391,7 +393,7 @@ def sparse_constant_model(folder: Path, indices: list[int], externalize, *, exte
     return save_inline(model, folder / "model.onnx")
 
 
-def test_sparse_attribute_tensors_compare_values_and_indices(tmp_path, externalize):
+def test_sparse_attribute_tensors_compare_values_and_indices(tmp_path):
     a = sparse_constant_model(tmp_path / "a", [1, 4, 8], externalize, external=True)
     same = sparse_constant_model(tmp_path / "same", [1, 4, 8], externalize, external=False)
     other = sparse_constant_model(tmp_path / "other", [1, 4, 9], externalize, external=False)
@@ -420,14 +422,12 @@ def test_string_tensors_compare_element_by_element(tmp_path):
 # --- checksums ------------------------------------------------------------------------------------------------------
 
 
-def test_checksums_of_tensor_bytes_or_whole_file_pass_and_wrong_ones_are_listed(
-    tmp_path, build_identity_model, externalize
-):
+def test_checksums_of_tensor_bytes_or_whole_file_pass_and_wrong_ones_are_listed(tmp_path):
     tensors = weights()
-    per_tensor = build_identity_model(tensors)
+    per_tensor = identity_model(tensors)
     externalize(per_tensor.graph.initializer, tmp_path / "a", "w.bin", checksum=True)  # sha1 of each tensor's bytes
     a = save_inline(per_tensor, tmp_path / "a" / "model.onnx")
-    whole_file = build_identity_model(tensors)
+    whole_file = identity_model(tensors)
     externalize(whole_file.graph.initializer, tmp_path / "b", "w.bin")
     digest = hashlib.sha1((tmp_path / "b" / "w.bin").read_bytes()).hexdigest()  # the spec's wording: the whole file
     for tensor in whole_file.graph.initializer:
@@ -466,9 +466,7 @@ def with_location(model_path: Path, name: str, **changes: str) -> None:
     ],
     ids=["unsafe location", "missing file", "out of bounds"],
 )
-def test_broken_references_are_refused_before_any_comparison(
-    tmp_path, pair, sha256_of_tree, assert_no_temp_files, change, error, words
-):
+def test_broken_references_are_refused_before_any_comparison(tmp_path, pair, change, error, words):
     a, b = pair
     (tmp_path / "outside.bin").write_bytes(b"\0" * 1024)
     with_location(b, "w3", **change)

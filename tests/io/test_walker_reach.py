@@ -17,6 +17,8 @@ from onnx import helper, numpy_helper
 
 from onnx_light_ref.io import align_external_data_in_memory, align_external_data_streaming
 from onnx_light_ref.io.walker import iter_tensors
+from tests.checks import external_payload, sha256_of_tree
+from tests.models import externalize
 
 DEFAULT_VALUE = np.arange(8, dtype=np.float32)
 TRAINING_VALUE = np.full(4, 7.0, dtype=np.float32)
@@ -55,7 +57,7 @@ def model_with_function_default_and_training_graph() -> onnx.ModelProto:
 
 
 @pytest.fixture
-def source(tmp_path: Path, externalize) -> Path:
+def source(tmp_path: Path) -> Path:
     folder = tmp_path / "src"
     folder.mkdir()
     model = model_with_function_default_and_training_graph()
@@ -71,7 +73,7 @@ def run(path: Path) -> np.ndarray:
 
 
 @pytest.mark.parametrize("align", [align_external_data_streaming, align_external_data_in_memory])
-def test_aligned_copy_points_at_files_that_exist_and_runs(tmp_path, source, align, external_payload, sha256_of_tree):
+def test_aligned_copy_points_at_files_that_exist_and_runs(tmp_path, source, align):
     before = sha256_of_tree(source.parent)
     destination = tmp_path / "dst" / "aligned.onnx"
     destination.parent.mkdir()

@@ -20,6 +20,7 @@ from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io import wire
 from onnx_light_ref.io.arguments import ArgumentTypeError
 from onnx_light_ref.io.wire import PLACEHOLDER_LENGTH, InlinePayload, StrippedModel, load_model_stripped
+from tests.checks import sha256_of_tree
 from tests.wire_writer import LEN, VARINT, Hole, encode_varint, field_key, len_field, write_model, write_segments
 
 IR_VERSION = 10
@@ -508,7 +509,7 @@ def in_graph(content: bytes) -> bytes:
         (in_graph(field_key(11, LEN) + b"\x02" + field_key(1, LEN) + b"\x05"), "protobuf cannot parse it"),
     ],
 )
-def test_malformed_files_are_refused_with_the_byte_offset(tmp_path, sha256_of_tree, data, message):
+def test_malformed_files_are_refused_with_the_byte_offset(tmp_path, data, message):
     path = tmp_path / "m.onnx"
     path.write_bytes(data)
     before = sha256_of_tree(tmp_path)
@@ -526,7 +527,7 @@ def test_nesting_at_the_limit_is_accepted(tmp_path):
     assert load_model_stripped(path, 0).model.HasField("graph")
 
 
-def test_a_truncated_real_model_names_the_field_cut_short(tmp_path, sha256_of_tree):
+def test_a_truncated_real_model_names_the_field_cut_short(tmp_path):
     graph = helper.make_graph([], "main", [], [], initializer=[floats("w", 1000)])
     data = save(model(graph), tmp_path / "full.onnx").read_bytes()
     payload = load_model_stripped(tmp_path / "full.onnx", 0).payloads[0]
@@ -649,7 +650,7 @@ def test_a_hand_built_stripped_model_matches_no_file(tmp_path):
 # The fast scan: what it leaves to protobuf, and that it changes nothing in the result.
 
 
-def test_a_fault_left_to_protobuf_is_still_named_by_its_byte_offset(tmp_path, sha256_of_tree):
+def test_a_fault_left_to_protobuf_is_still_named_by_its_byte_offset(tmp_path):
     # A 3-byte TensorProto cannot hold a payload: the scan leaves it to protobuf; protobuf's refusal has no offset,
     # so the file is rescanned walking every tensor-holding message, and that error is the one raised.
     path = tmp_path / "m.onnx"
