@@ -10,15 +10,16 @@ import pytest
 
 from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.cli import main
+from tests.models import make_external_model
 
-TENSORS = {
+TENSORS: dict[str, np.ndarray] = {
     "w0": np.arange(1000, dtype=np.float32),
     "w1": np.arange(77, dtype=np.int64),
 }
 
 
 @pytest.fixture
-def source(tmp_path, make_external_model) -> Path:
+def source(tmp_path) -> Path:
     folder = tmp_path / "src"
     folder.mkdir()
     return make_external_model(folder, TENSORS, size_threshold=0)

@@ -11,6 +11,7 @@ from onnx_light_ref import demo
 from onnx_light_ref.cli import main
 from onnx_light_ref.commands.sizes import parse_size
 from onnx_light_ref.io.layout_report import build_layout_report
+from tests.checks import sha256_of_tree
 
 
 def test_demo_runs_end_to_end_in_a_temporary_folder(capsys):
@@ -112,7 +113,7 @@ def test_mlp_shape_stays_under_the_requested_size():
     ],
     ids=["file", "under-a-file", "dangling-symlink"],
 )
-def test_demo_keep_that_is_not_a_folder_is_one_error_line(tmp_path, capsys, sha256_of_tree, make, message):
+def test_demo_keep_that_is_not_a_folder_is_one_error_line(tmp_path, capsys, make, message):
     (tmp_path / "file.txt").write_text("user data")
     (tmp_path / "link").symlink_to(tmp_path / "missing")
     keep = make(tmp_path)

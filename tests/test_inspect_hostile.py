@@ -23,6 +23,7 @@ from onnx_light_ref.cli import main
 from onnx_light_ref.commands.inspect import printable
 from onnx_light_ref.errors import UnsafeLocationError
 from onnx_light_ref.io.layout_report import ERROR_STATUSES, LayoutStatus, build_layout_report
+from tests.checks import sha256_of_tree
 
 
 def external_tensor(name: str, entries: dict[str, str], dims: list[int] | None = None) -> TensorProto:
@@ -166,7 +167,7 @@ def test_a_training_graph_initializer_is_checked_too(tmp_path, capsys):
     assert "training_info[0] initialization graph 'init'" in out
 
 
-def test_a_hard_linked_data_file_is_an_error_as_align_refuses_it(tmp_path, capsys, sha256_of_tree):
+def test_a_hard_linked_data_file_is_an_error_as_align_refuses_it(tmp_path, capsys):
     path = save_initializers(
         tmp_path, [external_tensor("w", {"location": "w.data", "offset": "0", "length": "64"})], {"w.data": 64}
     )

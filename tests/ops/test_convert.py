@@ -32,7 +32,7 @@ from onnx_light_ref.ops import (
 from onnx_light_ref.ops.convert import plan_delayed_initializers
 from onnx_light_ref.ops.dtypes import np_dtype_for
 from onnx_light_ref.ops.schema import make_delayed_initializer_node
-from tests.checks import run_onnxruntime
+from tests.checks import run_onnxruntime, sha256_of_tree
 from tests.models import (
     IR_VERSION,
     OPSET,
@@ -294,7 +294,7 @@ def test_initializers_of_a_dtype_the_op_cannot_produce_are_kept(tmp_path, caplog
 
 
 @pytest.mark.parametrize("load_device", ["file", "cpu"])
-def test_reference_evaluator_runs_exotic_dtypes_like_plain_reference_evaluator(tmp_path, load_device, sha256_of_tree):
+def test_reference_evaluator_runs_exotic_dtypes_like_plain_reference_evaluator(tmp_path, load_device):
     path = _exotic_dtype_model(tmp_path)
     before = sha256_of_tree(tmp_path)
 

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, UnsafeLocationError
 from onnx_light_ref.ops import delay_initializers, undelay_initializers
-from tests.checks import run_onnxruntime
+from tests.checks import assert_no_temp_files, run_onnxruntime, sha256_of_tree
 from tests.models import (
     IR_VERSION,
     OPSET,
@@ -162,7 +162,7 @@ def test_existing_external_tensors_move_with_the_model(tmp_path: Path) -> None:
     np.testing.assert_array_equal(run_onnxruntime(dst, feeds)[0], expected)
 
 
-def test_spec_style_absolute_filenames_need_the_opt_in(tmp_path: Path, sha256_of_tree, assert_no_temp_files) -> None:
+def test_spec_style_absolute_filenames_need_the_opt_in(tmp_path: Path) -> None:
     data = tmp_path / "tmp" / "onnx_light_backend_delayedinitializer_file.bin"
     data.parent.mkdir()
     data.write_bytes(np.array([9, 9, 1.5, -2], dtype="<f4").tobytes())
@@ -232,9 +232,7 @@ def _link_offset(node: onnx.NodeProto) -> None:
         (_link_offset, ValueError, "function-linked"),
     ],
 )
-def test_bad_nodes_are_refused_before_writing(
-    tmp_path: Path, delayed_mlp: Path, sha256_of_tree, assert_no_temp_files, edit, error, message
-) -> None:
+def test_bad_nodes_are_refused_before_writing(tmp_path: Path, delayed_mlp: Path, edit, error, message) -> None:
     rewrite_node(delayed_mlp, edit)
     before = sha256_of_tree(tmp_path)
     with pytest.raises(error, match=message):
@@ -243,7 +241,7 @@ def test_bad_nodes_are_refused_before_writing(
     assert_no_temp_files(tmp_path)
 
 
-def test_symlinked_and_hard_linked_sources_are_refused(tmp_path: Path, delayed_mlp: Path, sha256_of_tree) -> None:
+def test_symlinked_and_hard_linked_sources_are_refused(tmp_path: Path, delayed_mlp: Path) -> None:
     secret = tmp_path / "secret.bin"
     secret.write_bytes(bytes(4096))
     (delayed_mlp.parent / "link.bin").symlink_to(secret)
@@ -257,7 +255,7 @@ def test_symlinked_and_hard_linked_sources_are_refused(tmp_path: Path, delayed_m
 
 
 @pytest.mark.parametrize("target", ["source-weights", "source-model", "weights-is-model", "directory"])
-def test_destinations_that_would_destroy_a_source(tmp_path: Path, delayed_mlp: Path, sha256_of_tree, target) -> None:
+def test_destinations_that_would_destroy_a_source(tmp_path: Path, delayed_mlp: Path, target) -> None:
     src = delayed_mlp.parent
     (tmp_path / "out").mkdir()
     dst, weights = {
@@ -276,7 +274,7 @@ def test_destinations_that_would_destroy_a_source(tmp_path: Path, delayed_mlp: P
 
 
 @pytest.mark.parametrize("kind", ["dotdot", "symlinked-folder"])
-def test_weights_outside_the_destination_folder(tmp_path: Path, delayed_mlp: Path, sha256_of_tree, kind) -> None:
+def test_weights_outside_the_destination_folder(tmp_path: Path, delayed_mlp: Path, kind) -> None:
     (tmp_path / "out").mkdir()
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "out" / "away").symlink_to(tmp_path / "elsewhere")
