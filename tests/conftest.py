@@ -13,7 +13,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from tests.checks import assert_no_temp_files, external_payload, sha256_of_tree
+from tests.checks import assert_no_temp_files, sha256_of_tree
 from tests.models import externalize, identity_model, make_external_model
 
 
@@ -30,11 +30,6 @@ def _build_identity_model_fixture() -> Callable[..., onnx.ModelProto]:
 @pytest.fixture(name="externalize")
 def _externalize_fixture() -> Callable[..., None]:
     return externalize
-
-
-@pytest.fixture(name="external_payload")
-def _external_payload_fixture() -> Callable[..., bytes]:
-    return external_payload
 
 
 @pytest.fixture(name="sha256_of_tree")

@@ -135,11 +135,11 @@ class Snapshot:
     proto: bytes | None
 
     @classmethod
-    def take(cls, job: Job, folders: list[Path], sha256_of_tree: Callable[..., dict[str, str]]) -> Snapshot:
+    def take(cls, job: Job, folders: list[Path]) -> Snapshot:
         trees = {folder: sha256_of_tree(folder) for folder in [*folders, *job.source_dirs]}
         return cls(trees, job.proto.SerializeToString() if job.proto is not None else None)
 
-    def assert_unchanged(self, job: Job, sha256_of_tree: Callable[..., dict[str, str]]) -> None:
+    def assert_unchanged(self, job: Job) -> None:
         for folder, before in self.trees.items():
             assert sha256_of_tree(folder) == before, f"{folder} changed"
         if self.proto is not None:
@@ -191,7 +191,7 @@ def test_a_job_larger_than_the_free_space_fails_before_copying_and_leaves_everyt
     src_dir.mkdir()
     job = make_job(writer, src_dir, small_tmpfs, tensors_for(writer, 12, MIB))  # 12 MiB into 8 MiB
     place_previous_outputs(job)
-    snapshot = Snapshot.take(job, [small_tmpfs], sha256_of_tree)
+    snapshot = Snapshot.take(job, [small_tmpfs])
     free = free_bytes(small_tmpfs)
     writes = writes_on(small_tmpfs)
 
@@ -209,7 +209,7 @@ def test_a_job_larger_than_the_free_space_fails_before_copying_and_leaves_everyt
     assert int(available.group(1)) == free, message
     assert f"{str(small_tmpfs)!r} (tmpfs" in message, message
     assert writes == [], f"bytes were written before the space check: {writes}"
-    snapshot.assert_unchanged(job, sha256_of_tree)
+    snapshot.assert_unchanged(job)
     assert_no_temp_files(small_tmpfs)
     assert free_bytes(small_tmpfs) == free
 
@@ -300,7 +300,7 @@ def test_a_disk_filled_during_the_copy_without_preallocation_fails_and_leaves_ev
     src_dir.mkdir()
     job = make_job(writer, src_dir, ext3_mount, tensors_for(writer, 3, MIB))  # 3 MiB fit the 60 MiB free
     place_previous_outputs(job)
-    snapshot = Snapshot.take(job, [ext3_mount], sha256_of_tree)
+    snapshot = Snapshot.take(job, [ext3_mount])
     filler = fill_at_first_write(ext3_mount, 256 * 1024)
 
     with pytest.raises(OSError) as raised:
@@ -310,7 +310,7 @@ def test_a_disk_filled_during_the_copy_without_preallocation_fails_and_leaves_ev
     assert raised.value.errno == errno.ENOSPC, raised.value
     assert "not enough free space" not in str(raised.value), "the space check, not the copy, failed"
     filler.path.unlink()  # the other writer's file; everything else must be as it was
-    snapshot.assert_unchanged(job, sha256_of_tree)
+    snapshot.assert_unchanged(job)
     assert_no_temp_files(ext3_mount)
 
 
@@ -363,12 +363,12 @@ def test_running_out_of_inodes_at_every_file_creation_leaves_everything_as_it_wa
     fillers = use_up_inodes(inode_tmpfs)
     failures = 0
     while True:
-        snapshot = Snapshot.take(job, [inode_tmpfs], sha256_of_tree)
+        snapshot = Snapshot.take(job, [inode_tmpfs])
         try:
             result = job.run()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC, exc
-            snapshot.assert_unchanged(job, sha256_of_tree)
+            snapshot.assert_unchanged(job)
             assert_no_temp_files(inode_tmpfs)
             failures += 1
             assert failures <= 20, "the job never got enough inodes"
@@ -398,14 +398,14 @@ def test_a_read_only_destination_fails_with_erofs_and_changes_nothing(writer, tm
 
     readonly = make_readonly(fill)
     job = jobs[0]
-    snapshot = Snapshot.take(job, [readonly], sha256_of_tree)
+    snapshot = Snapshot.take(job, [readonly])
 
     with pytest.raises(OSError) as raised:
         job.run()
 
     assert raised.value.errno == errno.EROFS
     assert "Read-only file system" in str(raised.value)
-    snapshot.assert_unchanged(job, sha256_of_tree)
+    snapshot.assert_unchanged(job)
 
 
 # ------------------------------------------------------------------------------------------ across filesystems

@@ -76,7 +76,7 @@ def entries_of(model_path: Path, name: str) -> dict[str, str]:
     return {e.key: e.value for e in tensor.external_data}
 
 
-def external_model(make_external_model, folder: Path) -> Path:
+def external_model(folder: Path) -> Path:
     """The test weights saved by onnx's own writer into ``folder/model.onnx.data``, back to back."""
     folder.mkdir(parents=True, exist_ok=True)
     return make_external_model(folder, weights(), size_threshold=0)
@@ -98,7 +98,7 @@ def inline_model(tmp_path) -> Path:
 
 
 def test_inline_and_one_external_file_are_equal(tmp_path, inline_model):
-    external = external_model(make_external_model, tmp_path / "ext")
+    external = external_model(tmp_path / "ext")
 
     assert_equal(verify_models(inline_model, external), 4, TOTAL)
     assert_equal(verify_models(external, inline_model, chunk_size=7), 4, TOTAL)
@@ -108,7 +108,7 @@ def test_typed_fields_equal_their_raw_bytes_inline_or_external(tmp_path):
     tensors = weights()
     typed = save_inline(identity_model(tensors, typed_inline=list(tensors)), tmp_path / "typed" / "model.onnx")
     assert len(onnx.load(str(typed)).graph.initializer[1].int64_data) == 300  # really typed, not raw_data
-    external = external_model(make_external_model, tmp_path / "ext")
+    external = external_model(tmp_path / "ext")
 
     assert_equal(verify_models(typed, external, chunk_size=1000), 4, TOTAL)
 
@@ -148,7 +148,7 @@ def test_one_file_per_tensor_written_by_onnx_equals_one_file(tmp_path):
         size_threshold=0,
     )
     assert sorted(os.listdir(per_tensor.parent)) == ["model.onnx", "w0", "w1", "w2", "w3"]
-    one_file = external_model(make_external_model, tmp_path / "one")
+    one_file = external_model(tmp_path / "one")
 
     assert_equal(verify_models(per_tensor, one_file, chunk_size=1024), 4, TOTAL)
 
@@ -198,7 +198,7 @@ def test_every_zoo_model_equals_its_aligned_and_its_inlined_copies(tmp_path, zoo
 
 
 def test_a_model_equals_itself_and_progress_ends_at_the_total(tmp_path):
-    model = external_model(make_external_model, tmp_path)
+    model = external_model(tmp_path)
     calls = []
 
     result = verify_models(model, model, progress=lambda done, total: calls.append((done, total)))
@@ -208,7 +208,7 @@ def test_a_model_equals_itself_and_progress_ends_at_the_total(tmp_path):
 
 
 def test_progress_reports_every_chunk_up_to_the_total(tmp_path, inline_model):
-    external = external_model(make_external_model, tmp_path / "ext")
+    external = external_model(tmp_path / "ext")
     calls: list[tuple[int, int]] = []
 
     verify_models(inline_model, external, chunk_size=1024, progress=lambda done, total: calls.append((done, total)))
@@ -225,8 +225,8 @@ def test_progress_reports_every_chunk_up_to_the_total(tmp_path, inline_model):
 def pair(tmp_path) -> tuple[Path, Path]:
     """Two identical external models in two folders: tests edit B."""
     return (
-        external_model(make_external_model, tmp_path / "a"),
-        external_model(make_external_model, tmp_path / "b"),
+        external_model(tmp_path / "a"),
+        external_model(tmp_path / "b"),
     )
 
 
@@ -249,7 +249,7 @@ def test_a_tensor_differing_only_in_its_last_byte_is_found_exactly(pair, chunk_s
 
 
 def test_external_bytes_differing_from_the_other_sides_inline_bytes(tmp_path, inline_model):
-    external = external_model(make_external_model, tmp_path / "ext")
+    external = external_model(tmp_path / "ext")
     entries = entries_of(external, "w2")
     flip_byte(external.parent / entries["location"], int(entries["offset"]))
 
@@ -335,7 +335,7 @@ def test_missing_middle_tensor_and_reordered_tensors(tmp_path, pair):
     )
 
 
-def subgraph_model(folder: Path, then_value: np.ndarray, externalize, *, external: bool) -> Path:
+def subgraph_model(folder: Path, then_value: np.ndarray, *, external: bool) -> Path:
     """``If`` whose then-branch holds a Constant tensor (external when asked) and an initializer."""
     folder.mkdir(parents=True)
     const = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(then_value, "then_const"), name="k")
@@ -366,11 +366,11 @@ def subgraph_model(folder: Path, then_value: np.ndarray, externalize, *, externa
 
 def test_subgraph_tensor_difference_names_its_place(tmp_path):
     value = np.arange(4, dtype=np.float32)
-    a = subgraph_model(tmp_path / "a", value, externalize, external=True)
-    same = subgraph_model(tmp_path / "same", value.copy(), externalize, external=False)
+    a = subgraph_model(tmp_path / "a", value, external=True)
+    same = subgraph_model(tmp_path / "same", value.copy(), external=False)
     changed = value.copy()
     changed[2] = 9.0
-    b = subgraph_model(tmp_path / "b", changed, externalize, external=False)
+    b = subgraph_model(tmp_path / "b", changed, external=False)
 
     assert_equal(verify_models(a, same), 1, 16)
     assert verify_models(a, b).first_difference == (
@@ -379,7 +379,7 @@ def test_subgraph_tensor_difference_names_its_place(tmp_path):
     )
 
 
-def sparse_constant_model(folder: Path, indices: list[int], externalize, *, external: bool) -> Path:
+def sparse_constant_model(folder: Path, indices: list[int], *, external: bool) -> Path:
     """A Constant whose ``sparse_value`` attribute holds values and indices (external when asked)."""
     folder.mkdir(parents=True)
     values = numpy_helper.from_array(np.array([1.5, -2.5, 3.5], dtype=np.float32), "sp_values")
@@ -394,9 +394,9 @@ def sparse_constant_model(folder: Path, indices: list[int], externalize, *, exte
 
 
 def test_sparse_attribute_tensors_compare_values_and_indices(tmp_path):
-    a = sparse_constant_model(tmp_path / "a", [1, 4, 8], externalize, external=True)
-    same = sparse_constant_model(tmp_path / "same", [1, 4, 8], externalize, external=False)
-    other = sparse_constant_model(tmp_path / "other", [1, 4, 9], externalize, external=False)
+    a = sparse_constant_model(tmp_path / "a", [1, 4, 8], external=True)
+    same = sparse_constant_model(tmp_path / "same", [1, 4, 8], external=False)
+    other = sparse_constant_model(tmp_path / "other", [1, 4, 9], external=False)
 
     assert_equal(verify_models(a, same, chunk_size=3), 2, 12 + 24)
     assert verify_models(a, other).first_difference == (
