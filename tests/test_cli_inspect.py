@@ -15,6 +15,7 @@ from onnx_light_ref.cli import main
 from onnx_light_ref.commands.inspect import format_alignment
 from onnx_light_ref.io.alignment import offset_alignment
 from onnx_light_ref.io.layout_report import build_layout_report
+from tests.models import make_model
 
 
 def write_model(folder: Path, refs: dict[str, tuple[str, int]], files: dict[str, int]) -> Path:
@@ -35,7 +36,7 @@ def write_model(folder: Path, refs: dict[str, tuple[str, int]], files: dict[str,
     outputs = [helper.make_tensor_value_info(f"out_{name}", TensorProto.FLOAT, [16]) for name in refs]
     graph = helper.make_graph(nodes, "layout", [], outputs, initializers)
     path = folder / "model.onnx"
-    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(path))
+    path.write_bytes(make_model(graph).SerializeToString())
     return path
 
 

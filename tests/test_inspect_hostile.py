@@ -24,6 +24,7 @@ from onnx_light_ref.commands.inspect import printable
 from onnx_light_ref.errors import UnsafeLocationError
 from onnx_light_ref.io.layout_report import ERROR_STATUSES, LayoutStatus, build_layout_report
 from tests.checks import sha256_of_tree
+from tests.models import OPSET, make_model, write_model
 
 
 def external_tensor(name: str, entries: dict[str, str], dims: list[int] | None = None) -> TensorProto:
@@ -41,7 +42,7 @@ def save_initializers(folder: Path, tensors: list[TensorProto], files: dict[str,
         (folder / name).write_bytes(b"\0" * size)
     graph = helper.make_graph([], "hostile", [], [], initializer=tensors)
     path = folder / "model.onnx"
-    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(path))
+    write_model(path, make_model(graph))
     return path
 
 
@@ -124,7 +125,7 @@ def test_overlaps_match_the_pairwise_definition(tmp_path_factory, ranges):
 
 def model_with_function_default(location: str) -> onnx.ModelProto:
     function = helper.make_function(
-        "ai.test", "F", ["X"], ["Y"], [helper.make_node("Identity", ["X"], ["Y"])], [helper.make_opsetid("", 18)]
+        "ai.test", "F", ["X"], ["Y"], [helper.make_node("Identity", ["X"], ["Y"])], [helper.make_opsetid("", OPSET)]
     )
     function.attribute_proto.append(
         helper.make_attribute("value", external_tensor("secret", {"location": location, "length": "64"}))
