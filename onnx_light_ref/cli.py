@@ -34,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="onnx-light-ref",
-        description="Evaluate ai.rt::DelayedInitializer models lazily and rewrite ONNX external weights "
-        "(re-align, share) without loading them.",
+        description="Rewrite ONNX external weights without loading them (align, shard, deduplicate, externalize, "
+        "verify, inspect), and evaluate ai.rt::DelayedInitializer models lazily (run, undelay, conformance cases).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
