@@ -7,7 +7,7 @@ more than two are left and they are longer than the samples), and blobs whose di
 byte by byte, chunk by chunk, against the first of their group before they are merged. A hash collision therefore
 never merges two different blobs. Memory stays bounded by two chunk buffers (plus 32 bytes per candidate) whatever
 the number of candidates. SHA-256 rather than BLAKE2b: it runs at memory speed on CPUs with SHA extensions, about
-three times faster than BLAKE2b here (measured in docs/align.md).
+faster than BLAKE2b here (docs/align.md, design notes).
 
 Blobs are described by :class:`BlobSource`: a byte range of an open file (external data, or an inline payload
 inside the ``.onnx`` itself) or bytes already in memory (typed-field tensors converted to raw bytes). This module
