@@ -146,31 +146,34 @@ class Snapshot:
             assert job.proto is not None and job.proto.SerializeToString() == self.proto
 
 
+# The write system calls, with the position of their destination descriptor.
+_WRITE_CALLS = (("copy_file_range", 1), ("sendfile", 0), ("pwrite", 0), ("pwritev", 0), ("write", 0), ("writev", 0))
+
+
+def watch_writes(monkeypatch: pytest.MonkeyPatch, folder: Path, on_write: Callable[[str], None]) -> None:
+    """Call ``on_write(name)`` before every write system call to a file on ``folder``'s filesystem (spies only:
+    every call still goes to the real system call)."""
+    device = os.stat(folder).st_dev
+    for name, fd_position in _WRITE_CALLS:
+        real = getattr(os, name, None)
+        if real is None:
+            continue
+
+        def spy(*args: Any, _real: Any = real, _name: str = name, _at: int = fd_position, **kw: Any) -> Any:
+            if os.fstat(args[_at]).st_dev == device:
+                on_write(_name)
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(os, name, spy)
+
+
 @pytest.fixture
 def writes_on(monkeypatch) -> Callable[[Path], list[str]]:
     """``writes_on(folder)``: a live list of the write system calls made to files on ``folder``'s filesystem."""
 
     def watch(folder: Path) -> list[str]:
-        device = os.stat(folder).st_dev
         calls: list[str] = []
-        for name, fd_position in (
-            ("copy_file_range", 1),
-            ("sendfile", 0),
-            ("pwrite", 0),
-            ("pwritev", 0),
-            ("write", 0),
-            ("writev", 0),
-        ):
-            real = getattr(os, name, None)
-            if real is None:
-                continue
-
-            def recording(*args: Any, _real: Any = real, _name: str = name, _at: int = fd_position, **kw: Any) -> Any:
-                if os.fstat(args[_at]).st_dev == device:
-                    calls.append(_name)
-                return _real(*args, **kw)
-
-            monkeypatch.setattr(os, name, recording)
+        watch_writes(monkeypatch, folder, calls.append)
         return calls
 
     return watch
@@ -264,29 +267,15 @@ def fill_at_first_write(monkeypatch) -> Callable[[Path, int], Filler]:
     already checked and, where supported, preallocated), a filler file takes all but ``leave`` free bytes."""
 
     def arm(folder: Path, leave: int) -> Filler:
-        device = os.stat(folder).st_dev
         filler = Filler(folder, leave)
         real_write = os.write
-        for name, fd_position in (
-            ("copy_file_range", 1),
-            ("sendfile", 0),
-            ("pwrite", 0),
-            ("pwritev", 0),
-            ("write", 0),
-            ("writev", 0),
-        ):
-            real = getattr(os, name, None)
-            if real is None:
-                continue
 
-            def filling(*args: Any, _real: Any = real, _name: str = name, _at: int = fd_position, **kw: Any) -> Any:
-                if os.fstat(args[_at]).st_dev == device:
-                    if filler.path is None:
-                        filler.fill(real_write)
-                    filler.writes_after.append(_name)
-                return _real(*args, **kw)
+        def fill_first(name: str) -> None:
+            if filler.path is None:
+                filler.fill(real_write)
+            filler.writes_after.append(name)
 
-            monkeypatch.setattr(os, name, filling)
+        watch_writes(monkeypatch, folder, fill_first)
         return filler
 
     return arm
