@@ -46,6 +46,9 @@ __all__ = ["SaveResult", "save_model_with_shared_external_data"]
 
 logger = logging.getLogger(__name__)
 
+# Typed value fields of TensorProto: a tensor whose raw_data moves out must have none of them.
+_TYPED_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+
 # Bytes handed to one pwrite, so that `progress` moves smoothly on large new tensors.
 _WRITE_SLICE = 8 * 1024 * 1024
 
@@ -120,7 +123,8 @@ def save_model_with_shared_external_data(
         DanglingReferenceError: with ``check_references``, a reused reference does not resolve from the destination.
         DestinationConflictError: the secondary file is the ``.onnx`` or a reused file (also through a hard link).
         ExternalDataError: a tensor both inline and EXTERNAL, an unsafe ``location`` (``UnsafeLocationError``),
-            ``raw_data`` whose size disagrees with dims and data type.
+            ``raw_data`` whose size disagrees with dims and data type, a new tensor holding both ``raw_data`` and
+            typed values (``float_data``...).
         InvalidModelError: a string field (a tensor name, a location...) is not UTF-8; the model cannot be
             serialized (over protobuf's 2 GiB limit).
         FileNotFoundError: the destination folder does not exist.
@@ -192,6 +196,7 @@ def _plan(
         if is_external(tensor):
             _check_reused(site, resolver, check_references, reused)
         elif tensor.HasField("raw_data") and (length := _raw_length(tensor, site.label)) >= size_threshold:
+            _check_raw_only(tensor, site.label)
             offset = align_up(cursor, step)
             new.append(_NewTensor(site, offset, length))
             cursor = offset + length
@@ -267,6 +272,18 @@ def _raw_length(tensor: onnx.TensorProto, label: str) -> int:
     (5 ms for 8 MiB). dims x dtype give it; :func:`_write_new_tensors` checks it against the bytes it writes."""
     expected = expected_nbytes(tensor, label=label)
     return expected if expected is not None else len(tensor.raw_data)
+
+
+def _check_raw_only(tensor: onnx.TensorProto, label: str) -> None:
+    """Refuse a new tensor that also holds typed values: moving its raw_data out would leave an EXTERNAL tensor with
+    inline values, which onnx's checker, onnxruntime and every reader here refuse (and onnx's checker already refuses
+    the inline tensor: one value field only)."""
+    typed = [name for name in _TYPED_FIELDS if len(getattr(tensor, name))]
+    if typed:
+        raise ExternalDataError(
+            f"tensor {label!r} holds its values twice, in raw_data and in {', '.join(typed)}: onnx allows one value "
+            "field only. Clear one of them before saving; nothing was written."
+        )
 
 
 def _check_reused(site: TensorSite, resolver: LocationResolver, check_references: bool, reused: _Reused) -> None:

@@ -272,6 +272,20 @@ def _external_without_entries(tmp_path: Path, variant: onnx.ModelProto) -> tuple
     return tmp_path / "second.onnx", {}
 
 
+def _raw_and_typed_in_subgraph(tmp_path: Path, variant: onnx.ModelProto) -> tuple[Path, dict[str, object]]:
+    # A new tensor holding both raw_data and float_data, inside an If branch: moving only raw_data out would publish
+    # an EXTERNAL tensor with inline values, refused by onnx's checker and every reader.
+    both = numpy_helper.from_array(np.arange(4, dtype=np.float32), "both")
+    both.float_data.extend([9.0] * 4)
+    branch = helper.make_graph([helper.make_node("Identity", ["both"], ["y"])], "then", [], [], [both])
+    branch.output.append(helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4]))
+    empty = helper.make_graph([helper.make_node("Identity", ["n0"], ["z"])], "else", [], [])
+    empty.output.append(helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [5]))
+    variant.graph.input.append(helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, []))
+    variant.graph.node.append(helper.make_node("If", ["cond"], ["if_out"], then_branch=branch, else_branch=empty))
+    return tmp_path / "second.onnx", {}
+
+
 def _arguments(**kwargs: object) -> Callable[[Path, onnx.ModelProto], tuple[Path, dict[str, object]]]:
     return lambda tmp_path, variant: (tmp_path / "second.onnx", kwargs)
 
@@ -288,6 +302,11 @@ GUARDS = {
     "reference through a file": (_through_a_file, DanglingReferenceError, ["'a0'", FIX]),
     "inline and external": (_inline_and_external, ExternalDataError, ["'a1'", "both inline raw_data"]),
     "EXTERNAL without entries": (_external_without_entries, ExternalDataError, ["'n1'", "no external_data entries"]),
+    "raw_data and float_data": (
+        _raw_and_typed_in_subgraph,
+        ExternalDataError,
+        ["'both'", "raw_data and in float_data"],
+    ),
     "alignment 3": (_arguments(alignment=3), ValueError, ["alignment", "power of two", "3"]),
     "alignment -1": (_arguments(alignment=-1), ValueError, ["alignment", "-1"]),
     "alignment not an int": (_arguments(alignment=64.0), TypeError, ["alignment", "float"]),
