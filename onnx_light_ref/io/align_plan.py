@@ -44,8 +44,9 @@ from onnx_light_ref.io.locations import (
 )
 from onnx_light_ref.io.model_file import check_model_strings, load_model_metadata
 from onnx_light_ref.io.placement import ShardedLayout, shard_path
+from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.walker import iter_tensors
-from onnx_light_ref.io.wire import StrippedModel, load_model_stripped
+from onnx_light_ref.io.wire import InlinePayload, StrippedModel, load_model_stripped
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -284,6 +285,9 @@ def plan_alignment(
     _weights_location(dst_onnx, dst_weights)  # refuse a bad destination before reading anything
 
     model, stripped, onnx_identity = _load(src_onnx, inline_threshold, mode)
+    # Inline payloads are copied out of the file itself: through its real path, since the copy opens sources with
+    # O_NOFOLLOW (a symlinked .onnx, as in the Hugging Face cache, is the file the user named, not a swapped one).
+    payload_source = os.path.realpath(src_onnx)
     resolver = LocationResolver(os.path.dirname(src_onnx))
     table = _SourceTable()
     refs: dict[FileIdentity, ExternalRef] = {}  # the first reference to each data file, for the hard-link check
@@ -306,7 +310,7 @@ def plan_alignment(
             sites.append(SITE_EXTERNAL)
             continue
         if inline_threshold is not None and _add_inline(
-            tensor, site.label, inline_threshold, stripped, src_onnx, onnx_identity, table, payloads
+            tensor, site.label, inline_threshold, stripped, payload_source, onnx_identity, table, payloads
         ):
             sites.append(SITE_INLINE)
             externalized += 1
@@ -449,12 +453,12 @@ def _add_inline(
     payloads: _Payloads,
 ) -> bool:
     """Add the payload of an inline tensor to externalize to ``payloads``; False when it stays inline."""
-    if tensor.data_type in _NEVER_EXTERNAL:
-        return False
-    expected = expected_nbytes(tensor)
-    if expected is None:  # an unknown data type: its size cannot be checked, leave it as it is
-        return False
     payload = stripped.payload(tensor) if stripped is not None else None
+    expected = None if tensor.data_type in _NEVER_EXTERNAL else expected_nbytes(tensor)
+    if expected is None:  # STRING, UNDEFINED or an unknown data type: its size cannot be checked, leave it as it is
+        if payload is not None:
+            _restore_payload(tensor, label, payload, src_onnx, onnx_identity)
+        return False
     if payload is not None:
         length = payload.length
     elif tensor.HasField("raw_data"):
@@ -477,6 +481,28 @@ def _add_inline(
     else:
         payloads.add_bytes(_typed_bytes(tensor, label, expected))
     return True
+
+
+def _restore_payload(
+    tensor: onnx.TensorProto, label: str, payload: InlinePayload, src_onnx: str, onnx_identity: FileIdentity | None
+) -> None:
+    """Give a tensor that stays inline its stripped ``raw_data`` back, read from the ``.onnx`` (checked unchanged).
+
+    Only tensors that can never move out (STRING, UNDEFINED or unknown data types carrying ``raw_data``, which no
+    exporter writes) get here; their bytes are held in memory, as the in-memory aligner holds them.
+    """
+    fd = open_source(CopyRange(src_onnx, payload.offset, 0, payload.length, onnx_identity))
+    try:
+        data = bytearray(payload.length)
+        got = pread_exact(fd, memoryview(data), payload.offset)
+    finally:
+        os.close(fd)
+    if got != payload.length:
+        raise ExternalDataError(
+            f"tensor {label!r}: source model {src_onnx!r} ended at offset {payload.offset + got} while its inline "
+            f"raw_data needs {payload.length} bytes at offset {payload.offset}; was it truncated while being read?"
+        )
+    tensor.raw_data = bytes(data)
 
 
 def _typed_bytes(tensor: onnx.TensorProto, label: str, expected: int) -> bytes:

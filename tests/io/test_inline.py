@@ -316,3 +316,53 @@ def test_a_source_model_swapped_after_planning_is_refused(tmp_path, build_identi
         align_external_data_streaming(src, tmp_path / "src" / "out.onnx", size_threshold=0)
     assert not (tmp_path / "src" / "out.onnx").exists()
     assert not (tmp_path / "src" / "out.onnx.data").exists()
+
+
+@pytest.mark.parametrize("data_type", [onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING, 999])
+def test_a_stripped_payload_that_must_stay_inline_gets_its_bytes_back(tmp_path, data_type):
+    # raw_data under a data type whose size is unknown (or STRING): never externalized, but the streaming parse had
+    # stripped its payload; it used to end in a bare AssertionError where the in-memory aligner succeeded.
+    odd = onnx.TensorProto(name="odd", data_type=data_type, dims=[100], raw_data=bytes(range(100)))
+    big = numpy_helper.from_array(np.arange(64, dtype=np.float32), "big")
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["big"], ["out"])],
+        "g",
+        [],
+        [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [64])],
+        initializer=[big, odd],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    src = tmp_path / "src" / "model.onnx"
+    src.parent.mkdir()
+    src.write_bytes(model.SerializeToString())
+    for sub in ("s", "m"):
+        (tmp_path / sub).mkdir()
+
+    streamed = align_external_data_streaming(src, tmp_path / "s" / "model.onnx", size_threshold=0)
+    in_memory = align_external_data_in_memory(src, tmp_path / "m" / "model.onnx", size_threshold=0)
+
+    assert (tmp_path / "s" / "model.onnx").read_bytes() == (tmp_path / "m" / "model.onnx").read_bytes()
+    assert Path(streamed.weights_files[0]).read_bytes() == Path(in_memory.weights_files[0]).read_bytes()
+    assert streamed.externalized_tensors == 1
+    saved = {t.name: t for t in onnx.load_model(str(tmp_path / "s" / "model.onnx")).graph.initializer}
+    assert saved["odd"].raw_data == bytes(range(100)) and saved["odd"].data_location == onnx.TensorProto.DEFAULT
+    np.testing.assert_array_equal(numpy_helper.to_array(saved["big"]), np.arange(64, dtype=np.float32))
+
+
+def test_a_symlinked_source_model_is_copied_from_the_file_it_names(tmp_path, build_identity_model):
+    # The Hugging Face cache layout: snapshots/<rev>/model.onnx -> ../../blobs/<sha>. The payloads are copied out of
+    # the file behind the link (the copy opens sources with O_NOFOLLOW and used to call it "replaced").
+    tensors = {"a": np.arange(2000, dtype=np.float32), "b": np.arange(2000, dtype=np.float32)}
+    blob = save_inline(build_identity_model(tensors), tmp_path / "cache" / "blobs", "0123abcd")
+    snapshot = tmp_path / "cache" / "snapshots" / "rev"
+    snapshot.mkdir(parents=True)
+    (snapshot / "model.onnx").symlink_to(Path("..") / ".." / "blobs" / blob.name)
+    before = blob.read_bytes()
+
+    result = both(snapshot / "model.onnx", tmp_path / "out", size_threshold=1024, dedup=True)
+
+    assert result.externalized_tensors == 2 and result.deduplicated_tensors == 1
+    assert result.bytes_by_method.get("pread_pwrite", 0) == 0  # still file to file
+    assert blob.read_bytes() == before and (snapshot / "model.onnx").is_symlink()
+    for x, y in zip(run(blob), run(tmp_path / "out" / "s" / "model.onnx"), strict=True):
+        np.testing.assert_array_equal(x, y)
