@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 from dataclasses import dataclass
 
@@ -162,7 +163,9 @@ def verify_models(
     Raises:
         TypeError, ValueError: a bad ``chunk_size``, ``check_checksums`` or ``allow_hard_links`` (before any I/O).
         FileNotFoundError: a ``.onnx`` file or a referenced data file does not exist.
-        InvalidModelError: a ``.onnx`` file is not a model, or an inline tensor's typed data does not fit its dims.
+        InvalidModelError: a ``.onnx`` file is not a model, or an inline tensor's data does not fit its dims and
+            data type (``raw_data`` of another size, typed values of another count, a STRING tensor with
+            ``raw_data`` or another number of strings): such a tensor has no value to compare.
         UnsafeLocationError: a location is absolute, has ``..``, escapes the folder, or is a hard-linked file.
         ExternalDataError: malformed ``external_data`` entries, a range past the end of its file, or a data file
             replaced or shortened while being compared.
@@ -230,6 +233,8 @@ def _first_metadata_difference(a: _Side, b: _Side) -> str | None:
             what = f"data type differs (A: {_dtype_name(ta.data_type)}, B: {_dtype_name(tb.data_type)})"
         elif list(ta.dims) != list(tb.dims):
             what = f"dims differ (A: {list(ta.dims)}, B: {list(tb.dims)})"
+        elif _sparse_dims(ra.site) != _sparse_dims(rb.site):
+            what = f"sparse tensor dims differ (A: {_sparse_dims(ra.site)}, B: {_sparse_dims(rb.site)})"
         if what is not None:
             return f"{_describe(index, ra.site)}: {what}{count_note}"
     if count_note:
@@ -237,6 +242,11 @@ def _first_metadata_difference(a: _Side, b: _Side) -> str | None:
         extra = len(shorter.records)
         return f"{_describe(extra, longer.records[extra].site)} is only in {longer.name}{count_note}"
     return None
+
+
+def _sparse_dims(site: TensorSite) -> list[int] | None:
+    """The dense shape of the sparse tensor ``site`` is part of (values and indices alike), None for a dense one."""
+    return None if site.sparse is None else list(site.sparse.dims)
 
 
 def _dtype_name(data_type: int) -> str:
@@ -250,7 +260,17 @@ def _inline_bytes(site: TensorSite, side: str) -> bytes:
     """The little-endian raw bytes of an inline tensor (``raw_data`` read once: protobuf copies it per access)."""
     tensor = site.tensor
     if tensor.HasField("raw_data"):
-        return tensor.raw_data
+        raw = tensor.raw_data
+        try:
+            expected = expected_nbytes(tensor, label=site.label)
+        except ExternalDataError as exc:  # negative dims: an inline tensor, so the model's fault, not a reference's
+            raise InvalidModelError(f"model {side}: {exc}") from exc
+        if expected is not None and len(raw) != expected:
+            raise InvalidModelError(
+                f"model {side}: tensor {site.label!r} ({site.where}) has {len(raw)} bytes of raw_data, but its dims "
+                f"{list(tensor.dims)} and data type {_dtype_name(tensor.data_type)} need {expected} bytes."
+            )
+        return raw
     try:
         # Typed fields hold small tensors only; this is the conversion onnx itself uses, sub-byte packing included.
         return numpy_helper.from_array(numpy_helper.to_array(tensor)).raw_data
@@ -289,7 +309,7 @@ class _Comparison:
 
     def _compare_pair(self, ra: _Record, rb: _Record) -> str | None:
         if ra.site.tensor.data_type == onnx.TensorProto.STRING and ra.external is None and rb.external is None:
-            return _compare_strings(ra.site.tensor, rb.site.tensor)
+            return _compare_strings(_inline_strings(ra.site, "A"), _inline_strings(rb.site, "B"))
         if ra.site.tensor.data_type == onnx.TensorProto.STRING and (ra.external is None) != (rb.external is None):
             return "storage differs: a STRING tensor is external in one model and inline in the other"
         ea, eb = ra.external, rb.external
@@ -405,6 +425,8 @@ class _Comparison:
 def _planned_length(record: _Record) -> int:
     if record.external is not None:
         return record.external.length
+    if any(dim < 0 for dim in record.site.tensor.dims):
+        return 0  # refused when its bytes are compared; the total only scales the progress bar
     return expected_nbytes(record.site.tensor) or 0
 
 
@@ -434,8 +456,25 @@ def _whole(view: memoryview) -> bytes | bytearray | None:
     return owner if isinstance(owner, (bytes, bytearray)) and len(owner) == len(view) else None
 
 
-def _compare_strings(ta: onnx.TensorProto, tb: onnx.TensorProto) -> str | None:
-    values_a, values_b = list(ta.string_data), list(tb.string_data)
+def _inline_strings(site: TensorSite, side: str) -> list[bytes]:
+    """The elements of an inline STRING tensor; refused when they cannot be its value (onnx.proto's rules)."""
+    tensor = site.tensor
+    if tensor.HasField("raw_data"):
+        # onnx.proto: "raw_data ... MUST NOT be used for STRING"; comparing string_data alone would miss those bytes.
+        raise InvalidModelError(
+            f"model {side}: STRING tensor {site.label!r} ({site.where}) holds raw_data; STRING tensors keep their "
+            "elements in string_data only."
+        )
+    values = list(tensor.string_data)
+    if any(dim < 0 for dim in tensor.dims) or len(values) != math.prod(tensor.dims):
+        raise InvalidModelError(
+            f"model {side}: STRING tensor {site.label!r} ({site.where}) has {len(values)} elements in string_data, "
+            f"but its dims {list(tensor.dims)} need {math.prod(tensor.dims)}."
+        )
+    return values
+
+
+def _compare_strings(values_a: list[bytes], values_b: list[bytes]) -> str | None:
     if len(values_a) != len(values_b):
         return f"string element count differs (A: {len(values_a)}, B: {len(values_b)})"
     for index, (va, vb) in enumerate(zip(values_a, values_b, strict=True)):

@@ -77,7 +77,9 @@ class TensorSite:
 
     ``container`` is the GraphProto or FunctionProto that holds it; ``node`` the node whose attribute holds it (None
     for initializers and function default attributes); ``where`` a readable path such as
-    ``graph 'main' / node 'If_0' (If) / then_branch``; ``scope`` the part of the model (see :data:`TensorScope`).
+    ``graph 'main' / node 'If_0' (If) / then_branch``; ``scope`` the part of the model (see :data:`TensorScope`);
+    ``sparse`` the SparseTensorProto whose ``values`` or ``indices`` the tensor is (None for a dense tensor): its
+    ``dims`` (the dense shape) belong to no TensorProto, so a comparison of tensors must look there too.
     """
 
     tensor: onnx.TensorProto
@@ -86,6 +88,7 @@ class TensorSite:
     node: onnx.NodeProto | None
     where: str
     scope: TensorScope = "model"
+    sparse: onnx.SparseTensorProto | None = None
 
     @property
     def label(self) -> str:
@@ -150,8 +153,8 @@ def _iter_graph(graph: onnx.GraphProto, where: str, scope: TensorScope) -> Itera
     for tensor in graph.initializer:
         yield TensorSite(tensor, "initializer", graph, None, where, scope)
     for sparse in graph.sparse_initializer:
-        yield TensorSite(sparse.values, "sparse_initializer_values", graph, None, where, scope)
-        yield TensorSite(sparse.indices, "sparse_initializer_indices", graph, None, where, scope)
+        yield TensorSite(sparse.values, "sparse_initializer_values", graph, None, where, scope, sparse)
+        yield TensorSite(sparse.indices, "sparse_initializer_indices", graph, None, where, scope, sparse)
     yield from _iter_nodes(graph, graph.node, where, scope)
 
 
@@ -181,8 +184,8 @@ def _iter_attribute(
     if attribute.HasField("sparse_tensor"):
         sparse_tensors.insert(0, attribute.sparse_tensor)
     for sparse in sparse_tensors:
-        yield TensorSite(sparse.values, values, container, node, where, scope)
-        yield TensorSite(sparse.indices, indices, container, node, where, scope)
+        yield TensorSite(sparse.values, values, container, node, where, scope, sparse)
+        yield TensorSite(sparse.indices, indices, container, node, where, scope, sparse)
     if attribute.HasField("g"):
         yield from _iter_graph(attribute.g, where, scope)
     for subgraph in attribute.graphs:

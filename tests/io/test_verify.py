@@ -419,6 +419,77 @@ def test_string_tensors_compare_element_by_element(tmp_path):
     )
 
 
+def sparse_initializer_model(folder: Path, dense_shape: list[int]) -> Path:
+    """A sparse initializer with fixed values and indices, and the given dense shape."""
+    values = numpy_helper.from_array(np.array([1.5, -2.5], dtype=np.float32), "sp")
+    indices = numpy_helper.from_array(np.array([0, 3], dtype=np.int64), "sp_indices")
+    graph = helper.make_graph(
+        [], "g", [], [], sparse_initializer=[helper.make_sparse_tensor(values, indices, dense_shape)]
+    )
+    return save_inline(helper.make_model(graph, ir_version=IR_VERSION), folder / "model.onnx")
+
+
+def test_sparse_tensors_with_the_same_values_but_another_dense_shape_differ(tmp_path):
+    a = sparse_initializer_model(tmp_path / "a", [4])
+    b = sparse_initializer_model(tmp_path / "b", [400])
+
+    assert verify_models(a, sparse_initializer_model(tmp_path / "same", [4])).equal
+    result = verify_models(a, b)
+    assert not result.equal
+    assert result.bytes_compared == 0  # a metadata difference: found before any byte
+    assert result.first_difference == (
+        "tensor #0 'sp' (sparse initializer values in graph 'g'): sparse tensor dims differ (A: [4], B: [400])"
+    )
+
+
+def string_model(folder: Path, tensor: TensorProto) -> Path:
+    graph = helper.make_graph([], "g", [], [], initializer=[tensor])
+    return save_inline(helper.make_model(graph, ir_version=IR_VERSION), folder / "model.onnx")
+
+
+def test_string_tensors_holding_raw_data_or_another_count_than_their_dims_are_invalid(tmp_path):
+    def raw_strings(data: bytes) -> TensorProto:
+        tensor = TensorProto(name="s", data_type=TensorProto.STRING, dims=[2])
+        tensor.raw_data = data
+        return tensor
+
+    # Two different raw_data payloads: comparing string_data alone (empty on both sides) called them equal.
+    a = string_model(tmp_path / "a", raw_strings(b"abc"))
+    b = string_model(tmp_path / "b", raw_strings(b"xyz"))
+    short = helper.make_tensor("s", TensorProto.STRING, [2], [b"a", b"b"])
+    short.dims[:] = [3]
+    c = string_model(tmp_path / "c", short)
+    before = sha256_of_tree(tmp_path)
+
+    with pytest.raises(InvalidModelError, match=r"model A: STRING tensor 's' \(graph 'g'\) holds raw_data"):
+        verify_models(a, b)
+    with pytest.raises(InvalidModelError, match=r"model A: STRING tensor 's' .* 2 elements .* dims \[3\] need 3"):
+        verify_models(c, c)
+    assert sha256_of_tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("dims", [[2**40], [3], [11]], ids=["huge", "short", "long"])
+def test_raw_data_of_another_size_than_its_dims_is_an_invalid_model(tmp_path, dims):
+    tensor = numpy_helper.from_array(np.arange(10, dtype=np.float32), "x")  # 40 bytes
+    tensor.dims[:] = dims
+    a = string_model(tmp_path / "a", tensor)
+    before = sha256_of_tree(tmp_path)
+
+    # Both sides identical, yet no value: equal=True would certify a tensor nobody can load.
+    with pytest.raises(InvalidModelError, match=rf"model A: tensor 'x' .*40 bytes of raw_data.*need {dims[0] * 4} "):
+        verify_models(a, a)
+    assert sha256_of_tree(tmp_path) == before
+
+
+def test_negative_dims_of_an_inline_tensor_are_an_invalid_model(tmp_path):
+    tensor = numpy_helper.from_array(np.arange(2, dtype=np.float32), "x")
+    tensor.dims[:] = [-2]
+    a = string_model(tmp_path / "a", tensor)
+
+    with pytest.raises(InvalidModelError, match=r"model A: tensor 'x' has negative dims \[-2\]"):
+        verify_models(a, a)
+
+
 # --- checksums ------------------------------------------------------------------------------------------------------
 
 
