@@ -85,6 +85,33 @@ def test_thousands_of_mutually_overlapping_ranges_are_all_reported(tmp_path, cap
     assert f"status: {count} error(s)" in out
 
 
+def test_overlapping_a_range_shared_by_thousands_of_tensors_names_a_few_of_them(tmp_path, capsys):
+    # 3,000 tensors share one big range and 3,000 small ranges sit inside it: each small one's message named every
+    # tensor of the shared group, 3,000 x 3,000 names (the text grew to ~570 MB for 8,000 + 8,000).
+    count, big = 3000, 65536
+    shared = [
+        external_tensor(f"s{i}", {"location": "w.data", "offset": "0", "length": str(big)}, [big // 4])
+        for i in range(count)
+    ]
+    inside = [
+        external_tensor(f"t{i}", {"location": "w.data", "offset": str(4 + 16 * i), "length": "8"}, [2])
+        for i in range(count)
+    ]
+    path = save_initializers(tmp_path, shared + inside, {"w.data": big})
+
+    report = build_layout_report(path)
+    status, out = inspect(path, capsys)
+
+    assert {tensor.status for tensor in report.tensors} == {"overlap"}
+    assert report.tensors[count].message == (
+        f"tensor 't0': range [4, +8 bytes) of 'w.data' partially overlaps [0, +{big} bytes) of 's0', 's1', 's2' "
+        f"(and {count - 3} more tensors on that range)."
+    )
+    assert max(len(tensor.message) for tensor in report.tensors) < 300
+    assert status == 1
+    assert len(out) < 2 * 300 * len(report.tensors)
+
+
 def brute_force_overlaps(ranges: list[tuple[int, int]]) -> dict[int, int]:
     """Index -> number of distinct ranges it partially overlaps (the definition, checked pair by pair)."""
     distinct = {r for r in ranges if r[1] > 0}

@@ -52,6 +52,9 @@ LayoutStatus = Literal[
 ]
 """What was found checking one tensor's reference; see the module docstring for each value."""
 
+# Names listed in one overlap message; the rest of the partner group is counted.
+_NAMES_SHOWN = 3
+
 ERROR_STATUSES: frozenset[LayoutStatus] = frozenset(
     {"overlap", "out of bounds", "missing file", "unsafe location", "hard-linked", "invalid"}
 )
@@ -233,7 +236,7 @@ def _mark_overlaps(file: FileLayout, by_range: dict[tuple[int, int], list[Tensor
         count = bisect.bisect_left(starts, end) - bisect.bisect_right(ends, start) - 1
         if count > 0:
             partner = reach if reach is not None and reach[0] + reach[1] > start else ranges[index + 1]
-            names = ", ".join(repr(t.name) for t in by_range[partner])
+            names = _some_names(by_range[partner])
             more = f" and {count - 1} other range{'s' if count > 2 else ''}" if count > 1 else ""
             for tensor in by_range[(start, length)]:
                 tensor.status = "overlap"
@@ -243,6 +246,14 @@ def _mark_overlaps(file: FileLayout, by_range: dict[tuple[int, int], list[Tensor
                 )
         if reach is None or end > reach[0] + reach[1]:
             reach = (start, length)
+
+
+def _some_names(tensors: list[TensorLayout]) -> str:
+    """The first few names of a group of tensors sharing one range, and how many more: every overlapping tensor's
+    message names its partner group, so listing the whole group would make the messages quadratic in size."""
+    shown = ", ".join(repr(t.name) for t in tensors[:_NAMES_SHOWN])
+    hidden = len(tensors) - _NAMES_SHOWN
+    return shown if hidden <= 0 else f"{shown} (and {hidden} more tensor{'s' if hidden > 1 else ''} on that range)"
 
 
 def _analyse_file(file: FileLayout, members: list[TensorLayout]) -> None:
