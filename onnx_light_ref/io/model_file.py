@@ -11,15 +11,21 @@ This module never reads external weights and never writes a file: publication is
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
+import stat
 from typing import Any
 
 import onnx
 
 from onnx_light_ref.errors import InvalidModelError
+from onnx_light_ref.io.posix import pread_exact
 
-__all__ = ["check_model_strings", "load_model_metadata", "serialize_model"]
+__all__ = ["PROTOBUF_LIMIT", "check_model_strings", "load_model_metadata", "serialize_model"]
+
+PROTOBUF_LIMIT = 2**31 - 1
+"""Largest message protobuf parses: a ``.onnx`` file above it cannot be loaded whole by anyone."""
 
 # protobuf ships no type stubs (types-protobuf is not a dependency): looked up by name, so that mypy needs none.
 _DecodeError: type[Exception] = importlib.import_module("google.protobuf.message").DecodeError
@@ -100,6 +106,10 @@ def check_model_strings(model: onnx.ModelProto, *, what: str = "the model") -> N
 def load_model_metadata(path: str, *, check_strings: bool = True) -> onnx.ModelProto:
     """Parse ``path`` as binary protobuf with ``load_external_data=False``: no weight is read.
 
+    The file is opened once (a FIFO or device is refused without blocking) and its size checked before any byte is
+    read: protobuf cannot parse a message over 2 GiB, so a larger file (a weights file given by mistake, a model
+    with gigabytes of inline weights) is refused instead of being read whole into memory first.
+
     Args:
         path: the ``.onnx`` file (whatever its name ends with: always parsed as binary protobuf).
         check_strings: refuse a model with a non-UTF-8 string (:func:`check_model_strings`). Only a diagnostic
@@ -109,13 +119,38 @@ def load_model_metadata(path: str, *, check_strings: bool = True) -> onnx.ModelP
         The parsed model, external tensors still EXTERNAL.
 
     Raises:
-        FileNotFoundError: ``path`` is not a file.
-        InvalidModelError: ``path`` cannot be parsed as a model, has no graph, or has a string that is not UTF-8.
+        FileNotFoundError: ``path`` does not exist or is not a regular file.
+        InvalidModelError: ``path`` is larger than protobuf's 2 GiB limit, cannot be parsed as a model, has no graph,
+            or has a string that is not UTF-8.
     """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"ONNX model file not found: {path!r}")
+    path = os.fspath(path)
     try:
-        model = onnx.load_model(path, format="protobuf", load_external_data=False)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise FileNotFoundError(f"ONNX model file not found: {path!r}") from exc
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENAMETOOLONG, errno.ENXIO):
+            raise
+        raise FileNotFoundError(f"ONNX model file not found: {path!r} ({exc.strerror})") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileNotFoundError(f"ONNX model file not found: {path!r} is not a regular file")
+        if st.st_size > PROTOBUF_LIMIT:
+            raise InvalidModelError(
+                f"{path!r} is {st.st_size} bytes, more than protobuf's 2 GiB limit: it cannot be parsed as one model "
+                "(a weights file? a model with large inline tensors can be externalized first with "
+                "'onnx-light-ref align --size-threshold', which never parses the payloads)."
+            )
+        data = bytearray(st.st_size)
+        got = pread_exact(fd, memoryview(data), 0)
+    finally:
+        os.close(fd)
+    if got != len(data):
+        raise InvalidModelError(f"{path!r} shrank while it was read ({got} of {len(data)} bytes).")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(memoryview(data))
     except (_DecodeError, RuntimeError, ValueError, TypeError, UnicodeDecodeError) as exc:
         raise InvalidModelError(f"{path!r} is not a valid ONNX model (cannot parse it: {exc}).") from exc
     if not model.HasField("graph"):

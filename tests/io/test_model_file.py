@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,37 @@ def test_an_external_tensor_with_typed_values_is_refused(field: str):
     getattr(tensor, field).append(1)
     with pytest.raises(ExternalDataError, match=f"also holds inline values in {field}"):
         check_external_structure(tensor)
+
+
+def test_a_file_over_protobufs_limit_is_refused_before_it_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # A sparse 3 GiB file: reading it whole first (as onnx.load does) took 3 GiB of RSS only to fail in protobuf.
+    path = tmp_path / "weights.onnx"
+    with open(path, "wb") as f:
+        f.truncate(3 * 2**30)
+    reads: list[int] = []
+    real_preadv = os.preadv
+    monkeypatch.setattr(
+        os, "preadv", lambda fd, buffers, offset: reads.append(offset) or real_preadv(fd, buffers, offset)
+    )
+
+    with pytest.raises(InvalidModelError, match=r"is 3221225472 bytes, more than protobuf's 2 GiB limit"):
+        load_model_metadata(str(path))
+    assert reads == []
+    assert path.stat().st_size == 3 * 2**30
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "dev-zero-symlink", "symlink-loop"])
+def test_a_model_path_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path: Path, kind: str):
+    path = tmp_path / "model.onnx"
+    if kind == "fifo":
+        os.mkfifo(path)  # opened for reading without O_NONBLOCK, this would wait forever for a writer
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "dev-zero-symlink":
+        path.symlink_to("/dev/zero")  # endless data: must never be read
+    else:
+        path.symlink_to(tmp_path / "loop")
+        (tmp_path / "loop").symlink_to(path)
+
+    with pytest.raises(FileNotFoundError, match=r"ONNX model file not found: '.*model\.onnx'"):
+        load_model_metadata(str(path))
