@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -243,3 +244,82 @@ def test_output_folders_created_for_a_refused_run_are_removed(tmp_path, capsys, 
 
     one_error_line(capsys, "has shape [3, 8]" if failure == "wrong feed" else f"cannot evaluate {str(path)!r}")
     assert snapshot_tree(tmp_path) == before
+
+
+class _Evil:
+    """Unpickling this would create ``marker`` (it must never happen: run loads .npy without pickle)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def huge_header_npy(path: Path) -> None:
+    header = np.lib.format.header_data_from_array_1_0(np.zeros(1, np.float32))
+    header["shape"] = (2**40,)
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        f.write(b"\0" * 16)
+
+
+@pytest.mark.parametrize(
+    ("kind", "fragment"),
+    [
+        ("pickle", "Object arrays cannot be loaded when allow_pickle=False"),
+        ("raw-pickle", "contains pickled (object) data"),
+        (
+            "huge-header",
+            "its header announces shape [1099511627776] of float32 (4398046511104 bytes), but the file "
+            "holds 16 bytes of data",
+        ),
+        ("fifo", "not a regular file"),
+    ],
+)
+def test_hostile_input_files_are_one_error_line_and_never_unpickled(tmp_path, capsys, kind, fragment):
+    import pickle
+
+    path = save_linear_model(tmp_path)
+    feed = tmp_path / "x.npy"
+    marker = tmp_path / "PWNED"
+    if kind == "pickle":
+        np.save(feed, np.array([_Evil(marker)], dtype=object), allow_pickle=True)
+    elif kind == "raw-pickle":
+        feed.write_bytes(pickle.dumps(_Evil(marker)))
+    elif kind == "huge-header":
+        huge_header_npy(feed)  # numpy allocated the 4 TiB announced before reading: MemoryError traceback
+    else:
+        os.mkfifo(feed)  # np.load would wait for a writer forever
+    before = snapshot_tree(tmp_path)
+
+    assert run_cli(path, tmp_path / "out", f"x={feed}") == 1
+    one_error_line(capsys, fragment)
+    assert not marker.exists()
+    assert not (tmp_path / "out").exists()
+    assert snapshot_tree(tmp_path) == before
+
+
+def test_an_eagerly_loaded_constant_with_a_hard_linked_file_is_one_error_line(tmp_path, capsys):
+    # onnx's loader raised its own ValidationError (no ValueError) for such a tensor: run printed a traceback.
+    (tmp_path / "secret.bin").write_bytes(b"S" * 16)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    os.link(tmp_path / "secret.bin", model_dir / "w.bin")
+    tensor = TensorProto(name="c", data_type=TensorProto.UINT8, dims=[16], data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "w.bin"), ("offset", "0"), ("length", "16")):
+        tensor.external_data.add(key=key, value=value)
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["y"], value=tensor)],
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [16])],
+    )
+    path = model_dir / "model.onnx"
+    path.write_bytes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10).SerializeToString()
+    )
+
+    assert run_cli(path, tmp_path / "out") == 1
+    one_error_line(capsys, "tensor 'c': external data file 'w.bin'")
+    assert not (tmp_path / "out").exists()

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import io
+import math
 import os
 import re
+import stat
 import time
 from typing import Any
 
@@ -59,12 +61,38 @@ def _load_feeds(specs: list[tuple[str, str]]) -> dict[str, np.ndarray]:
         if name in feeds:
             raise _RunError(f"input {name!r} given twice.")
         try:
-            feeds[name] = np.load(path, allow_pickle=False)
+            feeds[name] = _load_array(name, path)
         except (OSError, ValueError) as exc:
             raise _RunError(f"cannot load input {name!r} from {path!r}: {exc}") from exc
         if not isinstance(feeds[name], np.ndarray):  # an .npz archive
             raise _RunError(f"input {name!r} from {path!r} is not a single array (.npy); .npz is not supported.")
     return feeds
+
+
+def _load_array(name: str, path: str) -> Any:
+    """``np.load`` without pickle, refusing first what it would choke on: a FIFO or device (it would block or read
+    forever) and a ``.npy`` whose header announces more data than the file holds (numpy allocates the announced
+    size before reading: a 40-byte file claiming 2**40 floats raised MemoryError)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _RunError(f"cannot load input {name!r} from {path!r}: not a regular file.")
+        if f.read(6) == b"\x93NUMPY":
+            f.seek(0)
+            version = np.lib.format.read_magic(f)
+            read_header = (
+                np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            )
+            shape, _, dtype = read_header(f)
+            needed = math.prod(shape) * dtype.itemsize
+            if not dtype.hasobject and needed > st.st_size - f.tell():
+                raise _RunError(
+                    f"cannot load input {name!r} from {path!r}: its header announces shape {list(shape)} of {dtype} "
+                    f"({needed} bytes), but the file holds {st.st_size - f.tell()} bytes of data."
+                )
+        f.seek(0)
+        return np.load(f, allow_pickle=False)
 
 
 def _check_output_dir(folder: str) -> None:

@@ -14,9 +14,11 @@ a ``DelayedInitializer`` node already in the model with ``filename="/etc/passwd"
 
 External tensors the converter leaves alone (initializers overridable by a graph input, tensors in node attributes
 such as ``Constant``'s value, dtypes the op cannot produce, subgraph initializers named like an outer value) are
-loaded eagerly with onnx's own loader, which applies onnx's location checks. Tensors of ``ModelProto.training_info``
-graphs are neither converted nor loaded: inference never runs those graphs (onnx's evaluator ignores them), so their
-files are not even opened.
+validated like the converted ones (inside the folder, in bounds, not hard-linked: the package's typed errors, before
+any of them is read), then loaded eagerly with onnx's own loader, which applies onnx's location checks too (it also
+refuses a symbolic link inside the folder: :class:`~onnx_light_ref.errors.ExternalDataError`).
+Tensors of ``ModelProto.training_info`` graphs are neither converted nor loaded: inference never runs those graphs
+(onnx's evaluator ignores them), so their files are not even opened.
 
 This module must never load converted weights itself: only the kernel reads them, when the evaluator says so.
 """
@@ -27,11 +29,13 @@ import logging
 import os
 from typing import Any
 
+import onnx
 from onnx.external_data_helper import load_external_data_for_tensor
 from onnx.reference import ReferenceEvaluator
 
+from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.arguments import check_bool
-from onnx_light_ref.io.locations import is_external
+from onnx_light_ref.io.locations import LocationResolver, check_not_hard_linked, is_external, parse_external_data
 from onnx_light_ref.io.walker import iter_tensors
 from onnx_light_ref.ops.convert import delay_initializers
 from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
@@ -62,8 +66,10 @@ def reference_evaluator(
         The evaluator.
 
     Raises:
-        UnsafeLocationError: a filename outside the model's folder, a hard-linked data file.
+        UnsafeLocationError: a filename or location outside the model's folder, a hard-linked data file.
         FileNotFoundError: the model or a data file is missing.
+        ExternalDataError: a tensor loaded eagerly (see the module docstring) has a malformed reference, or onnx's
+            loader refuses it.
         ValueError: the errors of :func:`~onnx_light_ref.ops.convert.delay_initializers` and of the kernel's
             attribute checks (bad references are refused before anything is read).
     """
@@ -72,8 +78,19 @@ def reference_evaluator(
     folder = os.path.dirname(model_path)
     converted = delay_initializers(model_path, load_device, base_dir=folder)
     eager = [site for site in iter_tensors(converted) if site.scope != "training" and is_external(site.tensor)]
+    # Validated as the converted ones were (typed errors naming the tensor, nothing read) before onnx reads any.
+    resolver = LocationResolver(folder)
     for site in eager:
-        load_external_data_for_tensor(site.tensor, folder)
+        check_not_hard_linked(parse_external_data(site.tensor, resolver, label=site.label))
+    for site in eager:
+        try:
+            load_external_data_for_tensor(site.tensor, folder)
+        except (onnx.checker.ValidationError, OSError, ValueError) as exc:
+            # What our checks accept and onnx's loader still refuses (a symlink inside the folder), or a file
+            # changed since it was validated: onnx's own exception type is no ValueError.
+            raise ExternalDataError(
+                f"tensor {site.label!r} ({site.where}): onnx cannot load its external data: {exc}"
+            ) from exc
     if eager:
         logger.info(
             "loaded %d external tensors eagerly (graph-input defaults, attributes or sparse tensors): %s",

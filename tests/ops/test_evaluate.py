@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
+from onnx_light_ref.ops import evaluate as evaluate_module
 from onnx_light_ref.ops import reference_evaluator
 from tests.checks import run_onnxruntime
 from tests.models import (
@@ -181,3 +182,64 @@ def test_training_tensors_are_never_loaded(tmp_path, load_device):
     (info,) = sess.proto_.training_info
     kept = {t.name: t.SerializeToString() for t in (*info.initialization.initializer, *info.algorithm.initializer)}
     assert kept == training_entries
+
+
+def external_constant_model(folder, location: str) -> str:
+    """A Constant whose value is 16 uint8 bytes at ``location`` (never converted: loaded eagerly)."""
+    tensor = TensorProto(name="c", data_type=TensorProto.UINT8, dims=[16], data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", location), ("offset", "0"), ("length", "16")):
+        tensor.external_data.add(key=key, value=value)
+    node = helper.make_node("Constant", [], ["y"], value=tensor, name="const")
+    graph = helper.make_graph([node], "g", [], [value_info("y", TensorProto.UINT8, [16])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    path = os.path.join(folder, "model.onnx")
+    with open(path, "wb") as f:
+        f.write(model.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize(
+    ("setup", "error", "words"),
+    [
+        ("hard-link", "UnsafeLocationError", r"tensor 'c': external data file 'w.bin' .* has 2 hard links"),
+        ("escape", "UnsafeLocationError", r"tensor 'c': external data location 'w.bin' resolves to .*outside"),
+        ("dotdot", "UnsafeLocationError", r"tensor 'c': external data location '\.\./w.bin' contains a '\.\.'"),
+        ("missing", "FileNotFoundError", r"tensor 'c': external data file 'w.bin' does not exist"),
+        ("short", "ExternalDataError", r"tensor 'c': external data range \[offset 0, \+16 bytes\) exceeds"),
+        ("inner-symlink", "ExternalDataError", r"tensor 'c' \(graph 'g' / node 'const' \(Constant\) / value\): onnx "),
+    ],
+)
+def test_eagerly_loaded_tensors_get_typed_errors_before_any_read(tmp_path, monkeypatch, setup, error, words):
+    # These tensors are read by onnx's loader, whose ValidationError is no ValueError: `run` printed a traceback.
+    from onnx_light_ref import errors
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    outside = tmp_path / "secret.bin"
+    outside.write_bytes(b"S" * 16)
+    location = "w.bin"
+    if setup == "hard-link":
+        os.link(outside, model_dir / "w.bin")
+    elif setup == "escape":
+        (model_dir / "w.bin").symlink_to(outside)
+    elif setup == "dotdot":
+        location = "../w.bin"
+    elif setup == "short":
+        (model_dir / "w.bin").write_bytes(b"x" * 4)
+    elif setup == "inner-symlink":
+        (model_dir / "real.bin").write_bytes(b"r" * 16)
+        (model_dir / "w.bin").symlink_to("real.bin")  # inside the folder: ours accept it, onnx's loader does not
+    path = external_constant_model(model_dir, location)
+    expected = getattr(errors, error, None) or FileNotFoundError
+    loads: list[str] = []
+    real_load = evaluate_module.load_external_data_for_tensor
+    monkeypatch.setattr(
+        evaluate_module,
+        "load_external_data_for_tensor",
+        lambda tensor, base_dir: loads.append(tensor.name) or real_load(tensor, base_dir),
+    )
+
+    with pytest.raises(expected, match=words):
+        reference_evaluator(path)
+    # Refused by our checks before onnx's loader was called, except what only onnx refuses.
+    assert loads == (["c"] if setup == "inner-symlink" else [])
