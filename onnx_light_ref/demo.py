@@ -239,6 +239,24 @@ def _check_alignment(result: DemoResult, label: str, path: str, *, expect_aligne
         result.problems.append(f"{label}: offsets are only {common}-byte aligned, expected {_ALIGNMENT}.")
 
 
+def _shared_bytes(model_path: str, data_path: str) -> int:
+    """Bytes of ``data_path`` the model at ``model_path`` references (its layout report, ranges counted once)."""
+    real = os.path.realpath(data_path)
+    return sum(f.bytes_used for f in build_layout_report(model_path).files if f.path == real)
+
+
+def _check_sharing(result: DemoResult, shape: MlpShape, variant: str, base_data: str, saved: int) -> None:
+    """The variant must reference every base tensor but the head in the base's data file, and write only the head."""
+    head = 4 * (shape.hidden * shape.d_out + shape.d_out)
+    shared = _shared_bytes(variant, base_data)
+    if shared != shape.nbytes - head:
+        result.problems.append(
+            f"variant: references {shared} bytes of mlp.onnx.data, expected {shape.nbytes - head} (all but the head)."
+        )
+    if saved < head or saved >= shape.nbytes:
+        result.problems.append(f"variant: wrote {saved} bytes for a {head}-byte head; its weights were not shared.")
+
+
 def _check_same_tensors(result: DemoResult, label: str, source: str, rewritten: str, progress: bool) -> None:
     """Prove with ``verify_models`` that ``rewritten`` holds exactly the source's tensors; record it either way."""
     with _byte_progress("verify", progress) as callback:
@@ -295,8 +313,10 @@ def run_demo(size: int, workdir: str, *, progress: bool = False, seed: int = 0) 
         )
     result.lines.append(
         f"3. saved model/variant.onnx with a new head: wrote {saved:,} bytes to variant.onnx.data, shares "
-        f"{shape.nbytes - 4 * (shape.hidden * shape.d_out + shape.d_out):,} bytes with mlp.onnx.data, in {took:.3f} s"
+        f"{_shared_bytes(variant, aligned + '.data'):,} bytes with mlp.onnx.data (read back from its references), "
+        f"in {took:.3f} s"
     )
+    _check_sharing(result, shape, variant, aligned + ".data", saved)
     _check_alignment(result, "variant", variant)
 
     result.lines.append("4. evaluate (outputs compared across evaluators and models)")

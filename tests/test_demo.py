@@ -84,6 +84,24 @@ def test_demo_proves_the_aligned_model_with_verify_models(monkeypatch, capsys):
     assert "'W1'" in captured.err.split("(verify_models):", 1)[1].splitlines()[0]
 
 
+def test_demo_checks_its_sharing_claim_from_the_variants_references(monkeypatch, capsys):
+    """A variant that copies every weight instead of sharing them runs fine: only its references can tell."""
+
+    def save_everything(model, path, alignment, progress=None):
+        folder = os.path.dirname(path)
+        onnx.load_external_data_for_model(model, folder)
+        onnx.save_model(model, path, save_as_external_data=True, location="variant.onnx.data", size_threshold=0)
+        return os.path.getsize(os.path.join(folder, "variant.onnx.data"))
+
+    monkeypatch.setattr(demo, "save_model_with_shared_external_data", save_everything)
+
+    assert main(["demo", "--size", "1M", "--no-progress"]) == 1
+    captured = capsys.readouterr()
+    assert "shares 0 bytes with mlp.onnx.data (read back from its references)" in captured.out
+    assert "MISMATCH: variant: references 0 bytes of mlp.onnx.data, expected" in captured.err
+    assert "its weights were not shared" in captured.err
+
+
 @pytest.mark.parametrize(("text", "size"), [("2M", 2 * 2**20), ("64MiB", 64 * 2**20), ("8k", 8192), ("1000", 1000)])
 def test_parse_size(text, size):
     assert parse_size(text) == size
