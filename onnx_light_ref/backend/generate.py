@@ -101,8 +101,17 @@ def _write_checked_case(case: NodeCase, node_dir: Path) -> Path:
 
 
 def _check_destination(output_dir: Path) -> None:
-    """Refuse, before writing, an output folder that is a file or lies under one (nothing else can fail early)."""
-    for folder in (output_dir / "node", output_dir, *output_dir.parents):
+    """Refuse, before writing, an output folder that is a file or lies under one, and a ``node`` folder that is a
+    symbolic link: cases (and the old case folders they replace) must stay under ``output_dir``."""
+    node = output_dir / "node"
+    if node.is_symlink():
+        raise NotADirectoryError(
+            errno.ENOTDIR,
+            f"cannot write the cases: {str(node)!r} is a symbolic link (to {os.readlink(node)!r}); cases are only "
+            "written, and old case folders only replaced, inside the output folder",
+            str(node),
+        )
+    for folder in (node, output_dir, *output_dir.parents):
         if folder.exists():
             if not folder.is_dir():
                 raise NotADirectoryError(
@@ -131,8 +140,8 @@ def generate(
         The case directories, in registration order.
 
     Raises:
-        NotADirectoryError: ``output_dir`` (or ``output_dir/node``, or a parent) exists and is not a folder;
-            nothing is written.
+        NotADirectoryError: ``output_dir`` (or ``output_dir/node``, or a parent) exists and is not a folder, or
+            ``output_dir/node`` is a symbolic link; nothing is written.
         onnx.checker.ValidationError, onnx.shape_inference.InferenceError: a case's model is invalid; nothing is
             written.
         ValueError: ``registry`` and ``relocatable`` given together.

@@ -429,3 +429,23 @@ def test_cli_generate_tests_relocatable(tmp_path: Path, capsys: pytest.CaptureFi
     assert f"wrote {len(CASE_NAMES)} cases" in capsys.readouterr().out
     model = onnx.load_model(str(tmp_path / "cli" / "node" / "test_cc_delayedinitializer_float_file" / "model.onnx"))
     assert next(a.s for a in model.graph.node[0].attribute if a.name == "filename") == b"weights.bin"
+
+
+def test_generate_refuses_a_node_folder_that_is_a_symbolic_link(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sha256_of_tree
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "test_cc_delayedinitializer_file").mkdir(parents=True)
+    (elsewhere / "test_cc_delayedinitializer_file" / "keep.txt").write_bytes(b"user data")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "node").symlink_to(elsewhere)
+    _remove_seed_files()
+    before = sha256_of_tree(tmp_path)
+
+    assert main(["generate-tests", str(tmp_path / "out")]) == 1
+
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot write the cases: ")
+    assert "is a symbolic link" in err[0] and "inside the output folder" in err[0]
+    assert sha256_of_tree(tmp_path) == before  # the old case folder at the link's target is still there
+    assert not any(os.path.lexists(p) for p in seed_weights_paths())
