@@ -4,9 +4,9 @@ A thin front end of :func:`onnx_light_ref.io.verify.verify_models`: the byte pro
 (:func:`onnx_light_ref.commands.progress.byte_progress`, shown on a terminal only), then one line on stdout. Exit
 status 0 when every tensor is equal (``equal: N tensors, M bytes compared``); 1 with ``different: <the first
 differing tensor and what differs>`` otherwise; 1 with a single ``error: ...`` line on stderr, and no traceback, when
-a model cannot be read or a reference is unsafe, malformed or out of bounds. With ``--check-checksums``,
-``checksum`` entries that match neither their tensor's bytes nor their file are listed and also give status 1. Never
-writes a file.
+a model cannot be read or a reference is unsafe, malformed or out of bounds (or, with ``--by-name``, a model has
+two tensors of one name in one graph). With ``--check-checksums``, ``checksum`` entries that match neither their
+tensor's bytes nor their file are listed and also give status 1. Never writes a file.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "verify",
         help="check that two models hold the same tensors (names, dtypes, dims, bytes), inline or external",
         description="Compare every tensor of A.onnx and B.onnx (initializers, subgraphs, attribute and sparse "
-        "tensors, functions) in model order: names, data types, dims and bytes must be equal, however each side "
-        "stores them (inline, external, one file or many). External bytes are streamed in chunks, never loaded "
-        "whole. Exit status 0 when equal, 1 on the first difference or an unreadable model.",
+        "tensors, functions) in model order (with --by-name: by graph and name): names, data types, dims and bytes "
+        "must be equal, however each side stores them (inline, external, one file or many). External bytes are "
+        "streamed in chunks, never loaded whole. Exit status 0 when equal, 1 on the first difference or an "
+        "unreadable model.",
     )
     parser.add_argument("a", metavar="A.onnx", help="first model")
     parser.add_argument("b", metavar="B.onnx", help="second model")
@@ -49,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="read data files that have several hard links (refused by default, as onnx does)",
     )
+    parser.add_argument(
+        "--by-name",
+        action="store_true",
+        help="pair tensors by graph, kind and name instead of by position, for models a tool reordered "
+        "(e.g. undelay); a name on one side only is a difference",
+    )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=verify_command)
 
@@ -65,6 +72,7 @@ def verify_command(args: argparse.Namespace) -> int:
                 chunk_size=args.chunk_size,
                 check_checksums=args.check_checksums,
                 allow_hard_links=args.allow_hard_links,
+                by_name=args.by_name,
                 progress=progress,
             )
     except (ValueError, OSError) as exc:  # ExternalDataError/InvalidModelError are ValueErrors

@@ -2,13 +2,16 @@
 
 Every tensor the walker (:func:`onnx_light_ref.io.walker.iter_tensors`) finds is paired with the tensor at the same
 position of the other model: initializers, sparse initializers (values and indices), node attribute tensors
-(``t``/``tensors``/sparse), subgraphs and functions. A different count or order of tensors is a difference. Storage
-does not matter: a tensor inline in ``raw_data``, inline in a typed field (``float_data``, ``int64_data``...) or
-external, in one data file or many, compares by its little-endian bytes.
+(``t``/``tensors``/sparse), subgraphs and functions. A different count or order of tensors is a difference. With
+``by_name=True`` tensors are paired by their key instead (see :func:`verify_models`), so a model whose tensors a tool
+reordered compares equal to its source. Storage does not matter: a tensor inline in ``raw_data``, inline in a
+typed field (``float_data``, ``int64_data``...) or external, in one data file or many, compares by its
+little-endian bytes.
 
 The run is: parse both ``.onnx`` files without their weights → walk both and validate every external reference as
-the rest of the package does (inside the model's folder, in bounds, hard links refused) → compare names, places,
-data types and dims of every pair → only then compare bytes, stopping at the first difference.
+the rest of the package does (inside the model's folder, in bounds, hard links refused) → pair the tensors (by
+position, or by key) → compare names, places, data types and dims of every pair → only then compare bytes,
+stopping at the first difference.
 
 This module never writes a file and never holds more weight bytes than two ``chunk_size`` buffers (plus a bounded
 scratch block when comparing the tail of a tensor): external bytes are read with ``os.preadv`` into the two
@@ -23,6 +26,7 @@ import hashlib
 import logging
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,6 +95,13 @@ class _Record:
     external: _External | None  # None: inline
 
 
+_Key = tuple[object, ...]
+"""Where a tensor is, independent of its position in the walker order: see :func:`_tensor_keys`."""
+
+_Pair = tuple[int, _Record, _Record]
+"""A tensor of A (its index in A's walker order) and its partner in B."""
+
+
 @dataclass
 class _Side:
     """One model: its tensors in walker order and the data files they read, each opened at most once."""
@@ -98,6 +109,7 @@ class _Side:
     name: str  # "A" or "B"
     path: str
     records: list[_Record]
+    keys: list[_Key] | None  # parallel to ``records``; only when pairing by name
     files: list[tuple[str, str, FileIdentity]]  # (location, real path, identity)
     allow_hard_links: bool
     _fds: dict[int, int]
@@ -128,6 +140,7 @@ def verify_models(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     check_checksums: bool = False,
     allow_hard_links: bool = False,
+    by_name: bool = False,
     progress: ProgressCallback | None = None,
 ) -> VerifyResult:
     """Compare every tensor of two models, streaming external bytes; report the first difference.
@@ -137,6 +150,19 @@ def verify_models(
     tensor does not matter: ``raw_data``, typed fields (``float_data``, ``int32_data``...: converted to their raw
     bytes, as ``numpy_helper.from_array`` writes them), or external data in any number of files. STRING tensors
     compare element by element.
+
+    With ``by_name=True`` tensors are paired by key instead of position, for models whose tensors a tool reordered
+    (``undelay_initializers`` puts the initializers it restores after the kept ones). The key is the graph the
+    tensor lives in, named by its place in the model (the main graph; a subgraph by the path of node names,
+    attribute names and ``graphs`` indices leading to it, an unnamed node by its index; a model-local function by
+    domain, name and overload; a training graph by its ``training_info`` index and field), then: for an initializer,
+    its kind and name; for a sparse initializer's values and indices, their kind and the values' name (indices are
+    usually unnamed); for a node attribute's tensor, the node, the attribute name and the tensor's slot in it (the
+    order of an attribute's ``tensors`` is meaningful; the names are then compared like dims). A key found on one
+    side only is a difference (a renamed tensor, a missing one, one moved to another graph); a key found twice in
+    one model (two initializers of one graph with the same name, or two same-named nodes holding tensors or
+    subgraphs) raises :class:`InvalidModelError`, since such tensors cannot be paired. Differences are reported in
+    A's order, then B's unpaired tensors. Positional pairing stays the default: it also proves the order unchanged.
 
     Every external reference of both models is validated first (relative, inside its model's folder, in bounds,
     not hard-linked), then names, places, data types and dims of every pair are compared, and only then bytes: a
@@ -155,17 +181,20 @@ def verify_models(
             ``equal``, which is about the tensors. Off by default: no known writer sets checksums consistently.
         allow_hard_links: read data files that have several hard links. Off by default, as everywhere in the
             package and in onnx >= 1.21: a hard link in a model's folder can name a file from outside it.
+        by_name: pair tensors by graph, kind and name (see above) instead of by position.
         progress: called as ``progress(done_bytes, total_bytes)`` after each compared chunk.
 
     Returns:
         A :class:`VerifyResult`.
 
     Raises:
-        TypeError, ValueError: a bad ``chunk_size``, ``check_checksums`` or ``allow_hard_links`` (before any I/O).
+        TypeError, ValueError: a bad ``chunk_size``, ``check_checksums``, ``allow_hard_links`` or ``by_name``
+            (before any I/O).
         FileNotFoundError: a ``.onnx`` file or a referenced data file does not exist.
         InvalidModelError: a ``.onnx`` file is not a model, or an inline tensor's data does not fit its dims and
             data type (``raw_data`` of another size, typed values of another count, a STRING tensor with
-            ``raw_data`` or another number of strings): such a tensor has no value to compare.
+            ``raw_data`` or another number of strings): such a tensor has no value to compare. With ``by_name``,
+            also a key found twice in one model (see above).
         UnsafeLocationError: a location is absolute, has ``..``, escapes the folder, or is a hard-linked file.
         ExternalDataError: malformed ``external_data`` entries, a range past the end of its file, or a data file
             replaced or shortened while being compared.
@@ -173,21 +202,22 @@ def verify_models(
     check_int("chunk_size", chunk_size, minimum=1)
     check_bool("check_checksums", check_checksums)
     check_bool("allow_hard_links", allow_hard_links)
+    check_bool("by_name", by_name)
     sides = (
-        _load_side("A", a_onnx_path, allow_hard_links=allow_hard_links),
-        _load_side("B", b_onnx_path, allow_hard_links=allow_hard_links),
+        _load_side("A", a_onnx_path, allow_hard_links=allow_hard_links, by_name=by_name),
+        _load_side("B", b_onnx_path, allow_hard_links=allow_hard_links, by_name=by_name),
     )
-    difference = _first_metadata_difference(*sides)
+    pairs, difference = _pair_by_name(*sides) if by_name else _pair_by_position(*sides)
     if difference is not None:
         return VerifyResult(False, 0, 0, difference)
     try:
-        return _Comparison(sides[0], sides[1], chunk_size, check_checksums, progress).run()
+        return _Comparison(sides[0], sides[1], pairs, chunk_size, check_checksums, progress).run()
     finally:
         for side in sides:
             side.close()
 
 
-def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool) -> _Side:
+def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool, by_name: bool) -> _Side:
     """Parse the model without weights and validate every external reference (stat only, nothing read)."""
     path = os.path.abspath(os.fspath(onnx_path))
     model = load_model_metadata(path)
@@ -195,6 +225,7 @@ def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool) -> _Si
     files: list[tuple[str, str, FileIdentity]] = []
     file_index: dict[FileIdentity, int] = {}
     records: list[_Record] = []
+    keys = _site_keys(model, name) if by_name else None  # before reading anything: a duplicate is refused
     for site in iter_tensors(model):
         external = None
         if is_external(site.tensor):
@@ -207,40 +238,172 @@ def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool) -> _Si
             external = _External(index, ref.offset, ref.length, ref.checksum)
         records.append(_Record(site, external))
     logger.debug("model %s %r: %d tensors, %d data files", name, path, len(records), len(files))
-    return _Side(name, path, records, files, allow_hard_links, {})
+    return _Side(name, path, records, keys, files, allow_hard_links, {})
+
+
+def _site_keys(model: onnx.ModelProto, side: str) -> list[_Key]:
+    """The key of every tensor of ``model``, in walker order (see ``by_name`` in :func:`verify_models`).
+
+    Raises:
+        InvalidModelError: two tensors, or two graphs, have the same key.
+    """
+    builder = _KeyBuilder(side)
+    builder.graph(model.graph, ("graph",), f"graph {model.graph.name!r}")
+    for function in model.functions:
+        # ``overload`` exists from IR version 10 (onnx 1.16) on; older onnx builds have no such field.
+        path = ("function", function.domain, function.name, getattr(function, "overload", ""))
+        where = f"function {function.domain}::{function.name}"
+        builder.nodes(function.node, path, where)
+        for attribute in function.attribute_proto:
+            builder.attribute(attribute, (*path, "default"), f"{where} / default of attribute {attribute.name!r}")
+    for index, training in enumerate(model.training_info):
+        for field in ("initialization", "algorithm"):
+            if training.HasField(field):
+                graph = getattr(training, field)
+                builder.graph(graph, ("training", index, field), f"training_info[{index}] {field} graph")
+    keys: list[_Key] = []
+    first_site: dict[_Key, TensorSite] = {}
+    for site in iter_tensors(model):
+        entry = builder.keys.get(id(site.tensor))
+        if entry is None or entry[0] is not site.tensor:
+            # The walker visited a place _KeyBuilder does not know: a bug here, not in the model.
+            raise RuntimeError(f"verify by name: no key for tensor {site.label!r} ({site.where})")
+        key = entry[1]
+        other = first_site.setdefault(key, site)
+        if other is not site:
+            raise InvalidModelError(
+                f"model {side}: {site.kind.replace('_', ' ')} {site.label!r} ({site.where}) and "
+                f"{other.kind.replace('_', ' ')} {other.label!r} ({other.where}) have the same name in the same graph "
+                "(or belong to same-named nodes): tensors cannot be paired by name; compare them by position."
+            )
+        keys.append(key)
+    return keys
+
+
+class _KeyBuilder:
+    """Maps ``id(tensor)`` to its key, walking the places :func:`iter_tensors` walks (the model keeps ids valid)."""
+
+    def __init__(self, side: str) -> None:
+        self.side = side
+        self.keys: dict[int, tuple[onnx.TensorProto, _Key]] = {}
+        self._graphs: dict[_Key, str] = {}
+
+    def _add(self, tensor: onnx.TensorProto, key: _Key) -> None:
+        self.keys[id(tensor)] = (tensor, key)
+
+    def graph(self, graph: onnx.GraphProto, path: _Key, where: str) -> None:
+        if path in self._graphs:
+            raise InvalidModelError(
+                f"model {self.side}: two subgraphs are both reached as {where}: their nodes have the same name, so "
+                "their tensors cannot be paired by name; compare them by position."
+            )
+        self._graphs[path] = where
+        for tensor in graph.initializer:
+            self._add(tensor, (path, "initializer", tensor.name))
+        for sparse in graph.sparse_initializer:
+            # A sparse initializer is named by its values (onnx.proto); its indices usually have no name.
+            self._add(sparse.values, (path, "sparse_initializer_values", sparse.values.name))
+            self._add(sparse.indices, (path, "sparse_initializer_indices", sparse.values.name))
+        self.nodes(graph.node, path, where)
+
+    def nodes(self, nodes: Iterable[onnx.NodeProto], path: _Key, where: str) -> None:
+        for index, node in enumerate(nodes):
+            # An unnamed node is known by its index only: reordering unnamed nodes is a difference.
+            node_path = (*path, ("node", node.name) if node.name else ("node #", index))
+            node_where = f"{where} / node {node.name or f'#{index}'!r} ({node.op_type})"
+            for attribute in node.attribute:
+                self.attribute(attribute, node_path, f"{node_where} / {attribute.name}")
+
+    def attribute(self, attribute: onnx.AttributeProto, owner: _Key, where: str) -> None:
+        path = (*owner, attribute.name)
+        if attribute.HasField("t"):
+            self._add(attribute.t, (*path, "t"))
+        for index, tensor in enumerate(attribute.tensors):
+            self._add(tensor, (*path, "tensors", index))
+        sparse_tensors: list[tuple[_Key, onnx.SparseTensorProto]] = []
+        if attribute.HasField("sparse_tensor"):
+            sparse_tensors.append(((*path, "sparse_tensor"), attribute.sparse_tensor))
+        sparse_tensors += [((*path, "sparse_tensors", i), sparse) for i, sparse in enumerate(attribute.sparse_tensors)]
+        for sparse_path, sparse in sparse_tensors:
+            self._add(sparse.values, (*sparse_path, "values"))
+            self._add(sparse.indices, (*sparse_path, "indices"))
+        if attribute.HasField("g"):
+            self.graph(attribute.g, (*path, "g"), where)
+        for index, subgraph in enumerate(attribute.graphs):
+            self.graph(subgraph, (*path, "graphs", index), f"{where} [{index}]")
 
 
 def _describe(index: int, site: TensorSite) -> str:
     return f"tensor #{index} {site.label!r} ({site.kind.replace('_', ' ')} in {site.where})"
 
 
-def _first_metadata_difference(a: _Side, b: _Side) -> str | None:
-    """The first pair whose name, kind, place, data type or dims differ, or a different tensor count."""
+def _pair_by_position(a: _Side, b: _Side) -> tuple[list[_Pair], str | None]:
+    """The i-th tensor of A with the i-th of B; the first pair whose metadata differ, or a different tensor count."""
     count_note = ""
     if len(a.records) != len(b.records):
         count_note = f"; A has {len(a.records)} tensors, B has {len(b.records)}"
+    pairs: list[_Pair] = []
     for index, (ra, rb) in enumerate(zip(a.records, b.records, strict=False)):
-        ta, tb = ra.site.tensor, rb.site.tensor
-        what = None
-        if ta.name != tb.name:
-            what = f"name differs (A: {ta.name!r}, B: {tb.name!r})"
-        elif ra.site.kind != rb.site.kind or ra.site.where != rb.site.where:
-            what = (
-                f"place differs (A: {ra.site.kind.replace('_', ' ')} in {ra.site.where}, "
-                f"B: {rb.site.kind.replace('_', ' ')} in {rb.site.where})"
-            )
-        elif ta.data_type != tb.data_type:
-            what = f"data type differs (A: {_dtype_name(ta.data_type)}, B: {_dtype_name(tb.data_type)})"
-        elif list(ta.dims) != list(tb.dims):
-            what = f"dims differ (A: {list(ta.dims)}, B: {list(tb.dims)})"
-        elif _sparse_dims(ra.site) != _sparse_dims(rb.site):
-            what = f"sparse tensor dims differ (A: {_sparse_dims(ra.site)}, B: {_sparse_dims(rb.site)})"
+        what = _metadata_difference(ra, rb)
         if what is not None:
-            return f"{_describe(index, ra.site)}: {what}{count_note}"
+            return [], f"{_describe(index, ra.site)}: {what}{count_note}"
+        pairs.append((index, ra, rb))
     if count_note:
         shorter, longer = (a, b) if len(a.records) < len(b.records) else (b, a)
         extra = len(shorter.records)
-        return f"{_describe(extra, longer.records[extra].site)} is only in {longer.name}{count_note}"
+        return [], f"{_describe(extra, longer.records[extra].site)} is only in {longer.name}{count_note}"
+    return pairs, None
+
+
+def _pair_by_name(a: _Side, b: _Side) -> tuple[list[_Pair], str | None]:
+    """Each tensor of A with the tensor of B that has its key; the first one without a partner or whose metadata
+    differ (in A's order, then B's tensors nobody paired with)."""
+    assert a.keys is not None and b.keys is not None
+    index_b = {key: j for j, key in enumerate(b.keys)}  # keys are unique per side: _site_keys refuses duplicates
+    pairs: list[_Pair] = []
+    paired_b: set[int] = set()
+    for index, (key, ra) in enumerate(zip(a.keys, a.records, strict=True)):
+        j = index_b.get(key)
+        if j is None:
+            return [], f"{_describe(index, ra.site)} is only in A{_elsewhere(ra.site, b)}"
+        rb = b.records[j]
+        what = _metadata_difference(ra, rb)
+        if what is not None:
+            return [], f"{_describe(index, ra.site)}: {what}"
+        pairs.append((index, ra, rb))
+        paired_b.add(j)
+    for j, rb in enumerate(b.records):
+        if j not in paired_b:
+            return [], f"B's {_describe(j, rb.site)} is only in B{_elsewhere(rb.site, a)}"
+    return pairs, None
+
+
+def _elsewhere(site: TensorSite, other: _Side) -> str:
+    """A hint when ``other`` holds a tensor of the same name at another place (a tensor moved between graphs)."""
+    if not site.tensor.name:
+        return ""
+    for record in other.records:
+        if record.site.tensor.name == site.tensor.name:
+            return f" ({other.name} has a {record.site.kind.replace('_', ' ')} of that name in {record.site.where})"
+    return ""
+
+
+def _metadata_difference(ra: _Record, rb: _Record) -> str | None:
+    """What differs between the name, kind, place, data type and dims of two paired tensors, or None."""
+    ta, tb = ra.site.tensor, rb.site.tensor
+    if ta.name != tb.name:
+        return f"name differs (A: {ta.name!r}, B: {tb.name!r})"
+    if ra.site.kind != rb.site.kind or ra.site.where != rb.site.where:
+        return (
+            f"place differs (A: {ra.site.kind.replace('_', ' ')} in {ra.site.where}, "
+            f"B: {rb.site.kind.replace('_', ' ')} in {rb.site.where})"
+        )
+    if ta.data_type != tb.data_type:
+        return f"data type differs (A: {_dtype_name(ta.data_type)}, B: {_dtype_name(tb.data_type)})"
+    if list(ta.dims) != list(tb.dims):
+        return f"dims differ (A: {list(ta.dims)}, B: {list(tb.dims)})"
+    if _sparse_dims(ra.site) != _sparse_dims(rb.site):
+        return f"sparse tensor dims differ (A: {_sparse_dims(ra.site)}, B: {_sparse_dims(rb.site)})"
     return None
 
 
@@ -285,24 +448,31 @@ class _Comparison:
     """The byte pass: two buffers, one descriptor per data file and side, stops at the first difference."""
 
     def __init__(
-        self, a: _Side, b: _Side, chunk_size: int, check_checksums: bool, progress: ProgressCallback | None
+        self,
+        a: _Side,
+        b: _Side,
+        pairs: list[_Pair],
+        chunk_size: int,
+        check_checksums: bool,
+        progress: ProgressCallback | None,
     ) -> None:
         self.a, self.b = a, b
+        self.pairs = pairs
         self.chunk_size = chunk_size
         self.check_checksums = check_checksums
         self.progress = progress
         self.buffers = (bytearray(chunk_size), bytearray(chunk_size))
         self.done = 0
-        self.total = sum(_planned_length(r) for r in a.records)
+        self.total = sum(_planned_length(ra) for _, ra, _ in pairs)
         self.checksum_mismatches: list[str] = []
         self._file_sha1: dict[tuple[str, int], str] = {}
 
     def run(self) -> VerifyResult:
-        for index, (ra, rb) in enumerate(zip(self.a.records, self.b.records, strict=False)):
+        for done, (index, ra, rb) in enumerate(self.pairs):
             difference = self._compare_pair(ra, rb)
             if difference is not None:
-                return self._result(index, f"{_describe(index, ra.site)}: {difference}")
-        return self._result(len(self.a.records), None)
+                return self._result(done, f"{_describe(index, ra.site)}: {difference}")
+        return self._result(len(self.pairs), None)
 
     def _result(self, tensors: int, difference: str | None) -> VerifyResult:
         return VerifyResult(difference is None, tensors, self.done, difference, tuple(self.checksum_mismatches))
