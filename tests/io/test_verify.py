@@ -23,6 +23,7 @@ from onnx_light_ref.errors import ExternalDataError, InvalidModelError, UnsafeLo
 from onnx_light_ref.io import verify as verify_module
 from onnx_light_ref.io.verify import VerifyResult, verify_models
 from onnx_light_ref.io.walker import iter_tensors
+from onnx_light_ref.ops import delay_initializers, undelay_initializers
 from tests.checks import assert_no_temp_files, sha256_of_tree
 from tests.models import externalize, identity_model, make_external_model
 
@@ -621,11 +622,203 @@ def test_a_data_file_shortened_during_the_comparison(pair):
         ({"chunk_size": 1.5}, TypeError),
         ({"check_checksums": "yes"}, TypeError),
         ({"allow_hard_links": 1}, TypeError),
+        ({"by_name": "yes"}, TypeError),
     ],
 )
 def test_bad_arguments_are_refused_before_any_io(tmp_path, kwargs, error):
     with pytest.raises(error):
         verify_models(tmp_path / "none.onnx", tmp_path / "none.onnx", **kwargs)
+
+
+# --- pairing by name ------------------------------------------------------------------------------------------------
+
+
+def delay_undelay_round_trip(source: Path) -> Path:
+    """``source`` with its two big initializers delayed, then undelayed: they come back after the two kept ones."""
+    delayed = source.parent / "delayed.onnx"
+    onnx.save_model(delay_initializers(source, min_size=1000), str(delayed))
+    restored = source.parent / "restored.onnx"
+    undelay_initializers(delayed, restored)
+    return restored
+
+
+def test_a_delay_undelay_round_trip_is_equal_by_name_and_differs_by_position(tmp_path):
+    source = external_model(tmp_path / "m")
+    restored = delay_undelay_round_trip(source)
+    names = [t.name for t in onnx.load_model(str(restored), load_external_data=False).graph.initializer]
+    assert names == ["w2", "w3", "w0", "w1"]  # the restored ones after the kept ones
+    before = sha256_of_tree(tmp_path)
+
+    assert_equal(verify_models(source, restored, by_name=True, chunk_size=1000), 4, TOTAL)
+    assert_equal(verify_models(restored, source, by_name=True), 4, TOTAL)
+    assert verify_models(source, restored).first_difference == (
+        "tensor #0 'w0' (initializer in graph 'identity'): name differs (A: 'w0', B: 'w2')"
+    )
+    assert sha256_of_tree(tmp_path) == before
+    assert_no_temp_files(tmp_path)
+
+
+def reordered(model: onnx.ModelProto) -> None:
+    model.graph.initializer.reverse()
+
+
+def test_a_byte_difference_is_still_found_by_name(tmp_path, pair):
+    a, _ = pair
+    b = edited(a, tmp_path / "reversed", reordered)
+    assert_equal(verify_models(a, b, by_name=True), 4, TOTAL)
+    entries = entries_of(b, "w1")
+    flip_byte(b.parent / entries["location"], int(entries["offset"]) + 7)
+
+    result = verify_models(a, b, by_name=True)
+
+    assert not result.equal
+    assert result.tensors == 1  # w0 was equal; pairs go in A's order
+    expected_a = weights()["w1"].tobytes()[7]
+    assert result.first_difference == (
+        "tensor #1 'w1' (initializer in graph 'identity'): bytes differ at offset 7 of 2400 "
+        f"(A: 0x{expected_a:02x}, B: 0x{expected_a ^ 1:02x})"
+    )
+
+
+def test_a_renamed_tensor_is_a_difference_by_name(tmp_path, pair):
+    a, _ = pair
+    b = edited(a, tmp_path / "renamed", lambda m: setattr(m.graph.initializer[2], "name", "w2_renamed"))
+
+    result = verify_models(a, b, by_name=True)
+
+    assert result == VerifyResult(
+        False, 0, 0, "tensor #2 'w2' (initializer in graph 'identity') is only in A"
+    )  # found before any byte is read
+
+
+def test_a_missing_tensor_is_a_difference_by_name_on_either_side(tmp_path, pair):
+    a, _ = pair
+    fewer = edited(a, tmp_path / "fewer", lambda m: (m.graph.initializer.pop(1), reordered(m)))
+
+    assert verify_models(a, fewer, by_name=True).first_difference == (
+        "tensor #1 'w1' (initializer in graph 'identity') is only in A"
+    )
+    assert verify_models(fewer, a, by_name=True).first_difference == (
+        "B's tensor #1 'w1' (initializer in graph 'identity') is only in B"
+    )
+
+
+def outer_weight_model(folder: Path, *, in_subgraph: bool) -> Path:
+    """``If`` whose then-branch returns ``w``, an initializer of the main graph or of the branch itself."""
+    w = numpy_helper.from_array(np.arange(6, dtype=np.float32), "w")
+    then_graph = helper.make_graph(
+        [helper.make_node("Identity", ["w"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [6])],
+        initializer=[w] if in_subgraph else [],
+    )
+    else_graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [6])],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["y"], then_branch=then_graph, else_branch=else_graph, name="if")],
+        "main",
+        [
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [6]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6])],
+        initializer=[] if in_subgraph else [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    onnx.checker.check_model(model)
+    folder.mkdir(parents=True)
+    return save_inline(model, folder / "model.onnx")
+
+
+def test_a_tensor_moved_to_another_graph_is_a_difference_by_name(tmp_path):
+    main = outer_weight_model(tmp_path / "main", in_subgraph=False)
+    sub = outer_weight_model(tmp_path / "sub", in_subgraph=True)
+
+    assert_equal(verify_models(sub, outer_weight_model(tmp_path / "same", in_subgraph=True), by_name=True), 1, 24)
+    assert verify_models(main, sub, by_name=True).first_difference == (
+        "tensor #0 'w' (initializer in graph 'main') is only in A (B has a tensor of that name: initializer in "
+        "graph 'main' / node 'if' (If) / then_branch)"
+    )
+
+
+def two_sparse_model(folder: Path, *, reverse: bool, second_indices: list[int]) -> Path:
+    """Two sparse initializers with unnamed indices, in either order."""
+    sparse = [
+        helper.make_sparse_tensor(
+            numpy_helper.from_array(np.array([1.5, -2.5], dtype=np.float32), "sp0"),
+            numpy_helper.from_array(np.array([0, 3], dtype=np.int64)),
+            [4],
+        ),
+        helper.make_sparse_tensor(
+            numpy_helper.from_array(np.array([7.0, 8.0], dtype=np.float32), "sp1"),
+            numpy_helper.from_array(np.array(second_indices, dtype=np.int64)),
+            [9],
+        ),
+    ]
+    if reverse:
+        sparse.reverse()
+    graph = helper.make_graph([], "g", [], [], sparse_initializer=sparse)
+    return save_inline(helper.make_model(graph, ir_version=IR_VERSION), folder / "model.onnx")
+
+
+def test_unnamed_sparse_indices_are_paired_through_their_values_name(tmp_path):
+    a = two_sparse_model(tmp_path / "a", reverse=False, second_indices=[1, 5])
+    b = two_sparse_model(tmp_path / "b", reverse=True, second_indices=[1, 5])
+    changed = two_sparse_model(tmp_path / "c", reverse=True, second_indices=[1, 6])
+
+    assert_equal(verify_models(a, b, by_name=True), 4, 48)  # 2 x (8 + 16) bytes
+    assert "name differs (A: 'sp0', B: 'sp1')" in verify_models(a, b).first_difference
+    assert verify_models(a, changed, by_name=True).first_difference == (
+        """tensor #3 "<unnamed sparse initializer indices in graph 'g'>" (sparse initializer indices in graph 'g'): """
+        "bytes differ at offset 8 of 16 (A: 0x05, B: 0x06)"
+    )
+
+
+def test_a_renamed_attribute_tensor_is_a_difference_by_name(tmp_path):
+    value = np.arange(4, dtype=np.float32)
+    a = subgraph_model(tmp_path / "a", value, external=True)
+    b = edited(a, tmp_path / "b", lambda m: setattr(m.graph.node[0].attribute[1].g.node[0].attribute[0].t, "name", "x"))
+
+    assert_equal(verify_models(a, subgraph_model(tmp_path / "same", value, external=False), by_name=True), 1, 16)
+    assert verify_models(a, b, by_name=True).first_difference == (
+        "tensor #0 'then_const' (attribute in graph 'main' / node 'if' (If) / then_branch / node 'k' (Constant) / "
+        "value): name differs (A: 'then_const', B: 'x')"
+    )
+
+
+def test_a_name_twice_in_one_graph_cannot_be_paired_by_name(tmp_path, pair):
+    a, _ = pair
+    b = edited(a, tmp_path / "twice", lambda m: setattr(m.graph.initializer[3], "name", "w1"))
+    before = sha256_of_tree(tmp_path)
+
+    with pytest.raises(InvalidModelError) as caught:
+        verify_models(a, b, by_name=True)
+
+    assert str(caught.value) == (
+        "model B: initializer 'w1' (graph 'identity') and initializer 'w1' (graph 'identity') have the same name in "
+        "the same graph (or belong to same-named nodes): tensors cannot be paired by name; compare them by position."
+    )
+    assert verify_models(a, b).first_difference.endswith("name differs (A: 'w3', B: 'w1')")
+    assert sha256_of_tree(tmp_path) == before
+
+
+def test_same_named_nodes_holding_subgraphs_cannot_be_paired_by_name(tmp_path):
+    a = outer_weight_model(tmp_path / "a", in_subgraph=True)
+
+    def duplicate_if(model: onnx.ModelProto) -> None:
+        model.graph.node.append(model.graph.node[0])
+
+    b = edited(a, tmp_path / "b", duplicate_if)
+
+    with pytest.raises(
+        InvalidModelError, match=r"^model B: two subgraphs are both reached as graph 'main' / node 'if'"
+    ):
+        verify_models(a, b, by_name=True)
 
 
 # --- memory by construction ----------------------------------------------------------------------------------------
