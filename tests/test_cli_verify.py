@@ -115,3 +115,38 @@ def test_a_bad_chunk_size_is_a_usage_error(source, capsys):
 def test_a_zero_chunk_size_is_one_error_line(source, capsys):
     status, _, err = verify(capsys, str(source), str(source), "--chunk-size", "0")
     assert status == 1 and err.startswith("error: ") and "chunk_size" in err
+
+
+def test_by_name_verifies_a_delay_undelay_round_trip_that_differs_by_position(tmp_path, source, capsys):
+    from onnx_light_ref.ops import delay_initializers, undelay_initializers
+
+    delayed = source.parent / "delayed.onnx"
+    onnx.save_model(delay_initializers(source, min_size=1000), str(delayed))  # w0 (4000 bytes) only
+    restored = source.parent / "restored.onnx"
+    undelay_initializers(delayed, restored)
+
+    assert verify(capsys, str(source), str(restored), "--by-name") == (0, "equal: 2 tensors, 4616 bytes compared\n", "")
+    status, out, err = verify(capsys, str(source), str(restored))
+    assert (status, err) == (1, "")
+    assert out == "different: tensor #0 'w0' (initializer in graph 'identity'): name differs (A: 'w0', B: 'w1')\n"
+
+
+def test_by_name_reports_a_name_on_one_side_only_and_refuses_a_duplicate(tmp_path, source, capsys):
+    model = onnx.load_model(str(source), load_external_data=False)
+    model.graph.initializer[1].name = "w9"
+    renamed = source.parent / "renamed.onnx"
+    onnx.save_model(model, str(renamed))
+    assert verify(capsys, str(source), str(renamed), "--by-name") == (
+        1,
+        "different: tensor #1 'w1' (initializer in graph 'identity') is only in A\n",
+        "",
+    )
+
+    model.graph.initializer[1].name = "w0"
+    twice = source.parent / "twice.onnx"
+    onnx.save_model(model, str(twice))
+
+    status, out, err = verify(capsys, str(source), str(twice), "--by-name")
+    assert (status, out) == (1, "")
+    assert err.startswith("error: model B: initializer 'w0' (graph 'identity') and initializer 'w0'")
+    assert err.count("\n") == 1
