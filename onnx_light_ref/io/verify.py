@@ -384,7 +384,8 @@ def _elsewhere(site: TensorSite, other: _Side) -> str:
         return ""
     for record in other.records:
         if record.site.tensor.name == site.tensor.name:
-            return f" ({other.name} has a {record.site.kind.replace('_', ' ')} of that name in {record.site.where})"
+            kind = record.site.kind.replace("_", " ")
+            return f" ({other.name} has a tensor of that name: {kind} in {record.site.where})"
     return ""
 
 
