@@ -687,7 +687,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="1G", help="model size of the run: tiny, 512M, 1G (default), 4G")
     parser.add_argument("--json", nargs="+", type=Path, help="report from these pytest-benchmark JSON files; no run")
-    parser.add_argument("--rounds", type=int, help="interleaved rounds per comparison (default 5, 1 at tiny size)")
+    parser.add_argument(
+        "--rounds", type=int, help="interleaved rounds per comparison (default 7 from 256 MiB up, 1 below)"
+    )
     parser.add_argument("-k", dest="keyword", help="pytest -k expression to run a subset")
     parser.add_argument("--out", type=Path, default=_RESULTS, help="output folder (default benchmarks/results)")
     args = parser.parse_args(argv)
