@@ -10,6 +10,7 @@ Public API (names are stable)::
         save_model_with_shared_external_data,  # save a variant writing only its new weights
         AlignResult,                           # what the aligners return: an int (the size) with the facts
         SaveResult,                            # what the shared saver returns: an int (the size) with the facts
+        verify_models,                         # prove two models hold the same tensors (streamed)
     )
 
 Attributes are imported lazily: ``import onnx_light_ref`` alone does not import ``onnx.reference`` (slow, and
@@ -32,6 +33,7 @@ __all__ = [
     "align_external_data_streaming",
     "register_schemas",
     "save_model_with_shared_external_data",
+    "verify_models",
 ]
 
 _LAZY = {
@@ -42,6 +44,7 @@ _LAZY = {
     "save_model_with_shared_external_data": "onnx_light_ref.io",
     "AlignResult": "onnx_light_ref.io.results",
     "SaveResult": "onnx_light_ref.io.results",
+    "verify_models": "onnx_light_ref.io",
 }
 
 if TYPE_CHECKING:
@@ -51,6 +54,7 @@ if TYPE_CHECKING:
         align_external_data_in_memory,
         align_external_data_streaming,
         save_model_with_shared_external_data,
+        verify_models,
     )
     from onnx_light_ref.ops import DelayedInitializer, register_schemas
 

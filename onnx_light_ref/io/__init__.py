@@ -1,4 +1,4 @@
-"""External-data tools: re-align weights without loading them, and save variants that share weights.
+"""External-data tools: re-align weights without loading them, save variants that share weights, verify rewrites.
 
 Modules, one concept each:
 
@@ -23,11 +23,14 @@ from __future__ import annotations
 from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
 from onnx_light_ref.io.results import AlignResult, SaveResult
 from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
+from onnx_light_ref.io.verify import VerifyResult, verify_models
 
 __all__ = [
     "AlignResult",
     "SaveResult",
+    "VerifyResult",
     "align_external_data_in_memory",
     "align_external_data_streaming",
     "save_model_with_shared_external_data",
+    "verify_models",
 ]
