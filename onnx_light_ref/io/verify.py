@@ -8,16 +8,18 @@ reordered compares equal to its source. Storage does not matter: a tensor inline
 typed field (``float_data``, ``int64_data``...) or external, in one data file or many, compares by its
 little-endian bytes.
 
-The run is: parse both ``.onnx`` files without their weights → walk both and validate every external reference as
-the rest of the package does (inside the model's folder, in bounds, hard links refused) → pair the tensors (by
-position, or by key) → compare names, places, data types and dims of every pair → only then compare bytes,
-stopping at the first difference.
+The run is: parse both ``.onnx`` files without their weights (a ``.onnx`` larger than protobuf's 2 GiB limit
+through the wire-format scan of :mod:`onnx_light_ref.io.wire`, its inline payloads left in the file) → walk both and
+validate every external reference as the rest of the package does (inside the model's folder, in bounds, hard links
+refused) → pair the tensors (by position, or by key) → compare names, places, data types and dims of every pair →
+only then compare bytes, stopping at the first difference.
 
 This module never writes a file and never holds more weight bytes than two ``chunk_size`` buffers (plus a bounded
 scratch block when comparing the tail of a tensor): external bytes are read with ``os.preadv`` into the two
-preallocated buffers, never with a whole-file ``read()``. Inline tensors are already in memory as part of the
-parsed model; those stored in typed fields are converted to raw bytes one tensor at a time (they are small: protobuf
-keeps big tensors in ``raw_data``).
+preallocated buffers, never with a whole-file ``read()``. Inline tensors of a ``.onnx`` up to 2 GiB are already in
+memory as part of the parsed model; those of a larger ``.onnx`` were stripped by the scan and are read from the
+``.onnx`` (identity-checked) through the same two buffers, exactly like an external range. Tensors stored in typed
+fields are converted to raw bytes one tensor at a time (they are small: protobuf keeps big tensors in ``raw_data``).
 """
 
 from __future__ import annotations
@@ -44,9 +46,10 @@ from onnx_light_ref.io.locations import (
     is_external,
     parse_external_data,
 )
-from onnx_light_ref.io.model_file import load_model_metadata
+from onnx_light_ref.io.model_file import PROTOBUF_LIMIT, check_model_strings, load_model_metadata
 from onnx_light_ref.io.posix import check_single_link, pread_exact
 from onnx_light_ref.io.walker import TensorSite, iter_tensors
+from onnx_light_ref.io.wire import InlinePayload, StrippedModel, load_model_stripped
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "ProgressCallback", "VerifyResult", "verify_models"]
 
@@ -59,6 +62,14 @@ DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
 # in blocks copied out with ``tobytes()``: memoryview equality unpacks element by element (~100x slower), and one
 # big ``tobytes()`` would allocate a chunk-sized copy. 256 KiB blocks cost ~1.3x a memcmp and bound the scratch.
 _COMPARE_BLOCK = 256 * 1024
+
+# The file index of a range in the side's own ``.onnx`` (a payload the wire scan stripped), not in a data file.
+_MODEL_FILE = -1
+
+# A ``.onnx`` up to protobuf's limit is parsed whole: 4-17x faster than the wire scan on small models
+# (benchmarks/wire_scan_timing.py) and the behaviour verify always had. Above it, the scan strips every payload it
+# can (anything longer than its 32-byte placeholder), so that only metadata stays in memory.
+_STRIP_MIN_LENGTH = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +104,7 @@ class _External:
 class _Record:
     site: TensorSite
     external: _External | None  # None: inline
+    stripped: InlinePayload | None = None  # inline raw_data left in the .onnx by the wire scan (models over 2 GiB)
 
 
 _Key = tuple[object, ...]
@@ -113,11 +125,26 @@ class _Side:
     files: list[tuple[str, str, FileIdentity]]  # (location, real path, identity)
     allow_hard_links: bool
     _fds: dict[int, int]
+    stripped: StrippedModel | None = None  # set when the .onnx was parsed by the wire scan
+    real_path: str = ""  # the scanned .onnx with symlinks resolved (only with ``stripped``)
+
+    def identity(self, file: int) -> FileIdentity:
+        """The device and inode of ``files[file]``, or of the scanned ``.onnx`` for :data:`_MODEL_FILE`."""
+        if file == _MODEL_FILE:
+            assert self.stripped is not None
+            return FileIdentity(self.stripped.device, self.stripped.inode)
+        return self.files[file][2]
+
+    def describe(self, file: int) -> str:
+        """How messages name ``files[file]`` (or the ``.onnx`` itself)."""
+        return "model file" if file == _MODEL_FILE else f"external data file {self.files[file][0]!r}"
 
     def fd(self, file: int) -> int:
         """The descriptor of ``files[file]``, opened on first use and re-checked against what was validated."""
         fd = self._fds.get(file)
-        if fd is None:
+        if fd is None and file == _MODEL_FILE:
+            fd = self._model_fd()
+        elif fd is None:
             location, path, identity = self.files[file]
             fd = open_source(CopyRange(path, 0, 0, 0, identity))  # O_NOFOLLOW + device/inode re-check
             self._fds[file] = fd
@@ -125,6 +152,31 @@ class _Side:
                 check_single_link(
                     os.fstat(fd), what=f"model {self.name} ({self.path!r}): external data file {location!r}"
                 )
+        return fd
+
+    def _model_fd(self) -> int:
+        """The scanned ``.onnx``, opened once; refused unless it is the very file scanned, unchanged.
+
+        Payload offsets are only meaningful in that file: one replaced (another inode) or rewritten (another size or
+        modification time) since the scan could hand back other bytes at those offsets.
+        """
+        stripped = self.stripped
+        assert stripped is not None
+        identity = FileIdentity(stripped.device, stripped.inode)
+        try:
+            fd = open_source(CopyRange(self.real_path, 0, 0, 0, identity))  # O_NOFOLLOW + device/inode check
+        except (ExternalDataError, FileNotFoundError) as exc:
+            raise ExternalDataError(
+                f"model {self.name} ({self.path!r}) was replaced after it was parsed; its inline tensors cannot be "
+                "compared."
+            ) from exc
+        if not stripped.same_file(os.fstat(fd)):
+            os.close(fd)
+            raise ExternalDataError(
+                f"model {self.name} ({self.path!r}) was modified after it was parsed (its size or modification time "
+                "changed); its inline tensors cannot be compared."
+            )
+        self._fds[_MODEL_FILE] = fd
         return fd
 
     def close(self) -> None:
@@ -171,6 +223,12 @@ def verify_models(
     ``check_checksums`` needs them. Each data file is opened once per side; memory holds two ``chunk_size`` buffers
     and a 256 KiB comparison scratch, whatever the model size. Nothing is written.
 
+    A ``.onnx`` up to protobuf's 2 GiB limit is parsed whole, its inline tensors in memory. A larger one (inline
+    weights written by a protobuf-free writer) is parsed by the wire-format scan
+    (:func:`~onnx_light_ref.io.wire.load_model_stripped`): only its metadata is parsed, and each inline payload is
+    read from the ``.onnx`` through the same two buffers, like an external range; the ``.onnx`` is then opened once
+    more and must be the very file scanned (device, inode, size and modification time).
+
     Args:
         a_onnx_path: the first ``.onnx`` file (``str`` or path-like); "A" in messages.
         b_onnx_path: the second ``.onnx`` file; "B" in messages.
@@ -191,13 +249,14 @@ def verify_models(
         TypeError, ValueError: a bad ``chunk_size``, ``check_checksums``, ``allow_hard_links`` or ``by_name``
             (before any I/O).
         FileNotFoundError: a ``.onnx`` file or a referenced data file does not exist.
-        InvalidModelError: a ``.onnx`` file is not a model, or an inline tensor's data does not fit its dims and
-            data type (``raw_data`` of another size, typed values of another count, a STRING tensor with
-            ``raw_data`` or another number of strings): such a tensor has no value to compare. With ``by_name``,
-            also a key found twice in one model (see above).
+        InvalidModelError: a ``.onnx`` file is not a model (or, over 2 GiB, its metadata alone exceeds 2 GiB), or an
+            inline tensor's data does not fit its dims and data type (``raw_data`` of another size, typed values of
+            another count, a STRING tensor with ``raw_data`` or another number of strings): such a tensor has no
+            value to compare. With ``by_name``, also a key found twice in one model (see above).
         UnsafeLocationError: a location is absolute, has ``..``, escapes the folder, or is a hard-linked file.
         ExternalDataError: malformed ``external_data`` entries, a range past the end of its file, or a data file
-            replaced or shortened while being compared.
+            replaced or shortened while being compared (also a ``.onnx`` over 2 GiB, whose inline payloads are read
+            from it).
     """
     check_int("chunk_size", chunk_size, minimum=1)
     check_bool("check_checksums", check_checksums)
@@ -218,9 +277,26 @@ def verify_models(
 
 
 def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool, by_name: bool) -> _Side:
-    """Parse the model without weights and validate every external reference (stat only, nothing read)."""
+    """Parse the model without weights and validate every external reference (stat only, nothing read).
+
+    A ``.onnx`` over protobuf's limit is parsed by the wire scan: its inline payloads stay in the file, each tensor's
+    place recorded as ``_Record.stripped``.
+    """
     path = os.path.abspath(os.fspath(onnx_path))
-    model = load_model_metadata(path)
+    stripped: StrippedModel | None = None
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0  # load_model_metadata raises the package's error for a missing or unusable path
+    if size > PROTOBUF_LIMIT:
+        stripped = load_model_stripped(path, min_length=_STRIP_MIN_LENGTH)
+        model = stripped.model
+        check_model_strings(model, what=repr(path))
+        logger.debug(
+            "model %s %r: %d bytes, %d inline payloads left in the file", name, path, size, len(stripped.payloads)
+        )
+    else:
+        model = load_model_metadata(path)
     resolver = LocationResolver(os.path.dirname(path))
     files: list[tuple[str, str, FileIdentity]] = []
     file_index: dict[FileIdentity, int] = {}
@@ -236,9 +312,12 @@ def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool, by_nam
             if index == len(files):
                 files.append((ref.location, ref.path, ref.identity))
             external = _External(index, ref.offset, ref.length, ref.checksum)
-        records.append(_Record(site, external))
+        payload = stripped.payload(site.tensor) if stripped is not None and external is None else None
+        records.append(_Record(site, external, payload))
     logger.debug("model %s %r: %d tensors, %d data files", name, path, len(records), len(files))
-    return _Side(name, path, records, keys, files, allow_hard_links, {})
+    # The payloads are read from the real file: the scan followed symlinks, the later open (O_NOFOLLOW) must not.
+    real_path = os.path.realpath(path) if stripped is not None else ""
+    return _Side(name, path, records, keys, files, allow_hard_links, {}, stripped, real_path)
 
 
 def _site_keys(model: onnx.ModelProto, side: str) -> list[_Key]:
@@ -425,15 +504,7 @@ def _inline_bytes(site: TensorSite, side: str) -> bytes:
     tensor = site.tensor
     if tensor.HasField("raw_data"):
         raw = tensor.raw_data
-        try:
-            expected = expected_nbytes(tensor, label=site.label)
-        except ExternalDataError as exc:  # negative dims: an inline tensor, so the model's fault, not a reference's
-            raise InvalidModelError(f"model {side}: {exc}") from exc
-        if expected is not None and len(raw) != expected:
-            raise InvalidModelError(
-                f"model {side}: tensor {site.label!r} ({site.where}) has {len(raw)} bytes of raw_data, but its dims "
-                f"{list(tensor.dims)} and data type {_dtype_name(tensor.data_type)} need {expected} bytes."
-            )
+        _check_raw_length(site, side, len(raw))
         return raw
     try:
         # Typed fields hold small tensors only; this is the conversion onnx itself uses, sub-byte packing included.
@@ -443,6 +514,29 @@ def _inline_bytes(site: TensorSite, side: str) -> bytes:
             f"model {side}: tensor {site.label!r} ({site.where}) has typed data that does not fit its dims "
             f"{list(tensor.dims)} and data type {_dtype_name(tensor.data_type)}: {exc}"
         ) from exc
+
+
+def _check_raw_length(site: TensorSite, side: str, length: int) -> None:
+    """Refuse an inline tensor whose ``length`` bytes of ``raw_data`` do not fit its dims and data type."""
+    tensor = site.tensor
+    try:
+        expected = expected_nbytes(tensor, label=site.label)
+    except ExternalDataError as exc:  # negative dims: an inline tensor, so the model's fault, not a reference's
+        raise InvalidModelError(f"model {side}: {exc}") from exc
+    if expected is not None and length != expected:
+        raise InvalidModelError(
+            f"model {side}: tensor {site.label!r} ({site.where}) has {length} bytes of raw_data, but its dims "
+            f"{list(tensor.dims)} and data type {_dtype_name(tensor.data_type)} need {expected} bytes."
+        )
+
+
+def _stripped_range(record: _Record, side: str) -> _External | None:
+    """The range of the ``.onnx`` holding a stripped tensor's ``raw_data`` (checked against its dims), or None."""
+    payload = record.stripped
+    if payload is None:
+        return None
+    _check_raw_length(record.site, side, payload.length)
+    return _External(_MODEL_FILE, payload.offset, payload.length, None)
 
 
 class _Comparison:
@@ -483,7 +577,9 @@ class _Comparison:
             return _compare_strings(_inline_strings(ra.site, "A"), _inline_strings(rb.site, "B"))
         if ra.site.tensor.data_type == onnx.TensorProto.STRING and (ra.external is None) != (rb.external is None):
             return "storage differs: a STRING tensor is external in one model and inline in the other"
-        ea, eb = ra.external, rb.external
+        # A payload the wire scan left in the .onnx is read like an external range of that file.
+        ea = ra.external or _stripped_range(ra, "A")
+        eb = rb.external or _stripped_range(rb, "B")
         inline_a = None if ea is not None else _inline_bytes(ra.site, "A")
         inline_b = None if eb is not None else _inline_bytes(rb.site, "B")
         length_a = ea.length if ea is not None else len(inline_a or b"")
@@ -504,7 +600,7 @@ class _Comparison:
         return difference
 
     def _same_range(self, ea: _External, eb: _External) -> bool:
-        return self.a.files[ea.file][2] == self.b.files[eb.file][2] and ea.offset == eb.offset
+        return self.a.identity(ea.file) == self.b.identity(eb.file) and ea.offset == eb.offset
 
     def _compare_bytes(
         self,
@@ -548,9 +644,8 @@ class _Comparison:
         view = memoryview(self.buffers[which])[:n]
         got = pread_exact(side.fd(external.file), view, external.offset + position)
         if got != n:
-            location = side.files[external.file][0]
             raise ExternalDataError(
-                f"model {side.name} ({side.path!r}): external data file {location!r} ended at byte "
+                f"model {side.name} ({side.path!r}): {side.describe(external.file)} ended at byte "
                 f"{external.offset + position + got} while reading {n} bytes at offset {external.offset + position}; "
                 "it was shortened after it was validated."
             )
