@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -21,9 +22,11 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError, UnsafeLocationError
 from onnx_light_ref.io import verify as verify_module
+from onnx_light_ref.io.model_file import PROTOBUF_LIMIT
 from onnx_light_ref.io.verify import VerifyResult, verify_models
 from onnx_light_ref.io.walker import iter_tensors
 from onnx_light_ref.ops import delay_initializers, undelay_initializers
+from tests import large_inline
 from tests.checks import assert_no_temp_files, sha256_of_tree
 from tests.models import externalize, identity_model, make_external_model
 
@@ -836,3 +839,149 @@ def test_the_read_path_only_uses_two_chunk_buffers_and_positional_reads():
     allocations = [node for node in calls if getattr(node.func, "id", None) == "bytearray"]
     assert len(allocations) == 2
     assert all(ast.unparse(node.args[0]) == "chunk_size" for node in allocations)
+
+
+# --- a .onnx over protobuf's 2 GiB limit, its weights inline (sparse files: a few MiB of real blocks each) ----------
+
+LARGE_TOTAL = 16 + 12 + large_inline.COUNT * large_inline.LENGTH  # small (raw_data) + typed (float_data) + large
+DEEP = (large_inline.COUNT - 1, 1_500_001)  # the last tensor, beyond byte 2**31 of the file, between its markers
+
+
+def write_large(path: Path, **kwargs) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    large_inline.write_large_inline_model(path, **kwargs)
+    assert path.stat().st_size > PROTOBUF_LIMIT
+    if large_inline.real_bytes(path.parent) > 16 * 2**20:
+        pytest.skip(f"{path.parent} does not keep holes in sparse files")
+    return path
+
+
+def files_state(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """Size, modification time and real blocks of every file: hashing gigabytes of holes would prove no more."""
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns, p.stat().st_blocks) for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def large_a(tmp_path_factory) -> Path:
+    return write_large(tmp_path_factory.mktemp("large") / "a" / "model.onnx")
+
+
+@pytest.mark.slow  # reads 2 GiB of holes from each of two files: 2-12 s here (page cache, load)
+def test_a_model_over_2_gib_with_a_byte_difference_deep_inside_a_payload(tmp_path, large_a):
+    b = write_large(tmp_path / "b" / "model.onnx", flip=DEEP)
+    before = files_state(b.parent), files_state(large_a.parent)
+    chunk = 1024 * 1024
+    result = verify_models(large_a, b, chunk_size=chunk)
+    index = large_inline.FIRST_LARGE + DEEP[0]
+    done_before = 16 + 12 + DEEP[0] * large_inline.LENGTH
+    assert result == VerifyResult(
+        False,
+        index,
+        done_before + DEEP[1] // chunk * chunk,
+        f"tensor #{index} '{large_inline.large_name(DEEP[0])}' (initializer in graph '{large_inline.GRAPH}'): bytes "
+        f"differ at offset {DEEP[1]} of {large_inline.LENGTH} (A: 0x00, B: 0x01)",
+    )
+    assert (files_state(b.parent), files_state(large_a.parent)) == before
+
+
+def test_a_model_over_2_gib_equals_itself_without_reading_its_payloads(large_a):
+    seen: list[tuple[int, int]] = []
+    result = verify_models(large_a, large_a, progress=lambda done, total: seen.append((done, total)))
+    assert_equal(result, large_inline.FIRST_LARGE + large_inline.COUNT, LARGE_TOTAL)
+    assert seen[-1] == (LARGE_TOTAL, LARGE_TOTAL)
+
+
+@pytest.mark.slow  # aligns and reads 2 GiB of holes: 3-7 s here
+def test_a_model_over_2_gib_equals_its_aligned_externalized_copy(tmp_path, large_a):
+    aligned = tmp_path / "aligned" / "model.onnx"
+    aligned.parent.mkdir()
+    # dedup: the large tensors are mostly holes, equal but for their markers; each distinct one is stored once, so
+    # the copy costs a few MiB of real blocks instead of 2 GiB.
+    align_external_data_streaming(large_a, aligned, size_threshold=1024, durable=False, dedup=True)
+    assert large_inline.real_bytes(aligned.parent) < 16 * 2**20
+    copy = onnx.load_model(str(aligned), load_external_data=False)
+    assert sum(t.data_location == TensorProto.EXTERNAL for t in copy.graph.initializer) == large_inline.COUNT
+    tensors = large_inline.FIRST_LARGE + large_inline.COUNT
+    assert_equal(verify_models(large_a, aligned), tensors, LARGE_TOTAL)
+    assert_equal(verify_models(aligned, large_a, by_name=True, chunk_size=1024 * 1024), tensors, LARGE_TOTAL)
+
+
+def test_a_model_over_2_gib_is_parsed_by_the_wire_scan_and_a_small_one_is_not(tmp_path, large_a, monkeypatch):
+    calls: list[str] = []
+    real_scan = verify_module.load_model_stripped
+
+    def scan(path, min_length):
+        calls.append(os.path.basename(os.path.dirname(path)))
+        return real_scan(path, min_length)
+
+    monkeypatch.setattr(verify_module, "load_model_stripped", scan)
+    small_a = save_inline(identity_model(weights()), tmp_path / "small" / "model.onnx")
+    assert_equal(verify_models(small_a, external_model(tmp_path / "ext")), 4, TOTAL)
+    assert calls == []
+    assert verify_models(large_a, large_a).equal
+    assert calls == ["a", "a"]
+
+
+def test_a_stripped_payload_that_does_not_fit_its_dims_is_an_invalid_model(tmp_path):
+    model = large_inline.large_inline_model()
+    model.graph.initializer[large_inline.FIRST_LARGE + 1].dims[0] = large_inline.LENGTH - 1
+    b = write_large(tmp_path / "b" / "model.onnx", model=model)
+    before = files_state(b.parent)
+    with pytest.raises(
+        InvalidModelError,
+        match=rf"model A: tensor 'w0001' \(.*\) has {large_inline.LENGTH} bytes of raw_data, but its dims "
+        rf"\[{large_inline.LENGTH - 1}\] and data type UINT8 need {large_inline.LENGTH - 1} bytes",
+    ):
+        verify_models(b, b)  # the same file: equal ranges, but each is checked against its dims first
+    assert files_state(b.parent) == before
+
+
+def test_a_model_over_2_gib_with_a_name_that_is_not_utf8_is_an_invalid_model(tmp_path, large_a):
+    b = write_large(tmp_path / "b" / "model.onnx")
+    with open(b, "r+b") as f:
+        head = f.read(64 * 1024)
+        assert head.count(b"typed") == 1
+        f.seek(head.index(b"typed"))
+        f.write(b"typ\xffd")
+    before = files_state(b.parent)
+    with pytest.raises(InvalidModelError, match=r"graph\.initializer\[1\]\.name is not valid UTF-8 \(b'typ\\xffd'\)"):
+        verify_models(large_a, b)
+    assert files_state(b.parent) == before
+
+
+def test_a_weights_file_over_2_gib_given_as_a_model_is_an_invalid_model(tmp_path, large_a):
+    weights_file = tmp_path / "model.onnx.data"
+    with open(weights_file, "wb") as f:
+        f.truncate(PROTOBUF_LIMIT + 4096)  # zeros: field number 0 is no protobuf tag
+    with pytest.raises(
+        InvalidModelError,
+        match=r"model\.onnx\.data' is not a valid ONNX model: invalid field tag 0 .* at byte offset 0",
+    ):
+        verify_models(large_a, weights_file)
+    assert [p.name for p in tmp_path.iterdir()] == ["model.onnx.data"]
+
+
+@pytest.mark.parametrize("change", ["modified", "replaced"])
+def test_a_model_over_2_gib_changed_after_it_was_parsed_is_refused(tmp_path, change):
+    a = write_large(tmp_path / "a" / "model.onnx")
+    b = write_large(tmp_path / "b" / "model.onnx", flip=DEEP)
+    other = write_large(tmp_path / "other" / "model.onnx")
+
+    def after_the_first_chunk(done: int, total: int) -> None:
+        # The small inline tensors come first: the .onnx is opened for the first stripped payload, after this.
+        if done == 16:
+            if change == "modified":
+                st = a.stat()
+                os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+            else:
+                os.replace(other, a)
+
+    before = files_state(b.parent)
+    with pytest.raises(
+        ExternalDataError,
+        match=rf"model A \({re.escape(repr(str(a)))}\) was {change} after it was parsed.*; its inline tensors cannot "
+        "be compared",
+    ):
+        verify_models(a, b, progress=after_the_first_chunk)
+    assert files_state(b.parent) == before
+    assert [p.name for p in a.parent.iterdir()] == ["model.onnx"]
