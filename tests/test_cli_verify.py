@@ -10,6 +10,8 @@ import pytest
 
 from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.cli import main
+from onnx_light_ref.io.model_file import PROTOBUF_LIMIT
+from tests import large_inline
 from tests.models import make_external_model
 
 TENSORS: dict[str, np.ndarray] = {
@@ -150,3 +152,31 @@ def test_by_name_reports_a_name_on_one_side_only_and_refuses_a_duplicate(tmp_pat
     assert (status, out) == (1, "")
     assert err.startswith("error: model B: initializer 'w0' (graph 'identity') and initializer 'w0'")
     assert err.count("\n") == 1
+
+
+def test_models_over_2_gib_with_inline_weights_are_verified(tmp_path, capsys):
+    a, b = tmp_path / "a" / "model.onnx", tmp_path / "b" / "model.onnx"
+    a.parent.mkdir()
+    b.parent.mkdir()
+    large_inline.write_large_inline_model(a)
+    large_inline.write_large_inline_model(b, flip=(0, 1_000_003))  # early: found after reading a few MiB
+    if large_inline.real_bytes(a.parent) > 16 * 2**20:
+        pytest.skip(f"{tmp_path} does not keep holes in sparse files")
+    total = 16 + 12 + large_inline.COUNT * large_inline.LENGTH
+
+    assert verify(capsys, str(a), str(a)) == (
+        0,
+        f"equal: {2 + large_inline.COUNT} tensors, {total} bytes compared\n",
+        "",
+    )
+    status, out, err = verify(capsys, str(a), str(b), "--chunk-size", "64K")
+    assert (status, err) == (1, "")
+    assert out == (
+        f"different: tensor #2 'w0000' (initializer in graph 'large'): bytes differ at offset 1000003 of "
+        f"{large_inline.LENGTH} (A: 0x00, B: 0x01)\n"
+    )
+    with open(b, "r+b") as f:
+        f.truncate(PROTOBUF_LIMIT + 1)  # cuts the payloads short: the wire scan names the byte offset
+    status, out, err = verify(capsys, str(a), str(b))
+    assert (status, out) == (1, "")
+    assert err.count("\n") == 1 and err.startswith(f"error: {str(b)!r} ") and "byte offset" in err
