@@ -27,9 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="check that two models hold the same tensors (names, dtypes, dims, bytes), inline or external",
         description="Compare every tensor of A.onnx and B.onnx (initializers, subgraphs, attribute and sparse "
         "tensors, functions) in model order (with --by-name: by graph and name): names, data types, dims and bytes "
-        "must be equal, however each side stores them (inline, external, one file or many). External bytes are "
-        "streamed in chunks, never loaded whole. Exit status 0 when equal, 1 on the first difference or an "
-        "unreadable model.",
+        "must be equal, however each side stores them (inline, external, one file or many). External bytes, and "
+        "the inline weights of a .onnx over protobuf's 2 GiB limit, are streamed in chunks, never loaded whole. Exit "
+        "status 0 when equal, 1 on the first difference or an unreadable model.",
     )
     parser.add_argument("a", metavar="A.onnx", help="first model")
     parser.add_argument("b", metavar="B.onnx", help="second model")
