@@ -28,7 +28,6 @@ import hashlib
 import logging
 import math
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -321,95 +320,31 @@ def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool, by_nam
 
 
 def _site_keys(model: onnx.ModelProto, side: str) -> list[_Key]:
-    """The key of every tensor of ``model``, in walker order (see ``by_name`` in :func:`verify_models`).
+    """The key of every tensor of ``model``, in walker order (:attr:`TensorSite.key`; see ``by_name``).
 
     Raises:
-        InvalidModelError: two tensors, or two graphs, have the same key.
+        InvalidModelError: two tensors have the same key, or two subgraphs the same place (same-named nodes).
     """
-    builder = _KeyBuilder(side)
-    builder.graph(model.graph, ("graph",), f"graph {model.graph.name!r}")
-    for function in model.functions:
-        # ``overload`` exists from IR version 10 (onnx 1.16) on; older onnx builds have no such field.
-        path = ("function", function.domain, function.name, getattr(function, "overload", ""))
-        where = f"function {function.domain}::{function.name}"
-        builder.nodes(function.node, path, where)
-        for attribute in function.attribute_proto:
-            builder.attribute(attribute, (*path, "default"), f"{where} / default of attribute {attribute.name!r}")
-    for index, training in enumerate(model.training_info):
-        for field in ("initialization", "algorithm"):
-            if training.HasField(field):
-                graph = getattr(training, field)
-                builder.graph(graph, ("training", index, field), f"training_info[{index}] {field} graph")
     keys: list[_Key] = []
     first_site: dict[_Key, TensorSite] = {}
+    graphs: dict[object, TensorSite] = {}  # graph path -> the first site of the graph found there
     for site in iter_tensors(model):
-        entry = builder.keys.get(id(site.tensor))
-        if entry is None or entry[0] is not site.tensor:
-            # The walker visited a place _KeyBuilder does not know: a bug here, not in the model.
-            raise RuntimeError(f"verify by name: no key for tensor {site.label!r} ({site.where})")
-        key = entry[1]
-        other = first_site.setdefault(key, site)
+        graph_path, _ = site.key
+        holder = graphs.setdefault(graph_path, site)
+        if holder.container is not site.container:
+            raise InvalidModelError(
+                f"model {side}: two subgraphs are both reached as {site.where}: their nodes have the same name, so "
+                "their tensors cannot be paired by name; compare them by position."
+            )
+        other = first_site.setdefault(site.key, site)
         if other is not site:
             raise InvalidModelError(
                 f"model {side}: {site.kind.replace('_', ' ')} {site.label!r} ({site.where}) and "
                 f"{other.kind.replace('_', ' ')} {other.label!r} ({other.where}) have the same name in the same graph "
                 "(or belong to same-named nodes): tensors cannot be paired by name; compare them by position."
             )
-        keys.append(key)
+        keys.append(site.key)
     return keys
-
-
-class _KeyBuilder:
-    """Maps ``id(tensor)`` to its key, walking the places :func:`iter_tensors` walks (the model keeps ids valid)."""
-
-    def __init__(self, side: str) -> None:
-        self.side = side
-        self.keys: dict[int, tuple[onnx.TensorProto, _Key]] = {}
-        self._graphs: dict[_Key, str] = {}
-
-    def _add(self, tensor: onnx.TensorProto, key: _Key) -> None:
-        self.keys[id(tensor)] = (tensor, key)
-
-    def graph(self, graph: onnx.GraphProto, path: _Key, where: str) -> None:
-        if path in self._graphs:
-            raise InvalidModelError(
-                f"model {self.side}: two subgraphs are both reached as {where}: their nodes have the same name, so "
-                "their tensors cannot be paired by name; compare them by position."
-            )
-        self._graphs[path] = where
-        for tensor in graph.initializer:
-            self._add(tensor, (path, "initializer", tensor.name))
-        for sparse in graph.sparse_initializer:
-            # A sparse initializer is named by its values (onnx.proto); its indices usually have no name.
-            self._add(sparse.values, (path, "sparse_initializer_values", sparse.values.name))
-            self._add(sparse.indices, (path, "sparse_initializer_indices", sparse.values.name))
-        self.nodes(graph.node, path, where)
-
-    def nodes(self, nodes: Iterable[onnx.NodeProto], path: _Key, where: str) -> None:
-        for index, node in enumerate(nodes):
-            # An unnamed node is known by its index only: reordering unnamed nodes is a difference.
-            node_path = (*path, ("node", node.name) if node.name else ("node #", index))
-            node_where = f"{where} / node {node.name or f'#{index}'!r} ({node.op_type})"
-            for attribute in node.attribute:
-                self.attribute(attribute, node_path, f"{node_where} / {attribute.name}")
-
-    def attribute(self, attribute: onnx.AttributeProto, owner: _Key, where: str) -> None:
-        path = (*owner, attribute.name)
-        if attribute.HasField("t"):
-            self._add(attribute.t, (*path, "t"))
-        for index, tensor in enumerate(attribute.tensors):
-            self._add(tensor, (*path, "tensors", index))
-        sparse_tensors: list[tuple[_Key, onnx.SparseTensorProto]] = []
-        if attribute.HasField("sparse_tensor"):
-            sparse_tensors.append(((*path, "sparse_tensor"), attribute.sparse_tensor))
-        sparse_tensors += [((*path, "sparse_tensors", i), sparse) for i, sparse in enumerate(attribute.sparse_tensors)]
-        for sparse_path, sparse in sparse_tensors:
-            self._add(sparse.values, (*sparse_path, "values"))
-            self._add(sparse.indices, (*sparse_path, "indices"))
-        if attribute.HasField("g"):
-            self.graph(attribute.g, (*path, "g"), where)
-        for index, subgraph in enumerate(attribute.graphs):
-            self.graph(subgraph, (*path, "graphs", index), f"{where} [{index}]")
 
 
 def _describe(index: int, site: TensorSite) -> str:

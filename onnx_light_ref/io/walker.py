@@ -23,7 +23,9 @@ then for each node in order and each attribute in order: ``t``, ``tensors``, ``s
 ``sparse_tensors``, and finally the subgraphs ``g`` and ``graphs``, visited recursively right there.
 
 Each :class:`TensorSite` says what the tensor is (``kind``), which part of the model it belongs to (``scope``:
-the main graph, a function, or training information) and a readable path (``where``).
+the main graph, a function, or training information), a readable path (``where``) and a structural one (``key``:
+the graph it lives in, by its place in the model, and its slot there), which pairs tensors of two models by place
+and name rather than by position (``verify --by-name``).
 
 The walker yields the live protos: callers may mutate them. It never reads external data.
 """
@@ -36,7 +38,15 @@ from typing import Literal
 
 import onnx
 
-__all__ = ["TensorKind", "TensorScope", "TensorSite", "iter_graphs", "iter_tensors"]
+__all__ = ["SiteKey", "TensorKind", "TensorScope", "TensorSite", "iter_graphs", "iter_tensors"]
+
+SiteKey = tuple[tuple[object, ...], tuple[object, ...]]
+"""``(graph path, slot)``. The graph path names a graph by its place: ``("graph",)`` for the main graph, then for a
+subgraph the path of its parent, the holding node (``("node", name)``, or ``("node #", index)`` when unnamed), the
+attribute name and ``"g"`` or ``("graphs", i)``; ``("function", domain, name, overload)``; ``("training", i,
+field)``. The slot names the tensor in that graph: ``("initializer", name)``, a sparse initializer's kind and values
+name, or a node attribute's node, attribute name and position (``"t"``, ``("tensors", i)``, sparse values/indices);
+function defaults use ``"default"`` as their node."""
 
 TensorKind = Literal[
     "initializer",
@@ -89,6 +99,7 @@ class TensorSite:
     where: str
     scope: TensorScope = "model"
     sparse: onnx.SparseTensorProto | None = None
+    key: SiteKey = ((), ())
 
     @property
     def label(self) -> str:
@@ -113,19 +124,28 @@ def iter_tensors(model: onnx.ModelProto) -> Iterator[TensorSite]:
         An iterator of :class:`TensorSite`, one per ``TensorProto`` (sparse tensors yield their values, then their
         indices).
     """
-    yield from _iter_graph(model.graph, f"graph {model.graph.name!r}", "model")
+    yield from _iter_graph(model.graph, f"graph {model.graph.name!r}", "model", ("graph",))
     for function in model.functions:
         where = f"function {function.domain}::{function.name}"
-        yield from _iter_nodes(function, function.node, where, "function")
+        # ``overload`` exists from IR version 10 (onnx 1.16) on.
+        path = ("function", function.domain, function.name, getattr(function, "overload", ""))
+        yield from _iter_nodes(function, function.node, where, "function", path)
         for attribute in function.attribute_proto:
             yield from _iter_attribute(
-                function, None, attribute, f"{where} / default of attribute {attribute.name!r}", "function"
+                function,
+                None,
+                attribute,
+                f"{where} / default of attribute {attribute.name!r}",
+                "function",
+                path,
+                "default",
             )
     for index, training in enumerate(model.training_info):
         for field in ("initialization", "algorithm"):
             if training.HasField(field):
                 graph = getattr(training, field)
-                yield from _iter_graph(graph, f"training_info[{index}] {field} graph {graph.name!r}", "training")
+                where = f"training_info[{index}] {field} graph {graph.name!r}"
+                yield from _iter_graph(graph, where, "training", ("training", index, field))
 
 
 def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -149,22 +169,36 @@ def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield from iter_graphs(subgraph)
 
 
-def _iter_graph(graph: onnx.GraphProto, where: str, scope: TensorScope) -> Iterator[TensorSite]:
+def _iter_graph(
+    graph: onnx.GraphProto, where: str, scope: TensorScope, path: tuple[object, ...]
+) -> Iterator[TensorSite]:
     for tensor in graph.initializer:
-        yield TensorSite(tensor, "initializer", graph, None, where, scope)
+        yield TensorSite(tensor, "initializer", graph, None, where, scope, None, (path, ("initializer", tensor.name)))
     for sparse in graph.sparse_initializer:
-        yield TensorSite(sparse.values, "sparse_initializer_values", graph, None, where, scope, sparse)
-        yield TensorSite(sparse.indices, "sparse_initializer_indices", graph, None, where, scope, sparse)
-    yield from _iter_nodes(graph, graph.node, where, scope)
+        # A sparse initializer is named by its values (onnx.proto); its indices usually have no name.
+        name = sparse.values.name
+        values_key = (path, ("sparse_initializer_values", name))
+        indices_key = (path, ("sparse_initializer_indices", name))
+        yield TensorSite(sparse.values, "sparse_initializer_values", graph, None, where, scope, sparse, values_key)
+        yield TensorSite(sparse.indices, "sparse_initializer_indices", graph, None, where, scope, sparse, indices_key)
+    yield from _iter_nodes(graph, graph.node, where, scope, path)
 
 
 def _iter_nodes(
-    container: onnx.GraphProto | onnx.FunctionProto, nodes: Iterable[onnx.NodeProto], where: str, scope: TensorScope
+    container: onnx.GraphProto | onnx.FunctionProto,
+    nodes: Iterable[onnx.NodeProto],
+    where: str,
+    scope: TensorScope,
+    path: tuple[object, ...],
 ) -> Iterator[TensorSite]:
     for index, node in enumerate(nodes):
         node_where = f"{where} / node {node.name or f'#{index}'!r} ({node.op_type})"
+        # An unnamed node is known by its index only (reordering unnamed nodes changes their keys).
+        node_part = ("node", node.name) if node.name else ("node #", index)
         for attribute in node.attribute:
-            yield from _iter_attribute(container, node, attribute, f"{node_where} / {attribute.name}", scope)
+            yield from _iter_attribute(
+                container, node, attribute, f"{node_where} / {attribute.name}", scope, path, node_part
+            )
 
 
 def _iter_attribute(
@@ -173,20 +207,27 @@ def _iter_attribute(
     attribute: onnx.AttributeProto,
     where: str,
     scope: TensorScope,
+    path: tuple[object, ...],
+    node_part: object,
 ) -> Iterator[TensorSite]:
     """One attribute's tensors; ``node`` None means a function's default attribute value."""
     dense, values, indices = _NODE_ATTRIBUTE_KINDS if node is not None else _FUNCTION_DEFAULT_KINDS
+    slot = (node_part, attribute.name)
     if attribute.HasField("t"):
-        yield TensorSite(attribute.t, dense, container, node, where, scope)
-    for tensor in attribute.tensors:
-        yield TensorSite(tensor, dense, container, node, where, scope)
-    sparse_tensors = list(attribute.sparse_tensors)
+        yield TensorSite(attribute.t, dense, container, node, where, scope, None, (path, (*slot, "t")))
+    for i, tensor in enumerate(attribute.tensors):
+        yield TensorSite(tensor, dense, container, node, where, scope, None, (path, (*slot, "tensors", i)))
+    sparse_tensors: list[tuple[tuple[object, ...], onnx.SparseTensorProto]] = [
+        ((*slot, "sparse_tensors", i), sparse) for i, sparse in enumerate(attribute.sparse_tensors)
+    ]
     if attribute.HasField("sparse_tensor"):
-        sparse_tensors.insert(0, attribute.sparse_tensor)
-    for sparse in sparse_tensors:
-        yield TensorSite(sparse.values, values, container, node, where, scope, sparse)
-        yield TensorSite(sparse.indices, indices, container, node, where, scope, sparse)
+        sparse_tensors.insert(0, ((*slot, "sparse_tensor"), attribute.sparse_tensor))
+    for sparse_slot, sparse in sparse_tensors:
+        yield TensorSite(sparse.values, values, container, node, where, scope, sparse, (path, (*sparse_slot, "values")))
+        yield TensorSite(
+            sparse.indices, indices, container, node, where, scope, sparse, (path, (*sparse_slot, "indices"))
+        )
     if attribute.HasField("g"):
-        yield from _iter_graph(attribute.g, where, scope)
-    for subgraph in attribute.graphs:
-        yield from _iter_graph(subgraph, where, scope)
+        yield from _iter_graph(attribute.g, where, scope, (*path, node_part, attribute.name, "g"))
+    for i, subgraph in enumerate(attribute.graphs):
+        yield from _iter_graph(subgraph, where, scope, (*path, node_part, attribute.name, "graphs", i))
