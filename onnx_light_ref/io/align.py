@@ -25,7 +25,6 @@ import os
 
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.align_plan import (
-    _TYPED_FIELDS,
     SITE_INLINE,
     SITE_KEPT,
     AlignPlan,
@@ -38,6 +37,7 @@ from onnx_light_ref.io.align_plan import (
 from onnx_light_ref.io.arguments import PathLike, check_int
 from onnx_light_ref.io.copy_engine import CopyMethod, CopyRange, CopyStats, ProgressCallback, RangeCopier, open_source
 from onnx_light_ref.io.entries import write_entries
+from onnx_light_ref.io.locations import TYPED_VALUE_FIELDS
 from onnx_light_ref.io.model_file import serialize_model
 from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.publish import OutputTransaction, StagedFile
@@ -78,7 +78,7 @@ def _rewrite_entries(plan: AlignPlan) -> None:
             continue
         if kind == SITE_INLINE:
             tensor.ClearField("raw_data")
-            for name in _TYPED_FIELDS:
+            for name in TYPED_VALUE_FIELDS:
                 tensor.ClearField(name)
         shard = plan.shards[plan.move_shards[move]]
         write_entries(

@@ -69,7 +69,6 @@ logger = logging.getLogger(__name__)
 Mode = Literal["streaming", "in_memory"]
 
 # Typed fields a TensorProto may carry its values in; cleared when the tensor moves out.
-_TYPED_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
 _NEVER_EXTERNAL = (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING)
 
 _DEDUP_CHUNK = 1024 * 1024  # find_duplicates' two buffers when the caller gives no chunk size
@@ -459,10 +458,11 @@ def _add_inline(
         if payload is not None:
             _restore_payload(tensor, label, payload, src_onnx, onnx_identity)
         return False
+    raw = tensor.raw_data if payload is None and tensor.HasField("raw_data") else None  # protobuf copies per access
     if payload is not None:
         length = payload.length
-    elif tensor.HasField("raw_data"):
-        length = len(tensor.raw_data)
+    elif raw is not None:
+        length = len(raw)
     else:
         length = expected
     # A tensor without data has nothing to move (and size_threshold=0 would otherwise move every empty tensor).
@@ -476,8 +476,8 @@ def _add_inline(
     if payload is not None:
         assert onnx_identity is not None
         payloads.add_range(table.index(src_onnx, onnx_identity), payload.offset, length)
-    elif tensor.HasField("raw_data"):
-        payloads.add_bytes(tensor.raw_data)
+    elif raw is not None:
+        payloads.add_bytes(raw)
     else:
         payloads.add_bytes(_typed_bytes(tensor, label, expected))
     return True

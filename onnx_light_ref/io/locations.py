@@ -24,6 +24,7 @@ from onnx_light_ref.io.entries import is_external, parse_entry_int, read_entries
 from onnx_light_ref.io.posix import check_single_link
 
 __all__ = [
+    "TYPED_VALUE_FIELDS",
     "ExternalRef",
     "FileIdentity",
     "LocationResolver",
@@ -37,6 +38,7 @@ __all__ = [
     "parse_external_data",
     "resolve_location",
     "stat_regular_file",
+    "typed_value_fields",
 ]
 
 # Element types whose elements are smaller than a byte: (elements per byte). Packed as in ONNX raw_data.
@@ -270,15 +272,14 @@ def _text(value: str | bytes) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
-# Typed value fields of TensorProto: an EXTERNAL tensor must have none of them (its values are in the file).
-_TYPED_FIELDS = (
-    "float_data",
-    "int32_data",
-    "string_data",
-    "int64_data",
-    "double_data",
-    "uint64_data",
-)
+TYPED_VALUE_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+"""TensorProto's typed value fields: a tensor holds its values in one of them, in ``raw_data`` or externally (one
+value field only, as onnx's checker requires)."""
+
+
+def typed_value_fields(tensor: onnx.TensorProto) -> list[str]:
+    """The typed value fields of ``tensor`` that hold values."""
+    return [field for field in TYPED_VALUE_FIELDS if len(getattr(tensor, field))]
 
 
 def check_external_structure(tensor: onnx.TensorProto, *, label: str | None = None) -> None:
@@ -290,7 +291,7 @@ def check_external_structure(tensor: onnx.TensorProto, *, label: str | None = No
             f"tensor {name!r} has both inline raw_data ({len(tensor.raw_data)} bytes) and external_data; "
             "expected one or the other."
         )
-    typed = [field for field in _TYPED_FIELDS if len(getattr(tensor, field))]
+    typed = typed_value_fields(tensor)
     if typed:
         raise ExternalDataError(
             f"tensor {name!r} is marked EXTERNAL but also holds inline values in {', '.join(typed)}; expected its "

@@ -35,6 +35,7 @@ from onnx_light_ref.io.locations import (
     expected_nbytes,
     file_identity,
     parse_external_data,
+    typed_value_fields,
 )
 from onnx_light_ref.io.model_file import check_model_strings, serialize_model
 from onnx_light_ref.io.publish import OutputTransaction, StagedFile
@@ -46,8 +47,6 @@ __all__ = ["SaveResult", "save_model_with_shared_external_data"]
 
 logger = logging.getLogger(__name__)
 
-# Typed value fields of TensorProto: a tensor whose raw_data moves out must have none of them.
-_TYPED_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
 
 # Bytes handed to one pwrite, so that `progress` moves smoothly on large new tensors.
 _WRITE_SLICE = 8 * 1024 * 1024
@@ -278,7 +277,7 @@ def _check_raw_only(tensor: onnx.TensorProto, label: str) -> None:
     """Refuse a new tensor that also holds typed values: moving its raw_data out would leave an EXTERNAL tensor with
     inline values, which onnx's checker, onnxruntime and every reader here refuse (and onnx's checker already refuses
     the inline tensor: one value field only)."""
-    typed = [name for name in _TYPED_FIELDS if len(getattr(tensor, name))]
+    typed = typed_value_fields(tensor)
     if typed:
         raise ExternalDataError(
             f"tensor {label!r} holds its values twice, in raw_data and in {', '.join(typed)}: onnx allows one value "
