@@ -21,6 +21,7 @@ import onnx
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.entries import is_external, parse_entry_int, read_entries
+from onnx_light_ref.io.folder import FileIdentity
 from onnx_light_ref.io.posix import check_single_link
 
 __all__ = [
@@ -49,14 +50,6 @@ _SUB_BYTE_ELEMENTS_PER_BYTE: dict[int, int] = {
 for _name, _per_byte in (("FLOAT4E2M1", 2), ("INT2", 4), ("UINT2", 4)):
     if hasattr(onnx.TensorProto, _name):  # newer onnx releases only
         _SUB_BYTE_ELEMENTS_PER_BYTE[getattr(onnx.TensorProto, _name)] = _per_byte
-
-
-@dataclass(frozen=True, slots=True)
-class FileIdentity:
-    """What makes two paths the same file: device and inode (catches hard links and symlinks)."""
-
-    device: int
-    inode: int
 
 
 @dataclass(frozen=True, slots=True)
