@@ -241,8 +241,8 @@ def _check_alignment(result: DemoResult, label: str, path: str, *, expect_aligne
 
 def _shared_bytes(model_path: str, data_path: str) -> int:
     """Bytes of ``data_path`` the model at ``model_path`` references (its layout report, ranges counted once)."""
-    real = os.path.realpath(data_path)
-    return sum(f.bytes_used for f in build_layout_report(model_path).files if f.path == real)
+    shown = os.path.normpath(os.path.abspath(data_path))  # how the report names a file: its folder + location
+    return sum(f.bytes_used for f in build_layout_report(model_path).files if f.path == shown)
 
 
 def _check_sharing(result: DemoResult, shape: MlpShape, variant: str, base_data: str, saved: int) -> None:

@@ -100,6 +100,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="skip every fsync: outputs still appear atomically with the same bytes, but may be lost on a crash "
         "(for scratch copies and comparisons with tools that never fsync)",
     )
+    parser.add_argument(
+        "--allow-outside-folder",
+        action="store_true",
+        help="trust the model's data layout: follow symbolic links in data paths, e.g. the Hugging Face cache "
+        "(snapshots/<rev>/model.onnx.data -> ../../blobs/<sha>); refused by default, as onnx's loader refuses them",
+    )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=align_command)
 
@@ -126,6 +132,7 @@ def align_command(args: argparse.Namespace) -> int:
                 size_threshold=args.size_threshold,
                 progress=progress,
                 durable=not args.no_fsync,
+                allow_outside_folder=args.allow_outside_folder,
             )
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         remove_created_folders(created)

@@ -150,7 +150,7 @@ def inspect_command(args: argparse.Namespace) -> int:
         The process exit status.
     """
     try:
-        report = build_layout_report(args.model)
+        report = build_layout_report(args.model, allow_outside_folder=args.allow_outside_folder)
     except (FileNotFoundError, InvalidModelError) as exc:
         return error_exit(printable(str(exc)))
     sys.stdout.write(format_report(report))
@@ -166,4 +166,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "alignment every tensor satisfies. Exit status 1 if any reference is broken. Reads no weight bytes.",
     )
     parser.add_argument("model", help="path to the .onnx file")
+    parser.add_argument(
+        "--allow-outside-folder",
+        action="store_true",
+        help="trust the model's data layout: follow symbolic links in data paths, e.g. the Hugging Face cache "
+        "(snapshots/<rev>/model.onnx.data -> ../../blobs/<sha>); refused by default, as onnx's loader refuses them",
+    )
     parser.set_defaults(func=inspect_command)

@@ -56,6 +56,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="pair tensors by graph, kind and name instead of by position, for models a tool reordered "
         "(e.g. undelay); a name on one side only is a difference",
     )
+    parser.add_argument(
+        "--allow-outside-folder",
+        action="store_true",
+        help="trust the model's data layout: follow symbolic links in data paths, e.g. the Hugging Face cache "
+        "(snapshots/<rev>/model.onnx.data -> ../../blobs/<sha>); refused by default, as onnx's loader refuses them",
+    )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=verify_command)
 
@@ -74,6 +80,7 @@ def verify_command(args: argparse.Namespace) -> int:
                 allow_hard_links=args.allow_hard_links,
                 by_name=args.by_name,
                 progress=progress,
+                allow_outside_folder=args.allow_outside_folder,
             )
     except (ValueError, OSError) as exc:  # ExternalDataError/InvalidModelError are ValueErrors
         return error_exit(exc)

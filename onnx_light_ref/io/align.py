@@ -34,7 +34,7 @@ from onnx_light_ref.io.align_plan import (
     check_layout_options,
     plan_alignment,
 )
-from onnx_light_ref.io.arguments import PathLike, check_int
+from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
 from onnx_light_ref.io.copy_engine import CopyMethod, CopyRange, CopyStats, ProgressCallback, RangeCopier, open_source
 from onnx_light_ref.io.entries import write_entries
 from onnx_light_ref.io.locations import TYPED_VALUE_FIELDS
@@ -267,6 +267,7 @@ def _align(
     chunk_size: int | None,
     durable: bool,
     progress: ProgressCallback | None,
+    allow_outside_folder: bool = False,
 ) -> AlignResult:
     """Plan, then execute the plan in ``mode`` (read everything first when ``in_memory``), then publish.
 
@@ -286,6 +287,7 @@ def _align(
         max_shard_size=layout.max_shard_size,
         dedup=layout.dedup,
         size_threshold=layout.size_threshold,
+        allow_outside_folder=allow_outside_folder,
     )
     payloads = _read_all(plan) if mode == "in_memory" else None
     with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
@@ -310,6 +312,7 @@ def align_external_data_streaming(
     size_threshold: int | None = None,
     durable: bool = True,
     progress: ProgressCallback | None = None,
+    allow_outside_folder: bool = False,
 ) -> AlignResult:
     """Copy the weights of ``src_onnx_path`` into aligned external data files, without loading them.
 
@@ -344,6 +347,9 @@ def align_external_data_streaming(
         durable: fsync the outputs and their folder before and after publishing (default). ``False`` skips every
             fsync (outputs still appear atomically, with the same bytes) for scratch copies and benchmarks.
         progress: called as ``progress(done_bytes, total_bytes)`` while bytes move.
+        allow_outside_folder: trust the source's layout: follow symbolic links in its data paths (the Hugging Face
+            cache, whose weights are symlinks into ``../../blobs/``). Default: refuse what onnx's loader refuses
+            (any symbolic link in a data path, inside or outside the folder; see ``docs/safety.md``).
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`: an ``int`` equal to the bytes of all weights files,
@@ -364,9 +370,19 @@ def align_external_data_streaming(
             the destinations are then unchanged.
     """
     check_int("chunk_size", chunk_size, minimum=1)
+    check_bool("allow_outside_folder", allow_outside_folder)
     layout = check_layout_options(align_threshold, max_shard_size, dedup, size_threshold, durable)
     return _align(
-        "streaming", src_onnx_path, dst_onnx_path, dst_weights_path, alignment, layout, chunk_size, durable, progress
+        "streaming",
+        src_onnx_path,
+        dst_onnx_path,
+        dst_weights_path,
+        alignment,
+        layout,
+        chunk_size,
+        durable,
+        progress,
+        allow_outside_folder,
     )
 
 
@@ -382,6 +398,7 @@ def align_external_data_in_memory(
     size_threshold: int | None = None,
     durable: bool = True,
     progress: ProgressCallback | None = None,
+    allow_outside_folder: bool = False,
 ) -> AlignResult:
     """Same result as :func:`align_external_data_streaming`, but every payload is read into memory first.
 
@@ -401,6 +418,7 @@ def align_external_data_in_memory(
         size_threshold: as for :func:`align_external_data_streaming`.
         durable: fsync the outputs and their folder (default); ``False`` skips every fsync, same bytes.
         progress: called as ``progress(done_bytes, total_bytes)`` while bytes are written.
+        allow_outside_folder: as for :func:`align_external_data_streaming`.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`, as :func:`align_external_data_streaming` returns
@@ -413,7 +431,17 @@ def align_external_data_in_memory(
         FileNotFoundError: the source model, a referenced file or the destination folder does not exist.
         OSError: reading or publishing failed; the destinations are then unchanged.
     """
+    check_bool("allow_outside_folder", allow_outside_folder)
     layout = check_layout_options(align_threshold, max_shard_size, dedup, size_threshold, durable)
     return _align(
-        "in_memory", src_onnx_path, dst_onnx_path, dst_weights_path, alignment, layout, None, durable, progress
+        "in_memory",
+        src_onnx_path,
+        dst_onnx_path,
+        dst_weights_path,
+        alignment,
+        layout,
+        None,
+        durable,
+        progress,
+        allow_outside_folder,
     )

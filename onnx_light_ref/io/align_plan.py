@@ -33,6 +33,7 @@ from onnx_light_ref.io.copy_engine import CopyRange, open_source
 from onnx_light_ref.io.dedup import BlobSource, find_duplicates
 from onnx_light_ref.io.destinations import check_outputs, weights_location
 from onnx_light_ref.io.entries import is_external
+from onnx_light_ref.io.folder import ModelFolder
 from onnx_light_ref.io.locations import (
     ExternalRef,
     FileIdentity,
@@ -80,6 +81,8 @@ class SourceFile:
 
     path: str
     identity: FileIdentity | None
+    folder: ModelFolder | None = None  # held since validation: the file is reopened through it as `location`
+    location: str | None = None
 
 
 class _Ranges(Sequence[CopyRange]):
@@ -110,6 +113,8 @@ class _Ranges(Sequence[CopyRange]):
             shard.range_dst_offsets[index],
             shard.range_lengths[index],
             source.identity,
+            source.folder,
+            source.location,
         )
 
     def __iter__(self) -> Iterator[CopyRange]:
@@ -246,6 +251,7 @@ def plan_alignment(
     *,
     mode: Mode = "streaming",
     chunk_size: int | None = None,
+    allow_outside_folder: bool = False,
     **options: Unpack[LayoutKeywords],
 ) -> AlignPlan:
     """Validate arguments, parse the source metadata, check every reference and lay out every output file.
@@ -257,6 +263,7 @@ def plan_alignment(
             are copied out of the file); ``"in_memory"`` parses it whole (they are written from memory). The plan
             places the same bytes at the same offsets either way.
         chunk_size: size of each of the two buffers used to compare candidate duplicates (None: 1 MiB).
+        allow_outside_folder: follow symbolic links in the source's data paths (trusted layouts only).
         options: ``align_threshold``, ``max_shard_size``, ``dedup``, ``size_threshold`` (:class:`LayoutOptions`), as
             documented on :func:`~onnx_light_ref.io.align.align_external_data_streaming`.
 
@@ -287,7 +294,7 @@ def plan_alignment(
     # Inline payloads are copied out of the file itself: through its real path, since the copy opens sources with
     # O_NOFOLLOW (a symlinked .onnx, as in the Hugging Face cache, is the file the user named, not a swapped one).
     payload_source = os.path.realpath(src_onnx)
-    resolver = LocationResolver(os.path.dirname(src_onnx))
+    resolver = LocationResolver(os.path.dirname(src_onnx), allow_outside_folder=allow_outside_folder)
     table = _SourceTable()
     refs: dict[FileIdentity, ExternalRef] = {}  # the first reference to each data file, for the hard-link check
     # One entry per moved tensor, in walk order: where its payload is now (file index and offset, or -1 and its
@@ -305,7 +312,7 @@ def plan_alignment(
             refs.setdefault(identity, ref)
             if ref.checksum is not None:
                 checksums[len(payloads)] = ref.checksum
-            payloads.add_range(table.index(ref.path, identity), ref.offset, ref.length)
+            payloads.add_range(table.index(ref.path, identity, ref.folder, ref.location), ref.offset, ref.length)
             sites.append(SITE_EXTERNAL)
             continue
         if inline_threshold is not None and _add_inline(
@@ -387,11 +394,13 @@ class _SourceTable:
         self.files: list[SourceFile] = []
         self._indices: dict[FileIdentity, int] = {}
 
-    def index(self, path: str, identity: FileIdentity) -> int:
+    def index(
+        self, path: str, identity: FileIdentity, folder: ModelFolder | None = None, location: str | None = None
+    ) -> int:
         index = self._indices.get(identity)
         if index is None:
             index = self._indices[identity] = len(self.files)
-            self.files.append(SourceFile(path, identity))
+            self.files.append(SourceFile(path, identity, folder, location))
         return index
 
 
@@ -586,7 +595,7 @@ def _open_files(files: Sequence[SourceFile]) -> Iterator[list[int]]:
     fds: list[int] = []
     try:
         for source in files:
-            fds.append(open_source(CopyRange(source.path, 0, 0, 0, source.identity)))
+            fds.append(open_source(CopyRange(source.path, 0, 0, 0, source.identity, source.folder, source.location)))
         yield fds
     finally:
         for fd in fds:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from onnx_light_ref.errors import ExternalDataError
-from onnx_light_ref.io.locations import FileIdentity
+from onnx_light_ref.io.folder import FileIdentity, ModelFolder
 from onnx_light_ref.io.posix import pread_exact, pwrite_all
 from onnx_light_ref.io.space import shared_extent_bytes
 from onnx_light_ref.io.writeback import DEFAULT_STRETCH, WritebackPacer
@@ -92,6 +92,9 @@ class CopyRange:
     dst_offset: int
     length: int
     src_identity: FileIdentity | None = None  # when set, the opened file must be this one
+    # When set, the source is opened as src_location relative to this held folder (src_path is for messages only).
+    src_folder: ModelFolder | None = None
+    src_location: str | None = None
 
 
 def merge_ranges(ranges: Iterable[CopyRange]) -> list[CopyRange]:
@@ -140,6 +143,8 @@ def _merged(ordered: Iterable[CopyRange]) -> Iterator[CopyRange]:
                 pending.dst_offset,
                 pending.length + item.length,
                 pending.src_identity,
+                pending.src_folder,
+                pending.src_location,
             )
             continue
         if pending is not None:
@@ -152,21 +157,38 @@ def _merged(ordered: Iterable[CopyRange]) -> Iterator[CopyRange]:
 def open_source(item: CopyRange) -> int:
     """Open ``item``'s source read-only, refusing a file that is no longer the one that was validated.
 
-    The path was resolved and checked before (no symlink, inside the model folder); between that check and this
-    open, someone with write access to the folder could have swapped the file, for a symlink pointing anywhere or
-    for another file. ``O_NOFOLLOW`` refuses the first, the device/inode comparison the second: both raise
-    :class:`ExternalDataError`, and nothing is read from the swapped file.
+    A model-relative source (``src_folder`` set) is opened through the folder descriptor held since validation
+    (:meth:`~onnx_light_ref.io.folder.ModelFolder.open_file`: no symbolic link, no escape, one hard link), so a folder
+    or subfolder swapped meanwhile cannot redirect the read. Any other source (the ``.onnx`` the user named, for its
+    inline payloads) is opened by its path with ``O_NOFOLLOW``. Either way the device and inode must be the validated
+    ones: a file replaced since then raises :class:`ExternalDataError` and nothing is read from it.
+
+    Raises:
+        ExternalDataError: the file was replaced (or became a symbolic link, or cannot be opened).
+        FileNotFoundError: the file is gone.
     """
-    try:
-        fd = os.open(item.src_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.EMLINK):  # O_NOFOLLOW on a symlink (EMLINK on FreeBSD)
+    if item.src_folder is not None and item.src_location is not None:
+        # Hard links were checked at validation; a link added since to the same inode exposes nothing new, and a
+        # replaced file fails the identity check below.
+        opened = item.src_folder.open_file(
+            item.src_location, subject=f"source file {item.src_path!r}", check_links=False
+        )
+        fd, st = opened.fd, opened.stat
+    else:
+        try:
+            fd = os.open(item.src_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EMLINK):  # O_NOFOLLOW on a symlink (EMLINK on FreeBSD)
+                raise ExternalDataError(
+                    f"source file {item.src_path!r} was replaced after it was validated (it is now a symbolic "
+                    "link); nothing was published."
+                ) from exc
             raise ExternalDataError(
-                f"source file {item.src_path!r} was replaced after it was validated (it is now a symbolic link); "
-                "nothing was published."
+                f"source file {item.src_path!r} cannot be opened: {exc.strerror or exc}; nothing was published."
             ) from exc
-        raise
-    st = os.fstat(fd)
+        st = os.fstat(fd)
     if item.src_identity is not None and FileIdentity(st.st_dev, st.st_ino) != item.src_identity:
         os.close(fd)
         raise ExternalDataError(

@@ -39,7 +39,7 @@ from types import TracebackType
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.posix import check_single_link
 
-__all__ = ["FileIdentity", "ModelFolder", "OpenedFile", "openat2_available"]
+__all__ = ["FileIdentity", "ModelFolder", "OpenedFile", "openat2_available", "relative_below"]
 
 # What a data file is opened with. O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused right after
 # by the fstat check); no effect on regular files. O_NOCTTY: a terminal device never becomes our controlling tty.
@@ -201,10 +201,12 @@ class ModelFolder:
         return f"ModelFolder({self.path!r}, allow_outside_folder={self.allow_outside_folder})"
 
     def display_path(self, location: str) -> str:
-        """``location`` joined to the folder's path, for messages (never opened by that name)."""
-        return os.path.join(self.path, location)
+        """``location`` joined to the folder's path and normalized, for messages (never opened by that name)."""
+        return os.path.normpath(os.path.join(self.path, location))
 
-    def open_file(self, location: str, *, tensor_name: str | None = None, subject: str | None = None) -> OpenedFile:
+    def open_file(
+        self, location: str, *, tensor_name: str | None = None, subject: str | None = None, check_links: bool = True
+    ) -> OpenedFile:
         """Open ``location`` read-only relative to the held folder and check the descriptor.
 
         Confined (the default): no component may be a symbolic link (inside or outside the folder: onnx refuses
@@ -217,6 +219,8 @@ class ModelFolder:
                 :func:`~onnx_light_ref.io.locations.check_location_syntax` for external data).
             tensor_name: the tensor the file is for; messages start ``tensor '<name>': external data file ...``.
             subject: the start of every message instead (a kernel names its node), e.g. ``"node 'w': file 'x'"``.
+            check_links: refuse several hard links here (False: the caller checks ``stat.st_nlink`` itself, after
+                reporting a more useful error first, such as "the destination is this source").
 
         Returns:
             The open file; the caller closes it.
@@ -235,7 +239,8 @@ class ModelFolder:
                 raise ExternalDataError(
                     f"{what} ({self.display_path(location)!r}) is not a regular file; expected a file of weights."
                 )
-            check_single_link(st, what=f"{what} ({self.display_path(location)!r})")
+            if check_links:
+                check_single_link(st, what=f"{what} ({self.display_path(location)!r})")
         except BaseException:
             os.close(fd)
             raise
@@ -346,3 +351,21 @@ def _is_symlink(name: str, dir_fd: int) -> bool:
         return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
     except OSError:
         return False
+
+
+def relative_below(folder: str, absolute: str) -> str | None:
+    """The name of ``absolute`` relative to ``folder``, compared by name; None when it is not below it.
+
+    For a confined reader given an absolute name (a ``DelayedInitializer`` filename): the name is then opened
+    relative to the held folder like any other, so this only computes a name, it never decides what may be read.
+    ``folder`` is compared as given and with its symbolic links resolved (the user may have bound it through an
+    alias); a name with ``..`` components is not below anything (onnx refuses ``..``).
+    """
+    if "/../" in f"{absolute}/" or not os.path.isabs(absolute):
+        return None
+    name = os.path.normpath(absolute)
+    for base in dict.fromkeys((os.path.normpath(folder), os.path.realpath(folder))):
+        prefix = os.path.join(base, "")
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return name[len(prefix) :]
+    return None

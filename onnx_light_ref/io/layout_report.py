@@ -30,7 +30,7 @@ import onnx
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.alignment import offset_alignment
-from onnx_light_ref.io.arguments import PathLike
+from onnx_light_ref.io.arguments import PathLike, check_bool
 from onnx_light_ref.io.entries import is_external, parse_entry_int, read_entries
 from onnx_light_ref.io.locations import LocationResolver, expected_nbytes, parse_external_data
 from onnx_light_ref.io.model_file import load_model_metadata
@@ -281,14 +281,16 @@ def _analyse_file(file: FileLayout, members: list[TensorLayout]) -> None:
         file.gaps.append(Gap(cursor, file.size - cursor))
 
 
-def build_layout_report(model_path: PathLike) -> LayoutReport:
+def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = False) -> LayoutReport:
     """Parse ``model_path`` (metadata only) and describe every external tensor and data file.
 
     Every problem with a tensor's reference is recorded in the report, with the tensor's status and a message;
     nothing about a tensor raises. Files are ``stat``ed, never read.
 
     Args:
-        model_path: the ``.onnx`` file; locations are resolved against its folder.
+        model_path: the ``.onnx`` file; locations are resolved against its folder, held open from the start.
+        allow_outside_folder: follow symbolic links in data paths (a trusted layout such as the Hugging Face cache).
+            Default: a data path through a symbolic link is an "unsafe location", as onnx's loader refuses it.
 
     Returns:
         A :class:`LayoutReport`: one :class:`TensorLayout` per external tensor in walk order, one :class:`FileLayout`
@@ -301,9 +303,10 @@ def build_layout_report(model_path: PathLike) -> LayoutReport:
     path = os.path.abspath(os.fspath(model_path))
     # Names that are not UTF-8 are reported per tensor below, instead of refusing the whole model.
     model = load_model_metadata(path, check_strings=False)
-    resolver = LocationResolver(os.path.dirname(path))
+    check_bool("allow_outside_folder", allow_outside_folder)
+    resolver = LocationResolver(os.path.dirname(path), allow_outside_folder=allow_outside_folder)
     tensors: list[TensorLayout] = []
-    files: dict[str, FileLayout] = {}  # keyed by resolved path (two spellings of one file are one file)
+    files: dict[str, FileLayout] = {}  # keyed by normalized path (two spellings of one file are one file)
     members: dict[str, list[TensorLayout]] = {}
     inline = 0
     for site in iter_tensors(model):
@@ -323,4 +326,5 @@ def build_layout_report(model_path: PathLike) -> LayoutReport:
             file.tensors = len(members[key])
             continue
         _analyse_file(file, members[key])
+    resolver.close()
     return LayoutReport(path, tensors, list(files.values()), inline)

@@ -1,11 +1,16 @@
 """Safe resolution and validation of ``external_data`` locations and byte ranges.
 
 Everything the package reads or writes through a ``location`` goes through this module, and every check happens
-here, before any byte is copied: the location is relative, free of ``..`` components (the ONNX spec forbids them),
-of NUL bytes and backslashes, and resolves (symlinks followed) inside the model's folder; the file exists and is a
-regular file; ``offset + length`` fits in it; ``length`` agrees with the tensor's dims and dtype.
+here, before any byte is copied: the location is relative, free of ``..`` (the ONNX spec forbids them), of NUL bytes
+and backslashes; the file is opened through the model's folder held by a
+:class:`~onnx_light_ref.io.folder.ModelFolder` (no symbolic link anywhere on the way unless the caller opted in, a
+regular file with one hard link: onnx's loader rule, see ``docs/safety.md``); ``offset + length`` fits in it;
+``length`` agrees with the tensor's dims and dtype. A validated :class:`ExternalRef` carries the folder, the
+location and the identity of the file, so that whoever reads it later opens it through the same held folder and
+notices a file replaced meanwhile.
 
-This module never opens a file for writing and never reads weight bytes: it only ``stat``s.
+This module never opens a file for writing, never reads weight bytes and never uses ``realpath`` to decide what may
+be read: it opens (to ``fstat``) and closes.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import onnx
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.entries import is_external, parse_entry_int, read_entries
-from onnx_light_ref.io.folder import FileIdentity
+from onnx_light_ref.io.folder import FileIdentity, ModelFolder
 from onnx_light_ref.io.posix import check_single_link
 
 __all__ = [
@@ -58,11 +63,12 @@ class ExternalRef:
 
     tensor_name: str
     location: str  # as written in the model
-    path: str  # absolute, symlinks resolved
+    path: str  # the folder's path joined with the location: for messages; reopen through `folder`, never by path
     offset: int
     length: int
     checksum: str | None
-    file_stat: os.stat_result  # of the resolved file, when it was validated
+    file_stat: os.stat_result  # fstat of the file opened through the folder, when it was validated
+    folder: ModelFolder | None = None  # the held folder the file was validated through
 
     @property
     def file_size(self) -> int:
@@ -137,41 +143,70 @@ def check_location_syntax(location: str | bytes, *, tensor_name: str) -> str:
 
 
 def resolve_location(base_dir: str, location: str, *, tensor_name: str) -> str:
-    """Return the absolute, symlink-free path of ``location`` inside ``base_dir``.
+    """Check that ``location`` names a regular file inside ``base_dir`` reachable without a symbolic link.
 
-    Checks the syntax, then that the real path stays inside the real ``base_dir`` (a symlinked file or parent folder
-    pointing outside is refused), and that it is an existing regular file. Raises :class:`UnsafeLocationError`,
-    ``FileNotFoundError`` (also for a path through a regular file) or :class:`ExternalDataError` (not a regular
-    file, or not accessible: a symlink loop, a name too long).
+    Checks the syntax (:func:`check_location_syntax`), then opens the file through the folder
+    (:class:`~onnx_light_ref.io.folder.ModelFolder`) and closes it. Hard links are left to
+    :func:`check_not_hard_linked`.
+
+    Returns:
+        ``base_dir`` joined with ``location`` (absolute), for messages.
+
+    Raises:
+        UnsafeLocationError: a bad name, a symbolic link on the way.
+        FileNotFoundError: no such file (also for a path through a regular file).
+        ExternalDataError: not a regular file, or not accessible.
     """
-    return _resolve_and_stat(os.path.realpath(base_dir), location, tensor_name)[0]
+    return LocationResolver(base_dir).resolve(location, tensor_name=tensor_name)[0]
 
 
 class LocationResolver:
-    """Resolves locations against one folder, each distinct location once (see :func:`resolve_location`).
+    """Resolves locations through one held model folder, each distinct location once.
 
-    Models keep thousands of tensors in a handful of files; resolving every tensor anew costs two ``realpath`` walks
-    and two ``stat`` calls, which was half the time of re-aligning 8192 small tensors. Only successes are cached,
-    so every error still names the tensor that hit it. Use one resolver per plan: the copy engine re-checks device
-    and inode when it opens each file, so a file swapped after planning is still caught.
+    Models keep thousands of tensors in a handful of files; opening every tensor's file anew cost half the time of
+    re-aligning 8192 small tensors. Only successes are cached, so every error still names the tensor that hit it.
+    Use one resolver per plan: readers reopen each file through :attr:`folder` and re-check device and inode, so a
+    file swapped after planning is still caught.
+
+    Args:
+        base_dir: the model's folder (opened and held now), or an already held :class:`ModelFolder`.
+        allow_outside_folder: when ``base_dir`` is a path: follow symbolic links (trusted layouts only).
     """
 
-    def __init__(self, base_dir: str) -> None:
-        self.base_dir = base_dir
-        self._real_base = os.path.realpath(base_dir)
+    def __init__(self, base_dir: str | ModelFolder, *, allow_outside_folder: bool = False) -> None:
+        self._folder = base_dir if isinstance(base_dir, ModelFolder) else None
+        self.base_dir = base_dir.path if isinstance(base_dir, ModelFolder) else os.path.abspath(base_dir)
+        self.allow_outside_folder = allow_outside_folder
         self._resolved: dict[str, tuple[str, os.stat_result]] = {}
 
+    @property
+    def folder(self) -> ModelFolder:
+        """The held folder, opened at the first reference (a model without external data opens nothing)."""
+        if self._folder is None:
+            self._folder = ModelFolder.open(self.base_dir, allow_outside_folder=self.allow_outside_folder)
+        return self._folder
+
+    def close(self) -> None:
+        """Close the held folder (references validated through it can no longer be reopened)."""
+        if self._folder is not None:
+            self._folder.close()
+
     def resolve(self, location: str, *, tensor_name: str) -> tuple[str, os.stat_result]:
-        """The real path of ``location`` and its ``stat`` result."""
+        """The display path of ``location`` and the ``fstat`` of the file opened through the folder."""
         hit = self._resolved.get(location)
         if hit is None:
-            hit = _resolve_and_stat(self._real_base, location, tensor_name)
+            check_location_syntax(location, tensor_name=tensor_name)
+            with self.folder.open_file(location, tensor_name=tensor_name, check_links=False) as opened:
+                hit = (opened.path, opened.stat)
             self._resolved[location] = hit
         return hit
 
 
 def is_inside(real_base: str, real: str) -> bool:
-    """Whether the real path ``real`` is ``real_base`` or below it (both already resolved by ``realpath``)."""
+    """Whether the real path ``real`` is ``real_base`` or below it (both already resolved by ``realpath``).
+
+    For writers' destination checks only: no reader decides what it may read with it (readers open through
+    :class:`~onnx_light_ref.io.folder.ModelFolder`)."""
     return os.path.commonpath([real_base, real]) == real_base
 
 
@@ -208,30 +243,6 @@ def stat_regular_file(
     if not stat.S_ISREG(st.st_mode):
         raise not_regular()
     return st
-
-
-def _resolve_and_stat(real_base: str, location: str, tensor_name: str) -> tuple[str, os.stat_result]:
-    check_location_syntax(location, tensor_name=tensor_name)
-    joined = os.path.join(real_base, location)
-    real = os.path.realpath(joined)
-    if not is_inside(real_base, real):
-        raise UnsafeLocationError(
-            f"tensor {tensor_name!r}: external data location {location!r} resolves to {real!r}, outside the "
-            f"model's folder {real_base!r} (through a symbolic link)."
-        )
-    st = stat_regular_file(
-        real,
-        missing=lambda: FileNotFoundError(
-            f"tensor {tensor_name!r}: external data file {location!r} does not exist (looked for {joined!r})."
-        ),
-        inaccessible=lambda reason: ExternalDataError(
-            f"tensor {tensor_name!r}: external data location {location!r} ({joined!r}) cannot be accessed: {reason}."
-        ),
-        not_regular=lambda: ExternalDataError(
-            f"tensor {tensor_name!r}: external data location {location!r} ({real!r}) is not a regular file."
-        ),
-    )
-    return real, st
 
 
 def expected_nbytes(tensor: onnx.TensorProto, *, label: str | None = None) -> int | None:
@@ -330,6 +341,7 @@ def parse_external_data(
         length=length,
         checksum=raw.get("checksum"),
         file_stat=st,
+        folder=resolver.folder,
     )
 
 

@@ -88,6 +88,7 @@ def save_model_with_shared_external_data(
     progress: ProgressCallback | None = None,
     check_references: bool = True,
     durable: bool = True,
+    allow_outside_folder: bool = False,
 ) -> SaveResult:
     """Save ``model`` to ``dst_onnx_path``, writing only its inline tensors to a secondary weights file.
 
@@ -110,6 +111,9 @@ def save_model_with_shared_external_data(
             present, range within the file). ``False`` writes the references as they are, but their syntax is
             checked either way (relative, no ``..``, strict numbers, known keys): no loader accepts anything else.
         durable: fsync the outputs and their folder (default); ``False`` skips every fsync, same bytes.
+        allow_outside_folder: with ``check_references``, follow symbolic links in the reused references' data
+            paths (a trusted layout). Default: a reused file reached through a symbolic link dangles, as onnx's
+            loader would refuse it.
 
     Returns:
         A :class:`~onnx_light_ref.io.results.SaveResult`: an ``int`` equal to the secondary file size, padding
@@ -135,8 +139,17 @@ def save_model_with_shared_external_data(
     check_int("size_threshold", size_threshold)
     check_bool("check_references", check_references)
     check_bool("durable", durable)
+    check_bool("allow_outside_folder", allow_outside_folder)
     check_model_strings(model)  # a name protobuf hands back as bytes would fail far from here, or be written out
-    plan = _plan(model, os.path.abspath(os.fspath(dst_onnx_path)), location, step, size_threshold, check_references)
+    plan = _plan(
+        model,
+        os.path.abspath(os.fspath(dst_onnx_path)),
+        location,
+        step,
+        size_threshold,
+        check_references,
+        allow_outside_folder,
+    )
     with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
         weights = _write_new_tensors(outputs, plan, progress)
         _publish(model, plan, outputs, weights)
@@ -175,6 +188,7 @@ def _plan(
     step: int,
     size_threshold: int,
     check_references: bool,
+    allow_outside_folder: bool = False,
 ) -> _SavePlan:
     """Classify every tensor, run every guard, and lay out the new tensors; writes nothing."""
     dst_dir = os.path.dirname(dst_onnx)
@@ -186,7 +200,7 @@ def _plan(
     check_location_syntax(location, tensor_name="<secondary weights file>")
     secondary_path = os.path.join(dst_dir, location)
 
-    resolver = LocationResolver(dst_dir)
+    resolver = LocationResolver(dst_dir, allow_outside_folder=allow_outside_folder)
     reused = _Reused()
     new: list[_NewTensor] = []
     cursor = total = 0

@@ -37,6 +37,7 @@ from onnx import numpy_helper
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
 from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, open_source
+from onnx_light_ref.io.folder import ModelFolder
 from onnx_light_ref.io.locations import (
     FileIdentity,
     LocationResolver,
@@ -121,11 +122,12 @@ class _Side:
     path: str
     records: list[_Record]
     keys: list[_Key] | None  # parallel to ``records``; only when pairing by name
-    files: list[tuple[str, str, FileIdentity]]  # (location, real path, identity)
+    files: list[tuple[str, str, FileIdentity]]  # (location, display path, identity)
     allow_hard_links: bool
     _fds: dict[int, int]
     stripped: StrippedModel | None = None  # set when the .onnx was parsed by the wire scan
     real_path: str = ""  # the scanned .onnx with symlinks resolved (only with ``stripped``)
+    folder: ModelFolder | None = None  # the model's folder, held since validation: data files open through it
 
     def identity(self, file: int) -> FileIdentity:
         """The device and inode of ``files[file]``, or of the scanned ``.onnx`` for :data:`_MODEL_FILE`."""
@@ -145,7 +147,8 @@ class _Side:
             fd = self._model_fd()
         elif fd is None:
             location, path, identity = self.files[file]
-            fd = open_source(CopyRange(path, 0, 0, 0, identity))  # O_NOFOLLOW + device/inode re-check
+            # Through the folder held since validation, then the device/inode re-check.
+            fd = open_source(CopyRange(path, 0, 0, 0, identity, self.folder, location))
             self._fds[file] = fd
             if not self.allow_hard_links:
                 check_single_link(
@@ -182,6 +185,8 @@ class _Side:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        if self.folder is not None:
+            self.folder.close()
 
 
 def verify_models(
@@ -193,6 +198,7 @@ def verify_models(
     allow_hard_links: bool = False,
     by_name: bool = False,
     progress: ProgressCallback | None = None,
+    allow_outside_folder: bool = False,
 ) -> VerifyResult:
     """Compare every tensor of two models, streaming external bytes; report the first difference.
 
@@ -240,6 +246,9 @@ def verify_models(
             package and in onnx >= 1.21: a hard link in a model's folder can name a file from outside it.
         by_name: pair tensors by graph, kind and name (see above) instead of by position.
         progress: called as ``progress(done_bytes, total_bytes)`` after each compared chunk.
+        allow_outside_folder: follow symbolic links in data paths (trusted layouts such as the Hugging Face cache).
+            Default: each model's folder is held open from the start and every data file is opened through it with
+            no symbolic link on the way, as onnx's loader does (see ``docs/safety.md``).
 
     Returns:
         A :class:`VerifyResult`.
@@ -261,9 +270,10 @@ def verify_models(
     check_bool("check_checksums", check_checksums)
     check_bool("allow_hard_links", allow_hard_links)
     check_bool("by_name", by_name)
+    check_bool("allow_outside_folder", allow_outside_folder)
     sides = (
-        _load_side("A", a_onnx_path, allow_hard_links=allow_hard_links, by_name=by_name),
-        _load_side("B", b_onnx_path, allow_hard_links=allow_hard_links, by_name=by_name),
+        _load_side("A", a_onnx_path, allow_hard_links=allow_hard_links, by_name=by_name, outside=allow_outside_folder),
+        _load_side("B", b_onnx_path, allow_hard_links=allow_hard_links, by_name=by_name, outside=allow_outside_folder),
     )
     pairs, difference = _pair_by_name(*sides) if by_name else _pair_by_position(*sides)
     if difference is not None:
@@ -275,7 +285,7 @@ def verify_models(
             side.close()
 
 
-def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool, by_name: bool) -> _Side:
+def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool, by_name: bool, outside: bool) -> _Side:
     """Parse the model without weights and validate every external reference (stat only, nothing read).
 
     A ``.onnx`` over protobuf's limit is parsed by the wire scan: its inline payloads stay in the file, each tensor's
@@ -296,7 +306,7 @@ def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool, by_nam
         )
     else:
         model = load_model_metadata(path)
-    resolver = LocationResolver(os.path.dirname(path))
+    resolver = LocationResolver(os.path.dirname(path), allow_outside_folder=outside)
     files: list[tuple[str, str, FileIdentity]] = []
     file_index: dict[FileIdentity, int] = {}
     records: list[_Record] = []
@@ -316,7 +326,7 @@ def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool, by_nam
     logger.debug("model %s %r: %d tensors, %d data files", name, path, len(records), len(files))
     # The payloads are read from the real file: the scan followed symlinks, the later open (O_NOFOLLOW) must not.
     real_path = os.path.realpath(path) if stripped is not None else ""
-    return _Side(name, path, records, keys, files, allow_hard_links, {}, stripped, real_path)
+    return _Side(name, path, records, keys, files, allow_hard_links, {}, stripped, real_path, resolver.folder)
 
 
 def _site_keys(model: onnx.ModelProto, side: str) -> list[_Key]:

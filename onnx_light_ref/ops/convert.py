@@ -47,6 +47,7 @@ import onnx
 import onnx.inliner
 
 from onnx_light_ref.io.arguments import PathLike, check_int
+from onnx_light_ref.io.folder import ModelFolder
 from onnx_light_ref.io.locations import (
     ExternalRef,
     LocationResolver,
@@ -99,7 +100,11 @@ def _shadowed_by_inputs(graph: onnx.GraphProto) -> set[str]:
     return {value.name for value in graph.input}
 
 
-def _load(model_or_path: onnx.ModelProto | PathLike, base_dir: PathLike | None) -> tuple[onnx.ModelProto, str | None]:
+def _load(
+    model_or_path: onnx.ModelProto | PathLike, base_dir: PathLike | ModelFolder | None
+) -> tuple[onnx.ModelProto, str | None]:
+    if isinstance(base_dir, ModelFolder):
+        base_dir = base_dir.path
     if isinstance(model_or_path, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(model_or_path)
@@ -114,13 +119,14 @@ def _load(model_or_path: onnx.ModelProto | PathLike, base_dir: PathLike | None) 
 
 
 def plan_delayed_initializers(
-    model_or_path: onnx.ModelProto | PathLike, *, base_dir: PathLike | None = None, min_size: int = 0
+    model_or_path: onnx.ModelProto | PathLike, *, base_dir: PathLike | ModelFolder | None = None, min_size: int = 0
 ) -> ConversionPlan:
     """Load (metadata only) or copy the model, inline its functions, and validate every initializer to convert.
 
     Args:
         model_or_path: A ``.onnx`` path or a ModelProto (copied).
-        base_dir: Folder the locations are relative to (default: the model's folder for a path).
+        base_dir: Folder the locations are relative to (default: the model's folder for a path), or a held
+            :class:`~onnx_light_ref.io.folder.ModelFolder` to validate through.
         min_size: Initializers smaller than this many bytes are kept.
 
     Returns:
@@ -137,7 +143,10 @@ def plan_delayed_initializers(
         # node (and every initializer reference) lives in the main graph or its subgraphs.
         model = onnx.inliner.inline_local_functions(model)
 
-    resolver = LocationResolver(folder) if folder is not None else None
+    if isinstance(base_dir, ModelFolder):
+        resolver: LocationResolver | None = LocationResolver(base_dir)
+    else:
+        resolver = LocationResolver(folder) if folder is not None else None
     delayed: list[DelayedTensor] = []
     kept_shadowed: list[str] = []
     kept_small: list[str] = []
@@ -271,7 +280,7 @@ def delay_initializers(
     model_or_path: onnx.ModelProto | PathLike,
     load_device: str = "file",
     *,
-    base_dir: PathLike | None = None,
+    base_dir: PathLike | ModelFolder | None = None,
     min_size: int = 0,
 ) -> onnx.ModelProto:
     """Return a new model where every external initializer of at least ``min_size`` bytes is a DelayedInitializer.

@@ -27,6 +27,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
+import weakref
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -36,8 +38,9 @@ from onnx.reference.op_run import OpRun
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.arguments import check_bool
-from onnx_light_ref.io.locations import FileIdentity, check_location_syntax, is_inside, stat_regular_file
-from onnx_light_ref.io.posix import check_single_link, pread_exact
+from onnx_light_ref.io.folder import FileIdentity, ModelFolder, relative_below
+from onnx_light_ref.io.locations import check_location_syntax
+from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.ops.attributes import (
     ATTRIBUTE_TYPES,
     DelayedInitializerParams,
@@ -56,22 +59,36 @@ logger = logging.getLogger(__name__)
 # stat made before opening). It has no effect on regular files.
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
 
-# Where Linux shows the path an open descriptor really refers to: lets a confined read check the file it opened,
-# whatever happened to the parent folders between validation and open.
-_PROC_FD = "/proc/self/fd"
+
+# Unbound kernels: the folder of each current directory seen, held while an instance uses it.
+_UNBOUND_FOLDERS: weakref.WeakValueDictionary[str, ModelFolder] = weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True)
 class _Source:
-    """A validated file to read: where it is, what it is, and the folder it must stay in (None: not confined)."""
+    """Where a file is: a name relative to a held folder, or (unconfined) an absolute name opened as it is."""
 
-    path: str  # what is opened: the real path when resolved, else the absolute filename as written
     shown: str  # the filename as the node wrote it, for messages
-    resolved: bool  # path is symlink-free: open it with O_NOFOLLOW
-    confined_to: str | None
+    folder: ModelFolder | None  # open `name` through it; None: `name` is an absolute path, opened as it is
+    name: str
     refuse_hard_links: bool
+
+
+@dataclass(frozen=True)
+class _Stamp:
+    """What the file was when it was validated: a later run refuses another file, or one of another size.
+
+    Same inode and size: the same file with the same layout, rewritten in place, which the spec's file mode reads
+    anew at every run. Another inode (every writer replaces files atomically) or another size: offsets planned for
+    the validated file would read other bytes.
+    """
+
     identity: FileIdentity
     size: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> _Stamp:
+        return cls(FileIdentity(st.st_dev, st.st_ino), st.st_size)
 
 
 def _checked_getcwd(where: str) -> str:
@@ -103,6 +120,7 @@ class DelayedInitializer(OpRun):
     # whether filenames may point outside it.
     _rt_bound_dir: ClassVar[str | None] = None
     _rt_allow_outside: ClassVar[bool] = False
+    _rt_bound_folder: ClassVar[ModelFolder | None] = None  # held from bind() (or the first construction) on
 
     def __init__(self, onnx_node: onnx.NodeProto, run_params: dict[str, Any], schema: Any = None) -> None:
         self._rt_where = describe_node(onnx_node)
@@ -112,6 +130,8 @@ class DelayedInitializer(OpRun):
         self._rt_base_dir: str | None = self._rt_bound_dir
         self._rt_params: DelayedInitializerParams | None = None
         self._rt_cache: np.ndarray | None = None
+        self._rt_folder: ModelFolder | None = None  # the folder relative names open through, held from now on
+        self._rt_stamp: _Stamp | None = None  # file mode: the file validated at construction (None: absent then)
         if self.has_linked_attribute:
             # One instance serves every call site; the filename is only known per call. Capture the directory a
             # relative name would use now, as the spec says, but do not fail if there is none (absolute names).
@@ -131,22 +151,40 @@ class DelayedInitializer(OpRun):
             cache.setflags(write=False)
             self._rt_cache = cache
         else:
-            # Refuse a file outside the folder now, not at the first run; the file itself may appear later.
-            self._rt_check_path(params)
+            # Refuse a file outside the folder now, not at the first run; the file itself may appear later. When it
+            # exists, remember which file it is: a run must never read another file through offsets planned now.
+            source = self._rt_check_path(params)
+            if params.nbytes:
+                try:
+                    fd, st = self._rt_open(source, params)
+                except UnsafeLocationError:
+                    raise  # a symlink or a hard link now: refused before any run
+                except (FileNotFoundError, ValueError):
+                    pass  # missing, too short, not a regular file: each run reports it (the spec's file mode)
+                else:
+                    os.close(fd)
+                    self._rt_stamp = _Stamp.of(st)
 
     @classmethod
-    def bind(cls, base_dir: str | os.PathLike[str], *, allow_outside_folder: bool = False) -> type[DelayedInitializer]:
+    def bind(
+        cls, base_dir: str | os.PathLike[str] | ModelFolder, *, allow_outside_folder: bool = False
+    ) -> type[DelayedInitializer]:
         """A subclass, still named ``DelayedInitializer``, whose filenames are confined to ``base_dir``.
 
-        Every ``filename``, absolute or relative, must resolve (symlinks followed) inside ``base_dir``; relative
-        ones resolve against it; files with several hard links are refused. Use it as
+        The folder is opened now and held: every ``filename`` is opened relative to that descriptor, with no
+        symbolic link on the way (onnx's loader rule); an absolute filename must name a file below ``base_dir``
+        (compared by name); files with several hard links are refused. Renaming the folder away or swapping it for a
+        symbolic link afterwards changes nothing: the held folder is read. Use it as
         ``new_ops=[DelayedInitializer.bind(model_folder)]``.
 
         Args:
-            base_dir: the model's folder, made absolute now (a later ``os.chdir`` changes nothing).
+            base_dir: the model's folder, made absolute now (a later ``os.chdir`` changes nothing), or a held
+                :class:`~onnx_light_ref.io.folder.ModelFolder`. A folder that does not exist yet is opened at the
+                first construction.
             allow_outside_folder: trust the model: absolute filenames are used as they are (the spec's behaviour,
-                needed for models like the spec's examples, whose files are in ``/tmp``). Relative names still
-                resolve against ``base_dir`` and must stay inside it.
+                needed for models like the spec's examples, whose files are in ``/tmp``), and symbolic links are
+                followed (a trusted layout such as the Hugging Face cache). Relative names still resolve against
+                ``base_dir`` and may not contain ``..``.
 
         Returns:
             The bound kernel class.
@@ -155,11 +193,21 @@ class DelayedInitializer(OpRun):
             TypeError: ``allow_outside_folder`` is not a bool.
         """
         check_bool("allow_outside_folder", allow_outside_folder)
-        bound_dir = os.path.abspath(os.fspath(base_dir))
+        held: ModelFolder | None = None
+        if isinstance(base_dir, ModelFolder):
+            held, bound_dir = base_dir, base_dir.path
+            allow_outside_folder = allow_outside_folder or base_dir.allow_outside_folder
+        else:
+            bound_dir = os.path.abspath(os.fspath(base_dir))
+            try:
+                held = ModelFolder.open(bound_dir, allow_outside_folder=allow_outside_folder)
+            except FileNotFoundError:
+                held = None  # opened at the first construction, which reports it if it is still missing
         policy = "absolute filenames allowed anywhere" if allow_outside_folder else "every filename confined to it"
         namespace = {
             "_rt_bound_dir": bound_dir,
             "_rt_allow_outside": allow_outside_folder,
+            "_rt_bound_folder": held,
             "__module__": cls.__module__,
             "__qualname__": cls.__qualname__,
             "__doc__": f"{cls.__doc__}\n\nBound to base directory {bound_dir!r} ({policy}).",
@@ -174,73 +222,85 @@ class DelayedInitializer(OpRun):
     def _rt_wanted(self, params: DelayedInitializerParams) -> str:
         return f"{params.nbytes} bytes at offset {params.offset}"
 
-    def _rt_check_path(self, params: DelayedInitializerParams) -> tuple[str, bool, str | None, bool]:
-        """Where to open ``params.filename``, without touching the file (only ``realpath``).
+    def _rt_held_folder(self, base: str) -> ModelFolder:
+        """The folder relative names open through: the bound one (held since bind), else ``base``, opened now."""
+        if self._rt_folder is not None:
+            return self._rt_folder
+        cls = type(self)
+        if self._rt_bound_dir is not None:
+            if cls._rt_bound_folder is None:
+                cls._rt_bound_folder = ModelFolder.open(base, allow_outside_folder=self._rt_allow_outside)
+            self._rt_folder = cls._rt_bound_folder
+        else:
+            # Unbound: one held folder per directory shared by the live instances (a model has thousands of nodes).
+            held = _UNBOUND_FOLDERS.get(base)
+            if held is None or held.closed:
+                held = _UNBOUND_FOLDERS[base] = ModelFolder.open(base)
+            self._rt_folder = held
+        return self._rt_folder
 
-        Returns ``(path, resolved, confined_to, refuse_hard_links)``; raises :class:`UnsafeLocationError` for a
-        name outside the folder it must stay in.
+    def _rt_check_path(self, params: DelayedInitializerParams) -> _Source:
+        """Where to open ``params.filename``, by name only (the file is not opened).
+
+        Raises :class:`UnsafeLocationError` for a name outside the folder it must stay in.
         """
         filename = params.filename
         confined = self._rt_bound_dir is not None and not self._rt_allow_outside
         if os.path.isabs(filename) and not confined:
-            return filename, False, None, False
+            return _Source(filename, None, filename, False)
         base = self._rt_base_dir if self._rt_base_dir is not None else _checked_getcwd(self._rt_where)
-        real_base = os.path.realpath(base)
-        if not os.path.isabs(filename):
-            try:
-                check_location_syntax(filename, tensor_name=self._rt_output_name())
-            except UnsafeLocationError as exc:
+        name = filename
+        if os.path.isabs(filename):
+            relative = relative_below(base, filename)
+            if relative is None:
                 raise UnsafeLocationError(
-                    f"{self._rt_where}: relative filename {filename!r} must stay inside the folder {base!r}: {exc}"
-                ) from exc
-        real = os.path.realpath(os.path.join(real_base, filename))
-        if not is_inside(real_base, real):
-            hint = (
-                " Pass allow_outside_folder=True (CLI: --allow-outside-folder) if you trust this model."
-                if confined
-                else ""
-            )
+                    f"{self._rt_where}: filename {filename!r} resolves to {os.path.normpath(filename)!r}, outside the "
+                    f"model's folder {base!r}; refused before reading anything. Pass allow_outside_folder=True "
+                    "(CLI: --allow-outside-folder) if you trust this model."
+                )
+            name = relative
+        try:
+            check_location_syntax(name, tensor_name=self._rt_output_name())
+        except UnsafeLocationError as exc:
             raise UnsafeLocationError(
-                f"{self._rt_where}: filename {filename!r} resolves to {real!r}, outside the model's folder "
-                f"{real_base!r}; refused before reading anything.{hint}"
-            )
-        return real, True, real_base, True
+                f"{self._rt_where}: relative filename {filename!r} must stay inside the folder {base!r}: {exc}"
+            ) from exc
+        return _Source(filename, self._rt_held_folder(base), name, True)
 
-    def _rt_locate(self, params: DelayedInitializerParams) -> _Source:
-        """Check the path and ``stat`` the file it names (not opened yet)."""
-        path, resolved, confined_to, refuse_hard_links = self._rt_check_path(params)
-        shown = params.filename
+    def _rt_open(self, source: _Source, params: DelayedInitializerParams) -> tuple[int, os.stat_result]:
+        """Open ``source`` (through the held folder when it has one) and check it before any allocation."""
+        subject = f"{self._rt_where}: file {source.shown!r}"
+        wanted = self._rt_wanted(params)
+        if source.folder is not None:
+            try:
+                opened = source.folder.open_file(source.name, subject=subject, check_links=source.refuse_hard_links)
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(errno.ENOENT, f"{exc.strerror} (needed {wanted})", exc.filename) from exc
+            fd, st = opened.fd, opened.stat
+        else:
+            fd, st = self._rt_open_absolute(source, subject, wanted)
+        try:
+            self._rt_check_file(source, st, params)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st
 
-        def missing() -> FileNotFoundError:
-            folder = "" if os.path.isabs(shown) else f" in {os.path.dirname(path) or path!r}"
-            if not os.path.isabs(shown) and self._rt_base_dir is not None:
-                folder = f" in {self._rt_base_dir!r}"
-            return FileNotFoundError(
-                errno.ENOENT,
-                f"{self._rt_where}: file {shown!r} does not exist{folder} (needed {self._rt_wanted(params)})",
-                path,
-            )
-
-        st = stat_regular_file(
-            path,
-            missing=missing,
-            inaccessible=lambda reason: ExternalDataError(
-                f"{self._rt_where}: file {shown!r} ({path!r}) cannot be accessed: {reason} "
-                f"(needed {self._rt_wanted(params)})."
-            ),
-            not_regular=lambda: ExternalDataError(
-                f"{self._rt_where}: {shown!r} ({path!r}) is not a regular file (needed {self._rt_wanted(params)})."
-            ),
-        )
-        source = _Source(
-            path, shown, resolved, confined_to, refuse_hard_links, FileIdentity(st.st_dev, st.st_ino), st.st_size
-        )
-        self._rt_check_file(source, st, params)
-        return source
+    def _rt_open_absolute(self, source: _Source, subject: str, wanted: str) -> tuple[int, os.stat_result]:
+        """An absolute name outside any folder (unbound, or ``allow_outside_folder``): the spec's behaviour."""
+        try:
+            fd = os.open(source.name, _OPEN_FLAGS)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise FileNotFoundError(errno.ENOENT, f"{subject} does not exist (needed {wanted})", source.name) from exc
+        except OSError as exc:
+            raise ExternalDataError(f"{subject} ({source.name!r}) cannot be accessed: {exc.strerror or exc}.") from exc
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise ExternalDataError(f"{source.shown!r} ({source.name!r}) is not a regular file (needed {wanted}).")
+        return fd, st
 
     def _rt_check_file(self, source: _Source, st: os.stat_result, params: DelayedInitializerParams) -> None:
-        if source.refuse_hard_links:
-            check_single_link(st, what=f"{self._rt_where}: file {source.shown!r} ({source.path!r})")
         needed = params.offset + params.nbytes
         if needed > st.st_size:
             raise ValueError(
@@ -248,69 +308,42 @@ class DelayedInitializer(OpRun):
                 f"({self._rt_wanted(params)}), has {st.st_size} bytes."
             )
 
-    # ------------------------------------------------------------------------------------------------ reading
-
-    def _rt_open(self, source: _Source, params: DelayedInitializerParams) -> int:
-        """Open ``source`` and prove the descriptor is the validated file; checks size before any allocation."""
-        flags = _OPEN_FLAGS | (os.O_NOFOLLOW if source.resolved else 0)
-        try:
-            fd = os.open(source.path, flags)
-        except (FileNotFoundError, NotADirectoryError) as exc:
-            raise FileNotFoundError(
-                errno.ENOENT,
-                f"{self._rt_where}: file {source.shown!r} disappeared before it was read "
-                f"(needed {self._rt_wanted(params)})",
-                source.path,
-            ) from exc
-        except OSError as exc:
-            if source.resolved and exc.errno in (errno.ELOOP, errno.EMLINK):
-                raise UnsafeLocationError(
-                    f"{self._rt_where}: file {source.shown!r} was replaced by a symbolic link after it was "
-                    "validated; nothing was read."
-                ) from exc
-            raise ExternalDataError(
-                f"{self._rt_where}: file {source.shown!r} ({source.path!r}) cannot be opened: {exc.strerror or exc}."
-            ) from exc
-        try:
-            st = os.fstat(fd)
-            if FileIdentity(st.st_dev, st.st_ino) != source.identity:
-                # A parent folder swapped for a symlink between validation and open: O_NOFOLLOW only guards the
-                # last component, the identity guards them all.
-                raise UnsafeLocationError(
-                    f"{self._rt_where}: file {source.shown!r} was replaced after it was validated (the file opened is "
-                    "not the one checked inside the folder); nothing was read."
-                )
-            self._rt_check_opened_path(fd, source)
-            self._rt_check_file(source, st, params)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    def _rt_check_opened_path(self, fd: int, source: _Source) -> None:
-        """Where Linux tells which path a descriptor refers to, check it is still inside the folder."""
-        if source.confined_to is None or not os.path.isdir(_PROC_FD):
+    def _rt_check_stamp(self, source: _Source, st: os.stat_result) -> None:
+        """File mode: the file read now must be the file validated when the evaluator was built."""
+        stamp = self._rt_stamp
+        if stamp is None:
             return
-        try:
-            opened = os.readlink(os.path.join(_PROC_FD, str(fd)))
-        except OSError:
-            return
-        if not is_inside(source.confined_to, opened):
+        now = _Stamp.of(st)
+        if now.identity != stamp.identity:
             raise UnsafeLocationError(
-                f"{self._rt_where}: file {source.shown!r} opened as {opened!r}, outside the model's folder "
-                f"{source.confined_to!r} (a folder was swapped during the open); nothing was read."
+                f"{self._rt_where}: file {source.shown!r} was replaced after it was validated (the file opened is not "
+                "the one checked when the evaluator was built: another device/inode); nothing was read. Build the "
+                "evaluator again to read the new file."
             )
+        if now != stamp:
+            raise ExternalDataError(
+                f"{self._rt_where}: file {source.shown!r} was modified after it was validated (size {stamp.size} -> "
+                f"{now.size} bytes); nothing was read. Build the evaluator again to read it."
+            )
+
+    # ------------------------------------------------------------------------------------------------ reading
 
     def _rt_load(self, params: DelayedInitializerParams) -> np.ndarray:
         """A new native-endian array of the node's shape and dtype filled from the file."""
+        source = self._rt_check_path(params)  # a zero-byte tensor opens nothing, but its name must still be allowed
         if params.nbytes == 0:
-            self._rt_check_path(params)  # a zero-byte tensor opens nothing, but its name must still be allowed
             return np.empty(params.shape, dtype=params.np_dtype)
-        source = self._rt_locate(params)
-        fd = self._rt_open(source, params)
+        fd, st = self._rt_open(source, params)
         try:
+            self._rt_check_stamp(source, st)
             out = np.empty(params.shape, dtype=little_endian_dtype(params.dtype))
-            done = pread_exact(fd, out.data.cast("B"), params.offset)
+            try:
+                done = pread_exact(fd, out.data.cast("B"), params.offset)
+            except OSError as exc:
+                raise ExternalDataError(
+                    f"{self._rt_where}: file {source.shown!r} cannot be read: {exc.strerror or exc} "
+                    f"(needed {self._rt_wanted(params)})."
+                ) from exc
         finally:
             os.close(fd)
         if done < params.nbytes:

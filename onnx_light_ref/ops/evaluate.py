@@ -7,20 +7,24 @@ builds the evaluator with the op bound to the model's folder. With ``load_device
 weight and each run reads the weights it uses, straight into the arrays it returns; with ``"cpu"`` construction
 reads each weight once.
 
-Confinement: the bound op reads only files inside the model's folder (symlinks followed, hard links refused), so
-a ``DelayedInitializer`` node already in the model with ``filename="/etc/passwd"`` raises
-:class:`~onnx_light_ref.errors.UnsafeLocationError` when the evaluator is built, before any byte is read.
-``allow_outside_folder=True`` trusts the model's absolute filenames (the spec's examples use ``/tmp`` paths).
+Confinement: the model's folder is opened once, when the evaluator is built, and held
+(:class:`~onnx_light_ref.io.folder.ModelFolder`); the bound op opens every file relative to that descriptor, with no
+symbolic link on the way and one hard link (onnx's loader rule), so a ``DelayedInitializer`` node already in the
+model with ``filename="/etc/passwd"`` raises :class:`~onnx_light_ref.errors.UnsafeLocationError` when the evaluator
+is built, before any byte is read, and a folder renamed away and replaced by a symbolic link to ``/etc`` after
+construction changes nothing: the held folder is still read. A file-mode run refuses a weights file replaced or
+modified since construction (typed error naming the file). ``allow_outside_folder=True`` trusts the model's
+absolute filenames (the spec's examples use ``/tmp`` paths) and symbolic links (the Hugging Face cache).
 
 External tensors the converter leaves alone (initializers overridable by a graph input, tensors in node attributes
 such as ``Constant``'s value, dtypes the op cannot produce, subgraph initializers named like an outer value) are
-validated like the converted ones (inside the folder, in bounds, not hard-linked: the package's typed errors, before
-any of them is read), then loaded eagerly with onnx's own loader, which applies onnx's location checks too (it also
-refuses a symbolic link inside the folder: :class:`~onnx_light_ref.errors.ExternalDataError`).
+validated like the converted ones (the package's typed errors, before any of them is read), then read eagerly
+through the same held folder.
 Tensors of ``ModelProto.training_info`` graphs are neither converted nor loaded: inference never runs those graphs
 (onnx's evaluator ignores them), so their files are not even opened.
 
-This module must never load converted weights itself: only the kernel reads them, when the evaluator says so.
+This module must never load converted weights itself (only the kernel reads them, when the evaluator says so), and
+never open a model-relative file by its path.
 """
 
 from __future__ import annotations
@@ -30,12 +34,19 @@ import os
 from typing import Any
 
 import onnx
-from onnx.external_data_helper import load_external_data_for_tensor
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.arguments import check_bool
-from onnx_light_ref.io.locations import LocationResolver, check_not_hard_linked, is_external, parse_external_data
+from onnx_light_ref.io.folder import ModelFolder
+from onnx_light_ref.io.locations import (
+    ExternalRef,
+    LocationResolver,
+    check_not_hard_linked,
+    is_external,
+    parse_external_data,
+)
+from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.walker import iter_tensors
 from onnx_light_ref.ops.convert import delay_initializers
 from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
@@ -75,22 +86,20 @@ def reference_evaluator(
     """
     check_bool("allow_outside_folder", allow_outside_folder)
     model_path = os.path.abspath(os.fspath(path))
-    folder = os.path.dirname(model_path)
+    # Held from now on: the conversion validates through it, eager tensors are read through it, and the bound
+    # kernel opens every weights file through it at each run, whatever happens to the folder's name meanwhile.
+    folder = ModelFolder.open(os.path.dirname(model_path), allow_outside_folder=allow_outside_folder)
     converted = delay_initializers(model_path, load_device, base_dir=folder)
     eager = [site for site in iter_tensors(converted) if site.scope != "training" and is_external(site.tensor)]
-    # Validated as the converted ones were (typed errors naming the tensor, nothing read) before onnx reads any.
+    # Validated as the converted ones were (typed errors naming the tensor, nothing read) before any is read.
     resolver = LocationResolver(folder)
+    refs = []
     for site in eager:
-        check_not_hard_linked(parse_external_data(site.tensor, resolver, label=site.label))
-    for site in eager:
-        try:
-            load_external_data_for_tensor(site.tensor, folder)
-        except (onnx.checker.ValidationError, OSError, ValueError) as exc:
-            # What our checks accept and onnx's loader still refuses (a symlink inside the folder), or a file
-            # changed since it was validated: onnx's own exception type is no ValueError.
-            raise ExternalDataError(
-                f"tensor {site.label!r} ({site.where}): onnx cannot load its external data: {exc}"
-            ) from exc
+        ref = parse_external_data(site.tensor, resolver, label=site.label)
+        check_not_hard_linked(ref)
+        refs.append(ref)
+    for site, ref in zip(eager, refs, strict=True):
+        _load_through_folder(site.tensor, ref, site.label)
     if eager:
         logger.info(
             "loaded %d external tensors eagerly (graph-input defaults, attributes or sparse tensors): %s",
@@ -102,3 +111,33 @@ def reference_evaluator(
         *(kwargs.pop("new_ops", None) or []),
     ]
     return ReferenceEvaluator(converted, new_ops=new_ops, **kwargs)
+
+
+def _load_through_folder(tensor: onnx.TensorProto, ref: ExternalRef, label: str) -> None:
+    """Make ``tensor`` inline with the bytes ``ref`` validated, read through the held folder.
+
+    What onnx's ``load_external_data_for_tensor`` does, but through the descriptor held since construction (onnx's
+    loader opens the folder by its name again) and refusing a file replaced since it was validated.
+    """
+    assert ref.folder is not None
+    with ref.folder.open_file(ref.location, tensor_name=label) as opened:
+        if opened.identity != ref.identity:
+            raise ExternalDataError(
+                f"tensor {label!r}: external data file {ref.location!r} was replaced after it was validated; "
+                "nothing was read."
+            )
+        buffer = bytearray(ref.length)
+        try:
+            done = pread_exact(opened.fd, memoryview(buffer), ref.offset)
+        except OSError as exc:
+            raise ExternalDataError(
+                f"tensor {label!r}: external data file {ref.location!r} cannot be read: {exc.strerror or exc}."
+            ) from exc
+    if done < ref.length:
+        raise ExternalDataError(
+            f"tensor {label!r}: external data file {ref.location!r} ended at byte {ref.offset + done}, "
+            f"{ref.length - done} bytes short of its range (it changed after it was validated)."
+        )
+    tensor.raw_data = bytes(buffer)
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT

@@ -31,19 +31,16 @@ from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
 from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, RangeCopier
 from onnx_light_ref.io.destinations import check_outputs, weights_location
 from onnx_light_ref.io.entries import write_entries
+from onnx_light_ref.io.folder import FileIdentity, ModelFolder, relative_below
 from onnx_light_ref.io.locations import (
-    FileIdentity,
     LocationResolver,
     check_location_syntax,
     check_not_hard_linked,
     file_identity,
     is_external,
-    is_inside,
     parse_external_data,
-    stat_regular_file,
 )
 from onnx_light_ref.io.model_file import load_model_metadata, serialize_model
-from onnx_light_ref.io.posix import check_single_link
 from onnx_light_ref.io.publish import OutputTransaction
 from onnx_light_ref.io.space import reserve_space
 from onnx_light_ref.io.walker import iter_graphs, iter_tensors
@@ -66,11 +63,14 @@ _DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
 
 @dataclass(frozen=True)
 class _Source:
-    """A validated source file: real path, identity and size."""
+    """A validated source file: its name for messages, identity and size, and how to reopen it (through the held
+    source folder, as ``location``)."""
 
     path: str
     identity: FileIdentity
     size: int
+    folder: ModelFolder | None = None
+    location: str | None = None
 
 
 @dataclass
@@ -89,11 +89,11 @@ def _is_delayed(node: onnx.NodeProto) -> bool:
 
 
 class _SourceResolver:
-    """Resolves DelayedInitializer filenames against the source folder, each distinct filename once."""
+    """Resolves DelayedInitializer filenames through the held source folder, each distinct filename once."""
 
-    def __init__(self, folder: str, allow_outside_folder: bool) -> None:
-        self.real_base = os.path.realpath(folder)
-        self.allow_outside_folder = allow_outside_folder
+    def __init__(self, folder: ModelFolder) -> None:
+        self.folder = folder
+        self.allow_outside_folder = folder.allow_outside_folder
         self._cache: dict[str, _Source] = {}
 
     def resolve(self, filename: str, where: str) -> _Source:
@@ -104,29 +104,27 @@ class _SourceResolver:
         return hit
 
     def _resolve(self, filename: str, where: str) -> _Source:
-        absolute = os.path.isabs(filename)
-        if not absolute:
+        name = filename
+        if os.path.isabs(filename) and not self.allow_outside_folder:
+            relative = relative_below(self.folder.path, filename)
+            if relative is None:
+                raise UnsafeLocationError(
+                    f"{where}: filename {filename!r} resolves to {os.path.normpath(filename)!r}, outside the source "
+                    f"model's folder {self.folder.path!r}; nothing was written. Pass allow_outside_folder=True (CLI: "
+                    "--allow-outside-folder) to trust it."
+                )
+            name = relative
+        if not os.path.isabs(name):
             try:
-                check_location_syntax(filename, tensor_name=where)
+                check_location_syntax(name, tensor_name=where)
             except UnsafeLocationError as exc:
                 raise UnsafeLocationError(f"{where}: filename {filename!r} is not allowed: {exc}") from exc
-        real = os.path.realpath(os.path.join(self.real_base, filename))
-        confined = not (absolute and self.allow_outside_folder)
-        if confined and not is_inside(self.real_base, real):
-            hint = " Pass allow_outside_folder=True (CLI: --allow-outside-folder) to trust it." if absolute else ""
-            raise UnsafeLocationError(
-                f"{where}: filename {filename!r} resolves to {real!r}, outside the source model's folder "
-                f"{self.real_base!r}; nothing was written.{hint}"
-            )
-        st = stat_regular_file(
-            real,
-            missing=lambda: FileNotFoundError(f"{where}: file {filename!r} does not exist (looked for {real!r})."),
-            inaccessible=lambda reason: ExternalDataError(f"{where}: file {filename!r} cannot be accessed: {reason}."),
-            not_regular=lambda: ExternalDataError(f"{where}: {filename!r} ({real!r}) is not a regular file."),
-        )
-        if confined:
-            check_single_link(st, what=f"{where}: file {filename!r} ({real!r})")
-        return _Source(real, FileIdentity(st.st_dev, st.st_ino), st.st_size)
+        # Absolute names outside the folder (opted in) are the spec's files in /tmp: hard links are not refused.
+        trusted_absolute = os.path.isabs(name)
+        with self.folder.open_file(
+            name, subject=f"{where}: file {filename!r}", check_links=not trusted_absolute
+        ) as opened:
+            return _Source(opened.path, opened.identity, opened.size, self.folder, name)
 
 
 @dataclass
@@ -210,7 +208,7 @@ def _plan_delayed(model: onnx.ModelProto, resolver: _SourceResolver) -> list[tup
     return placed
 
 
-def _plan_existing(model: onnx.ModelProto, folder: str) -> list[tuple[onnx.TensorProto, _Payload]]:
+def _plan_existing(model: onnx.ModelProto, folder: ModelFolder) -> list[tuple[onnx.TensorProto, _Payload]]:
     """External tensors already in the source: validated like any reference, to move into the destination file.
 
     Called after the nodes became initializers, which are not marked EXTERNAL yet, so they are not seen here.
@@ -223,7 +221,15 @@ def _plan_existing(model: onnx.ModelProto, folder: str) -> list[tuple[onnx.Tenso
         ref = parse_external_data(site.tensor, resolver, label=site.label)
         check_not_hard_linked(ref)
         found.append(
-            (site.tensor, _Payload(site.label, _Source(ref.path, ref.identity, ref.file_size), ref.offset, ref.length))
+            (
+                site.tensor,
+                _Payload(
+                    site.label,
+                    _Source(ref.path, ref.identity, ref.file_size, ref.folder, ref.location),
+                    ref.offset,
+                    ref.length,
+                ),
+            )
         )
     return found
 
@@ -326,7 +332,16 @@ def undelay_initializers(
             staged = outputs.stage(weights_written)
             assert staged.fd is not None
             ranges = [
-                CopyRange(p.source.path, p.src_offset, p.dst_offset, p.length, p.source.identity) for p in plan.payloads
+                CopyRange(
+                    p.source.path,
+                    p.src_offset,
+                    p.dst_offset,
+                    p.length,
+                    p.source.identity,
+                    p.source.folder,
+                    p.source.location,
+                )
+                for p in plan.payloads
             ]
             with RangeCopier(staged.fd, chunk_size, durable=durable) as copier:
                 # Bytes the filesystem will clone need no new blocks; the rest must fit before the first copy.
@@ -342,8 +357,9 @@ def _plan(src: str, dst: str, weights: str, alignment: int, allow_outside_folder
     """Everything decided and checked, nothing written."""
     model = load_model_metadata(src)
     _check_functions(model)
-    folder = os.path.dirname(src)
-    delayed = _plan_delayed(model, _SourceResolver(folder, allow_outside_folder))
+    # Held from here until the copy: every source file is opened relative to it, never by its path.
+    folder = ModelFolder.open(os.path.dirname(src), allow_outside_folder=allow_outside_folder)
+    delayed = _plan_delayed(model, _SourceResolver(folder))
     existing = _plan_existing(model, folder)
     items: list[tuple[onnx.TensorProto, _Payload | None]] = [*delayed, *existing]
     payloads = [payload for _, payload in items if payload is not None]

@@ -11,6 +11,7 @@ from onnx import numpy_helper
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.locations import (
+    LocationResolver,
     check_location_syntax,
     check_not_hard_linked,
     expected_nbytes,
@@ -60,12 +61,29 @@ def test_unsafe_locations_are_refused_by_syntax(location, fragment):
     assert "'w'" in str(raised.value)
 
 
-def test_a_symlink_inside_the_folder_is_followed(tmp_path):
+def test_a_symlink_inside_the_folder_is_refused_as_onnx_refuses_it(tmp_path):
+    """onnx 1.23 opens external data with RESOLVE_NO_SYMLINKS: even a link staying inside the folder is refused."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "real.bin").write_bytes(b"x" * 8)
+    os.symlink("data/real.bin", tmp_path / "alias.bin")
+    tensor = external_tensor({"location": "alias.bin", "length": "8"}, dims=(2,))
+
+    with pytest.raises(UnsafeLocationError, match="symbolic link"):
+        resolve_location(str(tmp_path), "alias.bin", tensor_name="w")
+    with pytest.raises(onnx.checker.ValidationError, match="symbolic link"):
+        onnx.external_data_helper.load_external_data_for_tensor(tensor, str(tmp_path))
+
+
+def test_a_symlink_inside_the_folder_is_followed_with_the_opt_in(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "real.bin").write_bytes(b"x" * 8)
     os.symlink("data/real.bin", tmp_path / "alias.bin")
 
-    assert resolve_location(str(tmp_path), "alias.bin", tensor_name="w") == str(tmp_path / "data" / "real.bin")
+    ref = parse_external_data(
+        external_tensor({"location": "alias.bin", "length": "8"}, dims=(2,)),
+        LocationResolver(str(tmp_path), allow_outside_folder=True),
+    )
+    assert (ref.path, ref.length, ref.file_size) == (str(tmp_path / "alias.bin"), 8, 8)
 
 
 def test_a_folder_is_not_a_data_file(tmp_path):

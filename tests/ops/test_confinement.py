@@ -20,6 +20,7 @@ from onnx.reference import ReferenceEvaluator
 
 import onnx_light_ref.ops.delayed_initializer as kernel_module
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
+from onnx_light_ref.io import folder as folder_module
 from onnx_light_ref.ops import DelayedInitializer, reference_evaluator
 
 OPSETS = [oh.make_opsetid("", 18), oh.make_opsetid("ai.rt", 1)]
@@ -66,13 +67,17 @@ def tree(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def opened(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Every path the kernel module opens, in order."""
+    """Every path the kernel opens, in order: the held folder, then each component of each name it walks.
+
+    The opener's walk is forced so that every open goes through ``os.open`` (``openat2`` is a raw system call).
+    """
+    monkeypatch.setattr(folder_module.PROBE, "force_walk", True)
     paths: list[str] = []
     real_open = os.open
 
-    def spy(path, flags, *args):  # type: ignore[no-untyped-def]
+    def spy(path, flags, *args, **kwargs):  # type: ignore[no-untyped-def]
         paths.append(os.fspath(path))
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(kernel_module.os, "open", spy)
     yield paths
@@ -99,7 +104,7 @@ def test_absolute_file_outside_the_folder(tree: Path, opened: list[str], load_de
 def test_absolute_system_file(tree: Path, opened: list[str], load_device: str) -> None:
     with pytest.raises(UnsafeLocationError, match="'/etc/passwd' resolves to") as info:
         build(make_node("/etc/passwd", load_device, dtype=TensorProto.UINT8), DelayedInitializer.bind(tree / "model"))
-    assert opened == [] and "node 'w'" in str(info.value)
+    assert opened == [str(tree / "model")] and "node 'w'" in str(info.value)  # only the folder, held by bind()
 
 
 @pytest.mark.parametrize("load_device", MODES)
@@ -123,7 +128,7 @@ def test_names_escaping_through_links_or_dotdot(tree: Path, opened: list[str], l
 def test_relative_dotdot_is_refused_even_when_it_lands_inside(tree: Path, opened: list[str], load_device: str) -> None:
     with pytest.raises(UnsafeLocationError, match=r"'\.\.'"):
         build(make_node("../model/w.bin", load_device), DelayedInitializer.bind(tree / "model"))
-    assert opened == []
+    assert opened == [str(tree / "model")]
 
 
 @pytest.mark.parametrize("load_device", MODES)
@@ -142,24 +147,44 @@ def test_hard_linked_file_inside_the_folder(tree: Path, opened: list[str], load_
 
 
 @pytest.mark.parametrize("load_device", MODES)
-@pytest.mark.parametrize("kind", ["relative", "absolute", "absolute-with-dotdot", "through-folder-alias", "inner-link"])
-def test_names_resolving_inside_the_folder(tree: Path, load_device: str, kind: str) -> None:
+@pytest.mark.parametrize("kind", ["relative", "relative-in-subfolder", "absolute"])
+def test_names_inside_the_folder(tree: Path, load_device: str, kind: str) -> None:
     model = tree / "model"
     (model / "sub").mkdir()
-    (model / "inner.bin").symlink_to(model / "w.bin")
-    (tree / "alias").symlink_to(model)
-    filename = {
-        "relative": "w.bin",
-        "absolute": str(model / "w.bin"),
-        "absolute-with-dotdot": f"{model}/sub/../w.bin",
-        "through-folder-alias": str(tree / "alias" / "w.bin"),
-        "inner-link": "inner.bin",
-    }[kind]
+    (model / "sub" / "v.bin").write_bytes(f32(1, 2, 3))
+    filename = {"relative": "w.bin", "relative-in-subfolder": "sub/v.bin", "absolute": str(model / "w.bin")}[kind]
     sess = build(make_node(filename, load_device), DelayedInitializer.bind(model))
     np.testing.assert_array_equal(sess.run(None, {})[0], [1, 2, 3])
 
 
+@pytest.mark.parametrize("load_device", MODES)
+@pytest.mark.parametrize("kind", ["absolute-with-dotdot", "through-folder-alias", "inner-link", "inner-folder-link"])
+def test_names_landing_inside_through_a_symlink_or_dotdot_are_refused_as_onnx_does(
+    tree: Path, load_device: str, kind: str
+) -> None:
+    """onnx's loader refuses '..' and any symbolic link in a data path, even one that stays inside the folder."""
+    model = tree / "model"
+    (model / "sub").mkdir()
+    (model / "inner.bin").symlink_to(model / "w.bin")
+    (model / "inner").symlink_to("sub")
+    (model / "sub" / "v.bin").write_bytes(f32(1, 2, 3))
+    (tree / "alias").symlink_to(model)
+    filename = {
+        "absolute-with-dotdot": f"{model}/sub/../w.bin",
+        "through-folder-alias": str(tree / "alias" / "w.bin"),
+        "inner-link": "inner.bin",
+        "inner-folder-link": "inner/v.bin",
+    }[kind]
+    with pytest.raises(UnsafeLocationError, match=r"symbolic link|outside the model's folder|'\.\.'") as info:
+        build(make_node(filename, load_device), DelayedInitializer.bind(model)).run(None, {})
+    assert "node 'w'" in str(info.value)
+    got = build(make_node(filename, load_device), DelayedInitializer.bind(model, allow_outside_folder=True))
+    if kind != "absolute-with-dotdot":  # the opt-in follows links; '..' stays refused in relative names only
+        np.testing.assert_array_equal(got.run(None, {})[0], [1, 2, 3])
+
+
 def test_bound_folder_given_through_a_symlink(tree: Path) -> None:
+    """An absolute name below the folder's real path is read through the held folder (the alias the user bound)."""
     (tree / "alias").symlink_to(tree / "model")
     sess = build(make_node(str(tree / "model" / "w.bin")), DelayedInitializer.bind(tree / "alias"))
     np.testing.assert_array_equal(sess.run(None, {})[0], [1, 2, 3])
@@ -179,9 +204,8 @@ def test_allow_outside_folder_reads_absolute_names_anywhere(tree: Path, load_dev
     bound = DelayedInitializer.bind(tree / "model", allow_outside_folder=True)
     sess = build(make_node(str(tree / "secret" / "key.bin"), load_device), bound)
     np.testing.assert_array_equal(sess.run(None, {})[0], [6, 6, 6])
-    (tree / "model" / "link.bin").symlink_to(tree / "secret" / "key.bin")
-    with pytest.raises(UnsafeLocationError, match="outside"):  # relative names stay confined
-        build(make_node("link.bin", load_device), bound)
+    with pytest.raises(UnsafeLocationError, match=r"'\.\.'"):  # relative names still may not climb out
+        build(make_node("../secret/key.bin", load_device), bound)
 
 
 def test_allow_outside_folder_must_be_a_bool(tree: Path) -> None:
@@ -206,58 +230,68 @@ def test_unbound_absolute_name_never_asks_for_the_cwd(
 # ------------------------------------------------------------------------------------------- races at read time
 
 
-def test_parent_folder_swapped_after_validation(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("opener", ["openat2", "walk"])
+def test_parent_folder_swapped_for_a_symlink_after_construction(
+    tree: Path, monkeypatch: pytest.MonkeyPatch, opener: str
+) -> None:
+    monkeypatch.setattr(folder_module.PROBE, "force_walk", opener == "walk")
     model = tree / "model"
     (model / "sub").mkdir()
     (model / "sub" / "w.bin").write_bytes(f32(1, 2, 3))
     (tree / "secret" / "w.bin").write_bytes(f32(6, 6, 6))
-    real_open = os.open
-
-    def swap_then_open(path, flags, *args):  # type: ignore[no-untyped-def]
-        if os.fspath(path).endswith("sub/w.bin"):
-            os.rename(model / "sub", model / "sub.old")
-            os.symlink(tree / "secret", model / "sub")
-        return real_open(path, flags, *args)
-
     sess = build(make_node("sub/w.bin", "file"), DelayedInitializer.bind(model))
-    monkeypatch.setattr(kernel_module.os, "open", swap_then_open)
-    with pytest.raises(UnsafeLocationError, match=r"replaced after it was validated \(the file opened is not"):
+    os.rename(model / "sub", model / "sub.old")
+    os.symlink(tree / "secret", model / "sub")
+    with pytest.raises(UnsafeLocationError, match="symbolic link"):
         sess.run(None, {})
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="the opened path is checked where /proc shows it")
-def test_parent_folder_swapped_before_the_stat(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("opener", ["openat2", "walk"])
+def test_model_folder_renamed_and_replaced_by_a_symlink_reads_the_held_folder(
+    tree: Path, monkeypatch: pytest.MonkeyPatch, opener: str
+) -> None:
+    """The evaluator bug of the issue: the folder renamed away, a symlink to another folder put in its place."""
+    monkeypatch.setattr(folder_module.PROBE, "force_walk", opener == "walk")
     model = tree / "model"
-    (model / "sub").mkdir()
-    (model / "sub" / "w.bin").write_bytes(f32(1, 2, 3))
     (tree / "secret" / "w.bin").write_bytes(f32(6, 6, 6))
-    real_stat = os.stat
-
-    def swap_then_stat(path, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if os.fspath(path).endswith("sub/w.bin") and not os.path.islink(model / "sub"):
-            os.rename(model / "sub", model / "sub.old")
-            os.symlink(tree / "secret", model / "sub")
-        return real_stat(path, *args, **kwargs)
-
-    sess = build(make_node("sub/w.bin", "file"), DelayedInitializer.bind(model))
-    monkeypatch.setattr(kernel_module.os, "stat", swap_then_stat)
-    with pytest.raises(UnsafeLocationError, match=r"opened as '.*secret/w.bin', outside the model's folder"):
-        sess.run(None, {})
-
-
-def test_file_swapped_for_a_symlink_after_validation(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    model = tree / "model"
-    real_open = os.open
-
-    def swap_then_open(path, flags, *args):  # type: ignore[no-untyped-def]
-        if os.fspath(path).endswith("model/w.bin"):
-            os.unlink(model / "w.bin")
-            os.symlink(tree / "secret" / "key.bin", model / "w.bin")
-        return real_open(path, flags, *args)
-
     sess = build(make_node("w.bin", "file"), DelayedInitializer.bind(model))
-    monkeypatch.setattr(kernel_module.os, "open", swap_then_open)
-    with pytest.raises(UnsafeLocationError, match="replaced by a symbolic link"):
+    os.rename(model, tree / "moved")
+    os.symlink(tree / "secret", model)
+    np.testing.assert_array_equal(sess.run(None, {})[0], [1, 2, 3])
+
+
+@pytest.mark.parametrize("opener", ["openat2", "walk"])
+def test_file_swapped_for_a_symlink_after_construction(
+    tree: Path, monkeypatch: pytest.MonkeyPatch, opener: str
+) -> None:
+    monkeypatch.setattr(folder_module.PROBE, "force_walk", opener == "walk")
+    model = tree / "model"
+    sess = build(make_node("w.bin", "file"), DelayedInitializer.bind(model))
+    os.unlink(model / "w.bin")
+    os.symlink(tree / "secret" / "key.bin", model / "w.bin")
+    with pytest.raises(UnsafeLocationError, match="symbolic link"):
+        sess.run(None, {})
+
+
+def test_file_mode_refuses_a_weights_file_replaced_after_construction(tree: Path) -> None:
+    """Every writer replaces a weights file atomically: a run must not read the new file through old offsets."""
+    model = tree / "model"
+    sess = build(make_node("w.bin", "file"), DelayedInitializer.bind(model))
+    np.testing.assert_array_equal(sess.run(None, {})[0], [1, 2, 3])
+    (model / "w.bin.tmp").write_bytes(f32(7, 7, 7))
+    os.replace(model / "w.bin.tmp", model / "w.bin")
+    with pytest.raises(UnsafeLocationError, match=r"node 'w': file 'w.bin' was replaced after it was validated"):
+        sess.run(None, {})
+
+
+def test_file_mode_refuses_a_weights_file_resized_in_place_after_construction(tree: Path) -> None:
+    model = tree / "model"
+    sess = build(make_node("w.bin", "file"), DelayedInitializer.bind(model))
+    (model / "w.bin").write_bytes(f32(5, 5, 5))  # same inode, same size: the spec's file mode reads it anew
+    np.testing.assert_array_equal(sess.run(None, {})[0], [5, 5, 5])
+    with open(model / "w.bin", "ab") as data:
+        data.write(f32(9))
+    with pytest.raises(ExternalDataError, match=r"node 'w': file 'w.bin' was modified after it was validated"):
         sess.run(None, {})
 
 

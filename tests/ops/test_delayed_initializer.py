@@ -417,11 +417,14 @@ def test_symlink_escaping_the_folder_is_refused(tmp_path: Path, load_device: str
             evaluator(node, bound).run(None, {})
 
 
-def test_symlink_inside_the_folder_is_fine(tmp_path: Path) -> None:
+def test_symlink_inside_the_folder_is_refused_as_onnx_refuses_it_unless_trusted(tmp_path: Path) -> None:
     model_dir = tmp_path / "model"
     write(model_dir / "real.bin", f32(1, 2, 3))
     (model_dir / "alias.bin").symlink_to(model_dir / "real.bin")
-    sess = evaluator(make_node(filename="alias.bin", load_device="file"), DelayedInitializer.bind(model_dir))
+    with pytest.raises(UnsafeLocationError, match="symbolic link"):
+        evaluator(make_node(filename="alias.bin", load_device="file"), DelayedInitializer.bind(model_dir))
+    trusted = DelayedInitializer.bind(model_dir, allow_outside_folder=True)
+    sess = evaluator(make_node(filename="alias.bin", load_device="file"), trusted)
     np.testing.assert_array_equal(sess.run(None, {})[0], [1, 2, 3])
 
 
