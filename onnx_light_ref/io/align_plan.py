@@ -43,7 +43,7 @@ from onnx_light_ref.io.locations import (
     file_identity,
     parse_external_data,
 )
-from onnx_light_ref.io.model_file import check_model_strings, load_model_metadata
+from onnx_light_ref.io.model_file import check_model_strings, load_model_metadata, open_model_folder
 from onnx_light_ref.io.placement import ShardedLayout, shard_path
 from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.walker import iter_tensors
@@ -290,11 +290,13 @@ def plan_alignment(
     dst_weights = os.path.abspath(os.fspath(dst_weights_path) if dst_weights_path is not None else dst_onnx + ".data")
     _weights_location(dst_onnx, dst_weights)  # refuse a bad destination before reading anything
 
-    model, stripped, onnx_identity = _load(src_onnx, inline_threshold, mode)
+    # Held from now on: the .onnx is parsed through it and every data file is opened relative to it.
+    folder = open_model_folder(src_onnx, allow_outside_folder=allow_outside_folder)
+    model, stripped, onnx_identity = _load(src_onnx, inline_threshold, mode, folder)
     # Inline payloads are copied out of the file itself: through its real path, since the copy opens sources with
     # O_NOFOLLOW (a symlinked .onnx, as in the Hugging Face cache, is the file the user named, not a swapped one).
     payload_source = os.path.realpath(src_onnx)
-    resolver = LocationResolver(os.path.dirname(src_onnx), allow_outside_folder=allow_outside_folder)
+    resolver = LocationResolver(folder)
     table = _SourceTable()
     refs: dict[FileIdentity, ExternalRef] = {}  # the first reference to each data file, for the hard-link check
     # One entry per moved tensor, in walk order: where its payload is now (file index and offset, or -1 and its
@@ -435,13 +437,13 @@ class _Payloads:
 
 
 def _load(
-    src_onnx: str, inline_threshold: int | None, mode: Mode
+    src_onnx: str, inline_threshold: int | None, mode: Mode, folder: ModelFolder
 ) -> tuple[onnx.ModelProto, StrippedModel | None, FileIdentity | None]:
     """Parse the source: stripped of its inline payloads when they are to be copied out of the file."""
     if inline_threshold is None or mode == "in_memory":
-        return load_model_metadata(src_onnx), None, None
+        return load_model_metadata(src_onnx, folder=folder), None, None
     before = file_identity(src_onnx)
-    stripped = load_model_stripped(src_onnx, min_length=inline_threshold)
+    stripped = load_model_stripped(src_onnx, min_length=inline_threshold, folder=folder)
     # load_model_metadata checks the strings; the stripped parse does not: a non-UTF-8 name is refused the same way.
     check_model_strings(stripped.model, what=repr(src_onnx))
     after = file_identity(src_onnx)

@@ -39,7 +39,7 @@ from types import TracebackType
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.posix import check_single_link
 
-__all__ = ["FileIdentity", "ModelFolder", "OpenedFile", "openat2_available", "relative_below"]
+__all__ = ["FileIdentity", "ModelFolder", "OpenedFile", "open_model_file", "openat2_available", "relative_below"]
 
 # What a data file is opened with. O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused right after
 # by the fstat check); no effect on regular files. O_NOCTTY: a terminal device never becomes our controlling tty.
@@ -369,3 +369,12 @@ def relative_below(folder: str, absolute: str) -> str | None:
         if name.startswith(prefix) and len(name) > len(prefix):
             return name[len(prefix) :]
     return None
+
+
+def open_model_file(path: str, folder: ModelFolder | None) -> int:
+    """Open the model file ``path`` read-only, relative to ``folder``'s descriptor when given (then by its base
+    name: the file the held folder has under that name, a final symlink followed as for any path the user names)."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+    if folder is None:
+        return os.open(path, flags)
+    return os.open(os.path.basename(path), flags, dir_fd=folder.fd)

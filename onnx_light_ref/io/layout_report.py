@@ -33,7 +33,7 @@ from onnx_light_ref.io.alignment import offset_alignment
 from onnx_light_ref.io.arguments import PathLike, check_bool
 from onnx_light_ref.io.entries import is_external, parse_entry_int, read_entries
 from onnx_light_ref.io.locations import LocationResolver, expected_nbytes, parse_external_data
-from onnx_light_ref.io.model_file import load_model_metadata
+from onnx_light_ref.io.model_file import load_model_metadata, open_model_folder
 from onnx_light_ref.io.posix import check_single_link
 from onnx_light_ref.io.walker import iter_tensors
 
@@ -302,9 +302,10 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
     """
     path = os.path.abspath(os.fspath(model_path))
     # Names that are not UTF-8 are reported per tensor below, instead of refusing the whole model.
-    model = load_model_metadata(path, check_strings=False)
+    folder = open_model_folder(path, allow_outside_folder=allow_outside_folder)  # held: parse and open through it
+    model = load_model_metadata(path, check_strings=False, folder=folder)
     check_bool("allow_outside_folder", allow_outside_folder)
-    resolver = LocationResolver(os.path.dirname(path), allow_outside_folder=allow_outside_folder)
+    resolver = LocationResolver(folder)
     tensors: list[TensorLayout] = []
     files: dict[str, FileLayout] = {}  # keyed by normalized path (two spellings of one file are one file)
     members: dict[str, list[TensorLayout]] = {}

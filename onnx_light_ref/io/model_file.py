@@ -20,6 +20,7 @@ from typing import Any
 import onnx
 
 from onnx_light_ref.errors import InvalidModelError
+from onnx_light_ref.io.folder import ModelFolder, open_model_file
 from onnx_light_ref.io.posix import pread_exact
 
 __all__ = ["PROTOBUF_LIMIT", "check_model_strings", "load_model_metadata", "serialize_model"]
@@ -103,7 +104,23 @@ def check_model_strings(model: onnx.ModelProto, *, what: str = "the model") -> N
         )
 
 
-def load_model_metadata(path: str, *, check_strings: bool = True) -> onnx.ModelProto:
+def open_model_folder(path: str, *, allow_outside_folder: bool = False) -> ModelFolder:
+    """Open and hold the folder of the model file ``path``, before the model is parsed.
+
+    Parse the model through it too (``folder=`` of :func:`load_model_metadata`): the ``.onnx`` and every file it
+    names then come from one folder, whatever is renamed or swapped meanwhile.
+
+    Raises:
+        FileNotFoundError: the folder does not exist (reported as the model file not found).
+        ExternalDataError: the folder cannot be opened.
+    """
+    try:
+        return ModelFolder.open(os.path.dirname(os.path.abspath(path)), allow_outside_folder=allow_outside_folder)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"ONNX model file not found: {path!r} (its folder does not exist)") from exc
+
+
+def load_model_metadata(path: str, *, check_strings: bool = True, folder: ModelFolder | None = None) -> onnx.ModelProto:
     """Parse ``path`` as binary protobuf with ``load_external_data=False``: no weight is read.
 
     The file is opened once (a FIFO or device is refused without blocking) and its size checked before any byte is
@@ -114,6 +131,7 @@ def load_model_metadata(path: str, *, check_strings: bool = True) -> onnx.ModelP
         path: the ``.onnx`` file (whatever its name ends with: always parsed as binary protobuf).
         check_strings: refuse a model with a non-UTF-8 string (:func:`check_model_strings`). Only a diagnostic
             reader that reports such strings per tensor itself (``inspect``) passes False; every writer keeps it.
+        folder: the held folder of ``path`` (:func:`open_model_folder`): the file is opened relative to it.
 
     Returns:
         The parsed model, external tensors still EXTERNAL.
@@ -125,7 +143,7 @@ def load_model_metadata(path: str, *, check_strings: bool = True) -> onnx.ModelP
     """
     path = os.fspath(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = open_model_file(path, folder)
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise FileNotFoundError(f"ONNX model file not found: {path!r}") from exc
     except OSError as exc:

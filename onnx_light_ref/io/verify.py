@@ -46,7 +46,12 @@ from onnx_light_ref.io.locations import (
     is_external,
     parse_external_data,
 )
-from onnx_light_ref.io.model_file import PROTOBUF_LIMIT, check_model_strings, load_model_metadata
+from onnx_light_ref.io.model_file import (
+    PROTOBUF_LIMIT,
+    check_model_strings,
+    load_model_metadata,
+    open_model_folder,
+)
 from onnx_light_ref.io.posix import check_single_link, pread_exact
 from onnx_light_ref.io.walker import TensorSite, iter_tensors
 from onnx_light_ref.io.wire import InlinePayload, StrippedModel, load_model_stripped
@@ -293,20 +298,22 @@ def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool, by_nam
     """
     path = os.path.abspath(os.fspath(onnx_path))
     stripped: StrippedModel | None = None
+    # Held from now on: the .onnx is parsed through it and every data file is opened relative to it.
+    folder = open_model_folder(path, allow_outside_folder=outside)
     try:
-        size = os.stat(path).st_size
+        size = os.stat(os.path.basename(path), dir_fd=folder.fd).st_size
     except OSError:
         size = 0  # load_model_metadata raises the package's error for a missing or unusable path
     if size > PROTOBUF_LIMIT:
-        stripped = load_model_stripped(path, min_length=_STRIP_MIN_LENGTH)
+        stripped = load_model_stripped(path, min_length=_STRIP_MIN_LENGTH, folder=folder)
         model = stripped.model
         check_model_strings(model, what=repr(path))
         logger.debug(
             "model %s %r: %d bytes, %d inline payloads left in the file", name, path, size, len(stripped.payloads)
         )
     else:
-        model = load_model_metadata(path)
-    resolver = LocationResolver(os.path.dirname(path), allow_outside_folder=outside)
+        model = load_model_metadata(path, folder=folder)
+    resolver = LocationResolver(folder)
     files: list[tuple[str, str, FileIdentity]] = []
     file_index: dict[FileIdentity, int] = {}
     records: list[_Record] = []

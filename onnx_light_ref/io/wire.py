@@ -28,6 +28,7 @@ from google.protobuf.message import DecodeError
 
 from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io.arguments import PathLike, check_int
+from onnx_light_ref.io.folder import ModelFolder, open_model_file
 from onnx_light_ref.io.posix import pread_exact
 
 __all__ = [
@@ -173,7 +174,7 @@ class StrippedModel:
         return self.payloads[index] if index < len(self.payloads) else None
 
 
-def load_model_stripped(path: PathLike, min_length: int) -> StrippedModel:
+def load_model_stripped(path: PathLike, min_length: int, *, folder: ModelFolder | None = None) -> StrippedModel:
     """Parse a model's metadata; record, instead of reading, every inline ``raw_data`` of at least ``min_length`` bytes.
 
     The file is read through a bounded window; stripped payloads are seeked over, never read (beyond read-ahead of at
@@ -202,7 +203,7 @@ def load_model_stripped(path: PathLike, min_length: int) -> StrippedModel:
     path = os.fspath(path)
     try:
         # O_NONBLOCK: opening a FIFO must not hang; it is refused below as not a regular file.
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = open_model_file(path, folder)  # relative to the held folder when given
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise FileNotFoundError(f"ONNX model file not found: {path!r}") from exc
     try:

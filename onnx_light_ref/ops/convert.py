@@ -103,6 +103,7 @@ def _shadowed_by_inputs(graph: onnx.GraphProto) -> set[str]:
 def _load(
     model_or_path: onnx.ModelProto | PathLike, base_dir: PathLike | ModelFolder | None
 ) -> tuple[onnx.ModelProto, str | None]:
+    held = base_dir if isinstance(base_dir, ModelFolder) else None
     if isinstance(base_dir, ModelFolder):
         base_dir = base_dir.path
     if isinstance(model_or_path, onnx.ModelProto):
@@ -112,7 +113,9 @@ def _load(
     if isinstance(model_or_path, (str, os.PathLike)):
         path = os.path.abspath(os.fspath(model_or_path))
         folder = os.fspath(base_dir) if base_dir is not None else os.path.dirname(path)
-        return load_model_metadata(path), os.path.abspath(folder)
+        # Parsed through the held folder when it is the model's own (the evaluator's), so both come from one folder.
+        through = held if held is not None and os.path.dirname(path) == held.path else None
+        return load_model_metadata(path, folder=through), os.path.abspath(folder)
     raise TypeError(
         f"model_or_path must be an onnx.ModelProto or a path to a .onnx file, got {type(model_or_path).__name__}."
     )

@@ -8,13 +8,21 @@ output array (construction only checks where the file is, never opens it).
 Where a ``filename`` may point depends on how the class is made:
 
 * **bound** (``DelayedInitializer.bind(folder)``, what :func:`~onnx_light_ref.ops.reference_evaluator` and the
-  ``run`` command use): every filename, absolute or relative, must resolve (symlinks followed) inside ``folder``,
-  and a file with several hard links is refused. A model downloaded from anywhere cannot read ``/etc/passwd`` or
+  ``run`` command use): the folder is opened once, at ``bind()``, and held
+  (:class:`~onnx_light_ref.io.folder.ModelFolder`); every filename is opened relative to that descriptor with no
+  symbolic link on the way and must have one hard link (onnx's loader rule, ``docs/safety.md``); an absolute
+  filename must name a file below the folder. A model downloaded from anywhere cannot read ``/etc/passwd`` or
   ``~/.ssh/id_rsa`` through the op (the same concern as onnx's CVE-2022-25882 and CVE-2024-27318 for external
-  data). :class:`~onnx_light_ref.errors.UnsafeLocationError` names the node and the file, before any byte is read.
-* **bound with** ``allow_outside_folder=True``, and **unbound**: the spec's behaviour. Absolute names are used as
-  they are; relative names resolve against the bound folder, or (unbound) against the current directory at
-  evaluator construction, and must stay inside it (no ``..``, no symlink escape, no hard link).
+  data), and renaming the folder away or swapping it (or a subfolder) for a symbolic link after construction cannot
+  redirect a read. :class:`~onnx_light_ref.errors.UnsafeLocationError` names the node and the file.
+* **bound with** ``allow_outside_folder=True``: absolute names are used as they are (the spec's behaviour) and
+  symbolic links are followed (trusted layouts such as the Hugging Face cache).
+* **unbound**: the spec's behaviour. Absolute names are used as they are; relative names are opened through the
+  current directory at evaluator construction (held), by the same rule as bound ones.
+
+``load_device="file"`` records, at construction, which file a name designates (device, inode, size) when it exists;
+a run that finds another file there (replaced, as every writer replaces files) or another size raises a typed
+error naming the file instead of reading other bytes through the planned offsets.
 
 This module must never seek a shared file descriptor (every read opens its own descriptor), never read more than
 ``offset + nbytes`` bytes of a file, never allocate the output before the file is known to hold it, never hand out an

@@ -38,7 +38,6 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.arguments import check_bool
-from onnx_light_ref.io.folder import ModelFolder
 from onnx_light_ref.io.locations import (
     ExternalRef,
     LocationResolver,
@@ -46,6 +45,7 @@ from onnx_light_ref.io.locations import (
     is_external,
     parse_external_data,
 )
+from onnx_light_ref.io.model_file import open_model_folder
 from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.walker import iter_tensors
 from onnx_light_ref.ops.convert import delay_initializers
@@ -88,7 +88,7 @@ def reference_evaluator(
     model_path = os.path.abspath(os.fspath(path))
     # Held from now on: the conversion validates through it, eager tensors are read through it, and the bound
     # kernel opens every weights file through it at each run, whatever happens to the folder's name meanwhile.
-    folder = ModelFolder.open(os.path.dirname(model_path), allow_outside_folder=allow_outside_folder)
+    folder = open_model_folder(model_path, allow_outside_folder=allow_outside_folder)
     converted = delay_initializers(model_path, load_device, base_dir=folder)
     eager = [site for site in iter_tensors(converted) if site.scope != "training" and is_external(site.tensor)]
     # Validated as the converted ones were (typed errors naming the tensor, nothing read) before any is read.

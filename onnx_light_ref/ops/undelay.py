@@ -40,7 +40,7 @@ from onnx_light_ref.io.locations import (
     is_external,
     parse_external_data,
 )
-from onnx_light_ref.io.model_file import load_model_metadata, serialize_model
+from onnx_light_ref.io.model_file import load_model_metadata, open_model_folder, serialize_model
 from onnx_light_ref.io.publish import OutputTransaction
 from onnx_light_ref.io.space import reserve_space
 from onnx_light_ref.io.walker import iter_graphs, iter_tensors
@@ -355,10 +355,10 @@ def undelay_initializers(
 
 def _plan(src: str, dst: str, weights: str, alignment: int, allow_outside_folder: bool) -> _Plan:
     """Everything decided and checked, nothing written."""
-    model = load_model_metadata(src)
+    # Held from here until the copy: the .onnx and every source file are opened relative to it, never by path.
+    folder = open_model_folder(src, allow_outside_folder=allow_outside_folder)
+    model = load_model_metadata(src, folder=folder)
     _check_functions(model)
-    # Held from here until the copy: every source file is opened relative to it, never by its path.
-    folder = ModelFolder.open(os.path.dirname(src), allow_outside_folder=allow_outside_folder)
     delayed = _plan_delayed(model, _SourceResolver(folder))
     existing = _plan_existing(model, folder)
     items: list[tuple[onnx.TensorProto, _Payload | None]] = [*delayed, *existing]

@@ -910,9 +910,9 @@ def test_a_model_over_2_gib_is_parsed_by_the_wire_scan_and_a_small_one_is_not(tm
     calls: list[str] = []
     real_scan = verify_module.load_model_stripped
 
-    def scan(path, min_length):
+    def scan(path, min_length, **kwargs):
         calls.append(os.path.basename(os.path.dirname(path)))
-        return real_scan(path, min_length)
+        return real_scan(path, min_length, **kwargs)
 
     monkeypatch.setattr(verify_module, "load_model_stripped", scan)
     small_a = save_inline(identity_model(weights()), tmp_path / "small" / "model.onnx")
