@@ -31,8 +31,9 @@ __all__ = [
     "write_entries",
 ]
 
-KNOWN_KEYS = frozenset({"location", "offset", "length", "checksum", "basepath"})
-"""Keys onnx's ``ExternalDataInfo`` knows; ``basepath`` is accepted on read (onnx sets it) and never written."""
+KNOWN_KEYS = frozenset({"location", "offset", "length", "checksum"})
+"""Keys both loaders accept. onnx also knows ``basepath`` (its ``_ALLOWED_EXTERNAL_DATA_KEYS``), but onnxruntime
+refuses a model carrying it ("model format error"), so a reference with it is refused here, as any unknown key."""
 
 _CANONICAL = ("location", "offset", "length")
 
@@ -84,9 +85,15 @@ def read_entries(tensor: onnx.TensorProto, *, label: str) -> Entries:
     if duplicated:
         raise ExternalDataError(f"tensor {label!r}: external_data has duplicated keys {sorted(set(duplicated))}.")
     if unknown:
+        hint = (
+            " ('basepath' is written by some onnx helpers, but onnxruntime refuses a model that carries it: remove "
+            "the entry)"
+            if "basepath" in unknown
+            else ""
+        )
         raise ExternalDataError(
             f"tensor {label!r}: unknown external_data keys {sorted(unknown)}; expected only location, offset, "
-            "length, checksum."
+            f"length, checksum{hint}."
         )
     return Entries(values)
 

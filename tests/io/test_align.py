@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from onnx import numpy_helper
 from onnx.external_data_helper import _get_all_tensors
 
-from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming
+from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming, errors
 from onnx_light_ref.io.walker import iter_tensors
 from tests.checks import assert_no_temp_files, sha256_of_tree
 from tests.models import externalize, identity_model, make_external_model
@@ -220,12 +220,27 @@ def test_checksum_entries_are_kept(tmp_path):
         )
 
 
-def test_entries_in_another_order_or_with_other_keys_are_rewritten_canonically(tmp_path):
+def test_a_basepath_entry_is_refused_as_onnxruntime_refuses_it(tmp_path):
+    src = make_external_model(tmp_path, {"a": np.arange(3, dtype=np.float32)})
+    model = onnx.load_model(str(src), load_external_data=False)
+    model.graph.initializer[0].external_data.add(key="basepath", value="")
+    onnx.save_model(model, str(src))
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.Fail, match="model format error"):
+        ort.InferenceSession(str(src))
+
+    with pytest.raises(
+        errors.ExternalDataError, match=r"unknown external_data keys \['basepath'\].*onnxruntime refuses"
+    ):
+        align_external_data_streaming(src, tmp_path / "out.onnx")
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_entries_in_another_order_are_rewritten_canonically(tmp_path):
     src = make_external_model(tmp_path, {"a": np.arange(3, dtype=np.float32), "b": np.ones(5, dtype=np.int64)})
     model = onnx.load_model(str(src), load_external_data=False)
     a, b = model.graph.initializer
-    for tensor, order in ((a, ["length", "location", "offset"]), (b, ["offset", "basepath", "location", "length"])):
-        values = {e.key: e.value for e in tensor.external_data} | {"basepath": ""}
+    for tensor, order in ((a, ["length", "location", "offset"]), (b, ["offset", "location", "length"])):
+        values = {e.key: e.value for e in tensor.external_data}
         del tensor.external_data[:]
         for key in order:
             tensor.external_data.add(key=key, value=values[key])
