@@ -37,7 +37,7 @@ from onnx import numpy_helper
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
 from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, open_source
-from onnx_light_ref.io.folder import ModelFolder
+from onnx_light_ref.io.folder import ModelFolder, open_model_file
 from onnx_light_ref.io.locations import (
     FileIdentity,
     LocationResolver,
@@ -131,7 +131,6 @@ class _Side:
     allow_hard_links: bool
     _fds: dict[int, int]
     stripped: StrippedModel | None = None  # set when the .onnx was parsed by the wire scan
-    real_path: str = ""  # the scanned .onnx with symlinks resolved (only with ``stripped``)
     folder: ModelFolder | None = None  # the model's folder, held since validation: data files open through it
 
     def identity(self, file: int) -> FileIdentity:
@@ -171,7 +170,8 @@ class _Side:
         assert stripped is not None
         identity = FileIdentity(stripped.device, stripped.inode)
         try:
-            fd = open_source(CopyRange(self.real_path, 0, 0, 0, identity))  # O_NOFOLLOW + device/inode check
+            # Through the held folder (the .onnx was scanned through it), then the device/inode check.
+            fd = self._open_model_file(identity)
         except (ExternalDataError, FileNotFoundError) as exc:
             raise ExternalDataError(
                 f"model {self.name} ({self.path!r}) was replaced after it was parsed; its inline tensors cannot be "
@@ -184,6 +184,20 @@ class _Side:
                 "changed); its inline tensors cannot be compared."
             )
         self._fds[_MODEL_FILE] = fd
+        return fd
+
+    def _open_model_file(self, identity: FileIdentity) -> int:
+        assert self.folder is not None
+        try:
+            fd = open_model_file(self.path, self.folder)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise ExternalDataError(f"model {self.name} ({self.path!r}) cannot be opened: {exc.strerror}.") from exc
+        st = os.fstat(fd)
+        if FileIdentity(st.st_dev, st.st_ino) != identity:
+            os.close(fd)
+            raise ExternalDataError(f"model {self.name} ({self.path!r}) is another file than the one scanned.")
         return fd
 
     def close(self) -> None:
@@ -331,9 +345,7 @@ def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool, by_nam
         payload = stripped.payload(site.tensor) if stripped is not None and external is None else None
         records.append(_Record(site, external, payload))
     logger.debug("model %s %r: %d tensors, %d data files", name, path, len(records), len(files))
-    # The payloads are read from the real file: the scan followed symlinks, the later open (O_NOFOLLOW) must not.
-    real_path = os.path.realpath(path) if stripped is not None else ""
-    return _Side(name, path, records, keys, files, allow_hard_links, {}, stripped, real_path, resolver.folder)
+    return _Side(name, path, records, keys, files, allow_hard_links, {}, stripped, resolver.folder)
 
 
 def _site_keys(model: onnx.ModelProto, side: str) -> list[_Key]:

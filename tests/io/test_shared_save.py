@@ -683,3 +683,26 @@ def test_layout_of_new_tensors(sizes: list[int], alignment: int, size_threshold:
         loaded = tensors_by_name(onnx.load_model(str(Path(folder) / "second.onnx")))
         for name, array in {**FIRST_TENSORS, **NEW_TENSORS, **new}.items():
             np.testing.assert_array_equal(numpy_helper.to_array(loaded[name]), array)
+
+
+def test_a_reused_reference_through_a_symlink_needs_the_opt_in(tmp_path: Path) -> None:
+    """onnx refuses a data path through a symbolic link; a trusted layout (the Hugging Face cache) opts in."""
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    (blobs / "sha").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "w.bin").symlink_to("../blobs/sha")
+    reused = numpy_helper.from_array(np.zeros(4, dtype=np.float32), "w")
+    reused.ClearField("raw_data")
+    reused.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", "w.bin"), ("offset", "0"), ("length", "16")):
+        reused.external_data.add(key=key, value=value)
+    model = identity_model([reused])
+    with pytest.raises(DanglingReferenceError, match="symbolic link"):
+        save_model_with_shared_external_data(model, folder / "v.onnx")
+    assert sorted(p.name for p in folder.iterdir()) == ["w.bin"]
+    save_model_with_shared_external_data(model, folder / "v.onnx", allow_outside_folder=True)
+    assert onnx.load(str(folder / "v.onnx"), load_external_data=False).graph.initializer[0].external_data[0].value == (
+        "w.bin"
+    )
