@@ -138,8 +138,8 @@ def load_model_metadata(path: str, *, check_strings: bool = True, folder: ModelF
 
     Raises:
         FileNotFoundError: ``path`` does not exist or is not a regular file.
-        InvalidModelError: ``path`` is larger than protobuf's 2 GiB limit, cannot be parsed as a model, has no graph,
-            or has a string that is not UTF-8.
+        InvalidModelError: ``path`` cannot be opened (permissions...), is larger than protobuf's 2 GiB limit, cannot
+            be parsed as a model, has no graph, or has a string that is not UTF-8.
     """
     path = os.fspath(path)
     try:
@@ -148,7 +148,8 @@ def load_model_metadata(path: str, *, check_strings: bool = True, folder: ModelF
         raise FileNotFoundError(f"ONNX model file not found: {path!r}") from exc
     except OSError as exc:
         if exc.errno not in (errno.ELOOP, errno.ENAMETOOLONG, errno.ENXIO):
-            raise
+            # No raw OSError for a file a reader cannot open (permissions...): one typed error naming it.
+            raise InvalidModelError(f"ONNX model file {path!r} cannot be opened: {exc.strerror or exc}.") from exc
         raise FileNotFoundError(f"ONNX model file not found: {path!r} ({exc.strerror})") from exc
     try:
         st = os.fstat(fd)

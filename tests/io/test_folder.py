@@ -229,3 +229,21 @@ def test_opt_in_still_refuses_hard_links_and_non_regular_files(tmp_path: Path, m
             folder.open_file("/dev/null", tensor_name="t")
         with pytest.raises(FileNotFoundError):
             folder.open_file("missing.bin", tensor_name="t")
+
+
+def test_a_location_that_is_not_utf8_is_refused_even_when_the_file_exists(tree: Path, mode: str) -> None:
+    """protobuf hands back a non-UTF-8 location as bytes; onnx and onnxruntime cannot open it: refused, unread."""
+    import onnx
+
+    from onnx_light_ref.io.locations import LocationResolver, parse_external_data
+
+    name = b"w\xff.bin"
+    with open(os.path.join(os.fsencode(tree), name), "wb") as data:
+        data.write(bytes(16))
+    tensor = onnx.TensorProto(name="t", dims=[4], data_type=onnx.TensorProto.FLOAT)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value="wX.bin")
+    # The proto as a foreign writer made it: the same length, one byte that is not UTF-8.
+    tensor = onnx.TensorProto.FromString(tensor.SerializeToString().replace(b"wX.bin", name))
+    with pytest.raises(ExternalDataError, match="not valid UTF-8"):
+        parse_external_data(tensor, LocationResolver(str(tree)))
