@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from onnx_light_ref.errors import ExternalDataError
+from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.folder import FileIdentity, ModelFolder
 from onnx_light_ref.io.posix import pread_exact, pwrite_all
 from onnx_light_ref.io.space import shared_extent_bytes
@@ -170,9 +170,14 @@ def open_source(item: CopyRange) -> int:
     if item.src_folder is not None and item.src_location is not None:
         # Hard links were checked at validation; a link added since to the same inode exposes nothing new, and a
         # replaced file fails the identity check below.
-        opened = item.src_folder.open_file(
-            item.src_location, subject=f"source file {item.src_path!r}", check_links=False
-        )
+        try:
+            opened = item.src_folder.open_file(
+                item.src_location, subject=f"source file {item.src_path!r}", check_links=False
+            )
+        except UnsafeLocationError as exc:
+            raise UnsafeLocationError(
+                f"source file {item.src_path!r} was replaced after it was validated: {exc} Nothing was published."
+            ) from exc
         fd, st = opened.fd, opened.stat
     else:
         try:

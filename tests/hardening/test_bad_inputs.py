@@ -356,7 +356,8 @@ REFERENCE_CASES = [
     ),
     ReferenceCase("location-directory", directory, ExternalDataError, "not a regular file"),
     ReferenceCase("location-fifo", fifo, ExternalDataError, "not a regular file"),
-    ReferenceCase("location-symlink-loop", symlink_loop, ExternalDataError, "cannot be accessed"),
+    # A loop is a symbolic link on the way: refused as any other, without following it.
+    ReferenceCase("location-symlink-loop", symlink_loop, UnsafeLocationError, "symbolic link"),
     ReferenceCase(
         "location-too-long",
         simple(lambda: source_model(bad(*entries("a" * 5000)))),
