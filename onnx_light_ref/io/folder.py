@@ -61,7 +61,8 @@ class _OpenHow(ctypes.Structure):
 
 
 _syscall = None
-if platform.system() == "Linux" and platform.machine() in _SYS_OPENAT2:
+_SYS_OPENAT2_NUMBER = _SYS_OPENAT2.get(platform.machine(), -1)
+if platform.system() == "Linux" and _SYS_OPENAT2_NUMBER > 0:
     try:
         _syscall = ctypes.CDLL(None, use_errno=True).syscall
         _syscall.restype = ctypes.c_long
@@ -233,18 +234,17 @@ class ModelFolder:
         what = subject or f"tensor {tensor_name!r}: external data file {location!r}"
         opener = self._open_following if self.allow_outside_folder else self._open_beneath
         fd = opener(location, what)
+        shown = self.display_path(location)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise ExternalDataError(
-                    f"{what} ({self.display_path(location)!r}) is not a regular file; expected a file of weights."
-                )
+                raise ExternalDataError(f"{what} ({shown!r}) is not a regular file; expected a file of weights.")
             if check_links:
-                check_single_link(st, what=f"{what} ({self.display_path(location)!r})")
+                check_single_link(st, what=f"{what} ({shown!r})")
         except BaseException:
             os.close(fd)
             raise
-        return OpenedFile(fd, location, self.display_path(location), st)
+        return OpenedFile(fd, location, shown, st)
 
     def stat_file(self, location: str, *, tensor_name: str | None = None, subject: str | None = None) -> os.stat_result:
         """:meth:`open_file`, ``fstat``, close: the checked ``stat`` of the file ``location`` names now."""
@@ -274,7 +274,7 @@ class ModelFolder:
         how = _OpenHow(_FILE_FLAGS, 0, _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
         name = os.fsencode(location)
         for _ in range(_OPENAT2_RETRIES):
-            fd = _syscall(_SYS_OPENAT2[platform.machine()], self.fd, name, ctypes.byref(how), ctypes.sizeof(how))
+            fd = _syscall(_SYS_OPENAT2_NUMBER, self.fd, name, ctypes.byref(how), ctypes.sizeof(how))
             if fd >= 0:
                 PROBE.works = True
                 return int(fd)
