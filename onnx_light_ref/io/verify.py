@@ -47,7 +47,7 @@ from onnx_light_ref.io.locations import (
 )
 from onnx_light_ref.io.model_file import PROTOBUF_LIMIT, check_model_strings, load_model_metadata
 from onnx_light_ref.io.posix import check_single_link, pread_exact
-from onnx_light_ref.io.walker import TensorSite, iter_tensors
+from onnx_light_ref.io.walker import TensorSite, describe_place, iter_tensors
 from onnx_light_ref.io.wire import InlinePayload, StrippedModel, load_model_stripped
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "ProgressCallback", "VerifyResult", "verify_models"]
@@ -197,7 +197,11 @@ def verify_models(
     """Compare every tensor of two models, streaming external bytes; report the first difference.
 
     Tensors are paired by position in :func:`~onnx_light_ref.io.walker.iter_tensors` order; a pair is equal when
-    its name, kind and place (``where``), data type, dims and little-endian bytes are equal. How each side stores a
+    its name, kind and place, data type, dims and little-endian bytes are equal. The place is structural
+    (:attr:`~onnx_light_ref.io.walker.TensorSite.place`: the index of every node, attribute, ``graphs`` entry, model
+    function and slot on the way, and a function's domain, name and overload), so a tensor moved between
+    ``graphs[0]`` and ``graphs[1]`` of one attribute, between two nodes of the same name or between two overloads of
+    a function is a difference. How each side stores a
     tensor does not matter: ``raw_data``, typed fields (``float_data``, ``int32_data``...: converted to their raw
     bytes, as ``numpy_helper.from_array`` writes them), or external data in any number of files. STRING tensors
     compare element by element.
@@ -205,15 +209,16 @@ def verify_models(
     With ``by_name=True`` tensors are paired by key instead of position, for models whose tensors a tool reordered
     (``undelay_initializers`` puts the initializers it restores after the kept ones). The key is the graph the
     tensor lives in, named by its place in the model (the main graph; a subgraph by the path of node names,
-    attribute names and ``graphs`` indices leading to it, an unnamed node by its index; a model-local function by
-    domain, name and overload; a training graph by its ``training_info`` index and field), then: for an initializer,
-    its kind and name; for a sparse initializer's values and indices, their kind and the values' name (indices are
-    usually unnamed); for a node attribute's tensor, the node, the attribute name and the tensor's slot in it (the
-    order of an attribute's ``tensors`` is meaningful; the names are then compared like dims). A key found on one
-    side only is a difference (a renamed tensor, a missing one, one moved to another graph); a key found twice in
-    one model (two initializers of one graph with the same name, or two same-named nodes holding tensors or
-    subgraphs) raises :class:`InvalidModelError`, since such tensors cannot be paired. Differences are reported in
-    A's order, then B's unpaired tensors. Positional pairing stays the default: it also proves the order unchanged.
+    attribute names and ``graphs`` indices leading to it, an unnamed node by its index, a node whose name other
+    nodes of its graph share by that name and its occurrence; a model-local function by domain, name and overload;
+    a training graph by its ``training_info`` index and field), then: for an initializer, its kind and name; for a
+    sparse initializer's values and indices, their kind and the values' name (indices are usually unnamed); for a
+    node attribute's tensor, the node, the attribute name and the tensor's slot in it (the order of an attribute's
+    ``tensors`` is meaningful; the names are then compared like dims). A key found on one side only is a difference
+    (a renamed tensor, a missing one, one moved to another graph); a key found twice in one model (two initializers
+    of one graph with the same name, or two same-named attributes of one node holding tensors or subgraphs) raises
+    :class:`InvalidModelError`, since such tensors cannot be paired. Differences are reported in A's order, then
+    B's unpaired tensors. Positional pairing stays the default: it also proves the order unchanged.
 
     Every external reference of both models is validated first (relative, inside its model's folder, in bounds,
     not hard-linked), then names, places, data types and dims of every pair are compared, and only then bytes: a
@@ -323,7 +328,7 @@ def _site_keys(model: onnx.ModelProto, side: str) -> list[_Key]:
     """The key of every tensor of ``model``, in walker order (:attr:`TensorSite.key`; see ``by_name``).
 
     Raises:
-        InvalidModelError: two tensors have the same key, or two subgraphs the same place (same-named nodes).
+        InvalidModelError: two tensors have the same key, or two subgraphs the same place (same-named attributes).
     """
     keys: list[_Key] = []
     first_site: dict[_Key, TensorSite] = {}
@@ -333,15 +338,16 @@ def _site_keys(model: onnx.ModelProto, side: str) -> list[_Key]:
         holder = graphs.setdefault(graph_path, site)
         if holder.container is not site.container:
             raise InvalidModelError(
-                f"model {side}: two subgraphs are both reached as {site.where}: their nodes have the same name, so "
-                "their tensors cannot be paired by name; compare them by position."
+                f"model {side}: two subgraphs are both reached as {site.where}: two attributes of one node have the "
+                "same name, so their tensors cannot be paired by name; compare them by position."
             )
         other = first_site.setdefault(site.key, site)
         if other is not site:
             raise InvalidModelError(
                 f"model {side}: {site.kind.replace('_', ' ')} {site.label!r} ({site.where}) and "
                 f"{other.kind.replace('_', ' ')} {other.label!r} ({other.where}) have the same name in the same graph "
-                "(or belong to same-named nodes): tensors cannot be paired by name; compare them by position."
+                "(or belong to same-named attributes of one node): tensors cannot be paired by name; compare them by "
+                "position."
             )
         keys.append(site.key)
     return keys
@@ -358,7 +364,7 @@ def _pair_by_position(a: _Side, b: _Side) -> tuple[list[_Pair], str | None]:
         count_note = f"; A has {len(a.records)} tensors, B has {len(b.records)}"
     pairs: list[_Pair] = []
     for index, (ra, rb) in enumerate(zip(a.records, b.records, strict=False)):
-        what = _metadata_difference(ra, rb)
+        what = _metadata_difference(ra, rb, by_position=True)
         if what is not None:
             return [], f"{_describe(index, ra.site)}: {what}{count_note}"
         pairs.append((index, ra, rb))
@@ -381,7 +387,7 @@ def _pair_by_name(a: _Side, b: _Side) -> tuple[list[_Pair], str | None]:
         if j is None:
             return [], f"{_describe(index, ra.site)} is only in A{_elsewhere(ra.site, b)}"
         rb = b.records[j]
-        what = _metadata_difference(ra, rb)
+        what = _metadata_difference(ra, rb, by_position=False)
         if what is not None:
             return [], f"{_describe(index, ra.site)}: {what}"
         pairs.append((index, ra, rb))
@@ -403,8 +409,13 @@ def _elsewhere(site: TensorSite, other: _Side) -> str:
     return ""
 
 
-def _metadata_difference(ra: _Record, rb: _Record) -> str | None:
-    """What differs between the name, kind, place, data type and dims of two paired tensors, or None."""
+def _metadata_difference(ra: _Record, rb: _Record, *, by_position: bool) -> str | None:
+    """What differs between the name, kind, place, data type and dims of two paired tensors, or None.
+
+    By position the structural place (:attr:`TensorSite.place`, every index on the way) must be equal too: the
+    readable ``where`` cannot tell two same-named nodes apart. By name the key already matched, and the place may
+    differ where the tensors were reordered.
+    """
     ta, tb = ra.site.tensor, rb.site.tensor
     if ta.name != tb.name:
         return f"name differs (A: {ta.name!r}, B: {tb.name!r})"
@@ -413,6 +424,8 @@ def _metadata_difference(ra: _Record, rb: _Record) -> str | None:
             f"place differs (A: {ra.site.kind.replace('_', ' ')} in {ra.site.where}, "
             f"B: {rb.site.kind.replace('_', ' ')} in {rb.site.where})"
         )
+    if by_position and ra.site.place != rb.site.place:
+        return f"place differs (A: {describe_place(ra.site.place)}, B: {describe_place(rb.site.place)})"
     if ta.data_type != tb.data_type:
         return f"data type differs (A: {_dtype_name(ta.data_type)}, B: {_dtype_name(tb.data_type)})"
     if list(ta.dims) != list(tb.dims):

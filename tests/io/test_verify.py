@@ -804,24 +804,54 @@ def test_a_name_twice_in_one_graph_cannot_be_paired_by_name(tmp_path, pair):
 
     assert str(caught.value) == (
         "model B: initializer 'w1' (graph 'identity') and initializer 'w1' (graph 'identity') have the same name in "
-        "the same graph (or belong to same-named nodes): tensors cannot be paired by name; compare them by position."
+        "the same graph (or belong to same-named attributes of one node): tensors cannot be paired by name; compare "
+        "them by position."
     )
     assert verify_models(a, b).first_difference.endswith("name differs (A: 'w3', B: 'w1')")
     assert sha256_of_tree(tmp_path) == before
 
 
-def test_same_named_nodes_holding_subgraphs_cannot_be_paired_by_name(tmp_path):
+def test_same_named_nodes_are_paired_by_name_and_occurrence(tmp_path):
     a = outer_weight_model(tmp_path / "a", in_subgraph=True)
 
     def duplicate_if(model: onnx.ModelProto) -> None:
         model.graph.node.append(model.graph.node[0])
 
-    b = edited(a, tmp_path / "b", duplicate_if)
+    def weight_in_the_second_if(model: onnx.ModelProto) -> None:
+        duplicate_if(model)
+        del model.graph.node[0].attribute[1].g.initializer[:]  # then_branch of the first 'if'
+
+    twice = edited(a, tmp_path / "twice", duplicate_if)
+    second = edited(a, tmp_path / "second", weight_in_the_second_if)
+
+    assert verify_models(a, twice, by_name=True).first_difference == (
+        "tensor #0 'w' (initializer in graph 'main' / node 'if' (If) / then_branch) is only in A (B has a tensor of "
+        "that name: initializer in graph 'main' / node 'if' (If) / then_branch)"
+    )
+    assert verify_models(twice, second, by_name=True).first_difference == (
+        "tensor #0 'w' (initializer in graph 'main' / node 'if' (If) / then_branch) is only in A (B has a tensor of "
+        "that name: initializer in graph 'main' / node 'if' (If) / then_branch)"
+    )
+    assert verify_models(second, second, by_name=True).equal
+
+
+def test_same_named_attributes_holding_subgraphs_cannot_be_paired_by_name(tmp_path):
+    a = outer_weight_model(tmp_path / "a", in_subgraph=True)
+
+    def duplicate_then_branch(model: onnx.ModelProto) -> None:
+        model.graph.node[0].attribute.append(model.graph.node[0].attribute[1])
+
+    b = edited(a, tmp_path / "b", duplicate_then_branch)
+    before = sha256_of_tree(tmp_path)
 
     with pytest.raises(
-        InvalidModelError, match=r"^model B: two subgraphs are both reached as graph 'main' / node 'if'"
+        InvalidModelError,
+        match=r"^model B: two subgraphs are both reached as graph 'main' / node 'if' \(If\) / then_branch: two "
+        "attributes of one node have the same name",
     ):
         verify_models(a, b, by_name=True)
+    assert verify_models(b, b) == VerifyResult(True, 2, 48, None)  # by position, the two are compared
+    assert sha256_of_tree(tmp_path) == before
 
 
 # --- memory by construction ----------------------------------------------------------------------------------------
