@@ -119,6 +119,22 @@ def test_a_zero_chunk_size_is_one_error_line(source, capsys):
     assert status == 1 and err.startswith("error: ") and "chunk_size" in err
 
 
+def test_a_chunk_size_over_1_gib_is_one_error_line_and_1_gib_works(tmp_path, source, capsys):
+    aligned = tmp_path / "aligned.onnx"
+    align_external_data_streaming(source, aligned, alignment=4096)
+
+    status, out, err = verify(capsys, str(source), str(aligned), "--chunk-size", "64G")
+
+    # It used to allocate two 64 GiB buffers and die with a MemoryError traceback.
+    assert (status, out) == (1, "")
+    assert err == "error: chunk_size must be <= 1073741824, got 68719476736.\n"
+    assert verify(capsys, str(source), str(aligned), "--chunk-size", "1G") == (
+        0,
+        "equal: 2 tensors, 4616 bytes compared\n",
+        "",
+    )
+
+
 def test_by_name_verifies_a_delay_undelay_round_trip_that_differs_by_position(tmp_path, source, capsys):
     from onnx_light_ref.ops import delay_initializers, undelay_initializers
 

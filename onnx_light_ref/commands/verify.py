@@ -38,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SIZE",
         type=size_argument,
         default=4 * 1024 * 1024,
-        help="bytes read per system call and model; the two read buffers are this size (default: 4M)",
+        help="bytes read per system call and model, at most 1G; the two read buffers grow up to this size "
+        "(default: 4M)",
     )
     parser.add_argument(
         "--check-checksums",

@@ -15,8 +15,9 @@ refused) → pair the tensors (by position, or by key) → compare names, places
 only then compare bytes, stopping at the first difference.
 
 This module never writes a file and never holds more weight bytes than two ``chunk_size`` buffers (plus a bounded
-scratch block when comparing the tail of a tensor): external bytes are read with ``os.preadv`` into the two
-preallocated buffers, never with a whole-file ``read()``. Inline tensors of a ``.onnx`` up to 2 GiB are already in
+scratch block when comparing the tail of a tensor), each grown on demand up to ``chunk_size`` (itself at most
+:data:`MAX_CHUNK_SIZE`): external bytes are read with ``os.preadv`` into the two buffers, never with a whole-file
+``read()``. Inline tensors of a ``.onnx`` up to 2 GiB are already in
 memory as part of the parsed model; those of a larger ``.onnx`` were stripped by the scan and are read from the
 ``.onnx`` (identity-checked) through the same two buffers, exactly like an external range. Tensors stored in typed
 fields are converted to raw bytes one tensor at a time (they are small: protobuf keeps big tensors in ``raw_data``).
@@ -50,12 +51,16 @@ from onnx_light_ref.io.posix import check_single_link, pread_exact
 from onnx_light_ref.io.walker import TensorSite, describe_place, iter_tensors
 from onnx_light_ref.io.wire import InlinePayload, StrippedModel, load_model_stripped
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "ProgressCallback", "VerifyResult", "verify_models"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "ProgressCallback", "VerifyResult", "verify_models"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
 """Bytes read per ``preadv`` and side: large enough to amortize system calls, small enough to bound memory."""
+
+MAX_CHUNK_SIZE = 1024 * 1024 * 1024
+"""The largest ``chunk_size`` accepted (1 GiB). Linux moves at most 2 GiB - 4 KiB per read anyway, a read buffer past a
+few MiB reads no faster, and verify may hold two of them: ``chunk_size=64 GiB`` used to die allocating 128 GiB."""
 
 # Comparing two whole buffers is one memcmp (bytearray equality). A partial buffer (the tail of a tensor) is compared
 # in blocks copied out with ``tobytes()``: memoryview equality unpacks element by element (~100x slower), and one
@@ -225,7 +230,8 @@ def verify_models(
     metadata difference is reported before any byte is read, else the first byte difference in model order. Ranges
     that are the same bytes of the same file (device and inode) are equal without being read, unless
     ``check_checksums`` needs them. Each data file is opened once per side; memory holds two ``chunk_size`` buffers
-    and a 256 KiB comparison scratch, whatever the model size. Nothing is written.
+    and a 256 KiB comparison scratch, whatever the model size; each buffer grows only as far as the longest range it
+    reads (a 1 KiB model compared with ``chunk_size=1 GiB`` allocates about 1 KiB). Nothing is written.
 
     A ``.onnx`` up to protobuf's 2 GiB limit is parsed whole, its inline tensors in memory. A larger one (inline
     weights written by a protobuf-free writer) is parsed by the wire-format scan
@@ -236,7 +242,8 @@ def verify_models(
     Args:
         a_onnx_path: the first ``.onnx`` file (``str`` or path-like); "A" in messages.
         b_onnx_path: the second ``.onnx`` file; "B" in messages.
-        chunk_size: bytes read per system call and side (> 0); the two buffers are this size.
+        chunk_size: bytes read per system call and side, from 1 to :data:`MAX_CHUNK_SIZE`; the two buffers are at
+            most this size.
         check_checksums: also check each external tensor's ``checksum`` entry: it must be the SHA1 (hex) of the
             tensor's bytes or, as the ONNX external-data spec words it, of its whole file (hashed only when the
             first does not match, once per file). Mismatches go to ``checksum_mismatches``; they do not change
@@ -250,8 +257,8 @@ def verify_models(
         A :class:`VerifyResult`.
 
     Raises:
-        TypeError, ValueError: a bad ``chunk_size``, ``check_checksums``, ``allow_hard_links`` or ``by_name``
-            (before any I/O).
+        TypeError, ValueError: a bad ``chunk_size`` (not an int, < 1 or > :data:`MAX_CHUNK_SIZE`),
+            ``check_checksums``, ``allow_hard_links`` or ``by_name`` (before any I/O).
         FileNotFoundError: a ``.onnx`` file or a referenced data file does not exist.
         InvalidModelError: a ``.onnx`` file is not a model (or, over 2 GiB, its metadata alone exceeds 2 GiB), or an
             inline tensor's data does not fit its dims and data type (``raw_data`` of another size, typed values of
@@ -262,7 +269,7 @@ def verify_models(
             replaced or shortened while being compared (also a ``.onnx`` over 2 GiB, whose inline payloads are read
             from it).
     """
-    check_int("chunk_size", chunk_size, minimum=1)
+    check_int("chunk_size", chunk_size, minimum=1, maximum=MAX_CHUNK_SIZE)
     check_bool("check_checksums", check_checksums)
     check_bool("allow_hard_links", allow_hard_links)
     check_bool("by_name", by_name)
@@ -504,7 +511,8 @@ class _Comparison:
         self.chunk_size = chunk_size
         self.check_checksums = check_checksums
         self.progress = progress
-        self.buffers = (bytearray(chunk_size), bytearray(chunk_size))
+        # Grown on demand up to chunk_size (see _buffer): a large chunk_size costs nothing on small tensors.
+        self.buffers = [bytearray(0), bytearray(0)]
         self.done = 0
         self.total = sum(_planned_length(ra) for _, ra, _ in pairs)
         self.checksum_mismatches: list[str] = []
@@ -589,7 +597,7 @@ class _Comparison:
         if inline is not None:
             return inline[position : position + n]
         assert external is not None
-        view = memoryview(self.buffers[which])[:n]
+        view = self._buffer(which, n)
         got = pread_exact(side.fd(external.file), view, external.offset + position)
         if got != n:
             raise ExternalDataError(
@@ -598,6 +606,15 @@ class _Comparison:
                 "it was shortened after it was validated."
             )
         return view
+
+    def _buffer(self, which: int, n: int) -> memoryview:
+        """The first ``n`` bytes (``n <= chunk_size``) of buffer ``which``, grown (at least doubled, at most to
+        ``chunk_size``) when shorter, so that a run of growing tensors reallocates it a few times only."""
+        buffer = self.buffers[which]
+        if len(buffer) < n:
+            size = min(self.chunk_size, max(n, 2 * len(buffer)))
+            buffer = self.buffers[which] = bytearray(size)
+        return memoryview(buffer)[:n]
 
     def _advance(self, n: int) -> None:
         self.done += n
@@ -624,7 +641,7 @@ class _Comparison:
         if cached is None:
             digest = hashlib.sha1()
             fd = side.fd(file)
-            view = memoryview(self.buffers[0])
+            view = self._buffer(0, max(1, min(self.chunk_size, os.fstat(fd).st_size)))
             offset = 0
             while True:
                 got = pread_exact(fd, view, offset)

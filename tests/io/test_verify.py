@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 import shutil
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError, UnsafeLocationError
 from onnx_light_ref.io import verify as verify_module
 from onnx_light_ref.io.model_file import PROTOBUF_LIMIT
-from onnx_light_ref.io.verify import VerifyResult, verify_models
+from onnx_light_ref.io.verify import MAX_CHUNK_SIZE, VerifyResult, verify_models
 from onnx_light_ref.io.walker import iter_tensors
 from onnx_light_ref.ops import delay_initializers, undelay_initializers
 from tests import large_inline
@@ -633,6 +634,32 @@ def test_bad_arguments_are_refused_before_any_io(tmp_path, kwargs, error):
         verify_models(tmp_path / "none.onnx", tmp_path / "none.onnx", **kwargs)
 
 
+def test_a_chunk_size_over_the_maximum_is_refused_before_any_io(tmp_path):
+    with pytest.raises(ValueError) as caught:
+        verify_models(tmp_path / "none.onnx", tmp_path / "none.onnx", chunk_size=64 * 2**30)
+
+    assert str(caught.value) == f"chunk_size must be <= {MAX_CHUNK_SIZE}, got {64 * 2**30}."
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_largest_chunk_size_allocates_only_what_the_tensors_need(tmp_path, pair):
+    a, b = pair
+    flip_byte(b.parent / "model.onnx.data", TOTAL - 1)
+
+    tracemalloc.start()
+    try:
+        equal = verify_models(a, a, chunk_size=MAX_CHUNK_SIZE, check_checksums=True)
+        different = verify_models(a, b, chunk_size=MAX_CHUNK_SIZE)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert equal.equal and equal.bytes_compared == TOTAL
+    assert different.first_difference is not None and "bytes differ" in different.first_difference
+    # Two buffers of at most the largest tensor (4 KiB) and the model protos: far below one 1 GiB buffer.
+    assert peak < 4 * 2**20, peak
+
+
 # --- pairing by name ------------------------------------------------------------------------------------------------
 
 
@@ -866,9 +893,11 @@ def test_the_read_path_only_uses_two_chunk_buffers_and_positional_reads():
     # No whole-file reads, no mapping, no numpy file loaders, no open(): bytes only come through pread_exact.
     assert names.isdisjoint({"read", "readinto", "read_bytes", "open", "mmap", "fromfile", "memmap", "load"})
     assert "pread_exact" in names
-    allocations = [node for node in calls if getattr(node.func, "id", None) == "bytearray"]
-    assert len(allocations) == 2
-    assert all(ast.unparse(node.args[0]) == "chunk_size" for node in allocations)
+    allocations = [ast.unparse(node.args[0]) for node in calls if getattr(node.func, "id", None) == "bytearray"]
+    # Two empty buffers, each grown in one place only, never past chunk_size (itself at most MAX_CHUNK_SIZE).
+    assert sorted(allocations) == ["0", "0", "size"]
+    grow = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_buffer")
+    assert "size = min(self.chunk_size, max(n, 2 * len(buffer)))" in ast.unparse(grow)
 
 
 # --- a .onnx over protobuf's 2 GiB limit, its weights inline (sparse files: a few MiB of real blocks each) ----------
