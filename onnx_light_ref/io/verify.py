@@ -412,7 +412,12 @@ def _elsewhere(site: TensorSite, other: _Side) -> str:
     for record in other.records:
         if record.site.tensor.name == site.tensor.name:
             kind = record.site.kind.replace("_", " ")
-            return f" ({other.name} has a tensor of that name: {kind} in {record.site.where})"
+            where = record.site.where
+            if where == site.where and record.site.place != site.place:  # e.g. the other node of the same name
+                where = (
+                    f"{where}, at {describe_place(record.site.place)} where this one is at {describe_place(site.place)}"
+                )
+            return f" ({other.name} has a tensor of that name: {kind} in {where})"
     return ""
 
 

@@ -91,7 +91,8 @@ def test_a_tensor_moved_between_two_nodes_of_the_same_name_differs(tmp_path):
     # By name, a node whose name other nodes share is known by the name and its occurrence: the first 'k', the second.
     assert verify_models(a, b, by_name=True).first_difference == (
         "tensor #0 'c' (attribute in graph 'main' / node 'k' (Constant) / value) is only in A "
-        "(B has a tensor of that name: attribute in graph 'main' / node 'k' (Constant) / value)"
+        "(B has a tensor of that name: attribute in graph 'main' / node 'k' (Constant) / value, at graph / node #1 / "
+        "attribute #0 'value' / t where this one is at graph / node #0 / attribute #0 'value' / t)"
     )
     assert verify_models(a, same, by_name=True) == VerifyResult(True, 1, 24, None)
     assert verify_models(a, same) == VerifyResult(True, 1, 24, None)
