@@ -3,18 +3,49 @@
 The helpers themselves live in :mod:`tests.models` (model builders) and :mod:`tests.checks` (what a run left behind);
 new tests import them directly (``from tests.models import make_external_model``). Each fixture here only returns the
 function of the same name, for the tests that still receive it as a fixture argument.
+
+It also registers the hypothesis profile ``ci`` (see :data:`HYPOTHESIS_CI_PROFILE`), loaded when the environment has
+``HYPOTHESIS_PROFILE=ci`` or ``CI`` set (CI runs ``.ci/run`` with ``CI=true``): the same examples on every run, so a
+test passes or fails alike on every clone. Developers' runs keep hypothesis' random exploration, which is how new
+failing examples are found; each one found gets pinned with ``@example`` in its test.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import onnx
 import pytest
+from hypothesis import settings
 
 from tests.checks import assert_no_temp_files, sha256_of_tree
 from tests.models import externalize, identity_model, make_external_model
+
+HYPOTHESIS_CI_PROFILE = "ci"
+"""``derandomize=True``: each test's examples come from a seed derived from the test itself, so every CI run (and
+every clone) tries the same ones, and ``HYPOTHESIS_PROFILE=ci python -m pytest TEST`` replays a CI failure anywhere.
+A failure also prints its ``@reproduce_failure`` blob (``print_blob``), to replay it under any profile. No example
+database: hypothesis implies none with ``derandomize`` (a fresh clone would not have it anyway)."""
+
+settings.register_profile(HYPOTHESIS_CI_PROFILE, derandomize=True, print_blob=True, database=None)
+
+
+def _hypothesis_profile(environ: os._Environ[str] | dict[str, str]) -> str | None:
+    """The profile to load: ``HYPOTHESIS_PROFILE`` when set, else ``ci`` when ``CI`` is set (not ``""``/``0``/
+    ``false``), else None (hypothesis' default: random exploration)."""
+    explicit = environ.get("HYPOTHESIS_PROFILE")
+    if explicit:
+        return explicit
+    if environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        return HYPOTHESIS_CI_PROFILE
+    return None
+
+
+_PROFILE = _hypothesis_profile(os.environ)
+if _PROFILE is not None:
+    settings.load_profile(_PROFILE)
 
 
 @pytest.fixture(name="make_external_model")

@@ -119,6 +119,22 @@ def test_a_zero_chunk_size_is_one_error_line(source, capsys):
     assert status == 1 and err.startswith("error: ") and "chunk_size" in err
 
 
+def test_a_chunk_size_over_1_gib_is_one_error_line_and_1_gib_works(tmp_path, source, capsys):
+    aligned = tmp_path / "aligned.onnx"
+    align_external_data_streaming(source, aligned, alignment=4096)
+
+    status, out, err = verify(capsys, str(source), str(aligned), "--chunk-size", "64G")
+
+    # It used to allocate two 64 GiB buffers and die with a MemoryError traceback.
+    assert (status, out) == (1, "")
+    assert err == "error: chunk_size must be <= 1073741824, got 68719476736.\n"
+    assert verify(capsys, str(source), str(aligned), "--chunk-size", "1G") == (
+        0,
+        "equal: 2 tensors, 4616 bytes compared\n",
+        "",
+    )
+
+
 def test_by_name_verifies_a_delay_undelay_round_trip_that_differs_by_position(tmp_path, source, capsys):
     from onnx_light_ref.ops import delay_initializers, undelay_initializers
 
@@ -180,3 +196,25 @@ def test_models_over_2_gib_with_inline_weights_are_verified(tmp_path, capsys):
     status, out, err = verify(capsys, str(a), str(b))
     assert (status, out) == (1, "")
     assert err.count("\n") == 1 and err.startswith(f"error: {str(b)!r} ") and "byte offset" in err
+
+
+def test_a_difference_in_a_function_with_a_hostile_domain_prints_no_control_character(tmp_path, capsys):
+    """Op types and function domains appear in a tensor's place as the model spells them: ESC/OSC-52 and bidi
+    overrides must not reach the terminal."""
+    hostile = "ai.\x1b]52;c;ZXZpbA==\x07\u202e"
+    paths = []
+    for value in (1.0, 2.0):
+        constant = onnx.helper.make_node(
+            "Constant", [], ["Y"], value=onnx.numpy_helper.from_array(np.array([value], np.float32), "c")
+        )
+        function = onnx.helper.make_function(hostile, "F", [], ["Y"], [constant], [onnx.helper.make_opsetid("", 18)])
+        graph = onnx.helper.make_graph([], "g", [], [])
+        path = tmp_path / f"{value}.onnx"
+        onnx.save_model(onnx.helper.make_model(graph, functions=[function]), str(path))
+        paths.append(str(path))
+
+    status, out, err = verify(capsys, *paths)
+
+    assert status == 1 and err == ""
+    assert out.startswith("different: tensor #0 'c' (attribute in function ai.\\x1b]52;c;ZXZpbA==\\x07\\u202e::F / ")
+    assert out.endswith("\n") and out[:-1].isprintable()

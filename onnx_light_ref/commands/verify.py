@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.inspect import printable
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import size_argument
 
@@ -38,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SIZE",
         type=size_argument,
         default=4 * 1024 * 1024,
-        help="bytes read per system call and model; the two read buffers are this size (default: 4M)",
+        help="bytes read per system call and model, at most 1G; the two read buffers grow up to this size "
+        "(default: 4M)",
     )
     parser.add_argument(
         "--check-checksums",
@@ -84,10 +86,11 @@ def verify_command(args: argparse.Namespace) -> int:
             )
     except (ValueError, OSError) as exc:  # ExternalDataError/InvalidModelError are ValueErrors
         return error_exit(exc)
+    # Messages quote names with repr, but a place also shows op types and function domains as they are: escaped here.
     for mismatch in result.checksum_mismatches:
-        print(f"checksum mismatch: {mismatch}")
+        print(f"checksum mismatch: {printable(mismatch)}")
     if not result.equal:
-        print(f"different: {result.first_difference}")
+        print(f"different: {printable(result.first_difference or '')}")
         return 1
     print(f"equal: {result.tensors} tensors, {result.bytes_compared} bytes compared")
     return 1 if result.checksum_mismatches else 0

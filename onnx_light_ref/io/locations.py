@@ -21,10 +21,10 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
+from onnx_light_ref.io.dtype_sizes import packed_nbytes
 from onnx_light_ref.io.entries import is_external, parse_entry_int, read_entries
 from onnx_light_ref.io.folder import FileIdentity, ModelFolder
 from onnx_light_ref.io.posix import check_single_link
@@ -46,15 +46,6 @@ __all__ = [
     "stat_regular_file",
     "typed_value_fields",
 ]
-
-# Element types whose elements are smaller than a byte: (elements per byte). Packed as in ONNX raw_data.
-_SUB_BYTE_ELEMENTS_PER_BYTE: dict[int, int] = {
-    onnx.TensorProto.INT4: 2,
-    onnx.TensorProto.UINT4: 2,
-}
-for _name, _per_byte in (("FLOAT4E2M1", 2), ("INT2", 4), ("UINT2", 4)):
-    if hasattr(onnx.TensorProto, _name):  # newer onnx releases only
-        _SUB_BYTE_ELEMENTS_PER_BYTE[getattr(onnx.TensorProto, _name)] = _per_byte
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +239,9 @@ def stat_regular_file(
 def expected_nbytes(tensor: onnx.TensorProto, *, label: str | None = None) -> int | None:
     """Byte size of the tensor's raw data from its dims and data type, or None if the type has no fixed size.
 
+    The size per element, packing included (FLOAT6: 4 elements in 3 bytes), is
+    :func:`onnx_light_ref.io.dtype_sizes.packed_nbytes`'s, the one place the package computes it.
+
     Never negative: a negative dim makes the size undefined.
 
     Raises:
@@ -258,17 +252,7 @@ def expected_nbytes(tensor: onnx.TensorProto, *, label: str | None = None) -> in
             f"tensor {label or _text(tensor.name)!r} has negative dims {list(tensor.dims)}; its byte size is "
             "undefined (dims must be >= 0)."
         )
-    n_elements = math.prod(tensor.dims)
-    per_byte = _SUB_BYTE_ELEMENTS_PER_BYTE.get(tensor.data_type)
-    if per_byte is not None:
-        return (n_elements + per_byte - 1) // per_byte
-    if tensor.data_type in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
-        return None
-    try:
-        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
-    except (KeyError, TypeError, ValueError):
-        return None
-    return n_elements * itemsize
+    return packed_nbytes(tensor.data_type, math.prod(tensor.dims))
 
 
 def _text(value: str | bytes) -> str:

@@ -15,8 +15,9 @@ refused) → pair the tensors (by position, or by key) → compare names, places
 only then compare bytes, stopping at the first difference.
 
 This module never writes a file and never holds more weight bytes than two ``chunk_size`` buffers (plus a bounded
-scratch block when comparing the tail of a tensor): external bytes are read with ``os.preadv`` into the two
-preallocated buffers, never with a whole-file ``read()``. Inline tensors of a ``.onnx`` up to 2 GiB are already in
+scratch block when comparing the tail of a tensor), each grown on demand up to ``chunk_size`` (itself at most
+:data:`MAX_CHUNK_SIZE`): external bytes are read with ``os.preadv`` into the two buffers, never with a whole-file
+``read()``. Inline tensors of a ``.onnx`` up to 2 GiB are already in
 memory as part of the parsed model; those of a larger ``.onnx`` were stripped by the scan and are read from the
 ``.onnx`` (identity-checked) through the same two buffers, exactly like an external range. Tensors stored in typed
 fields are converted to raw bytes one tensor at a time (they are small: protobuf keeps big tensors in ``raw_data``).
@@ -53,15 +54,19 @@ from onnx_light_ref.io.model_file import (
     open_model_folder,
 )
 from onnx_light_ref.io.posix import check_single_link, pread_exact
-from onnx_light_ref.io.walker import TensorSite, iter_tensors
+from onnx_light_ref.io.walker import TensorSite, describe_place, iter_tensors
 from onnx_light_ref.io.wire import InlinePayload, StrippedModel, load_model_stripped
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "ProgressCallback", "VerifyResult", "verify_models"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "ProgressCallback", "VerifyResult", "verify_models"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
 """Bytes read per ``preadv`` and side: large enough to amortize system calls, small enough to bound memory."""
+
+MAX_CHUNK_SIZE = 1024 * 1024 * 1024
+"""The largest ``chunk_size`` accepted (1 GiB). Linux moves at most 2 GiB - 4 KiB per read anyway, a read buffer past a
+few MiB reads no faster, and verify may hold two of them: ``chunk_size=64 GiB`` used to die allocating 128 GiB."""
 
 # Comparing two whole buffers is one memcmp (bytearray equality). A partial buffer (the tail of a tensor) is compared
 # in blocks copied out with ``tobytes()``: memoryview equality unpacks element by element (~100x slower), and one
@@ -222,7 +227,11 @@ def verify_models(
     """Compare every tensor of two models, streaming external bytes; report the first difference.
 
     Tensors are paired by position in :func:`~onnx_light_ref.io.walker.iter_tensors` order; a pair is equal when
-    its name, kind and place (``where``), data type, dims and little-endian bytes are equal. How each side stores a
+    its name, kind and place, data type, dims and little-endian bytes are equal. The place is structural
+    (:attr:`~onnx_light_ref.io.walker.TensorSite.place`: the index of every node, attribute, ``graphs`` entry, model
+    function and slot on the way, and a function's domain, name and overload), so a tensor moved between
+    ``graphs[0]`` and ``graphs[1]`` of one attribute, between two nodes of the same name or between two overloads of
+    a function is a difference. How each side stores a
     tensor does not matter: ``raw_data``, typed fields (``float_data``, ``int32_data``...: converted to their raw
     bytes, as ``numpy_helper.from_array`` writes them), or external data in any number of files. STRING tensors
     compare element by element.
@@ -230,22 +239,24 @@ def verify_models(
     With ``by_name=True`` tensors are paired by key instead of position, for models whose tensors a tool reordered
     (``undelay_initializers`` puts the initializers it restores after the kept ones). The key is the graph the
     tensor lives in, named by its place in the model (the main graph; a subgraph by the path of node names,
-    attribute names and ``graphs`` indices leading to it, an unnamed node by its index; a model-local function by
-    domain, name and overload; a training graph by its ``training_info`` index and field), then: for an initializer,
-    its kind and name; for a sparse initializer's values and indices, their kind and the values' name (indices are
-    usually unnamed); for a node attribute's tensor, the node, the attribute name and the tensor's slot in it (the
-    order of an attribute's ``tensors`` is meaningful; the names are then compared like dims). A key found on one
-    side only is a difference (a renamed tensor, a missing one, one moved to another graph); a key found twice in
-    one model (two initializers of one graph with the same name, or two same-named nodes holding tensors or
-    subgraphs) raises :class:`InvalidModelError`, since such tensors cannot be paired. Differences are reported in
-    A's order, then B's unpaired tensors. Positional pairing stays the default: it also proves the order unchanged.
+    attribute names and ``graphs`` indices leading to it, an unnamed node by its index, a node whose name other
+    nodes of its graph share by that name and its occurrence; a model-local function by domain, name and overload;
+    a training graph by its ``training_info`` index and field), then: for an initializer, its kind and name; for a
+    sparse initializer's values and indices, their kind and the values' name (indices are usually unnamed); for a
+    node attribute's tensor, the node, the attribute name and the tensor's slot in it (the order of an attribute's
+    ``tensors`` is meaningful; the names are then compared like dims). A key found on one side only is a difference
+    (a renamed tensor, a missing one, one moved to another graph); a key found twice in one model (two initializers
+    of one graph with the same name, or two same-named attributes of one node holding tensors or subgraphs) raises
+    :class:`InvalidModelError`, since such tensors cannot be paired. Differences are reported in A's order, then
+    B's unpaired tensors. Positional pairing stays the default: it also proves the order unchanged.
 
     Every external reference of both models is validated first (relative, inside its model's folder, in bounds,
     not hard-linked), then names, places, data types and dims of every pair are compared, and only then bytes: a
     metadata difference is reported before any byte is read, else the first byte difference in model order. Ranges
     that are the same bytes of the same file (device and inode) are equal without being read, unless
     ``check_checksums`` needs them. Each data file is opened once per side; memory holds two ``chunk_size`` buffers
-    and a 256 KiB comparison scratch, whatever the model size. Nothing is written.
+    and a 256 KiB comparison scratch, whatever the model size; each buffer grows only as far as the longest range it
+    reads (a 1 KiB model compared with ``chunk_size=1 GiB`` allocates about 1 KiB). Nothing is written.
 
     A ``.onnx`` up to protobuf's 2 GiB limit is parsed whole, its inline tensors in memory. A larger one (inline
     weights written by a protobuf-free writer) is parsed by the wire-format scan
@@ -256,7 +267,8 @@ def verify_models(
     Args:
         a_onnx_path: the first ``.onnx`` file (``str`` or path-like); "A" in messages.
         b_onnx_path: the second ``.onnx`` file; "B" in messages.
-        chunk_size: bytes read per system call and side (> 0); the two buffers are this size.
+        chunk_size: bytes read per system call and side, from 1 to :data:`MAX_CHUNK_SIZE`; the two buffers are at
+            most this size.
         check_checksums: also check each external tensor's ``checksum`` entry: it must be the SHA1 (hex) of the
             tensor's bytes or, as the ONNX external-data spec words it, of its whole file (hashed only when the
             first does not match, once per file). Mismatches go to ``checksum_mismatches``; they do not change
@@ -273,8 +285,8 @@ def verify_models(
         A :class:`VerifyResult`.
 
     Raises:
-        TypeError, ValueError: a bad ``chunk_size``, ``check_checksums``, ``allow_hard_links`` or ``by_name``
-            (before any I/O).
+        TypeError, ValueError: a bad ``chunk_size`` (not an int, < 1 or > :data:`MAX_CHUNK_SIZE`),
+            ``check_checksums``, ``allow_hard_links`` or ``by_name`` (before any I/O).
         FileNotFoundError: a ``.onnx`` file or a referenced data file does not exist.
         InvalidModelError: a ``.onnx`` file is not a model (or, over 2 GiB, its metadata alone exceeds 2 GiB), or an
             inline tensor's data does not fit its dims and data type (``raw_data`` of another size, typed values of
@@ -285,7 +297,7 @@ def verify_models(
             replaced or shortened while being compared (also a ``.onnx`` over 2 GiB, whose inline payloads are read
             from it).
     """
-    check_int("chunk_size", chunk_size, minimum=1)
+    check_int("chunk_size", chunk_size, minimum=1, maximum=MAX_CHUNK_SIZE)
     check_bool("check_checksums", check_checksums)
     check_bool("allow_hard_links", allow_hard_links)
     check_bool("by_name", by_name)
@@ -352,7 +364,7 @@ def _site_keys(model: onnx.ModelProto, side: str) -> list[_Key]:
     """The key of every tensor of ``model``, in walker order (:attr:`TensorSite.key`; see ``by_name``).
 
     Raises:
-        InvalidModelError: two tensors have the same key, or two subgraphs the same place (same-named nodes).
+        InvalidModelError: two tensors have the same key, or two subgraphs the same place (same-named attributes).
     """
     keys: list[_Key] = []
     first_site: dict[_Key, TensorSite] = {}
@@ -362,15 +374,16 @@ def _site_keys(model: onnx.ModelProto, side: str) -> list[_Key]:
         holder = graphs.setdefault(graph_path, site)
         if holder.container is not site.container:
             raise InvalidModelError(
-                f"model {side}: two subgraphs are both reached as {site.where}: their nodes have the same name, so "
-                "their tensors cannot be paired by name; compare them by position."
+                f"model {side}: two subgraphs are both reached as {site.where}: two attributes of one node have the "
+                "same name, so their tensors cannot be paired by name; compare them by position."
             )
         other = first_site.setdefault(site.key, site)
         if other is not site:
             raise InvalidModelError(
                 f"model {side}: {site.kind.replace('_', ' ')} {site.label!r} ({site.where}) and "
                 f"{other.kind.replace('_', ' ')} {other.label!r} ({other.where}) have the same name in the same graph "
-                "(or belong to same-named nodes): tensors cannot be paired by name; compare them by position."
+                "(or belong to same-named attributes of one node): tensors cannot be paired by name; compare them by "
+                "position."
             )
         keys.append(site.key)
     return keys
@@ -387,7 +400,7 @@ def _pair_by_position(a: _Side, b: _Side) -> tuple[list[_Pair], str | None]:
         count_note = f"; A has {len(a.records)} tensors, B has {len(b.records)}"
     pairs: list[_Pair] = []
     for index, (ra, rb) in enumerate(zip(a.records, b.records, strict=False)):
-        what = _metadata_difference(ra, rb)
+        what = _metadata_difference(ra, rb, by_position=True)
         if what is not None:
             return [], f"{_describe(index, ra.site)}: {what}{count_note}"
         pairs.append((index, ra, rb))
@@ -410,7 +423,7 @@ def _pair_by_name(a: _Side, b: _Side) -> tuple[list[_Pair], str | None]:
         if j is None:
             return [], f"{_describe(index, ra.site)} is only in A{_elsewhere(ra.site, b)}"
         rb = b.records[j]
-        what = _metadata_difference(ra, rb)
+        what = _metadata_difference(ra, rb, by_position=False)
         if what is not None:
             return [], f"{_describe(index, ra.site)}: {what}"
         pairs.append((index, ra, rb))
@@ -428,12 +441,22 @@ def _elsewhere(site: TensorSite, other: _Side) -> str:
     for record in other.records:
         if record.site.tensor.name == site.tensor.name:
             kind = record.site.kind.replace("_", " ")
-            return f" ({other.name} has a tensor of that name: {kind} in {record.site.where})"
+            where = record.site.where
+            if where == site.where and record.site.place != site.place:  # e.g. the other node of the same name
+                where = (
+                    f"{where}, at {describe_place(record.site.place)} where this one is at {describe_place(site.place)}"
+                )
+            return f" ({other.name} has a tensor of that name: {kind} in {where})"
     return ""
 
 
-def _metadata_difference(ra: _Record, rb: _Record) -> str | None:
-    """What differs between the name, kind, place, data type and dims of two paired tensors, or None."""
+def _metadata_difference(ra: _Record, rb: _Record, *, by_position: bool) -> str | None:
+    """What differs between the name, kind, place, data type and dims of two paired tensors, or None.
+
+    By position the structural place (:attr:`TensorSite.place`, every index on the way) must be equal too: the
+    readable ``where`` cannot tell two same-named nodes apart. By name the key already matched, and the place may
+    differ where the tensors were reordered.
+    """
     ta, tb = ra.site.tensor, rb.site.tensor
     if ta.name != tb.name:
         return f"name differs (A: {ta.name!r}, B: {tb.name!r})"
@@ -442,6 +465,8 @@ def _metadata_difference(ra: _Record, rb: _Record) -> str | None:
             f"place differs (A: {ra.site.kind.replace('_', ' ')} in {ra.site.where}, "
             f"B: {rb.site.kind.replace('_', ' ')} in {rb.site.where})"
         )
+    if by_position and ra.site.place != rb.site.place:
+        return f"place differs (A: {describe_place(ra.site.place)}, B: {describe_place(rb.site.place)})"
     if ta.data_type != tb.data_type:
         return f"data type differs (A: {_dtype_name(ta.data_type)}, B: {_dtype_name(tb.data_type)})"
     if list(ta.dims) != list(tb.dims):
@@ -520,7 +545,8 @@ class _Comparison:
         self.chunk_size = chunk_size
         self.check_checksums = check_checksums
         self.progress = progress
-        self.buffers = (bytearray(chunk_size), bytearray(chunk_size))
+        # Grown on demand up to chunk_size (see _buffer): a large chunk_size costs nothing on small tensors.
+        self.buffers = [bytearray(0), bytearray(0)]
         self.done = 0
         self.total = sum(_planned_length(ra) for _, ra, _ in pairs)
         self.checksum_mismatches: list[str] = []
@@ -605,7 +631,7 @@ class _Comparison:
         if inline is not None:
             return inline[position : position + n]
         assert external is not None
-        view = memoryview(self.buffers[which])[:n]
+        view = self._buffer(which, n)
         got = pread_exact(side.fd(external.file), view, external.offset + position)
         if got != n:
             raise ExternalDataError(
@@ -614,6 +640,15 @@ class _Comparison:
                 "it was shortened after it was validated."
             )
         return view
+
+    def _buffer(self, which: int, n: int) -> memoryview:
+        """The first ``n`` bytes (``n <= chunk_size``) of buffer ``which``, grown (at least doubled, at most to
+        ``chunk_size``) when shorter, so that a run of growing tensors reallocates it a few times only."""
+        buffer = self.buffers[which]
+        if len(buffer) < n:
+            size = min(self.chunk_size, max(n, 2 * len(buffer)))
+            buffer = self.buffers[which] = bytearray(size)
+        return memoryview(buffer)[:n]
 
     def _advance(self, n: int) -> None:
         self.done += n
@@ -640,7 +675,7 @@ class _Comparison:
         if cached is None:
             digest = hashlib.sha1()
             fd = side.fd(file)
-            view = memoryview(self.buffers[0])
+            view = self._buffer(0, max(1, min(self.chunk_size, os.fstat(fd).st_size)))
             offset = 0
             while True:
                 got = pread_exact(fd, view, offset)

@@ -23,30 +23,53 @@ then for each node in order and each attribute in order: ``t``, ``tensors``, ``s
 ``sparse_tensors``, and finally the subgraphs ``g`` and ``graphs``, visited recursively right there.
 
 Each :class:`TensorSite` says what the tensor is (``kind``), which part of the model it belongs to (``scope``:
-the main graph, a function, or training information), a readable path (``where``) and a structural one (``key``:
-the graph it lives in, by its place in the model, and its slot there), which pairs tensors of two models by place
-and name rather than by position (``verify --by-name``).
+the main graph, a function, or training information), a readable path (``where``) and two structural ones:
+``place`` (every index on the way to the tensor: unique in the model, what positional ``verify`` compares) and
+``key`` (the graph it lives in, named by node names where it can, and its slot there by name: what pairs tensors of
+two models by place and name rather than by position, ``verify --by-name``). Both are built here, in one walk, so
+that every comparison of places has one source of truth.
 
 The walker yields the live protos: callers may mutate them. It never reads external data.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 import onnx
 
-__all__ = ["SiteKey", "TensorKind", "TensorScope", "TensorSite", "iter_graphs", "iter_tensors"]
+__all__ = [
+    "SiteKey",
+    "SitePlace",
+    "TensorKind",
+    "TensorScope",
+    "TensorSite",
+    "describe_place",
+    "iter_graphs",
+    "iter_tensors",
+]
 
 SiteKey = tuple[tuple[object, ...], tuple[object, ...]]
 """``(graph path, slot)``. The graph path names a graph by its place: ``("graph",)`` for the main graph, then for a
-subgraph the path of its parent, the holding node (``("node", name)``, or ``("node #", index)`` when unnamed), the
-attribute name and ``"g"`` or ``("graphs", i)``; ``("function", domain, name, overload)``; ``("training", i,
-field)``. The slot names the tensor in that graph: ``("initializer", name)``, a sparse initializer's kind and values
-name, or a node attribute's node, attribute name and position (``"t"``, ``("tensors", i)``, sparse values/indices);
-function defaults use ``"default"`` as their node."""
+subgraph the path of its parent, the holding node (``("node", name)``; ``("node", name, k)`` for the k-th of several
+nodes of one name; ``("node #", index)`` when unnamed), the attribute name and ``"g"`` or ``("graphs", i)``;
+``("function", domain, name, overload)``; ``("training", i, field)``. The slot names the tensor in that graph:
+``("initializer", name)``, a sparse initializer's kind and values name, or a node attribute's node, attribute name
+and position (``"t"``, ``("tensors", i)``, sparse values/indices); function defaults use ``"default"`` as their
+node."""
+
+SitePlace = tuple[object, ...]
+"""Where a tensor is, by position: unique within a model, so two tensors of one model never share a place, and a
+tensor moved anywhere else (another graph of a ``graphs`` attribute, another node of the same name, another overload
+of a function, ``t`` to ``tensors[0]``) has another place. A flat tuple of steps, each a tuple: ``("graph",)``,
+``("function", index, domain, name, overload)``, ``("training", index, field)``, then per subgraph ``("node", index)``,
+``("attribute", index, name)``, ``("g",)`` or ``("graphs", i)``; last the slot: ``("initializer", i)``,
+``("sparse_initializer", i, "values" | "indices")``, or ``("node", index)`` / ``("default",)`` (a function's default
+attributes), ``("attribute", index, name)`` and ``("t",)``, ``("tensors", i)``, ``("sparse_tensor", "values" |
+"indices")``, ``("sparse_tensors", i, "values" | "indices")``. :func:`describe_place` says it in words."""
 
 TensorKind = Literal[
     "initializer",
@@ -100,6 +123,7 @@ class TensorSite:
     scope: TensorScope = "model"
     sparse: onnx.SparseTensorProto | None = None
     key: SiteKey = ((), ())
+    place: SitePlace = ()
 
     @property
     def label(self) -> str:
@@ -124,28 +148,58 @@ def iter_tensors(model: onnx.ModelProto) -> Iterator[TensorSite]:
         An iterator of :class:`TensorSite`, one per ``TensorProto`` (sparse tensors yield their values, then their
         indices).
     """
-    yield from _iter_graph(model.graph, f"graph {model.graph.name!r}", "model", ("graph",))
-    for function in model.functions:
-        where = f"function {function.domain}::{function.name}"
+    yield from _iter_graph(model.graph, f"graph {model.graph.name!r}", "model", ("graph",), (("graph",),))
+    for index, function in enumerate(model.functions):
         # ``overload`` exists from IR version 10 (onnx 1.16) on.
-        path = ("function", function.domain, function.name, getattr(function, "overload", ""))
-        yield from _iter_nodes(function, function.node, where, "function", path)
-        for attribute in function.attribute_proto:
+        overload = getattr(function, "overload", "")
+        where = f"function {function.domain}::{function.name}" + (f" (overload {overload!r})" if overload else "")
+        path: tuple[object, ...] = ("function", function.domain, function.name, overload)
+        place: SitePlace = (("function", index, function.domain, function.name, overload),)
+        yield from _iter_nodes(function, function.node, where, "function", path, place)
+        for attribute_index, attribute in enumerate(function.attribute_proto):
             yield from _iter_attribute(
-                function,
-                None,
+                _Holder(function, None, "function", path, "default"),
                 attribute,
                 f"{where} / default of attribute {attribute.name!r}",
-                "function",
-                path,
-                "default",
+                (*place, ("default",), ("attribute", attribute_index, attribute.name)),
             )
     for index, training in enumerate(model.training_info):
         for field in ("initialization", "algorithm"):
             if training.HasField(field):
                 graph = getattr(training, field)
                 where = f"training_info[{index}] {field} graph {graph.name!r}"
-                yield from _iter_graph(graph, where, "training", ("training", index, field))
+                step = ("training", index, field)
+                yield from _iter_graph(graph, where, "training", step, (step,))
+
+
+def describe_place(place: SitePlace) -> str:
+    """A :data:`SitePlace` in words, every index included: ``graph / node #0 / attribute #1 'graphs' / graphs[1] /
+    initializer #0``.
+
+    Args:
+        place: a :attr:`TensorSite.place`.
+
+    Returns:
+        The steps joined by ``" / "``.
+    """
+    return " / ".join(_describe_step(step) for step in place)
+
+
+def _describe_step(step: object) -> str:
+    assert isinstance(step, tuple) and step
+    head, *rest = step
+    if head == "function":
+        index, domain, name, overload = rest
+        return f"function #{index} {domain}::{name}" + (f" overload {overload!r}" if overload else "")
+    if head == "training":
+        return f"training_info[{rest[0]}] {rest[1]}"
+    if head == "attribute":
+        return f"attribute #{rest[0]} {rest[1]!r}"
+    if head in ("graphs", "tensors", "sparse_tensors"):
+        return f"{head}[{rest[0]}]" + "".join(f" {part}" for part in rest[1:])
+    if head in ("node", "initializer", "sparse_initializer"):
+        return f"{head.replace('_', ' ')} #{rest[0]}" + "".join(f" {part}" for part in rest[1:])
+    return " ".join(str(part) for part in step)
 
 
 def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -169,19 +223,34 @@ def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield from iter_graphs(subgraph)
 
 
+@dataclass(frozen=True, slots=True)
+class _Holder:
+    """What an attribute's tensors belong to: their container, node (None: a function's default attribute), scope,
+    the key's graph path and the key's name for the node."""
+
+    container: onnx.GraphProto | onnx.FunctionProto
+    node: onnx.NodeProto | None
+    scope: TensorScope
+    path: tuple[object, ...]
+    node_part: object
+
+
 def _iter_graph(
-    graph: onnx.GraphProto, where: str, scope: TensorScope, path: tuple[object, ...]
+    graph: onnx.GraphProto, where: str, scope: TensorScope, path: tuple[object, ...], place: SitePlace
 ) -> Iterator[TensorSite]:
-    for tensor in graph.initializer:
-        yield TensorSite(tensor, "initializer", graph, None, where, scope, None, (path, ("initializer", tensor.name)))
-    for sparse in graph.sparse_initializer:
+    for i, tensor in enumerate(graph.initializer):
+        key = (path, ("initializer", tensor.name))
+        yield TensorSite(tensor, "initializer", graph, None, where, scope, None, key, (*place, ("initializer", i)))
+    for i, sparse in enumerate(graph.sparse_initializer):
         # A sparse initializer is named by its values (onnx.proto); its indices usually have no name.
         name = sparse.values.name
-        values_key = (path, ("sparse_initializer_values", name))
-        indices_key = (path, ("sparse_initializer_indices", name))
-        yield TensorSite(sparse.values, "sparse_initializer_values", graph, None, where, scope, sparse, values_key)
-        yield TensorSite(sparse.indices, "sparse_initializer_indices", graph, None, where, scope, sparse, indices_key)
-    yield from _iter_nodes(graph, graph.node, where, scope, path)
+        for part, tensor in (("values", sparse.values), ("indices", sparse.indices)):
+            kind: TensorKind = "sparse_initializer_values" if part == "values" else "sparse_initializer_indices"
+            key = (path, (kind, name))
+            yield TensorSite(
+                tensor, kind, graph, None, where, scope, sparse, key, (*place, ("sparse_initializer", i, part))
+            )
+    yield from _iter_nodes(graph, graph.node, where, scope, path, place)
 
 
 def _iter_nodes(
@@ -190,44 +259,62 @@ def _iter_nodes(
     where: str,
     scope: TensorScope,
     path: tuple[object, ...],
+    place: SitePlace,
 ) -> Iterator[TensorSite]:
+    nodes = list(nodes)
+    shared_names = {name for name, count in Counter(node.name for node in nodes if node.name).items() if count > 1}
+    seen: Counter[str] = Counter()
     for index, node in enumerate(nodes):
         node_where = f"{where} / node {node.name or f'#{index}'!r} ({node.op_type})"
-        # An unnamed node is known by its index only (reordering unnamed nodes changes their keys).
-        node_part = ("node", node.name) if node.name else ("node #", index)
-        for attribute in node.attribute:
+        holder = _Holder(container, node, scope, path, _node_key(index, node.name, shared_names, seen))
+        for attribute_index, attribute in enumerate(node.attribute):
             yield from _iter_attribute(
-                container, node, attribute, f"{node_where} / {attribute.name}", scope, path, node_part
+                holder,
+                attribute,
+                f"{node_where} / {attribute.name}",
+                (*place, ("node", index), ("attribute", attribute_index, attribute.name)),
             )
 
 
+def _node_key(index: int, name: str, shared_names: set[str], seen: Counter[str]) -> tuple[object, ...]:
+    """How a key names a node: by name; an unnamed node by its index (reordering unnamed nodes changes their keys);
+    a name several nodes of the container share by the name and its occurrence (the first 'k', the second 'k'...),
+    so that a tensor moved between two same-named nodes changes its key."""
+    if not name:
+        return ("node #", index)
+    if name not in shared_names:
+        return ("node", name)
+    seen[name] += 1
+    return ("node", name, seen[name] - 1)
+
+
 def _iter_attribute(
-    container: onnx.GraphProto | onnx.FunctionProto,
-    node: onnx.NodeProto | None,
-    attribute: onnx.AttributeProto,
-    where: str,
-    scope: TensorScope,
-    path: tuple[object, ...],
-    node_part: object,
+    holder: _Holder, attribute: onnx.AttributeProto, where: str, place: SitePlace
 ) -> Iterator[TensorSite]:
-    """One attribute's tensors; ``node`` None means a function's default attribute value."""
+    """One attribute's tensors; ``place`` ends with the attribute's step."""
+    container, node, scope, path = holder.container, holder.node, holder.scope, holder.path
     dense, values, indices = _NODE_ATTRIBUTE_KINDS if node is not None else _FUNCTION_DEFAULT_KINDS
-    slot = (node_part, attribute.name)
+    slot = (holder.node_part, attribute.name)
     if attribute.HasField("t"):
-        yield TensorSite(attribute.t, dense, container, node, where, scope, None, (path, (*slot, "t")))
+        yield TensorSite(
+            attribute.t, dense, container, node, where, scope, None, (path, (*slot, "t")), (*place, ("t",))
+        )
     for i, tensor in enumerate(attribute.tensors):
-        yield TensorSite(tensor, dense, container, node, where, scope, None, (path, (*slot, "tensors", i)))
-    sparse_tensors: list[tuple[tuple[object, ...], onnx.SparseTensorProto]] = [
-        ((*slot, "sparse_tensors", i), sparse) for i, sparse in enumerate(attribute.sparse_tensors)
+        key: SiteKey = (path, (*slot, "tensors", i))
+        yield TensorSite(tensor, dense, container, node, where, scope, None, key, (*place, ("tensors", i)))
+    sparse_tensors: list[tuple[tuple[object, ...], tuple[object, ...], onnx.SparseTensorProto]] = [
+        ((*slot, "sparse_tensors", i), ("sparse_tensors", i), sparse)
+        for i, sparse in enumerate(attribute.sparse_tensors)
     ]
     if attribute.HasField("sparse_tensor"):
-        sparse_tensors.insert(0, ((*slot, "sparse_tensor"), attribute.sparse_tensor))
-    for sparse_slot, sparse in sparse_tensors:
-        yield TensorSite(sparse.values, values, container, node, where, scope, sparse, (path, (*sparse_slot, "values")))
-        yield TensorSite(
-            sparse.indices, indices, container, node, where, scope, sparse, (path, (*sparse_slot, "indices"))
-        )
+        sparse_tensors.insert(0, ((*slot, "sparse_tensor"), ("sparse_tensor",), attribute.sparse_tensor))
+    for sparse_slot, sparse_step, sparse in sparse_tensors:
+        for part, kind, tensor in (("values", values, sparse.values), ("indices", indices, sparse.indices)):
+            key = (path, (*sparse_slot, part))
+            yield TensorSite(tensor, kind, container, node, where, scope, sparse, key, (*place, (*sparse_step, part)))
     if attribute.HasField("g"):
-        yield from _iter_graph(attribute.g, where, scope, (*path, node_part, attribute.name, "g"))
+        subpath = (*path, holder.node_part, attribute.name, "g")
+        yield from _iter_graph(attribute.g, where, scope, subpath, (*place, ("g",)))
     for i, subgraph in enumerate(attribute.graphs):
-        yield from _iter_graph(subgraph, where, scope, (*path, node_part, attribute.name, "graphs", i))
+        subpath = (*path, holder.node_part, attribute.name, "graphs", i)
+        yield from _iter_graph(subgraph, f"{where}[{i}]", scope, subpath, (*place, ("graphs", i)))

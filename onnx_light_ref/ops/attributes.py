@@ -24,6 +24,7 @@ import onnx
 from onnx import AttributeProto
 
 from onnx_light_ref.io.arguments import INT64_MAX
+from onnx_light_ref.io.dtype_sizes import packed_nbytes
 from onnx_light_ref.ops.dtypes import describe_allowed, dtype_name, is_allowed_dtype, np_dtype_for
 
 __all__ = [
@@ -72,8 +73,10 @@ class DelayedInitializerParams:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the tensor occupies in the file: element count (1 for a scalar) times the item size."""
-        return math.prod(self.shape) * self.np_dtype.itemsize
+        """Bytes the tensor occupies in the file: its element count (1 for a scalar) in ``dtype``'s raw layout."""
+        nbytes = packed_nbytes(self.dtype, math.prod(self.shape))
+        assert nbytes is not None  # every allowed dtype has a fixed size
+        return nbytes
 
 
 def describe_node(node: onnx.NodeProto) -> str:

@@ -47,7 +47,7 @@ from onnx_light_ref.errors import (
     UnsafeLocationError,
 )
 from onnx_light_ref.io.arguments import ArgumentTypeError
-from onnx_light_ref.io.verify import verify_models
+from onnx_light_ref.io.verify import MAX_CHUNK_SIZE, verify_models
 from onnx_light_ref.ops.convert import delay_initializers
 from onnx_light_ref.ops.undelay import undelay_initializers
 from tests.checks import snapshot_tree, temp_files_under
@@ -1188,6 +1188,27 @@ for _suffix in (".json", ".textproto", ".onnxtxt", ".txt"):
             InvalidModelError,
             "not a valid ONNX model",
         )
+
+
+# --------------------------------------------------------------------------------------- verify_models arguments
+
+
+def verify_prepare(**kwargs: object) -> Callable[[Scene], Callable[[], object]]:
+    def prepare(scene: Scene) -> Callable[[], object]:
+        return lambda: verify_models(scene.src, scene.src, **kwargs)  # type: ignore[arg-type]
+
+    return prepare
+
+
+for _case_id, _chunk, _fragment in (
+    # Two 64 GiB buffers used to be allocated up front: a MemoryError traceback instead of a typed refusal.
+    ("huge", 64 * 2**30, f"chunk_size must be <= {MAX_CHUNK_SIZE}, got {64 * 2**30}."),
+    ("over-max-by-one", MAX_CHUNK_SIZE + 1, f"chunk_size must be <= {MAX_CHUNK_SIZE}, got {MAX_CHUNK_SIZE + 1}."),
+    ("zero", 0, "chunk_size must be >= 1, got 0"),
+    ("float", 1.5, "chunk_size must be an int, got float 1.5"),
+    ("bool", True, "chunk_size must be an int, got bool True"),
+):
+    row(f"verify-chunk-size-{_case_id}", verify_prepare(chunk_size=_chunk), ValueError, _fragment)
 
 
 # ------------------------------------------------------------------------------- delay_initializers arguments

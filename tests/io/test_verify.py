@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 import shutil
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError, UnsafeLocationError
 from onnx_light_ref.io import verify as verify_module
 from onnx_light_ref.io.model_file import PROTOBUF_LIMIT
-from onnx_light_ref.io.verify import VerifyResult, verify_models
+from onnx_light_ref.io.verify import MAX_CHUNK_SIZE, VerifyResult, verify_models
 from onnx_light_ref.io.walker import iter_tensors
 from onnx_light_ref.ops import delay_initializers, undelay_initializers
 from tests import large_inline
@@ -633,6 +634,32 @@ def test_bad_arguments_are_refused_before_any_io(tmp_path, kwargs, error):
         verify_models(tmp_path / "none.onnx", tmp_path / "none.onnx", **kwargs)
 
 
+def test_a_chunk_size_over_the_maximum_is_refused_before_any_io(tmp_path):
+    with pytest.raises(ValueError) as caught:
+        verify_models(tmp_path / "none.onnx", tmp_path / "none.onnx", chunk_size=64 * 2**30)
+
+    assert str(caught.value) == f"chunk_size must be <= {MAX_CHUNK_SIZE}, got {64 * 2**30}."
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_largest_chunk_size_allocates_only_what_the_tensors_need(tmp_path, pair):
+    a, b = pair
+    flip_byte(b.parent / "model.onnx.data", TOTAL - 1)
+
+    tracemalloc.start()
+    try:
+        equal = verify_models(a, a, chunk_size=MAX_CHUNK_SIZE, check_checksums=True)
+        different = verify_models(a, b, chunk_size=MAX_CHUNK_SIZE)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert equal.equal and equal.bytes_compared == TOTAL
+    assert different.first_difference is not None and "bytes differ" in different.first_difference
+    # Two buffers of at most the largest tensor (4 KiB) and the model protos: far below one 1 GiB buffer.
+    assert peak < 4 * 2**20, peak
+
+
 # --- pairing by name ------------------------------------------------------------------------------------------------
 
 
@@ -804,24 +831,57 @@ def test_a_name_twice_in_one_graph_cannot_be_paired_by_name(tmp_path, pair):
 
     assert str(caught.value) == (
         "model B: initializer 'w1' (graph 'identity') and initializer 'w1' (graph 'identity') have the same name in "
-        "the same graph (or belong to same-named nodes): tensors cannot be paired by name; compare them by position."
+        "the same graph (or belong to same-named attributes of one node): tensors cannot be paired by name; compare "
+        "them by position."
     )
     assert verify_models(a, b).first_difference.endswith("name differs (A: 'w3', B: 'w1')")
     assert sha256_of_tree(tmp_path) == before
 
 
-def test_same_named_nodes_holding_subgraphs_cannot_be_paired_by_name(tmp_path):
+def test_same_named_nodes_are_paired_by_name_and_occurrence(tmp_path):
     a = outer_weight_model(tmp_path / "a", in_subgraph=True)
 
     def duplicate_if(model: onnx.ModelProto) -> None:
         model.graph.node.append(model.graph.node[0])
 
-    b = edited(a, tmp_path / "b", duplicate_if)
+    def weight_in_the_second_if(model: onnx.ModelProto) -> None:
+        duplicate_if(model)
+        del model.graph.node[0].attribute[1].g.initializer[:]  # then_branch of the first 'if'
+
+    twice = edited(a, tmp_path / "twice", duplicate_if)
+    second = edited(a, tmp_path / "second", weight_in_the_second_if)
+
+    # B's first 'if' is now "the first of two": another key, at the same place.
+    assert verify_models(a, twice, by_name=True).first_difference == (
+        "tensor #0 'w' (initializer in graph 'main' / node 'if' (If) / then_branch) is only in A (B has a tensor of "
+        "that name: initializer in graph 'main' / node 'if' (If) / then_branch)"
+    )
+    assert verify_models(twice, second, by_name=True).first_difference == (
+        "tensor #0 'w' (initializer in graph 'main' / node 'if' (If) / then_branch) is only in A (B has a tensor of "
+        "that name: initializer in graph 'main' / node 'if' (If) / then_branch, at graph / node #1 / attribute #1 "
+        "'then_branch' / g / initializer #0 where this one is at graph / node #0 / attribute #1 'then_branch' / g / "
+        "initializer #0)"
+    )
+    assert verify_models(second, second, by_name=True).equal
+
+
+def test_same_named_attributes_holding_subgraphs_cannot_be_paired_by_name(tmp_path):
+    a = outer_weight_model(tmp_path / "a", in_subgraph=True)
+
+    def duplicate_then_branch(model: onnx.ModelProto) -> None:
+        model.graph.node[0].attribute.append(model.graph.node[0].attribute[1])
+
+    b = edited(a, tmp_path / "b", duplicate_then_branch)
+    before = sha256_of_tree(tmp_path)
 
     with pytest.raises(
-        InvalidModelError, match=r"^model B: two subgraphs are both reached as graph 'main' / node 'if'"
+        InvalidModelError,
+        match=r"^model B: two subgraphs are both reached as graph 'main' / node 'if' \(If\) / then_branch: two "
+        "attributes of one node have the same name",
     ):
         verify_models(a, b, by_name=True)
+    assert verify_models(b, b) == VerifyResult(True, 2, 48, None)  # by position, the two are compared
+    assert sha256_of_tree(tmp_path) == before
 
 
 # --- memory by construction ----------------------------------------------------------------------------------------
@@ -836,9 +896,11 @@ def test_the_read_path_only_uses_two_chunk_buffers_and_positional_reads():
     # No whole-file reads, no mapping, no numpy file loaders, no open(): bytes only come through pread_exact.
     assert names.isdisjoint({"read", "readinto", "read_bytes", "open", "mmap", "fromfile", "memmap", "load"})
     assert "pread_exact" in names
-    allocations = [node for node in calls if getattr(node.func, "id", None) == "bytearray"]
-    assert len(allocations) == 2
-    assert all(ast.unparse(node.args[0]) == "chunk_size" for node in allocations)
+    allocations = [ast.unparse(node.args[0]) for node in calls if getattr(node.func, "id", None) == "bytearray"]
+    # Two empty buffers, each grown in one place only, never past chunk_size (itself at most MAX_CHUNK_SIZE).
+    assert sorted(allocations) == ["0", "0", "size"]
+    grow = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_buffer")
+    assert "size = min(self.chunk_size, max(n, 2 * len(buffer)))" in ast.unparse(grow)
 
 
 # --- a .onnx over protobuf's 2 GiB limit, its weights inline (sparse files: a few MiB of real blocks each) ----------
@@ -850,6 +912,13 @@ DEEP = (large_inline.COUNT - 1, 1_500_001)  # the last tensor, beyond byte 2**31
 def write_large(path: Path, **kwargs) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     large_inline.write_large_inline_model(path, **kwargs)
+    # Settle delayed allocation before anyone snapshots st_blocks: without it the block count of a just-written
+    # sparse file can change while verify (which never writes) reads it, and files_state fails now and then.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     assert path.stat().st_size > PROTOBUF_LIMIT
     if large_inline.real_bytes(path.parent) > 16 * 2**20:
         pytest.skip(f"{path.parent} does not keep holes in sparse files")

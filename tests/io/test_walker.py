@@ -7,7 +7,7 @@ import onnx
 from google.protobuf.message import Message
 from onnx import helper, numpy_helper
 
-from onnx_light_ref.io.walker import iter_graphs, iter_tensors
+from onnx_light_ref.io.walker import describe_place, iter_graphs, iter_tensors
 
 
 def tensor(name: str, value: float = 0.0) -> onnx.TensorProto:
@@ -97,7 +97,7 @@ def test_sites_say_where_each_tensor_lives():
     assert sites["attr_t"].node.name == "custom"
     assert (
         sites["gs1_attr"].where
-        == "graph 'main' / node 'custom' (Custom) / graphs / node 'gs1_const' (Constant) / value"
+        == "graph 'main' / node 'custom' (Custom) / graphs[1] / node 'gs1_const' (Constant) / value"
     )
     assert sites["function_const"].where.startswith("function ai.test::F / node '#0' (Constant)")
     assert isinstance(sites["function_const"].container, onnx.FunctionProto)
@@ -215,6 +215,69 @@ def test_function_defaults_and_training_sites_say_where_they_are():
         sites["<unnamed sparse function default indices in function ai.test::F / default of attribute 'sparse'>"].kind
         == "sparse_function_default_indices"
     )
+
+
+def test_every_tensor_has_a_place_no_other_tensor_has():
+    for model in (model_with_every_kind_of_tensor(), model_with_function_defaults_and_training_info()):
+        places = [site.place for site in iter_tensors(model)]
+
+        assert len(set(places)) == len(places)
+
+
+def test_places_tell_apart_what_names_cannot():
+    """Two nodes of one name, graphs[0] and graphs[1] of one attribute, t and tensors[0], two overloads of a
+    function: the readable ``where`` may coincide, the place never does (nor the key: a shared node name is
+    counted)."""
+    model = model_with_every_kind_of_tensor()
+    model.graph.node.append(model.graph.node[0])  # a second node named 'custom', tensors and subgraphs included
+    second = helper.make_function(
+        "ai.test",
+        "F",
+        [],
+        ["Y"],
+        [helper.make_node("Constant", [], ["Y"], value=tensor("function_const"))],
+        opset_imports=[helper.make_opsetid("", 18)],
+    )
+    second.overload = "v2"
+    model.functions.append(second)
+    sites = list(iter_tensors(model))
+    by_label: dict[str, list] = {}
+    for site in sites:
+        by_label.setdefault(site.label, []).append(site)
+
+    assert len({site.place for site in sites}) == len(sites)
+    first, again = by_label["attr_t"]
+    assert first.where == again.where
+    assert (first.key[1][0], again.key[1][0]) == (("node", "custom", 0), ("node", "custom", 1))
+    assert describe_place(first.place) == "graph / node #0 / attribute #4 't' / t"
+    assert describe_place(again.place) == "graph / node #1 / attribute #4 't' / t"
+    gs0, gs1 = by_label["gs0_init"][0], by_label["gs1_init"][0]
+    assert describe_place(gs1.place) == "graph / node #0 / attribute #1 'graphs' / graphs[1] / initializer #0"
+    assert gs0.place != gs1.place
+    assert gs1.where == "graph 'main' / node 'custom' (Custom) / graphs[1]"
+    plain, overloaded = by_label["function_const"]
+    assert describe_place(plain.place).startswith("function #0 ai.test::F / node #0")
+    assert describe_place(overloaded.place).startswith("function #1 ai.test::F overload 'v2' / node #0")
+    assert overloaded.where.startswith("function ai.test::F (overload 'v2') / node '#0'")
+    indices = by_label["<unnamed sparse attribute indices in graph 'main' / node 'custom' (Custom) / sparse_tensors>"]
+    assert describe_place(indices[0].place).endswith("/ sparse_tensors[0] indices")
+
+
+def test_a_tensor_in_t_or_in_tensors_has_another_place():
+    in_t = helper.make_attribute("value", tensor("x"))
+    in_tensors = helper.make_attribute("value", [tensor("x")])
+    places = []
+    for attribute in (in_t, in_tensors):
+        node = helper.make_node("Custom", [], ["y"], domain="ai.test")
+        node.attribute.append(attribute)
+        graph = helper.make_graph([node], "main", [], [])
+        (site,) = iter_tensors(helper.make_model(graph))
+        places.append(describe_place(site.place))
+
+    assert places == [
+        "graph / node #0 / attribute #0 'value' / t",
+        "graph / node #0 / attribute #0 'value' / tensors[0]",
+    ]
 
 
 def test_models_without_the_new_places_keep_their_order_and_scope():
