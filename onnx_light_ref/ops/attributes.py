@@ -140,7 +140,7 @@ def _check_attribute_proto(attribute: onnx.AttributeProto, where: str) -> None:
 
 def _type_name(attr_type: int) -> str:
     try:
-        return AttributeProto.AttributeType.Name(attr_type)  # type: ignore[arg-type]
+        return AttributeProto.AttributeType.Name(attr_type)
     except ValueError:
         return f"unknown ({attr_type})"
 
