@@ -19,7 +19,8 @@ Where a ``filename`` may point depends on how the class is made:
 This module must never seek a shared file descriptor (every read opens its own descriptor), never read more than
 ``offset + nbytes`` bytes of a file, never allocate the output before the file is known to hold it, never hand out an
 array that aliases its cache, never let a raw ``OSError`` other than ``FileNotFoundError`` escape for a file
-problem, and never raise ``TypeError`` for one (onnx would rewrap it).
+problem, and never raise ``TypeError`` for one (onnx would rewrap it). A tensor larger than the memory that can be
+allocated is :class:`~onnx_light_ref.errors.TensorAllocationError` (a ``MemoryError``), never numpy's untyped one.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.locations import FileIdentity, check_location_syntax, is_inside, stat_regular_file
 from onnx_light_ref.io.posix import check_single_link, pread_exact
+from onnx_light_ref.ops.allocation import allocate_tensor
 from onnx_light_ref.ops.attributes import (
     ATTRIBUTE_TYPES,
     DelayedInitializerParams,
@@ -309,7 +311,7 @@ class DelayedInitializer(OpRun):
         source = self._rt_locate(params)
         fd = self._rt_open(source, params)
         try:
-            out = np.empty(params.shape, dtype=little_endian_dtype(params.dtype))
+            out = allocate_tensor(params.shape, little_endian_dtype(params.dtype), where=self._rt_where)
             done = pread_exact(fd, out.data.cast("B"), params.offset)
         finally:
             os.close(fd)
