@@ -167,7 +167,7 @@ def _output_paths(folder: str, names: list[str]) -> list[str]:
     for name in names:
         file_name = output_file_name(name)
         stem, suffix = file_name[: -len(".npy")], 1
-        while file_name in used:
+        while file_name in used:  # two names sanitized alike
             suffix += 1
             file_name = f"{stem}_{suffix}.npy"
         used.add(file_name)
@@ -188,36 +188,44 @@ def _identity(path: str) -> FileIdentity | None:
     return FileIdentity(st.st_dev, st.st_ino)
 
 
-def _model_files(model_path: str) -> dict[FileIdentity, str]:
-    """The model and every weights file it names (external data locations, DelayedInitializer filenames), by
-    identity; names that resolve to nothing are left out (the evaluator reports them)."""
-    folder = os.path.dirname(os.path.abspath(model_path))
-    model = load_model_metadata(model_path)
-    named: dict[str, str] = {}
-    for site in iter_tensors(model):
-        if is_external(site.tensor):
-            for entry in site.tensor.external_data:
-                if entry.key == "location" and entry.value:
-                    named.setdefault(entry.value, f"the weights file of tensor {site.tensor.name!r}")
-    graphs = [graph for root in (model.graph,) for graph in iter_graphs(root)]
-    nodes = [node for graph in graphs for node in graph.node]
+def _all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Nodes of the main graph, of model functions, and of all their subgraphs."""
+    nodes = [node for graph in iter_graphs(model.graph) for node in graph.node]
     for function in model.functions:
         nodes.extend(function.node)
         for node in function.node:
             for attribute in node.attribute:
                 subgraphs = [attribute.g] if attribute.HasField("g") else list(attribute.graphs)
                 nodes.extend(inner for subgraph in subgraphs for graph in iter_graphs(subgraph) for inner in graph.node)
-    for node in nodes:
+    return nodes
+
+
+def _named_files(model: onnx.ModelProto) -> dict[str, str]:
+    """Every file name the model uses (external data locations, DelayedInitializer filenames) -> how to name it."""
+    named: dict[str, str] = {}
+    for site in iter_tensors(model):
+        if is_external(site.tensor):
+            for entry in site.tensor.external_data:
+                if entry.key == "location" and entry.value:
+                    named.setdefault(entry.value, f"the weights file of tensor {site.tensor.name!r}")
+    for node in _all_nodes(model):
         if node.domain == DOMAIN and node.op_type == OP_TYPE:
             for attribute in node.attribute:
                 if attribute.name == "filename" and attribute.s:
                     filename = attribute.s.decode("utf-8", errors="surrogateescape")
                     named.setdefault(filename, f"the weights file of DelayedInitializer output {list(node.output)}")
+    return named
+
+
+def _model_files(model_path: str) -> dict[FileIdentity, str]:
+    """The model and every weights file it names, by identity; names resolving to nothing are left out (the
+    evaluator reports those)."""
+    folder = os.path.dirname(os.path.abspath(model_path))
     files: dict[FileIdentity, str] = {}
     model_id = _identity(model_path)
     if model_id is not None:
         files[model_id] = "the model"
-    for location, what in named.items():
+    for location, what in _named_files(load_model_metadata(model_path)).items():
         identity = _identity(os.path.join(folder, location))  # an absolute location stays as it is
         if identity is not None:
             files.setdefault(identity, what)
