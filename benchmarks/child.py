@@ -545,6 +545,36 @@ def _evaluator(args: dict[str, Any]) -> list[Phase]:
     return [("construct", construct), ("run", run)]
 
 
+def _undelay(args: dict[str, Any]) -> list[Phase]:
+    try:
+        from onnx_light_ref.ops import undelay_initializers
+    except ImportError as exc:
+        raise ScenarioUnavailableError(f"onnx_light_ref.ops.undelay_initializers is not available: {exc}") from None
+
+    def run(_: Any) -> dict[str, Any]:
+        written = undelay_initializers(args["model"], args["dst"], alignment=args["alignment"])
+        return {"bytes_written": written}
+
+    return [("undelay", run)]
+
+
+def _delay(args: dict[str, Any]) -> list[Phase]:
+    import onnx
+
+    try:
+        from onnx_light_ref.ops import delay_initializers
+    except ImportError as exc:
+        raise ScenarioUnavailableError(f"onnx_light_ref.ops.delay_initializers is not available: {exc}") from None
+
+    def run(_: Any) -> dict[str, Any]:
+        model = delay_initializers(args["model"], "file")
+        onnx.save_model(model, args["dst"])  # written like undelay's output, so both sides pay for serializing
+        delayed = sum(node.op_type == "DelayedInitializer" for node in model.graph.node)
+        return {"delayed_nodes": delayed}
+
+    return [("delay", run)]
+
+
 _SCENARIOS: dict[str, Callable[[dict[str, Any]], list[Phase]]] = {
     "align_streaming": _align_streaming,
     "align_in_memory": _align_in_memory,
@@ -560,6 +590,8 @@ _SCENARIOS: dict[str, Callable[[dict[str, Any]], list[Phase]]] = {
     "delayed_run": _delayed_run,
     "np_fromfile": _np_fromfile,
     "evaluator": _evaluator,
+    "undelay": _undelay,
+    "delay": _delay,
 }
 
 

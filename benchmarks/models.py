@@ -423,6 +423,57 @@ def make_delayed_model(folder: str | os.PathLike[str], nbytes: int) -> DelayedMo
     return DelayedModel(data_path, offset, count, onnx_paths)
 
 
+@dataclass(frozen=True)
+class ManyNodesModel:
+    """``nodes`` small external tensors in one file: as initializers, and as the same DelayedInitializer nodes."""
+
+    external_path: str  # initializers with external data (what delay_initializers reads)
+    delayed_path: str  # one DelayedInitializer node per tensor (what undelay_initializers reads)
+    nodes: int
+    tensor_bytes: int
+
+
+def make_many_nodes_model(folder: str | os.PathLike[str], nodes: int, tensor_bytes: int = 16) -> ManyNodesModel:
+    """A graph whose one Concat uses ``nodes`` float32 tensors of ``tensor_bytes`` each, stored back to back.
+
+    Issue 19: undelay was quadratic in the node count (16k nodes: 33.8 s, ``delay_initializers`` 0.8 s); the
+    per-node work of both directions is what this model measures, the bytes are negligible.
+    """
+    from onnx_light_ref.ops.schema import make_delayed_initializer_node
+
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    location = "nodes.data"
+    count = tensor_bytes // 4
+    _write_repeated(os.path.join(folder, location), nodes * tensor_bytes, _random_block(float_values=True))
+    names = [f"w{i}" for i in range(nodes)]
+    concat = helper.make_node("Concat", names, ["Y"], axis=0)
+    output = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [nodes * count])
+    initializers = [
+        _external_tensor(name, [count], location, i * tensor_bytes, tensor_bytes) for i, name in enumerate(names)
+    ]
+    external = helper.make_model(
+        helper.make_graph([concat], "many", [], [output], initializer=initializers),
+        ir_version=_IR_VERSION,
+        opset_imports=[helper.make_opsetid("", _OPSET)],
+    )
+    delayed_nodes = [
+        make_delayed_initializer_node(
+            name, shape=[count], dtype=TensorProto.FLOAT, load_device="file", filename=location, offset=i * tensor_bytes
+        )
+        for i, name in enumerate(names)
+    ]
+    delayed = helper.make_model(
+        helper.make_graph([*delayed_nodes, concat], "many", [], [output]),
+        ir_version=_IR_VERSION,
+        opset_imports=[helper.make_opsetid("", _OPSET), helper.make_opsetid("ai.rt", 1)],
+    )
+    external_path, delayed_path = os.path.join(folder, "external.onnx"), os.path.join(folder, "delayed.onnx")
+    _save_proto(external, external_path)
+    _save_proto(delayed, delayed_path)
+    return ManyNodesModel(external_path, delayed_path, nodes, tensor_bytes)
+
+
 def make_mlp_model(folder: str | os.PathLike[str], weight_bytes: int, layers: int = 32) -> MlpModel:
     """An MLP chain of ``layers`` MatMul + Add with about ``weight_bytes`` of external float32 weights."""
     folder = os.fspath(folder)

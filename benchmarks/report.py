@@ -99,6 +99,10 @@ _LABELS: dict[str, dict[str, str]] = {
         "aligned": "re-align an already 4096-aligned model (extents cloned)",
         "unaligned": "re-align the same from unaligned offsets (bytes copied)",
     },
+    "node-count": {
+        "undelay": "ours: undelay_initializers (DelayedInitializer nodes -> external initializers)",
+        "delay": "ours: delay_initializers + onnx.save_model (the inverse direction)",
+    },
     "evaluator": {
         "plain": "onnx ReferenceEvaluator(path)",
         "lazy_file": "reference_evaluator(path, 'file')",
@@ -107,7 +111,8 @@ _LABELS: dict[str, dict[str, str]] = {
 }
 _REFERENCE_METHOD = {"align": "streaming", "chunk-sizes": "chunk_4MiB", "shared-save": "shared_save",
                      "delayed": "np_fromfile", "evaluator": "plain", "dedup": "streaming", "shards": "one_file",
-                     "verify": "read_both", "externalize": "cfr_ranges_fsync", "reflink": "unaligned"}  # fmt: skip
+                     "verify": "read_both", "externalize": "cfr_ranges_fsync", "reflink": "unaligned",
+                     "node-count": "delay"}  # fmt: skip
 # Families whose groups move or read ``payload_bytes``: their tables show a throughput column.
 _THROUGHPUT_FAMILIES = ("align", "chunk-sizes", "delayed", "dedup", "shards", "verify", "externalize", "reflink")
 
@@ -261,6 +266,8 @@ def evaluate_targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[Targ
                           _ratio(file_run, _get(delayed, "np_fromfile")), 1.2, True,
                           f"{file_run * 1e3:.1f} ms / {_get(delayed, 'np_fromfile') * 1e3:.1f} ms"))  # fmt: skip
 
+    targets.append(_time_target("#19 undelay / delay, one graph of 100k nodes", main_size, groups.get("node-count"),
+                                "undelay", "delay", 3.0))  # fmt: skip
     targets += _layout_targets(groups, main_size)
     targets += _durability_targets(groups, main_size)
 
@@ -490,6 +497,8 @@ def _group_title(group: str, info: dict[str, Any]) -> str:
                 f"to aligned external data (issue 12)")  # fmt: skip
     if family == "reflink":
         return f"Loop-mounted XFS with reflink: re-aligning {_shape_label(info)} (issue 13)"
+    if family == "node-count":
+        return f"undelay vs delay, one graph of {info['nodes']:,} tensors of {info['tensor_bytes']} bytes (issue 19)"
     return (f"Lazy evaluation: MLP of {info['layers']} x (MatMul {info['width']}x{info['width']} + Add), "
             f"{info['weight_bytes'] / MIB:,.0f} MiB of weights (construct + first run)")  # fmt: skip
 

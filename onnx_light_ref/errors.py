@@ -14,6 +14,7 @@ __all__ = [
     "DestinationConflictError",
     "ExternalDataError",
     "InvalidModelError",
+    "TensorAllocationError",
     "UnsafeLocationError",
 ]
 
@@ -36,3 +37,12 @@ class DanglingReferenceError(ExternalDataError):
 
 class InvalidModelError(ValueError):
     """A ``.onnx`` file cannot be parsed as a ModelProto (truncated, garbage, or not an ONNX model)."""
+
+
+class TensorAllocationError(MemoryError):
+    """A tensor needs more memory than this machine can give it (its file and its shape may both be valid).
+
+    A ``MemoryError`` (it is one: callers that catch memory exhaustion keep working), raised before the allocation
+    when the tensor is larger than the machine's memory and swap (or the process's address-space limit), or when
+    numpy's allocation itself fails; the message names the tensor, its shape, dtype and byte size.
+    """

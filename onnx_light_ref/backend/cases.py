@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from onnx import TensorProto
+from onnx import helper as oh
 
 from onnx_light_ref.backend.expect import CaseRegistry, SideFile
 from onnx_light_ref.ops.dtypes import ALLOWED_DTYPES, dtype_name, np_dtype_for
@@ -32,6 +33,8 @@ from onnx_light_ref.ops.schema import make_delayed_initializer_node
 
 __all__ = [
     "CASE_WEIGHTS_FILENAME",
+    "EXACT_ATOL",
+    "EXACT_RTOL",
     "SEED_CASE_NAMES",
     "SEED_WEIGHTS_BASENAMES",
     "build_cases",
@@ -43,6 +46,11 @@ SEED_WEIGHTS_BASENAMES = (
     "onnx_light_backend_delayedinitializer_cpu.bin",
     "onnx_light_backend_delayedinitializer_file.bin",
 )
+
+# A loader of raw bytes is exact: every case is compared with tolerances 0 (written to its data.json, which onnx's
+# loader reads), so any changed bit of a value other than a zero's sign or a NaN's payload fails the Runner.
+EXACT_RTOL = 0.0
+EXACT_ATOL = 0.0
 
 # Name of the extra cases' weights file, inside each case directory.
 CASE_WEIGHTS_FILENAME = "weights.bin"
@@ -65,23 +73,55 @@ def _raw_bytes(array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 
+def _nan_with_payload(np_dtype: np.dtype) -> np.ndarray:
+    """A negative quiet NaN whose lowest payload bit is set (not numpy's canonical NaN), as a 0-d array."""
+    finfo = np.finfo(np_dtype)
+    bits = np_dtype.itemsize * 8
+    exponent_mask = ((1 << (bits - 1)) - 1) & ~((1 << finfo.nmant) - 1)
+    pattern = (1 << (bits - 1)) | exponent_mask | (1 << (finfo.nmant - 1)) | 1
+    unsigned = np.dtype(f"<u{np_dtype.itemsize}")
+    return np.array(pattern, dtype=unsigned).view(np_dtype.newbyteorder("<")).astype(np_dtype)
+
+
+def _float_pool(np_dtype: np.dtype) -> np.ndarray:
+    """Eight values in which every bit of the format matters, so a tolerance of 0 sees any changed bit.
+
+    Every mantissa bit set (the largest magnitude below 2), alternating mantissa bits (1/3), the largest finite
+    value, the smallest normal, the smallest subnormal (flushed to zero by a careless kernel), -0.0 (its sign is
+    only visible through a probe case: see :func:`_add_signed_zero_cases`), a NaN with a payload (compared by bits
+    in our suite) and -inf.
+    """
+    finfo = np.finfo(np_dtype)
+    values = [
+        np.nextafter(np_dtype.type(-2), np_dtype.type(0)),
+        np_dtype.type(1) / np_dtype.type(3),
+        finfo.max,
+        finfo.tiny,
+        finfo.smallest_subnormal,
+        np_dtype.type(-0.0),
+        _nan_with_payload(np_dtype),
+        np_dtype.type(-np.inf),
+    ]
+    return np.array(values, dtype=np_dtype)
+
+
 def _sample(dtype: int, shape: Sequence[int]) -> np.ndarray:
-    """Deterministic values for ``dtype`` covering its extremes (min/max, tiny, negative zero...)."""
+    """Deterministic values for ``dtype`` covering its extremes (min/max, tiny, subnormal, negative zero, NaN...)."""
     np_dtype = np_dtype_for(dtype)
     count = math.prod(shape)
     if np_dtype.kind == "b":
-        pool = np.array([True, False, False, True, True, False])
+        pool = np.array([True, False, False, True, True, False, True, True])
     elif np_dtype.kind in "iu":
         info = np.iinfo(np_dtype)
-        pool = np.array([info.min, 0, 1, 2, info.max - 1, info.max], dtype=np_dtype)
+        pool = np.array([info.min, 0, 1, 2, info.max - 1, info.max, info.min + 1, 0x5A], dtype=np_dtype)
         if np_dtype.kind == "i":
             pool[1] = -1
     elif np_dtype.kind == "f":
-        finfo = np.finfo(np_dtype)
-        pool = np.array([-1.5, 0.25, finfo.max, finfo.tiny, -0.0, 3.0], dtype=np_dtype)
-    else:  # complex
-        finfo = np.finfo(np_dtype)
-        pool = np.array([1 + 2j, -0.5j, 0, 3.25 - 1j, complex(float(finfo.max), -1.0), 1e-3 + 1e3j], dtype=np_dtype)
+        pool = _float_pool(np_dtype)
+    else:  # complex: each part runs through the float pool, shifted so that every special meets a plain value
+        parts = _float_pool(np.dtype(f"f{np_dtype.itemsize // 2}"))
+        pairs = np.stack([parts, np.roll(parts, 3)], axis=1)
+        pool = np.ascontiguousarray(pairs).view(np_dtype).reshape(-1)
     return np.resize(pool, count).reshape(tuple(shape)).astype(np_dtype)
 
 
@@ -106,7 +146,45 @@ def _add_case(
         filename=filename,
         offset=offset,
     )
-    registry.expect(node, [], [expected], name=name, side_files=[SideFile(CASE_WEIGHTS_FILENAME, file_bytes)])
+    registry.expect(
+        node,
+        [],
+        [expected],
+        name=name,
+        side_files=[SideFile(CASE_WEIGHTS_FILENAME, file_bytes)],
+        rtol=EXACT_RTOL,
+        atol=EXACT_ATOL,
+    )
+
+
+def _add_signed_zero_cases(registry: CaseRegistry, root: str | None) -> None:
+    """Cases whose model is the op followed by ``Reciprocal``: the sign of a zero becomes the sign of an infinity.
+
+    The Runner compares with ``assert_allclose``, for which ``-0.0`` equals ``+0.0`` whatever the tolerances (the
+    difference is 0), so a kernel turning ``-0.0`` into ``+0.0`` would pass every plain case; ``1/-0.0 = -inf``
+    and ``1/+0.0 = +inf`` differ, and the Runner checks where each infinity is.
+    """
+    for dtype in (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE):
+        np_dtype = np_dtype_for(dtype)
+        zeros = np.array([-0.0, 0.0, -0.0, 2.0], dtype=np_dtype)
+        with np.errstate(divide="ignore"):
+            expected = np.reciprocal(zeros)
+        for mode in ("cpu", "file"):
+            name = f"test_cc_delayedinitializer_signed_zero_{dtype_name(dtype)}_{mode}"
+            filename = CASE_WEIGHTS_FILENAME if root is None else os.path.join(root, name, CASE_WEIGHTS_FILENAME)
+            node = make_delayed_initializer_node(
+                "z", shape=[4], dtype=dtype, load_device=mode, filename=filename, offset=0
+            )
+            registry.expect(
+                node,
+                [],
+                [expected],
+                name=name,
+                side_files=[SideFile(CASE_WEIGHTS_FILENAME, _raw_bytes(zeros))],
+                rtol=EXACT_RTOL,
+                atol=EXACT_ATOL,
+                followed_by=[oh.make_node("Reciprocal", ["z"], ["y"])],
+            )
 
 
 def _add_seed_cases(registry: CaseRegistry, temp_dir: str | None) -> None:
@@ -121,6 +199,8 @@ def _add_seed_cases(registry: CaseRegistry, temp_dir: str | None) -> None:
         [cpu_expected],
         name="test_cc_delayedinitializer_cpu",
         side_files=[SideFile(cpu_path, _raw_bytes(cpu_expected))],
+        rtol=EXACT_RTOL,
+        atol=EXACT_ATOL,
     )
 
     file_expected = np.array([1.5, -2.0], dtype=np.float32)
@@ -132,6 +212,8 @@ def _add_seed_cases(registry: CaseRegistry, temp_dir: str | None) -> None:
         [file_expected],
         name="test_cc_delayedinitializer_file",
         side_files=[SideFile(file_path, bytes(8) + _raw_bytes(file_expected))],
+        rtol=EXACT_RTOL,
+        atol=EXACT_ATOL,
     )
 
 
@@ -162,7 +244,7 @@ def build_cases(temp_dir: str | None = None, *, case_root: str | os.PathLike[str
     modes = ("cpu", "file")
 
     for dtype in ALLOWED_DTYPES:
-        expected = _sample(dtype, [2, 3])
+        expected = _sample(dtype, [2, 4])
         for mode in modes:
             _add_case(
                 registry,
@@ -217,4 +299,5 @@ def build_cases(temp_dir: str | None = None, *, case_root: str | os.PathLike[str
             file_bytes=offset_file,
             offset=_OFFSET_CASE_OFFSET,
         )
+    _add_signed_zero_cases(registry, root)
     return registry

@@ -84,28 +84,32 @@ class CaseRegistry:
         producer_name: str = "backend-test",
         rtol: float = DEFAULT_RTOL,
         atol: float = DEFAULT_ATOL,
+        followed_by: Sequence[onnx.NodeProto] = (),
     ) -> NodeCase:
         """Register the case ``name`` running ``node`` on ``inputs`` and expecting ``outputs``; return it.
 
         Graph inputs and outputs are typed from the arrays, in the node's input/output order. A name must start with
         ``test_`` (as onnx's runner expects) and be new to this registry; nothing is registered on error.
+        ``followed_by``: nodes run after ``node`` (a probe making something visible that a comparison of the node's
+        own output cannot see); the graph's outputs are then the last node's outputs.
         """
         if not name.startswith("test_"):
             raise ValueError(f"case name must start with 'test_', got {name!r}.")
         if name in self._cases:
             raise ValueError(f"case {name!r} is already registered.")
-        if len(inputs) != len(node.input) or len(outputs) != len(node.output):
+        last = followed_by[-1] if followed_by else node
+        if len(inputs) != len(node.input) or len(outputs) != len(last.output):
             raise ValueError(
-                f"case {name!r}: node has {len(node.input)} inputs and {len(node.output)} outputs, got "
+                f"case {name!r}: node has {len(node.input)} inputs and {len(last.output)} outputs, got "
                 f"{len(inputs)} input arrays and {len(outputs)} output arrays."
             )
         inputs = tuple(np.asarray(a) for a in inputs)
         outputs = tuple(np.asarray(a) for a in outputs)
         graph = oh.make_graph(
-            [node],
+            [node, *followed_by],
             name,
             [_value_info(n, a) for n, a in zip(node.input, inputs, strict=True)],
-            [_value_info(n, a) for n, a in zip(node.output, outputs, strict=True)],
+            [_value_info(n, a) for n, a in zip(last.output, outputs, strict=True)],
         )
         model = oh.make_model(
             graph,

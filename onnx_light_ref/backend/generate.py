@@ -2,8 +2,10 @@
 
 For each case: ``<output_dir>/node/<name>/model.onnx`` and ``<output_dir>/node/<name>/test_data_set_0/`` with
 ``input_<j>.pb`` / ``output_<j>.pb`` (``TensorProto`` named after the graph's inputs/outputs, as onnx's
-``generate-data`` writes them), plus the case's weights files: relative ones inside the case directory, absolute
-ones (the two seed cases) where they are named, an old file being removed first.
+``generate-data`` writes them), ``<output_dir>/node/<name>/data.json`` with the case's ``rtol``/``atol`` (read by
+onnx's loader for on-disk cases and by ``load_cases``: 0 and 0 for every DelayedInitializer case), plus the
+case's weights files: relative ones inside the case directory, absolute ones (the two seed cases) where they are
+named, an old file being removed first.
 
 By default the extra cases name their weights with the absolute path of their case directory (the resolved
 output folder), so onnx's own ``Runner``, which loads ``model.onnx`` and calls ``backend.prepare(model, device)``
@@ -19,6 +21,7 @@ never delete anything but a case directory it is about to rewrite and the absolu
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import shutil
@@ -33,12 +36,13 @@ from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.locations import check_location_syntax
 from onnx_light_ref.ops.schema import register_schemas
 
-__all__ = ["DATA_SET_DIRNAME", "MODEL_FILENAME", "generate", "write_case"]
+__all__ = ["DATA_JSON_FILENAME", "DATA_SET_DIRNAME", "MODEL_FILENAME", "generate", "write_case"]
 
 logger = logging.getLogger(__name__)
 
 MODEL_FILENAME = "model.onnx"
 DATA_SET_DIRNAME = "test_data_set_0"
+DATA_JSON_FILENAME = "data.json"
 
 
 def _write_side_file(case: NodeCase, case_dir: Path, side: SideFile) -> Path:
@@ -94,6 +98,8 @@ def _write_checked_case(case: NodeCase, node_dir: Path) -> Path:
         for j, (array, info) in enumerate(zip(values, infos, strict=True)):
             tensor = numpy_helper.from_array(array, info.name)
             (data_dir / f"{prefix}_{j}.pb").write_bytes(tensor.SerializeToString())
+    # The tolerances onnx's loader reads for an on-disk case (``data.json``; the Runner compares with them).
+    (case_dir / DATA_JSON_FILENAME).write_text(json.dumps({"rtol": case.rtol, "atol": case.atol}) + "\n")
     for side in case.side_files:
         target = _write_side_file(case, case_dir, side)
         logger.debug("case %s: wrote %d bytes to %s", case.name, len(side.data), target)

@@ -10,6 +10,13 @@ Every ordinary mistake (a feed of the wrong shape or type, an output folder that
 or the kernel refuses, an output that is a sequence or a map) prints one ``error: ...`` line and exits 1. Outputs are
 written only once all of them are known to be savable, and appear together (temp files renamed at the end), so a
 failed run leaves no half-written ``.npy``. Never loads ``.npy`` files with pickle.
+
+Never writes over a file the run reads: an output file that is (same device and inode: the same path, a hard link,
+a symlink to it) an ``--input`` file, the model, or a weights file the model names (external data, a
+``DelayedInitializer`` filename) is refused before the model runs. Every model-controlled string printed (output
+names, error messages quoting the model) goes through :func:`~onnx_light_ref.commands.inspect.printable`, so an
+escape sequence (OSC 52 clipboard writes, clear-screen) or a bidi override in a name is shown, never executed. A
+tensor too large for this machine's memory is :class:`~onnx_light_ref.errors.TensorAllocationError`, one line.
 """
 
 from __future__ import annotations
@@ -28,13 +35,19 @@ import onnx
 
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders
+from onnx_light_ref.commands.inspect import printable
+from onnx_light_ref.io.locations import FileIdentity, is_external
+from onnx_light_ref.io.model_file import load_model_metadata
 from onnx_light_ref.io.publish import StagedFile, publish_all, staged_files
+from onnx_light_ref.io.walker import iter_graphs, iter_tensors
+from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE
 
 __all__ = ["output_file_name", "parse_input_spec", "register", "run_command"]
 
 # What evaluating an arbitrary model can raise for a user's mistake (bad feed, unsupported model, bad attribute,
 # unreadable weights), as opposed to a bug: reported as one line rather than a traceback.
-_USER_ERRORS = (OSError, ValueError, TypeError, KeyError, IndexError, RuntimeError, NotImplementedError)
+# MemoryError: a tensor larger than the machine (TensorAllocationError from the kernel, numpy's own from an op).
+_USER_ERRORS = (OSError, ValueError, TypeError, KeyError, IndexError, RuntimeError, NotImplementedError, MemoryError)
 
 
 class _RunError(Exception):
@@ -55,13 +68,14 @@ def output_file_name(name: str) -> str:
     return (safe or "output") + ".npy"
 
 
-def _load_feeds(specs: list[tuple[str, str]]) -> dict[str, np.ndarray]:
+def _load_feeds(specs: list[tuple[str, str]], read: dict[FileIdentity, str]) -> dict[str, np.ndarray]:
+    """Load every ``--input``; record the identity of each file in ``read``."""
     feeds: dict[str, np.ndarray] = {}
     for name, path in specs:
         if name in feeds:
             raise _RunError(f"input {name!r} given twice.")
         try:
-            feeds[name] = _load_array(name, path)
+            feeds[name] = _load_array(name, path, read)
         except (OSError, ValueError) as exc:
             raise _RunError(f"cannot load input {name!r} from {path!r}: {exc}") from exc
         if not isinstance(feeds[name], np.ndarray):  # an .npz archive
@@ -69,7 +83,7 @@ def _load_feeds(specs: list[tuple[str, str]]) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _load_array(name: str, path: str) -> Any:
+def _load_array(name: str, path: str, read: dict[FileIdentity, str]) -> Any:
     """``np.load`` without pickle, refusing first what it would choke on: a FIFO or device (it would block or read
     forever) and a ``.npy`` whose header announces more data than the file holds (numpy allocates the announced
     size before reading: a 40-byte file claiming 2**40 floats raised MemoryError)."""
@@ -78,6 +92,7 @@ def _load_array(name: str, path: str) -> Any:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise _RunError(f"cannot load input {name!r} from {path!r}: not a regular file.")
+        read[FileIdentity(st.st_dev, st.st_ino)] = f"the file of --input {name!r}"
         if f.read(6) == b"\x93NUMPY":
             f.seek(0)
             version = np.lib.format.read_magic(f)
@@ -145,19 +160,88 @@ def _as_savable(name: str, value: object) -> np.ndarray:
     return array
 
 
-def _plan_outputs(folder: str, names: list[str], values: list[object]) -> list[tuple[str, str, np.ndarray]]:
+def _output_paths(folder: str, names: list[str]) -> list[str]:
+    """Where each output goes: ``<folder>/<sanitized name>.npy``, a suffix for names sanitized alike."""
     used: set[str] = set()
-    planned = []
-    for name, value in zip(names, values, strict=True):
-        array = _as_savable(name, value)
+    paths = []
+    for name in names:
         file_name = output_file_name(name)
         stem, suffix = file_name[: -len(".npy")], 1
         while file_name in used:  # two names sanitized alike
             suffix += 1
             file_name = f"{stem}_{suffix}.npy"
         used.add(file_name)
-        planned.append((name, os.path.join(folder, file_name), array))
-    return planned
+        paths.append(os.path.join(folder, file_name))
+    return paths
+
+
+def _plan_outputs(folder: str, names: list[str], values: list[object]) -> list[tuple[str, str, np.ndarray]]:
+    paths = _output_paths(folder, names)
+    return [(name, path, _as_savable(name, value)) for name, path, value in zip(names, paths, values, strict=True)]
+
+
+def _identity(path: str) -> FileIdentity | None:
+    try:
+        st = os.stat(path)  # follows symlinks: a link to a file the run reads is that file
+    except (OSError, ValueError):
+        return None
+    return FileIdentity(st.st_dev, st.st_ino)
+
+
+def _all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Nodes of the main graph, of model functions, and of all their subgraphs."""
+    nodes = [node for graph in iter_graphs(model.graph) for node in graph.node]
+    for function in model.functions:
+        nodes.extend(function.node)
+        for node in function.node:
+            for attribute in node.attribute:
+                subgraphs = [attribute.g] if attribute.HasField("g") else list(attribute.graphs)
+                nodes.extend(inner for subgraph in subgraphs for graph in iter_graphs(subgraph) for inner in graph.node)
+    return nodes
+
+
+def _named_files(model: onnx.ModelProto) -> dict[str, str]:
+    """Every file name the model uses (external data locations, DelayedInitializer filenames) -> how to name it."""
+    named: dict[str, str] = {}
+    for site in iter_tensors(model):
+        if is_external(site.tensor):
+            for entry in site.tensor.external_data:
+                if entry.key == "location" and entry.value:
+                    named.setdefault(entry.value, f"the weights file of tensor {site.tensor.name!r}")
+    for node in _all_nodes(model):
+        if node.domain == DOMAIN and node.op_type == OP_TYPE:
+            for attribute in node.attribute:
+                if attribute.name == "filename" and attribute.s:
+                    filename = attribute.s.decode("utf-8", errors="surrogateescape")
+                    named.setdefault(filename, f"the weights file of DelayedInitializer output {list(node.output)}")
+    return named
+
+
+def _model_files(model_path: str) -> dict[FileIdentity, str]:
+    """The model and every weights file it names, by identity; names resolving to nothing are left out (the
+    evaluator reports those)."""
+    folder = os.path.dirname(os.path.abspath(model_path))
+    files: dict[FileIdentity, str] = {}
+    model_id = _identity(model_path)
+    if model_id is not None:
+        files[model_id] = "the model"
+    for location, what in _named_files(load_model_metadata(model_path)).items():
+        identity = _identity(os.path.join(folder, location))  # an absolute location stays as it is
+        if identity is not None:
+            files.setdefault(identity, what)
+    return files
+
+
+def _check_not_read(names: list[str], paths: list[str], read: dict[FileIdentity, str]) -> None:
+    """Refuse an output file that is a file the run reads (same device and inode, through any link)."""
+    for name, path in zip(names, paths, strict=True):
+        identity = _identity(path)
+        if identity is not None and identity in read:
+            raise _RunError(
+                f"output {name!r} would be written to {path!r}, which is {read[identity]} (the same file, or a link "
+                "to it): the run reads it, so it is never overwritten. Choose another --output-dir; nothing was "
+                "written."
+            )
 
 
 def _save_outputs(folder: str, planned: list[tuple[str, str, np.ndarray]]) -> None:
@@ -175,20 +259,21 @@ def _save_outputs(folder: str, planned: list[tuple[str, str, np.ndarray]]) -> No
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    feeds = _load_feeds(args.input)
+    read: dict[FileIdentity, str] = {}
+    feeds = _load_feeds(args.input, read)
     _check_output_dir(args.output_dir)
     try:
         created = make_folders([args.output_dir])
     except FolderError as exc:
         raise _RunError(f"--output-dir: {exc}") from exc
     try:
-        return _run_and_save(args, feeds)
+        return _run_and_save(args, feeds, read)
     except BaseException:
         remove_created_folders(created)
         raise
 
 
-def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray]) -> int:
+def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray], read: dict[FileIdentity, str]) -> int:
     from onnx_light_ref.ops import reference_evaluator
 
     start = time.perf_counter()
@@ -199,16 +284,23 @@ def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray]) -> int
     built = time.perf_counter()
     _check_feeds(sess, feeds)
     try:
+        read.update(_model_files(args.model))
+    except _USER_ERRORS as exc:
+        raise _RunError(f"cannot read {args.model!r}: {exc}") from exc
+    names = list(sess.output_names)
+    _check_not_read(names, _output_paths(args.output_dir, names), read)
+    try:
         outputs = sess.run(None, feeds)
     except _USER_ERRORS as exc:
         # A weight file that vanished or shrank since construction, an op failing on these values: the model's or
         # the data's problem, reported without a traceback.
         raise _RunError(f"evaluation failed: {type(exc).__name__}: {exc}") from exc
     done = time.perf_counter()
-    planned = _plan_outputs(args.output_dir, list(sess.output_names), list(outputs))
+    planned = _plan_outputs(args.output_dir, names, list(outputs))
+    _check_not_read(names, [target for _, target, _ in planned], read)  # a link made while the model ran
     _save_outputs(args.output_dir, planned)
     for name, target, array in planned:
-        print(f"{name}: shape {list(array.shape)} dtype {array.dtype} -> {target}")
+        print(printable(f"{name}: shape {list(array.shape)} dtype {array.dtype} -> {target}"))
     print(f"built in {built - start:.3f} s (load_device={args.load_device}), ran in {done - built:.3f} s")
     return 0
 
@@ -218,7 +310,8 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         return _evaluate(args)
     except _RunError as exc:
-        return error_exit(exc)
+        # Messages quote the model's names with repr, but errors from onnx's evaluator may carry them raw.
+        return error_exit(printable(str(exc)))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

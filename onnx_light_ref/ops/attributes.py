@@ -51,6 +51,11 @@ ATTRIBUTE_TYPES: dict[str, int] = {
 LOAD_DEVICES = ("cpu", "file")
 RUNTIME_DEVICES = ("cpu",)
 
+# Every AttributeProto type onnx's OpRun converts (all but UNDEFINED and unknown numbers).
+_CONVERTIBLE_TYPES = frozenset(
+    value for value in AttributeProto.AttributeType.values() if value != AttributeProto.UNDEFINED
+)
+
 MAX_RANK = 64
 """Most dimensions a numpy array can have (``numpy.ndarray``'s limit, 64 since numpy 2.0 and 32 before)."""
 
@@ -93,7 +98,9 @@ def check_node_structure(node: onnx.NodeProto, *, where: str) -> None:
 
     The schema says as much, but the schema is only consulted when :func:`~onnx_light_ref.ops.register_schemas`
     ran and the checker is called; onnx's evaluator would otherwise keep the last of two ``offset`` attributes
-    without a word. Function-linked attributes (``ref_attr_name``) count like literal ones.
+    without a word. Function-linked attributes (``ref_attr_name``) count like literal ones. A literal attribute
+    whose type is UNDEFINED (or unknown), or a STRING/STRINGS value that is not UTF-8, is refused here too: onnx's
+    ``OpRun`` would raise an untyped ``KeyError`` or ``UnicodeDecodeError`` for it.
     """
     if len(node.input) > 0:
         raise ValueError(f"{where}: takes no inputs, got {len(node.input)} ({list(node.input)}).")
@@ -106,6 +113,39 @@ def check_node_structure(node: onnx.NodeProto, *, where: str) -> None:
                 f"{where}: attribute {attribute.name!r} is given more than once; each attribute must appear once."
             )
         seen.add(attribute.name)
+        if not attribute.ref_attr_name:
+            _check_attribute_proto(attribute, where)
+
+
+def _check_attribute_proto(attribute: onnx.AttributeProto, where: str) -> None:
+    """Refuse what onnx's ``OpRun`` and ``get_attribute_value`` cannot convert, before they fail untyped.
+
+    ``OpRun`` looks the type up in a table (``KeyError: 0`` for UNDEFINED) and decodes STRING values as strict
+    UTF-8 (a bare ``UnicodeDecodeError``); a filename decoded with replacement characters would name another file.
+    """
+    expected = ATTRIBUTE_TYPES.get(attribute.name)
+    if attribute.type not in _CONVERTIBLE_TYPES:
+        wanted = f"; expected {_type_name(expected)}" if expected is not None else ""
+        raise ValueError(
+            f"{where}: attribute {attribute.name!r} has type {_type_name(attribute.type)}, which cannot be "
+            f"read{wanted}."
+        )
+    strings = [attribute.s] if attribute.type == AttributeProto.STRING else list(attribute.strings)
+    for value in strings:
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"{where}: attribute {attribute.name!r} is not valid UTF-8 ({value!r}: {exc.reason} at byte "
+                f"{exc.start}); STRING attributes must be UTF-8 text."
+            ) from None
+
+
+def _type_name(attr_type: int) -> str:
+    try:
+        return AttributeProto.AttributeType.Name(attr_type)
+    except ValueError:
+        return f"unknown ({attr_type})"
 
 
 def _type_label(value: object) -> str:

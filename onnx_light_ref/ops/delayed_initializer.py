@@ -27,7 +27,8 @@ error naming the file instead of reading other bytes through the planned offsets
 This module must never seek a shared file descriptor (every read opens its own descriptor), never read more than
 ``offset + nbytes`` bytes of a file, never allocate the output before the file is known to hold it, never hand out an
 array that aliases its cache, never let a raw ``OSError`` other than ``FileNotFoundError`` escape for a file
-problem, and never raise ``TypeError`` for one (onnx would rewrap it).
+problem, and never raise ``TypeError`` for one (onnx would rewrap it). A tensor larger than the memory that can be
+allocated is :class:`~onnx_light_ref.errors.TensorAllocationError` (a ``MemoryError``), never numpy's untyped one.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.folder import FileIdentity, ModelFolder, relative_below
 from onnx_light_ref.io.locations import check_location_syntax
 from onnx_light_ref.io.posix import pread_exact
+from onnx_light_ref.ops.allocation import allocate_tensor
 from onnx_light_ref.ops.attributes import (
     ATTRIBUTE_TYPES,
     DelayedInitializerParams,
@@ -344,7 +346,7 @@ class DelayedInitializer(OpRun):
         fd, st = self._rt_open(source, params)
         try:
             self._rt_check_stamp(source, st)
-            out = np.empty(params.shape, dtype=little_endian_dtype(params.dtype))
+            out = allocate_tensor(params.shape, little_endian_dtype(params.dtype), where=self._rt_where)
             try:
                 done = pread_exact(fd, out.data.cast("B"), params.offset)
             except OSError as exc:

@@ -7,6 +7,12 @@
 are copied file to file by the streaming copy engine (in-kernel where possible), never loaded. The result runs in
 onnxruntime, onnx-ir, or any tool that reads standard external data.
 
+Refused, before anything is written: a node anywhere in a model function (its body or a subgraph of it, at any
+depth: a function has no initializers), and a subgraph node whose output is also named by an enclosing graph (the
+node hides the outer value inside its subgraph for onnx's evaluator; an initializer of that name does not for
+onnxruntime, so the undelayed model would compute something else). The work is linear in the size of the model
+(names gathered once per graph, each graph's node list rebuilt once).
+
 External tensors the source already has (initializers the converter left alone, ``Constant`` values...) move into
 the same weights file, so the destination is self-contained; inline tensors stay inline.
 
@@ -148,11 +154,35 @@ def _node_params(node: onnx.NodeProto, where: str) -> DelayedInitializerParams:
     return validate_attributes(values, where=where)
 
 
+def _function_subgraphs(function: onnx.FunctionProto) -> Iterator[onnx.GraphProto]:
+    """Every graph held by a function's nodes (If/Loop/Scan bodies), at any depth."""
+    for node in function.node:
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                yield from iter_graphs(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from iter_graphs(subgraph)
+
+
 def _check_functions(model: onnx.ModelProto) -> None:
+    """Refuse a DelayedInitializer anywhere in a model function: in its body or in a subgraph of it, at any depth.
+
+    A function has no initializers to turn the node into, and leaving the node while the ``ai.rt`` opset import
+    goes away would hand onnxruntime a model it refuses.
+    """
     for function in model.functions:
-        for node in function.node:
+        name = f"model function {function.domain}::{function.name}"
+        if function.overload:
+            name += f" (overload {function.overload!r})"
+        places = [(node, name) for node in function.node]
+        places += [
+            (node, f"subgraph {graph.name!r} of {name}")
+            for graph in _function_subgraphs(function)
+            for node in graph.node
+        ]
+        for node, place in places:
             if _is_delayed(node):
-                where = f"{describe_node(node)} in model function {function.domain}::{function.name}"
+                where = f"{describe_node(node)} in {place}"
                 _node_params(node, where)  # a function-linked one gets that message
                 raise ValueError(
                     f"{where}: a function has no initializers to turn the node into; inline the function "
@@ -160,11 +190,25 @@ def _check_functions(model: onnx.ModelProto) -> None:
                 )
 
 
-def _iter_delayed(model: onnx.ModelProto) -> Iterator[tuple[onnx.GraphProto, int, onnx.NodeProto]]:
-    for graph in iter_graphs(model.graph):
-        for index, node in enumerate(graph.node):
-            if _is_delayed(node):
-                yield graph, index, node
+def _defined_names(graph: onnx.GraphProto) -> set[str]:
+    """Names a graph defines in its own scope: inputs, initializers and node outputs."""
+    names = {v.name for v in graph.input}
+    names.update(t.name for t in graph.initializer)
+    names.update(t.values.name for t in graph.sparse_initializer)
+    names.update(output for node in graph.node for output in node.output)
+    return names
+
+
+def _scoped_graphs(graph: onnx.GraphProto, outer: frozenset[str]) -> Iterator[tuple[onnx.GraphProto, frozenset[str]]]:
+    """``graph`` and every subgraph, parents before children, each with the names its enclosing graphs define."""
+    yield graph, outer
+    inner = outer | _defined_names(graph)
+    for node in graph.node:
+        for attribute in node.attribute:
+            subgraphs = [attribute.g] if attribute.HasField("g") else []
+            subgraphs.extend(attribute.graphs)
+            for subgraph in subgraphs:
+                yield from _scoped_graphs(subgraph, inner)
 
 
 def _make_initializer(name: str, params: DelayedInitializerParams) -> onnx.TensorProto:
@@ -177,35 +221,74 @@ def _make_initializer(name: str, params: DelayedInitializerParams) -> onnx.Tenso
     return tensor
 
 
-def _plan_delayed(model: onnx.ModelProto, resolver: _SourceResolver) -> list[tuple[onnx.TensorProto, _Payload | None]]:
-    """Validate every node, replace it by its initializer in the (private) model; return the tensors to place."""
+def _check_name(graph: onnx.GraphProto, name: str, taken: set[str], outer: frozenset[str], where: str) -> None:
+    if name in taken:
+        raise ValueError(f"{where}: graph {graph.name!r} already has an initializer or input named {name!r}.")
+    if name in outer:
+        # Inside the subgraph the node's output hides the outer value (onnx's evaluator computes with the node's
+        # tensor); as a subgraph initializer, onnxruntime lets the outer value win for node inputs: the undelayed
+        # model would compute something else.
+        raise ValueError(
+            f"{where}: its output {name!r} in subgraph {graph.name!r} is also a value of an enclosing graph; as an "
+            "initializer it would resolve differently in onnxruntime than the node does, so the model cannot be "
+            "undelayed as it is (rename the node's output and its uses in the subgraph first); nothing was written."
+        )
+
+
+def _plan_delayed(
+    model: onnx.ModelProto, resolver: _SourceResolver
+) -> tuple[list[tuple[onnx.TensorProto, _Payload | None]], list[onnx.GraphProto]]:
+    """Validate every node and add its initializer to the (private) model.
+
+    Returns the tensors to place, and the graphs whose nodes :func:`_remove_delayed_nodes` drops once nothing
+    refers to those tensors any more. Linear in the size of the model: each graph's names are gathered once.
+    """
     placed: list[tuple[onnx.TensorProto, _Payload | None]] = []
-    removals: dict[int, tuple[onnx.GraphProto, list[int]]] = {}
-    for graph, index, node in _iter_delayed(model):
-        where = describe_node(node)
-        params = _node_params(node, where)
-        name = node.output[0]
+    graphs: list[onnx.GraphProto] = []
+    for graph, outer in list(_scoped_graphs(model.graph, frozenset())):
+        delayed = [node for node in graph.node if _is_delayed(node)]
+        if not delayed:
+            continue
+        graphs.append(graph)
         taken = {t.name for t in graph.initializer} | {v.name for v in graph.input}
-        if name in taken:
-            raise ValueError(f"{where}: graph {graph.name!r} already has an initializer or input named {name!r}.")
-        payload = None
-        if params.nbytes > 0:
-            source = resolver.resolve(params.filename, where)
-            end = params.offset + params.nbytes
-            if end > source.size:
-                raise ExternalDataError(
-                    f"{where}: file {params.filename!r} too short: needs {end} bytes ({params.nbytes} bytes at offset "
-                    f"{params.offset}), has {source.size}; nothing was written."
-                )
-            payload = _Payload(name, source, params.offset, params.nbytes)
-        tensor = graph.initializer.add()  # a reference into the graph: the layout step fills its entries later
-        tensor.CopyFrom(_make_initializer(name, params))
-        placed.append((tensor, payload))
-        removals.setdefault(id(graph), (graph, []))[1].append(index)
-    for graph, indices in removals.values():
-        for index in reversed(indices):
-            del graph.node[index]
-    return placed
+        for node in delayed:
+            where = describe_node(node)
+            params = _node_params(node, where)
+            name = node.output[0]
+            _check_name(graph, name, taken, outer, where)
+            taken.add(name)
+            payload = None
+            if params.nbytes > 0:
+                source = resolver.resolve(params.filename, where)
+                end = params.offset + params.nbytes
+                if end > source.size:
+                    raise ExternalDataError(
+                        f"{where}: file {params.filename!r} too short: needs {end} bytes ({params.nbytes} bytes at "
+                        f"offset {params.offset}), has {source.size}; nothing was written."
+                    )
+                payload = _Payload(name, source, params.offset, params.nbytes)
+            tensor = graph.initializer.add()  # a reference into the graph: the layout step fills its entries later
+            tensor.CopyFrom(_make_initializer(name, params))
+            placed.append((tensor, payload))
+    return placed, graphs
+
+
+def _remove_delayed_nodes(graphs: list[onnx.GraphProto]) -> None:
+    """Drop the DelayedInitializer nodes of ``graphs`` (listed parents before their subgraphs).
+
+    Deleting one element of a repeated field moves every later one (k deletions: O(k*n), 33.8 s for 16k nodes);
+    the kept nodes are copied once instead. Subgraphs go first, so a parent copies them already cleaned; the copies
+    make earlier references into the graphs stale, hence this runs after the layout step filled the tensors.
+    """
+    for graph in reversed(graphs):
+        kept = []
+        for node in graph.node:
+            if not _is_delayed(node):
+                copy = onnx.NodeProto()
+                copy.CopyFrom(node)
+                kept.append(copy)
+        del graph.node[:]
+        graph.node.extend(kept)
 
 
 def _plan_existing(model: onnx.ModelProto, folder: ModelFolder) -> list[tuple[onnx.TensorProto, _Payload]]:
@@ -234,11 +317,22 @@ def _plan_existing(model: onnx.ModelProto, folder: ModelFolder) -> list[tuple[on
     return found
 
 
+def _all_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    """Every node the model holds: main graph, model functions, training graphs, and all their subgraphs."""
+    roots = [model.graph]
+    for training in model.training_info:
+        roots.extend(getattr(training, field) for field in ("initialization", "algorithm") if training.HasField(field))
+    for root in roots:
+        for graph in iter_graphs(root):
+            yield from graph.node
+    for function in model.functions:
+        yield from function.node
+        for graph in _function_subgraphs(function):
+            yield from graph.node
+
+
 def _remove_unused_opset(model: onnx.ModelProto) -> None:
-    used = any(node.domain == DOMAIN for graph in iter_graphs(model.graph) for node in graph.node) or any(
-        node.domain == DOMAIN for function in model.functions for node in function.node
-    )
-    if used:
+    if any(node.domain == DOMAIN for node in _all_nodes(model)):
         return
     for index in reversed(range(len(model.opset_import))):
         if model.opset_import[index].domain == DOMAIN:
@@ -310,7 +404,8 @@ def undelay_initializers(
         ExternalDataError: a data file too short for its node, not a regular file, or not accessible.
         InvalidModelError: the source is not an ONNX model.
         ValueError: a bad argument, a node with bad attributes or structure, a function-linked node, a node inside
-            a model function, an output name already used by an initializer or input.
+            a model function or a subgraph of one, an output name already used by an initializer or input of its
+            graph or (in a subgraph) by a value of an enclosing graph.
     """
     src = os.path.abspath(os.fspath(src_onnx_path))
     dst = os.path.abspath(os.fspath(dst_onnx_path))
@@ -359,12 +454,13 @@ def _plan(src: str, dst: str, weights: str, alignment: int, allow_outside_folder
     folder = open_model_folder(src, allow_outside_folder=allow_outside_folder)
     model = load_model_metadata(src, folder=folder)
     _check_functions(model)
-    delayed = _plan_delayed(model, _SourceResolver(folder))
+    delayed, graphs = _plan_delayed(model, _SourceResolver(folder))
     existing = _plan_existing(model, folder)
     items: list[tuple[onnx.TensorProto, _Payload | None]] = [*delayed, *existing]
     payloads = [payload for _, payload in items if payload is not None]
     location = weights_location(dst, weights)
     _check_destinations(src, dst, weights if payloads else None, [payload.source for payload in payloads])
     total = _layout(items, location, alignment)
+    _remove_delayed_nodes(graphs)  # last: it makes the tensor references of ``items`` stale
     _remove_unused_opset(model)
     return _Plan(model, payloads, location, total)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import tempfile
@@ -58,8 +59,13 @@ def load_outputs(case_dir: Path) -> list[np.ndarray]:
 
 
 def assert_case_passes(case_dir: Path, outputs: list[np.ndarray]) -> None:
+    """As onnx's Runner compares (with the case's tolerances, 0), then bit for bit: a zero's sign, NaN payloads."""
     case = build_cases()[case_dir.name]
-    Runner.assert_similar_outputs(load_outputs(case_dir), outputs, rtol=case.rtol, atol=case.atol)
+    expected = load_outputs(case_dir)
+    Runner.assert_similar_outputs(expected, outputs, rtol=case.rtol, atol=case.atol)
+    for ref, out in zip(expected, outputs, strict=True):
+        assert (out.dtype, out.shape) == (ref.dtype, ref.shape)
+        assert np.ascontiguousarray(out).tobytes() == np.ascontiguousarray(ref).tobytes()
 
 
 def test_cases_cover_the_issue() -> None:
@@ -79,8 +85,10 @@ def test_layout(generated: Path) -> None:
         case_dir = generated / name
         assert (case_dir / "model.onnx").is_file()
         assert sorted(p.name for p in (case_dir / "test_data_set_0").iterdir()) == ["output_0.pb"]
-        expected_files = {"model.onnx", "test_data_set_0"} | (set() if name in SEED_CASE_NAMES else {"weights.bin"})
+        expected_files = {"model.onnx", "test_data_set_0", "data.json"}
+        expected_files |= set() if name in SEED_CASE_NAMES else {"weights.bin"}
         assert {p.name for p in case_dir.iterdir()} == expected_files
+        assert json.loads((case_dir / "data.json").read_text()) == {"rtol": 0.0, "atol": 0.0}
 
 
 def run_suite(runner: Runner) -> unittest.TestResult:
@@ -119,7 +127,7 @@ def test_case_with_backend_as_onnx_runner_calls_it(
 
 def test_default_cases_name_their_weights_by_absolute_path(generated: Path) -> None:
     for name in CASE_NAMES:
-        (node,) = onnx.load_model(str(generated / name / "model.onnx")).graph.node
+        node = onnx.load_model(str(generated / name / "model.onnx")).graph.node[0]
         filename = next(a.s.decode() for a in node.attribute if a.name == "filename")
         if name in SEED_CASE_NAMES:
             assert filename == seed_weights_paths()[SEED_CASE_NAMES.index(name)]
@@ -140,7 +148,7 @@ def test_generated_folder_passes_in_onnx_runner_from_another_directory(
     assert result.errors == [] and result.failures == []
     assert result.testsRun == 2 * len(CASE_NAMES)  # <case>_cpu and <case>_cuda
     assert len(result.skipped) == len(CASE_NAMES)  # CUDA: the backend is CPU-only
-    assert passed(result) == len(CASE_NAMES) == 36
+    assert passed(result) == len(CASE_NAMES) == 42
 
 
 @pytest.mark.slow
@@ -160,7 +168,7 @@ def test_cases_added_to_a_full_onnx_runner(generated: Path, tmp_path: Path, monk
 
 
 def test_relocatable_suite_needs_the_op_bound_to_each_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """--relocatable: relative names. Unbound (the bug the issue reports) 32 of 36 fail; bound, all pass."""
+    """--relocatable: relative names. Unbound (the bug the issue reports) 38 of 42 fail; bound, all pass."""
     out = tmp_path / "relocatable"
     generate(out, relocatable=True)
     moved = tmp_path / "moved"
@@ -170,14 +178,14 @@ def test_relocatable_suite_needs_the_op_bound_to_each_case(tmp_path: Path, monke
     monkeypatch.chdir(elsewhere)
 
     unbound = run_suite(make_runner(moved))
-    assert len(unbound.errors) == 32  # every case reading a relative file: not found in the current directory
+    assert len(unbound.errors) == 38  # every case reading a relative file: not found in the current directory
     assert passed(unbound) == 4  # the two seeds (absolute) and the two zero-size cases (no file opened)
 
     kwargs = bound_test_kwargs(moved)
     assert sorted(kwargs) == sorted(n for n in CASE_NAMES if n not in SEED_CASE_NAMES)
     bound = run_suite(make_runner(moved, test_kwargs=kwargs))
     assert bound.errors == [] and bound.failures == []
-    assert passed(bound) == 36
+    assert passed(bound) == 42
     for name in CASE_NAMES:
         attrs = {a.name: a for a in onnx.load_model(str(moved / "node" / name / "model.onnx")).graph.node[0].attribute}
         assert (attrs["filename"].s == b"weights.bin") == (name not in SEED_CASE_NAMES)
@@ -200,7 +208,7 @@ def test_load_cases_describes_on_disk_cases_like_onnx_loader(generated: Path) ->
     for case in cases:
         assert (case.kind, case.url, case.model, case.data_sets) == ("node", None, None, None)
         assert case.model_dir == str(generated / case.name)
-        assert (case.rtol, case.atol) == (1e-3, 1e-7)
+        assert (case.rtol, case.atol) == (0.0, 0.0)  # from each case's data.json, as onnx's loader reads it
 
 
 def test_load_cases_uses_onnx_loader_where_it_reads_data_dir(generated: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1277,7 +1277,9 @@ def op_model(**overrides: object) -> onnx.ModelProto:
     for name, value in attributes.items():
         if value is _MISSING:
             continue
-        if name == "shape" and value == []:
+        if isinstance(value, onnx.AttributeProto):  # built by hand: what make_attribute cannot make
+            node.attribute.append(value)
+        elif name == "shape" and value == []:
             node.attribute.append(helper.make_attribute(name, [], attr_type=onnx.AttributeProto.INTS))
         else:
             node.attribute.append(helper.make_attribute(name, value))
@@ -1328,6 +1330,18 @@ OP_CASES = [
     ("runtime-device-not-string", op_prepare(runtime_device=[1]), ValueError, "'runtime_device' must be STRING"),
     ("filename-not-string", op_prepare(filename=7), ValueError, "'filename' must be STRING"),
     ("offset-not-int", op_prepare(offset="64"), ValueError, "'offset' must be INT"),
+    (
+        "offset-type-undefined",  # onnx's OpRun raised KeyError: 0
+        op_prepare(offset=onnx.AttributeProto(name="offset", type=onnx.AttributeProto.UNDEFINED, i=64)),
+        ValueError,
+        "DelayedInitializer node 'delayed': attribute 'offset' has type UNDEFINED",
+    ),
+    (
+        "filename-not-utf8",  # onnx's OpRun raised a bare UnicodeDecodeError
+        op_prepare(filename=onnx.AttributeProto(name="filename", type=onnx.AttributeProto.STRING, s=b"w\xff.bin")),
+        ValueError,
+        "DelayedInitializer node 'delayed': attribute 'filename' is not valid UTF-8",
+    ),
     ("load-device-unknown", op_prepare(load_device="gpu"), ValueError, "load_device must be 'cpu' or 'file'"),
     ("runtime-device-unknown", op_prepare(runtime_device="cuda"), ValueError, "runtime_device must be 'cpu'"),
     ("filename-empty", op_prepare(filename=""), ValueError, "filename must not be empty"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -184,6 +185,50 @@ def test_unsafe_relative_filename_is_refused_at_construction(
 def test_nul_in_filename_is_refused(filename: str) -> None:
     with pytest.raises(ValueError, match="NUL byte"):
         evaluator(make_node(filename=filename, load_device="file"))
+
+
+def _raw_attribute(name: str, attr_type: int, **fields: object) -> AttributeProto:
+    attribute = AttributeProto(name=name, type=attr_type)  # type: ignore[arg-type]
+    for field, value in fields.items():
+        setattr(attribute, field, value)
+    return attribute
+
+
+@pytest.mark.parametrize("load_device", ["cpu", "file"])
+@pytest.mark.parametrize(
+    ("attribute", "fragment"),
+    [
+        (
+            _raw_attribute("offset", AttributeProto.UNDEFINED, i=0),
+            "attribute 'offset' has type UNDEFINED, which cannot be read; expected INT",
+        ),
+        (_raw_attribute("shape", AttributeProto.UNDEFINED), "attribute 'shape' has type UNDEFINED"),
+        (
+            _raw_attribute("filename", AttributeProto.STRING, s=b"w\xffeights.bin"),
+            "attribute 'filename' is not valid UTF-8",
+        ),
+        (_raw_attribute("load_device", AttributeProto.STRING, s=b"\xc3"), "attribute 'load_device' is not valid UTF-8"),
+    ],
+)
+def test_unreadable_attribute_proto_is_a_value_error_naming_the_node(
+    tmp_path: Path, weights: str, load_device: str, attribute: AttributeProto, fragment: str
+) -> None:
+    """onnx's OpRun raised ``KeyError: 0`` (UNDEFINED type) and a bare ``UnicodeDecodeError`` (non-UTF-8 STRING)."""
+    overrides: dict[str, object] = {"filename": weights, "load_device": load_device, attribute.name: attribute}
+    node = make_node(name="bad", **overrides)
+    with pytest.raises(ValueError, match=f"^DelayedInitializer node 'bad': {re.escape(fragment)}") as info:
+        evaluator(node)
+    assert type(info.value) is ValueError
+    assert not isinstance(info.value, UnicodeError)
+
+
+def test_non_utf8_extra_strings_attribute_is_refused(weights: str) -> None:
+    extra = _raw_attribute("note", AttributeProto.STRINGS)
+    extra.strings.extend([b"ok", b"\x80"])
+    node = make_node(name="bad", filename=weights)
+    node.attribute.append(extra)
+    with pytest.raises(ValueError, match=r"^DelayedInitializer node 'bad': attribute 'note' is not valid UTF-8"):
+        evaluator(node)
 
 
 # --------------------------------------------------------------------------------------------------- file errors

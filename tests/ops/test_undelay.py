@@ -304,3 +304,193 @@ def test_node_inside_a_model_function_is_refused(tmp_path: Path, delayed_mlp: Pa
     with pytest.raises(ValueError, match=r"model function local::f.*inline the function"):
         undelay_initializers(delayed_mlp, tmp_path / "out.onnx")
     assert not (tmp_path / "out.onnx").exists()
+
+
+# ------------------------------------------------------------------- functions, shadowing and size (issue 19)
+
+
+def _delayed_node(output: str, offset: int, name: str = "") -> onnx.NodeProto:
+    from onnx_light_ref.ops.schema import make_delayed_initializer_node
+
+    return make_delayed_initializer_node(
+        output, shape=[2], dtype=TensorProto.FLOAT, load_device="file", filename="w.bin", offset=offset, name=name
+    )
+
+
+def _float2(name: str) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, [2])
+
+
+def _light_model(graph: onnx.GraphProto, functions: list[onnx.FunctionProto] | None = None) -> onnx.ModelProto:
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("ai.rt", 1)]
+    if functions:
+        opsets.append(helper.make_opsetid("local", 1))
+    return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, functions=functions or [])
+
+
+def _nested_if(inner: onnx.GraphProto, depth: int, output: str) -> onnx.GraphProto:
+    """``inner`` wrapped in ``depth`` levels of If (both branches the same graph), as the body of a graph."""
+    graph = inner
+    for level in range(depth):
+        node = helper.make_node("If", ["c"], [output], then_branch=graph, else_branch=graph)
+        graph = helper.make_graph([node], f"level{level}", [], [_float2(output)])
+    return graph
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_node_in_a_subgraph_of_a_model_function_is_refused(tmp_path: Path, depth: int) -> None:
+    """It was neither converted nor refused: undelay dropped the ai.rt opset and onnxruntime refused the output."""
+    (tmp_path / "w.bin").write_bytes(np.array([1, 2], dtype="<f4").tobytes())
+    branch = helper.make_graph(
+        [_delayed_node("w", 0, name="deep"), helper.make_node("Add", ["x", "w"], ["r"])], "branch", [], [_float2("r")]
+    )
+    body = _nested_if(branch, depth, "r")
+    function = helper.make_function(
+        "local",
+        "f",
+        ["x", "c"],
+        ["r"],
+        list(body.node),
+        [helper.make_opsetid("", OPSET), helper.make_opsetid("ai.rt", 1)],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("f", ["x", "c"], ["y"], domain="local")],
+        "main",
+        [_float2("x"), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [_float2("y")],
+    )
+    onnx.save(_light_model(graph, [function]), tmp_path / "m.onnx")
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(
+        ValueError,
+        match=r"^DelayedInitializer node 'deep' in subgraph 'branch' of model function local::f: a function has no "
+        r"initializers",
+    ):
+        undelay_initializers(tmp_path / "m.onnx", tmp_path / "out.onnx")
+    assert sha256_of_tree(tmp_path) == before
+    assert_no_temp_files(tmp_path)
+
+
+def _shadowing_light_model(tmp_path: Path, outer_kind: str) -> Path:
+    """Main graph value ``w`` = [100, 100] (an initializer, an input or a node output); the If's branches each
+    hold a DelayedInitializer whose output is also named ``w`` = [1, 1] and add it to ``x``: inside the branch the
+    node's ``w`` wins in onnx's evaluator, an initializer ``w`` would not in onnxruntime."""
+    (tmp_path / "w.bin").write_bytes(np.array([1, 1], dtype="<f4").tobytes())
+    branch = helper.make_graph(
+        [_delayed_node("w", 0, name="inner"), helper.make_node("Add", ["x", "w"], ["r"])], "branch", [], [_float2("r")]
+    )
+    nodes = [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)]
+    inputs = [_float2("x"), helper.make_tensor_value_info("c", TensorProto.BOOL, [])]
+    hundred = numpy_helper.from_array(np.full(2, 100, dtype=np.float32), "w")
+    initializers = []
+    if outer_kind == "initializer":
+        initializers.append(hundred)
+    elif outer_kind == "input":
+        inputs.append(_float2("w"))
+    else:
+        nodes.insert(0, helper.make_node("Constant", [], ["w"], value=hundred))
+    graph = helper.make_graph(nodes, "main", inputs, [_float2("y")], initializers)
+    onnx.save(_light_model(graph), tmp_path / "m.onnx")
+    return tmp_path / "m.onnx"
+
+
+@pytest.mark.parametrize("outer_kind", ["initializer", "input", "node-output"])
+def test_subgraph_output_named_like_an_outer_value_is_refused(tmp_path: Path, outer_kind: str) -> None:
+    """The light model computes x + 1; as a subgraph initializer onnxruntime computed x + 100 (reported success)."""
+    from onnx_light_ref.ops import reference_evaluator
+
+    model = _shadowing_light_model(tmp_path, outer_kind)
+    feeds = {"x": np.zeros(2, dtype=np.float32), "c": np.array(True)}
+    if outer_kind == "input":
+        feeds["w"] = np.full(2, 100, dtype=np.float32)
+    np.testing.assert_array_equal(reference_evaluator(model).run(None, feeds)[0], [1, 1])
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(
+        ValueError, match=r"^DelayedInitializer node 'inner': its output 'w' in subgraph 'branch' is also a value of"
+    ):
+        undelay_initializers(model, tmp_path / "out.onnx")
+    assert sha256_of_tree(tmp_path) == before
+    assert_no_temp_files(tmp_path)
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_subgraph_nodes_at_every_depth_compute_what_onnxs_evaluator_computes(tmp_path: Path, cond: bool) -> None:
+    """Main graph, an If branch and an If nested in it, each with DelayedInitializers of distinct names: the
+    undelayed model in onnxruntime gives exactly the light model's outputs in onnx's ReferenceEvaluator."""
+    from onnx_light_ref.ops import reference_evaluator
+
+    values = np.array([1.5, -2.25, 3.0, 1e-3, -0.0, 7.0, 8.0, 9.5], dtype="<f4")
+    (tmp_path / "w.bin").write_bytes(values.tobytes())
+    inner = helper.make_graph(
+        [_delayed_node("w_inner", 8), helper.make_node("Mul", ["w_main", "w_inner"], ["r"])],
+        "inner",
+        [],
+        [_float2("r")],
+    )
+    other = helper.make_graph(
+        [_delayed_node("w_other", 16), helper.make_node("Sub", ["x", "w_other"], ["r2"])], "other", [], [_float2("r2")]
+    )
+    middle = helper.make_graph(
+        [
+            _delayed_node("w_mid", 24),
+            helper.make_node("If", ["c"], ["m"], then_branch=inner, else_branch=other),
+            helper.make_node("Add", ["m", "w_mid"], ["out"]),
+        ],
+        "middle",
+        [],
+        [_float2("out")],
+    )
+    graph = helper.make_graph(
+        [_delayed_node("w_main", 0), helper.make_node("If", ["c"], ["y"], then_branch=middle, else_branch=other)],
+        "main",
+        [_float2("x"), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [_float2("y")],
+    )
+    onnx.save(_light_model(graph), tmp_path / "m.onnx")
+    feeds = {"x": np.array([0.5, 4.0], dtype=np.float32), "c": np.array(cond)}
+    expected = reference_evaluator(tmp_path / "m.onnx").run(None, feeds)
+    undelay_initializers(tmp_path / "m.onnx", tmp_path / "out.onnx", alignment=16, durable=False)
+    result = onnx.load(tmp_path / "out.onnx", load_external_data=False)
+    assert delayed_nodes(result) == 0
+    assert all(o.domain != "ai.rt" for o in result.opset_import)
+    onnx.checker.check_model(str(tmp_path / "out.onnx"), full_check=True)
+    got = run_onnxruntime(tmp_path / "out.onnx", feeds)
+    assert got[0].tobytes() == expected[0].tobytes()
+
+
+def test_many_nodes_in_one_graph_keep_their_order_and_bytes(tmp_path: Path) -> None:
+    """3000 DelayedInitializers interleaved with the nodes using them (the removal rebuilds each graph once)."""
+    count = 3000
+    values = np.arange(2 * count, dtype="<f4")
+    (tmp_path / "w.bin").write_bytes(values.tobytes())
+    nodes = []
+    previous = "x"
+    for i in range(count):
+        nodes.append(_delayed_node(f"w{i}", 8 * i))
+        nodes.append(helper.make_node("Add", [previous, f"w{i}"], [f"s{i}"]))
+        previous = f"s{i}"
+    graph = helper.make_graph(nodes, "chain", [_float2("x")], [_float2(previous)])
+    onnx.save(_light_model(graph), tmp_path / "m.onnx")
+    undelay_initializers(tmp_path / "m.onnx", tmp_path / "out.onnx", alignment=0, durable=False)
+    result = onnx.load(tmp_path / "out.onnx", load_external_data=False)
+    assert [n.op_type for n in result.graph.node] == ["Add"] * count
+    assert [t.name for t in result.graph.initializer] == [f"w{i}" for i in range(count)]
+    x = np.array([0.25, -1.0], dtype=np.float32)
+    expected = x + values.reshape(count, 2).sum(axis=0, dtype=np.float64).astype(np.float32)
+    np.testing.assert_allclose(run_onnxruntime(tmp_path / "out.onnx", {"x": x})[0], expected, rtol=1e-6)
+
+
+def test_ai_rt_opset_stays_while_a_training_graph_holds_a_node(tmp_path: Path) -> None:
+    (tmp_path / "w.bin").write_bytes(np.array([1, 2], dtype="<f4").tobytes())
+    graph = helper.make_graph(
+        [_delayed_node("w", 0), helper.make_node("Add", ["x", "w"], ["y"])], "main", [_float2("x")], [_float2("y")]
+    )
+    model = _light_model(graph)
+    training = model.training_info.add()
+    training.algorithm.CopyFrom(helper.make_graph([_delayed_node("t", 0)], "algorithm", [], [_float2("t")]))
+    onnx.save(model, tmp_path / "m.onnx")
+    undelay_initializers(tmp_path / "m.onnx", tmp_path / "out.onnx", durable=False)
+    result = onnx.load(tmp_path / "out.onnx", load_external_data=False)
+    assert delayed_nodes(result) == 0
+    assert [n.op_type for n in result.training_info[0].algorithm.node] == ["DelayedInitializer"]
+    assert any(o.domain == "ai.rt" for o in result.opset_import)
