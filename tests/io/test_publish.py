@@ -45,9 +45,22 @@ def _record(monkeypatch: pytest.MonkeyPatch, name: str, calls: list, *, fail_at:
     monkeypatch.setattr(publish.os, name, recording)
 
 
+def _record_moves(monkeypatch: pytest.MonkeyPatch, calls: list, *, fail_at: int | None = None) -> None:
+    """Record every move of a publication (an exchange or a rename), the ``fail_at``-th one raising EIO."""
+    real = publish._move
+
+    def recording(temp: str, final: str) -> publish._Move:
+        calls.append((temp, final))
+        if fail_at is not None and len(calls) == fail_at:
+            raise OSError(5, "move failed (simulated)")
+        return real(temp, final)
+
+    monkeypatch.setattr(publish, "_move", recording)
+
+
 def test_every_weights_file_then_the_model_is_published(tmp_path, monkeypatch):
     renames: list = []
-    _record(monkeypatch, "replace", renames)
+    _record_moves(monkeypatch, renames)
 
     _write_job(tmp_path)
 
@@ -62,9 +75,9 @@ def test_a_failed_rename_restores_every_previous_file(tmp_path, monkeypatch, fai
     _write_job(tmp_path, tag=b"old")
     (tmp_path / "shard-3.bin").unlink()  # one destination absent before the run: it must stay absent
     before = sha256_of_tree(tmp_path)
-    _record(monkeypatch, "replace", [], fail_at=failing_rename)
+    _record_moves(monkeypatch, [], fail_at=failing_rename)
 
-    with pytest.raises(OSError, match="replace failed"):
+    with pytest.raises(OSError, match="move failed"):
         _write_job(tmp_path)
 
     assert sha256_of_tree(tmp_path) == before
@@ -98,7 +111,8 @@ def test_durable_false_skips_every_fsync_and_writes_the_same_bytes(tmp_path, mon
 
     assert sha256_of_tree(tmp_path / "out") == sha256_of_tree(tmp_path / "reference")
     if durable:
-        assert sorted(synced) == ["file"] * 4 + ["folder"]  # four files, their one folder once
+        # four files; their one folder before the commit (the weights' names) and after it (the .onnx's)
+        assert sorted(synced) == ["file"] * 4 + ["folder"] * 2
     else:
         assert synced == []
 
