@@ -186,6 +186,7 @@ class StagedFile:
         _syscall("open")
         self.fd: int | None = os.open(self.temp_path, flags, 0o666)
         self.committed = False
+        self.keep_temp = False  # set when a published model references the temp name (see _Publication)
         # A second descriptor of the same open file holds the temp file's lock until it is renamed or deleted, so
         # that closing `fd` after the write (flush) does not release it.
         _syscall("dup")
@@ -234,7 +235,7 @@ class StagedFile:
         if self.fd is not None:
             fd, self.fd = self.fd, None
             os.close(fd)
-        if not self.committed:
+        if not self.committed and not self.keep_temp:
             with contextlib.suppress(FileNotFoundError):
                 _syscall("unlink")
                 os.unlink(self.temp_path)
@@ -334,21 +335,29 @@ def _undo(move: _Move) -> None:
     if move.kind == "exchanged":
         if not _exchange(move.temp, move.final):
             raise OSError(errno.EINVAL, f"cannot swap {move.final!r} back")
-    elif move.kind == "renamed":
-        _syscall("rename")
-        os.rename(move.final, move.temp)
     else:
         _syscall("rename")
         os.rename(move.final, move.temp)
-        logger.error("the previous %s could not be kept (no RENAME_EXCHANGE here): it is gone", move.final)
 
 
-def _undo_all(moves: Sequence[_Move]) -> None:
-    for move in reversed(moves):
+def _undo_all(moves: Sequence[_Move]) -> int:
+    """Undo ``moves`` from the last one; return how many stay done (0: everything is as before).
+
+    Every prefix of a publication's moves is a state a crash may leave (the previous or the new model), so undoing
+    stops, leaving that prefix, at the first move that cannot be undone: one that replaced a file without an
+    exchange (the previous file is gone), or whose undoing fails.
+    """
+    for index in range(len(moves) - 1, -1, -1):
+        move = moves[index]
+        if move.kind == "replaced":
+            logger.error("%s was replaced (no RENAME_EXCHANGE here) and cannot be restored", move.final)
+            return index + 1
         try:
             _undo(move)
         except OSError as exc:  # keep the original error; say what could not be undone
             logger.error("could not restore %s after a failed publication: %s", move.final, exc)
+            return index + 1
+    return 0
 
 
 def _delete_previous(moves: Sequence[_Move]) -> None:
@@ -491,8 +500,8 @@ def publish_all(files: Sequence[StagedFile]) -> None:
                 moves.append(_move(staged.temp_path, staged.final_path))
                 staged.committed = True
         except BaseException:
-            _undo_all(moves)
-            for staged in files:
+            kept = _undo_all(moves)
+            for staged in files[kept:]:
                 staged.committed = False
             raise
         _fsync_folders([staged.final_path for staged in files if staged.durable], True)
@@ -639,6 +648,7 @@ class _Publication:
         self.extra: list[StagedFile] = []  # temp files of the bridge step
         self.bridges: list[str] = []
         self.previous = _References(known=False)
+        self.bridge_commit: int | None = None  # index of commit A in `moves`
 
     def run(self) -> None:
         previous = _read_references(self.model.final_path)
@@ -654,12 +664,15 @@ class _Publication:
             _fsync_folders([staged.final_path for staged in self.weights], self.durable)
             self.moves.append(_move(self.model.temp_path, self.model.final_path))  # the commit
         except BaseException:
-            _undo_all(self.moves)
+            kept = _undo_all(self.moves)
+            if kept and self.bridge_commit is not None and kept > self.bridge_commit:
+                # Commit A could not be undone (no RENAME_EXCHANGE): the destination is the new model through its
+                # bridge files, which must stay; the next publication to it removes them.
+                for staged in self.weights:
+                    staged.keep_temp = True
             _discard_all(self.extra)
-            for bridge in self.bridges:
-                with contextlib.suppress(FileNotFoundError):
-                    _syscall("unlink")
-                    os.unlink(bridge)
+            # A bridge file is its weights file's temp name now (the caller may still read it back; its cleanup
+            # deletes it unless kept above).
             raise
         for staged in [*self.weights, self.model]:
             staged.committed = True
@@ -689,6 +702,7 @@ class _Publication:
         bridge_model.write_all(_bridge_model(self.model_bytes, self.model.final_path, mapping), 0)
         bridge_model.flush()
         _fsync_folders([*self.bridges, *(staged.final_path for staged in self.weights)], self.durable)
+        self.bridge_commit = len(self.moves)
         self.moves.append(_move(bridge_model.temp_path, self.model.final_path))  # commit A
         _fsync_folders([self.model.final_path], self.durable)
         for staged, bridge in zip(clashing, self.bridges, strict=True):
