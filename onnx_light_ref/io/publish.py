@@ -132,7 +132,12 @@ def _lock_free(path: str, expected: os.stat_result) -> bool:
         os.close(fd)
 
 
-def _remove_stale(final_path: str, suffix: str, keep: Collection[FileIdentity]) -> list[str]:
+def _writer_gone(pid: int, *, ours_too: bool = False) -> bool:
+    """The pid of a temp or bridge name is not running (``ours_too``: or is this process, see :class:`_Publication`)."""
+    return (ours_too and pid == os.getpid()) or not _pid_alive(pid)
+
+
+def _remove_stale(final_path: str, suffix: str, keep: Collection[FileIdentity], *, ours_too: bool = False) -> list[str]:
     folder, name = os.path.split(os.path.abspath(final_path))
     pattern = _temp_pattern(name, suffix)
     kept = set(keep)
@@ -140,7 +145,9 @@ def _remove_stale(final_path: str, suffix: str, keep: Collection[FileIdentity]) 
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         for entry in os.scandir(folder):
             match = pattern.match(entry.name)
-            if not match or not entry.is_file(follow_symlinks=False) or _pid_alive(int(match.group(1))):
+            if not match or not entry.is_file(follow_symlinks=False):
+                continue
+            if not _writer_gone(int(match.group(1)), ours_too=ours_too):
                 continue
             try:
                 st = entry.stat(follow_symlinks=False)
@@ -716,13 +723,14 @@ class _Publication:
     def _previous_bridges(self) -> list[str]:
         """Bridge files the replaced ``.onnx`` referenced (a run killed between its two commits), now unreferenced.
 
-        Only those in a folder this publication holds locked, whose writer is dead and whose lock is free.
+        Only those in a folder this publication holds locked, whose writer is dead (or is this process: every
+        publication of ours holds the folder lock, so none of ours is in flight there) and whose lock is free.
         """
         locked = {os.path.dirname(staged.final_path) for staged in [*self.weights, self.model]}
         found = []
         for path in sorted(self.previous.paths):
             match = _ANY_BRIDGE.match(os.path.basename(path))
-            if not match or os.path.dirname(path) not in locked or _pid_alive(int(match.group(1))):
+            if not match or os.path.dirname(path) not in locked or not _writer_gone(int(match.group(1)), ours_too=True):
                 continue
             try:
                 st = os.lstat(path)
@@ -742,4 +750,4 @@ class _Publication:
             return
         keep = set(self.keep) | set(previous.identities)
         for staged in self.weights:
-            _remove_stale(staged.final_path, _BRIDGE_SUFFIX, keep)
+            _remove_stale(staged.final_path, _BRIDGE_SUFFIX, keep, ours_too=True)

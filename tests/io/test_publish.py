@@ -13,13 +13,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
 
 import onnx_light_ref.io.publish as publish
+from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.io.arguments import ArgumentTypeError
 from onnx_light_ref.io.locations import FileIdentity
 from onnx_light_ref.io.publish import OutputTransaction, StagedFile, publish_all, staged_files
 from tests.checks import assert_no_temp_files, sha256_of_tree
+from tests.models import write_external_model
 
 WEIGHTS = ["shard-1.bin", "shard-2.bin", "shard-3.bin"]
 
@@ -251,3 +256,109 @@ def test_publication_holds_the_folder_lock_during_the_renames(tmp_path, monkeypa
     monkeypatch.setattr(publish.os, "replace", replace)
     _write_job(tmp_path)
     assert held_during_rename == [True] * 4
+
+
+# ------------------------------------------------------------------ a model over a previous one: what a reader sees
+
+SIZES = {"a": 300, "b": 500, "c": 700, "d": 900}  # with max_shard_size=4096: three weights files
+
+
+def _arrays(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {name: rng.standard_normal(count, dtype=np.float32) for name, count in SIZES.items()}
+
+
+def _loaded(model_path: Path) -> dict[str, np.ndarray]:
+    model = onnx.load(str(model_path))  # with its external data: refuses hard-linked files
+    return {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
+
+
+def _same(first: dict[str, np.ndarray], second: dict[str, np.ndarray]) -> bool:
+    return first.keys() == second.keys() and all(np.array_equal(first[k], second[k]) for k in first)
+
+
+@pytest.fixture
+def realign(tmp_path: Path) -> tuple[Path, object]:
+    """``out/m.onnx`` aligned (3 weights files, alignment 64) from old values; a call re-aligning it from new ones."""
+    for tag, seed in (("old", 1), ("new", 2)):
+        (tmp_path / tag).mkdir()
+        write_external_model(tmp_path / tag, _arrays(seed))
+    (tmp_path / "out").mkdir()
+    dst = tmp_path / "out" / "m.onnx"
+    result = align_external_data_streaming(tmp_path / "old" / "model.onnx", dst, alignment=64, max_shard_size=4096)
+    assert len(result.weights_files) == 3
+    return dst, lambda: align_external_data_streaming(
+        tmp_path / "new" / "model.onnx", dst, alignment=128, max_shard_size=4096
+    )
+
+
+def test_a_reader_at_every_system_call_of_a_republication_sees_the_previous_or_the_new_model(realign, monkeypatch):
+    """The same names are re-published (bridge step): before every system call, onnx loads the destination and
+    every file in the folder has one link (no hard-link backup, ever)."""
+    dst, run = realign
+    seen = {"previous": 0, "new": 0}
+    names: list[str] = []
+
+    def reader(name: str) -> None:
+        names.append(name)
+        assert all(path.stat().st_nlink == 1 for path in dst.parent.iterdir()), name
+        got = _loaded(dst)
+        if _same(got, _arrays(2)):
+            seen["new"] += 1
+        else:
+            assert _same(got, _arrays(1)), f"mixed model before system call {len(names)} ({name})"
+            seen["previous"] += 1
+
+    real_publish = publish.OutputTransaction.publish
+
+    def publish_with_reader(self, *args):
+        monkeypatch.setattr(publish, "before_syscall", reader)
+        try:
+            return real_publish(self, *args)
+        finally:
+            monkeypatch.setattr(publish, "before_syscall", None)
+
+    monkeypatch.setattr(publish.OutputTransaction, "publish", publish_with_reader)
+    run()
+
+    assert _same(_loaded(dst), _arrays(2))
+    assert seen["previous"] > 0 and seen["new"] > 0, seen
+    assert names.count("renameat2") >= 5  # 3 weights through the bridge: commit A, 3 copies, commit B at least
+    assert_no_temp_files(dst.parent)
+    assert sorted(p.name for p in dst.parent.iterdir()) == ["m.onnx", "m.onnx.data", "m.onnx.data.1", "m.onnx.data.2"]
+
+
+@pytest.mark.parametrize("failing_move", range(1, 6))
+def test_a_failed_republication_restores_the_previous_files_exactly(realign, monkeypatch, failing_move):
+    dst, run = realign
+    before = sha256_of_tree(dst.parent)
+    inodes = {p.name: p.stat().st_ino for p in dst.parent.iterdir()}
+    _record_moves(monkeypatch, [], fail_at=failing_move)
+
+    with pytest.raises(OSError, match="move failed"):
+        run()
+
+    assert sha256_of_tree(dst.parent) == before
+    assert {p.name: p.stat().st_ino for p in dst.parent.iterdir()} == inodes  # swapped back, not copied back
+    assert_no_temp_files(dst.parent)
+
+
+@pytest.mark.parametrize("failing_move", range(1, 6))
+def test_without_rename_exchange_a_failure_leaves_the_previous_or_the_new_model(realign, monkeypatch, failing_move):
+    """No RENAME_EXCHANGE (old kernel, libc or filesystem): a replaced name cannot be restored, so undoing stops
+    there; the destination is still a whole model, the previous or the new one, and the next run cleans up."""
+    dst, run = realign
+    monkeypatch.setattr(publish, "_renameat2", None)
+    real_move = publish._move
+    _record_moves(monkeypatch, [], fail_at=failing_move)
+
+    with pytest.raises(OSError, match="move failed"):
+        run()
+
+    got = _loaded(dst)
+    assert _same(got, _arrays(1)) or _same(got, _arrays(2))
+    assert all(path.stat().st_nlink == 1 for path in dst.parent.iterdir())
+    monkeypatch.setattr(publish, "_move", real_move)
+    run()
+    assert _same(_loaded(dst), _arrays(2))
+    assert_no_temp_files(dst.parent)
