@@ -702,7 +702,7 @@ class _Publication:
             _syscall("rename")
             os.rename(staged.temp_path, bridge)
             self.bridges.append(bridge)
-            staged.temp_path = bridge  # a failure from here on deletes the bridge, not a temp name
+            staged.temp_path = bridge  # after a failure the caller's cleanup deletes it (unless a model uses it)
             mapping[os.path.normpath(staged.final_path)] = bridge
         bridge_model = StagedFile(self.model.final_path, durable=self.durable, keep=self.keep)
         self.extra.append(bridge_model)
