@@ -560,13 +560,16 @@ def _read_references(model_path: str) -> _References:
     """What the ``.onnx`` now at ``model_path`` references (reads it, writes nothing)."""
     try:
         _syscall("open")
-        fd = os.open(model_path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(model_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return _References(known=True)
-    except OSError:
+    except OSError:  # a symlink (ELOOP), no permission...: what it references is unknown
         return _References(known=False)
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return _References(known=False)
+        size = st.st_size
         buffer = bytearray(size)
         _syscall("read")
         if pread_exact(fd, memoryview(buffer), 0) < size:

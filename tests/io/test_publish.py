@@ -362,3 +362,30 @@ def test_without_rename_exchange_a_failure_leaves_the_previous_or_the_new_model(
     run()
     assert _same(_loaded(dst), _arrays(2))
     assert_no_temp_files(dst.parent)
+
+
+def test_a_previous_onnx_that_cannot_be_read_counts_as_referencing_every_existing_name(tmp_path):
+    """The destination ``.onnx`` is a symlink (``O_NOFOLLOW`` cannot open it): what it references is unknown, so
+    every existing weights name goes through the bridge step; the symlink itself is replaced, its target untouched."""
+    for tag, seed in (("old", 1), ("new", 2)):
+        (tmp_path / tag).mkdir()
+        write_external_model(tmp_path / tag, _arrays(seed), name="m.onnx")
+    (tmp_path / "out").mkdir()
+    os.replace(tmp_path / "old" / "m.onnx.data", tmp_path / "out" / "m.onnx.data")
+    (tmp_path / "out" / "m.onnx").symlink_to(tmp_path / "old" / "m.onnx")
+    target_before = (tmp_path / "old" / "m.onnx").read_bytes()
+    names: list[str] = []
+    publish.before_syscall = names.append
+    try:
+        with OutputTransaction() as outputs:
+            weights = outputs.stage(str(tmp_path / "out" / "m.onnx.data"))
+            weights.write_all((tmp_path / "new" / "m.onnx.data").read_bytes(), 0)
+            outputs.publish(str(tmp_path / "out" / "m.onnx"), (tmp_path / "new" / "m.onnx").read_bytes())
+    finally:
+        publish.before_syscall = None
+
+    assert names.count("renameat2") == 3  # bridge .onnx (commit A), the weights copy, the final .onnx
+    assert not (tmp_path / "out" / "m.onnx").is_symlink()
+    assert _same(_loaded(tmp_path / "out" / "m.onnx"), _arrays(2))
+    assert (tmp_path / "old" / "m.onnx").read_bytes() == target_before
+    assert_no_temp_files(tmp_path / "out")
