@@ -157,6 +157,28 @@ def test_the_lower_level_names_still_publish(tmp_path):
     assert_no_temp_files(tmp_path)
 
 
+@pytest.mark.parametrize("failing_move", [1, 2, 3])
+def test_publish_all_swaps_back_every_file_when_a_move_fails(tmp_path, monkeypatch, failing_move):
+    """Files that reference nothing (e.g. .npy outputs): a failed move swaps the earlier ones back, same inodes."""
+    names = ["a.npy", "b.npy", "c.npy"]
+    for name in names[:2]:  # c.npy absent before: it must stay absent
+        (tmp_path / name).write_bytes(b"old " + name.encode())
+    before = sha256_of_tree(tmp_path)
+    inodes = {p.name: p.stat().st_ino for p in tmp_path.iterdir()}
+    _record_moves(monkeypatch, [], fail_at=failing_move)
+
+    with pytest.raises(OSError, match="move failed"), staged_files() as files:
+        for name in names:
+            staged = StagedFile(str(tmp_path / name))
+            files.append(staged)
+            staged.write_all(b"new " + name.encode(), 0)
+        publish_all(files)
+
+    assert sha256_of_tree(tmp_path) == before
+    assert {p.name: p.stat().st_ino for p in tmp_path.iterdir()} == inodes
+    assert_no_temp_files(tmp_path)
+
+
 # ------------------------------------------------------------------------------------ temp names and the sweeper
 
 
