@@ -12,7 +12,7 @@ Modules, one concept each:
   (identical blobs stored once);
 * writing: ``copy_engine`` (kernel file-to-file copies), ``writeback`` (overlap writeback with copying), ``space``
   (free space and preallocation), ``posix`` (exact positional reads and writes, hard-link check), ``publish`` (one
-  transaction for every output: temp files, fsync, renames, rollback);
+  transaction for every output: temp files, fsync, name exchanges with the ``.onnx`` as the commit point, rollback);
 * ``arguments``: the argument types and checks every public function shares.
 
 Nothing here imports ``onnx_light_ref.ops``.

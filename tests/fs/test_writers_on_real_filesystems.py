@@ -515,6 +515,41 @@ def test_re_aligning_an_unaligned_model_on_xfs_copies_every_byte(xfs_mount, tmp_
     ).read_bytes()
 
 
+@pytest.mark.parametrize(("filesystem", "copy_call"), [("xfs_mount", "ioctl"), ("ext4_mount", "copy_file_range")])
+def test_re_aligning_over_the_previous_output_copies_its_bridge_by_clone_where_the_filesystem_can(
+    filesystem, copy_call, tmp_path, monkeypatch, request
+):
+    """A re-align over its own previous output publishes through a bridge ``.onnx`` and copies each bridge file to
+    its final name (docs/safety.md): a reflink clone on XFS (``FICLONE``: no new blocks), ``copy_file_range`` on
+    ext4. Either way the output verifies equal to the source, and nothing is left behind."""
+    from onnx_light_ref.io import publish
+
+    mount: Path = request.getfixturevalue(filesystem)
+    original = make_external_model(tmp_path, tensors_of(4, 4 * MIB, seed=7))
+    (mount / "src").mkdir()
+    source = mount / "src" / "m.onnx"
+    align_external_data_streaming(original, source, alignment=BLOCK)
+    (mount / "out").mkdir()
+    out = mount / "out" / "m.onnx"
+    align_external_data_streaming(source, out, max_shard_size=8 * MIB)
+    os.sync()
+    names: list[str] = []
+    monkeypatch.setattr(publish, "before_syscall", names.append)
+    free_before = free_bytes(mount)
+
+    result = align_external_data_streaming(source, out, max_shard_size=8 * MIB)
+
+    os.sync()
+    assert len(result.weights_files) == 2
+    assert names.count(copy_call) == 2, names  # one copy per weights file the previous .onnx referenced
+    if copy_call == "ioctl":
+        assert "copy_file_range" not in names
+        assert free_before - free_bytes(mount) < 16 * MIB // 100  # clones all the way: no new blocks
+    assert verify_models(source, out).equal
+    assert_no_temp_files(mount / "out")
+    assert sorted(p.name for p in (mount / "out").iterdir()) == ["m.onnx", "m.onnx.data", "m.onnx.data.1"]
+
+
 # ------------------------------------------------------------------------------- durable: fsync and writeback
 # Not a filesystem fault: recording spies on os.fsync and the writeback call, extending tests/io/test_durable.py
 # (streaming, in-memory, shared) to the sharded write and undelay, and checking the writeback overlap per file.

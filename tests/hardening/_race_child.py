@@ -38,19 +38,20 @@ def writer_model(writer: int) -> onnx.ModelProto:
 
 
 def pause_after_first_rename(mid_marker: str, resume_marker: str) -> None:
-    real_commit = publish.StagedFile.commit
-    state = {"commits": 0}
+    real_move = publish._move
+    state = {"moves": 0}
 
-    def commit(self: publish.StagedFile) -> None:
-        real_commit(self)
-        state["commits"] += 1
-        if state["commits"] == 1:  # the weights file is published, the .onnx not yet
+    def move(temp: str, final: str) -> publish._Move:
+        result = real_move(temp, final)
+        state["moves"] += 1
+        if state["moves"] == 1:  # the weights file (or the bridge .onnx) is published, the final .onnx not yet
             open(mid_marker, "w").close()
             deadline = time.monotonic() + PAUSE_SECONDS
             while not os.path.exists(resume_marker) and time.monotonic() < deadline:
                 time.sleep(0.01)
+        return result
 
-    publish.StagedFile.commit = commit  # type: ignore[method-assign]
+    publish._move = move
 
 
 def main(argv: list[str]) -> None:

@@ -686,6 +686,30 @@ def failing(name: str, code: int, *, after: int = 0, times: int | None = None) -
     return setup
 
 
+def failing_move(*, after: int) -> Callable[[Scene], None]:
+    """The publication's move (an exchange of names, or a rename) number ``after + 1`` fails once with EIO.
+
+    Over a previous output the moves are exchanges (``renameat2``), not ``os.replace``: over a previous output that
+    references the same weights name they are the bridge ``.onnx`` (commit A), the weights copy, the final ``.onnx``.
+    """
+
+    def setup(scene: Scene) -> None:
+        import onnx_light_ref.io.publish as publish
+
+        real = publish._move
+        calls = []
+
+        def flaky(temp: str, final: str) -> object:
+            calls.append(final)
+            if len(calls) == after + 1:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            return real(temp, final)
+
+        scene.monkeypatch.setattr(publish, "_move", flaky)
+
+    return setup
+
+
 def swap_source_after_validation(replacement: str) -> Callable[[Scene], None]:
     """Between validation and copy, replace model.onnx.data (an attacker with write access to the model folder).
 
@@ -819,14 +843,17 @@ ALIGN_CASES = [
         OSError,
         "Input/output error",
     ),
-    (
-        "rename-of-onnx-fails-over-previous-output",
-        default_dst,
-        lambda s: (previous_destination(s), failing("replace", errno.EIO, after=1, times=1)(s)),
-        {},
-        OSError,
-        "Input/output error",
-    ),
+    *[
+        (
+            f"move-{index + 1}-fails-over-previous-output",  # bridge .onnx, weights copy, final .onnx
+            default_dst,
+            lambda s, index=index: (previous_destination(s), failing_move(after=index)(s)),
+            {},
+            OSError,
+            "Input/output error",
+        )
+        for index in range(3)
+    ],
     (
         "source-swapped-for-symlink-after-validation",
         default_dst,
@@ -953,14 +980,17 @@ SHARED_CASES = [
         OSError,
         "Input/output error",
     ),
-    (
-        "rename-of-onnx-fails-over-previous-variant",
-        variant,
-        lambda s: (previous_variant(s), failing("replace", errno.EIO, after=1, times=1)(s)),
-        {},
-        OSError,
-        "Input/output error",
-    ),
+    *[
+        (
+            f"move-{index + 1}-fails-over-previous-variant",  # bridge .onnx, weights copy, final .onnx
+            variant,
+            lambda s, index=index: (previous_variant(s), failing_move(after=index)(s)),
+            {},
+            OSError,
+            "Input/output error",
+        )
+        for index in range(3)
+    ],
 ]
 
 for _case_id, _dst, _setup, _kwargs, _error, _fragment in SHARED_CASES:

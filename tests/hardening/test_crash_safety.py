@@ -6,10 +6,11 @@ Afterwards the destination must be, file by file, either absent, the previous ve
 reference output, and the sources must be intact. Half the trials start with no destination, half with a
 previous complete one (made distinguishable by a marker in its ``.onnx``).
 
-The previous output holds the same weights as the new one: a SIGKILL between the two renames (weights, then
-``.onnx``; a window of about one folder fsync) would leave the old ``.onnx`` beside the new weights, which only
-stays consistent when they describe the same bytes. That window is documented in docs/safety.md; in-process
-failures at that point are rolled back (see the ``rename-of-onnx-fails-*`` rows of the bad-input matrix).
+The previous output holds the same weights names as the new one, so its publication goes through the bridge step
+(docs/safety.md, "Atomic output"): a kill between its two commits leaves a third valid ``.onnx``, ``bridged``: the
+new model whose weights are read from ``.olr~...bridge`` files holding the new bytes. Every system call of the
+publication is killed in turn, deterministically, by ``test_publish_kill_points.py``; these random-time kills
+mostly land in the copy.
 
 Temp files of killed runs are left in place between trials on purpose: the next run must not be disturbed by them,
 and the final normal run must remove those of dead processes.
@@ -30,6 +31,7 @@ import onnx
 import pytest
 
 from onnx_light_ref import align_external_data_in_memory, save_model_with_shared_external_data
+from onnx_light_ref.io import publish
 from tests.checks import snapshot_tree, temp_files_under
 from tests.models import write_external_model
 
@@ -93,8 +95,29 @@ def kill_at_random(rng: random.Random, duration: float, *args: object) -> int:
     return child.pid
 
 
-def file_state(path: Path, reference: bytes, previous: bytes | None) -> str:
-    """``absent``, ``previous`` or ``complete``; fails on anything else (a half-written or foreign file)."""
+def unbridged(path: Path, content: bytes, weights: dict[str, bytes]) -> bytes | None:
+    """``content`` (a ``.onnx``) with each bridge location put back to its final name, if every bridge file it
+    references holds exactly the bytes ``weights`` (final name -> bytes) expects; None when it is not a bridge."""
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(content)
+    except Exception:  # a half-written file: not a bridge
+        return None
+    by_tag = {publish._name_tag(name): name for name in weights}
+    bridged = False
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location" and entry.value.endswith(".bridge"):
+                final = by_tag.get(entry.value.split("~")[1])
+                if final is None or (path.parent / entry.value).read_bytes() != weights[final]:
+                    return None
+                entry.value, bridged = final, True
+    return model.SerializeToString() if bridged else None
+
+
+def file_state(path: Path, reference: bytes, previous: bytes | None, weights: dict[str, bytes] | None = None) -> str:
+    """``absent``, ``previous``, ``complete`` or ``bridged`` (the new model through bridge files, ``weights`` =
+    final name -> expected bytes); fails on anything else (a half-written or foreign file)."""
     if not path.exists():
         return "absent"
     content = path.read_bytes()
@@ -102,6 +125,8 @@ def file_state(path: Path, reference: bytes, previous: bytes | None) -> str:
         return "complete"
     if previous is not None and content == previous:
         return "previous"
+    if weights is not None and unbridged(path, content, weights) == reference:
+        return "bridged"
     pytest.fail(f"{path.name} is neither absent, the previous version, nor complete ({len(content)} bytes)")
 
 
@@ -131,10 +156,10 @@ def run_trials(
             for path in (dst_onnx, dst_weights):
                 path.unlink(missing_ok=True)
         pid = kill_at_random(rng, duration, *args)
-        onnx_state = file_state(dst_onnx, ref_onnx, previous_onnx)
+        onnx_state = file_state(dst_onnx, ref_onnx, previous_onnx, {dst_weights.name: ref_weights})
         weights_state = file_state(dst_weights, ref_weights, ref_weights if with_previous else None)
         if with_previous:
-            assert onnx_state in ("previous", "complete")
+            assert onnx_state in ("previous", "complete", "bridged")
             assert weights_state == "complete"  # previous and new weights are the same bytes (see module doc)
         elif onnx_state == "complete":
             assert weights_state == "complete", "the .onnx was published before its weights"
@@ -227,13 +252,15 @@ def test_sigkilled_sharded_aligner_leaves_every_file_absent_previous_or_complete
             for path in (dst_onnx, *shards):
                 path.unlink(missing_ok=True)
         kill_at_random(rng, duration, *args)
-        onnx_state = file_state(dst_onnx, ref_onnx, previous_onnx)
+        onnx_state = file_state(
+            dst_onnx, ref_onnx, previous_onnx, {p.name: c for p, c in zip(shards, ref_shards, strict=True)}
+        )
         states = [
             file_state(path, content, content if with_previous else None)
             for path, content in zip(shards, ref_shards, strict=True)
         ]
         if with_previous:
-            assert onnx_state in ("previous", "complete")
+            assert onnx_state in ("previous", "complete", "bridged")
             assert set(states) == {"complete"}  # previous and new weights are the same bytes (see module doc)
         elif onnx_state == "complete":
             assert set(states) == {"complete"}, "the .onnx was published before all of its weights files"

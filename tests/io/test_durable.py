@@ -75,7 +75,8 @@ def test_durable_false_skips_every_fsync_and_writes_the_same_bytes(tmp_path, mon
         monkeypatch.setattr(os, "fsync", real_fsync)
 
     assert synced[False] == []
-    assert sorted(synced[True]) == ["file", "file", "folder"]  # weights file, .onnx, their folder
+    # weights file, .onnx, their folder before the commit (the weights' name) and after it (the .onnx's)
+    assert sorted(synced[True]) == ["file", "file", "folder", "folder"]
     durable_files = _outputs(tmp_path / "durable_True")
     assert len(durable_files) == 2
     assert _outputs(tmp_path / "durable_False") == durable_files

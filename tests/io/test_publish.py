@@ -13,13 +13,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
 
 import onnx_light_ref.io.publish as publish
+from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.io.arguments import ArgumentTypeError
 from onnx_light_ref.io.locations import FileIdentity
 from onnx_light_ref.io.publish import OutputTransaction, StagedFile, publish_all, staged_files
 from tests.checks import assert_no_temp_files, sha256_of_tree
+from tests.models import write_external_model
 
 WEIGHTS = ["shard-1.bin", "shard-2.bin", "shard-3.bin"]
 
@@ -45,9 +50,22 @@ def _record(monkeypatch: pytest.MonkeyPatch, name: str, calls: list, *, fail_at:
     monkeypatch.setattr(publish.os, name, recording)
 
 
+def _record_moves(monkeypatch: pytest.MonkeyPatch, calls: list, *, fail_at: int | None = None) -> None:
+    """Record every move of a publication (an exchange or a rename), the ``fail_at``-th one raising EIO."""
+    real = publish._move
+
+    def recording(temp: str, final: str) -> publish._Move:
+        calls.append((temp, final))
+        if fail_at is not None and len(calls) == fail_at:
+            raise OSError(5, "move failed (simulated)")
+        return real(temp, final)
+
+    monkeypatch.setattr(publish, "_move", recording)
+
+
 def test_every_weights_file_then_the_model_is_published(tmp_path, monkeypatch):
     renames: list = []
-    _record(monkeypatch, "replace", renames)
+    _record_moves(monkeypatch, renames)
 
     _write_job(tmp_path)
 
@@ -62,9 +80,9 @@ def test_a_failed_rename_restores_every_previous_file(tmp_path, monkeypatch, fai
     _write_job(tmp_path, tag=b"old")
     (tmp_path / "shard-3.bin").unlink()  # one destination absent before the run: it must stay absent
     before = sha256_of_tree(tmp_path)
-    _record(monkeypatch, "replace", [], fail_at=failing_rename)
+    _record_moves(monkeypatch, [], fail_at=failing_rename)
 
-    with pytest.raises(OSError, match="replace failed"):
+    with pytest.raises(OSError, match="move failed"):
         _write_job(tmp_path)
 
     assert sha256_of_tree(tmp_path) == before
@@ -98,7 +116,8 @@ def test_durable_false_skips_every_fsync_and_writes_the_same_bytes(tmp_path, mon
 
     assert sha256_of_tree(tmp_path / "out") == sha256_of_tree(tmp_path / "reference")
     if durable:
-        assert sorted(synced) == ["file"] * 4 + ["folder"]  # four files, their one folder once
+        # four files; their one folder before the commit (the weights' names) and after it (the .onnx's)
+        assert sorted(synced) == ["file"] * 4 + ["folder"] * 2
     else:
         assert synced == []
 
@@ -135,6 +154,28 @@ def test_the_lower_level_names_still_publish(tmp_path):
 
     assert (tmp_path / "w.bin").read_bytes() == b"weights"
     assert (tmp_path / "m.onnx").read_bytes() == b"model"
+    assert_no_temp_files(tmp_path)
+
+
+@pytest.mark.parametrize("failing_move", [1, 2, 3])
+def test_publish_all_swaps_back_every_file_when_a_move_fails(tmp_path, monkeypatch, failing_move):
+    """Files that reference nothing (e.g. .npy outputs): a failed move swaps the earlier ones back, same inodes."""
+    names = ["a.npy", "b.npy", "c.npy"]
+    for name in names[:2]:  # c.npy absent before: it must stay absent
+        (tmp_path / name).write_bytes(b"old " + name.encode())
+    before = sha256_of_tree(tmp_path)
+    inodes = {p.name: p.stat().st_ino for p in tmp_path.iterdir()}
+    _record_moves(monkeypatch, [], fail_at=failing_move)
+
+    with pytest.raises(OSError, match="move failed"), staged_files() as files:
+        for name in names:
+            staged = StagedFile(str(tmp_path / name))
+            files.append(staged)
+            staged.write_all(b"new " + name.encode(), 0)
+        publish_all(files)
+
+    assert sha256_of_tree(tmp_path) == before
+    assert {p.name: p.stat().st_ino for p in tmp_path.iterdir()} == inodes
     assert_no_temp_files(tmp_path)
 
 
@@ -237,3 +278,136 @@ def test_publication_holds_the_folder_lock_during_the_renames(tmp_path, monkeypa
     monkeypatch.setattr(publish.os, "replace", replace)
     _write_job(tmp_path)
     assert held_during_rename == [True] * 4
+
+
+# ------------------------------------------------------------------ a model over a previous one: what a reader sees
+
+SIZES = {"a": 300, "b": 500, "c": 700, "d": 900}  # with max_shard_size=4096: three weights files
+
+
+def _arrays(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {name: rng.standard_normal(count, dtype=np.float32) for name, count in SIZES.items()}
+
+
+def _loaded(model_path: Path) -> dict[str, np.ndarray]:
+    model = onnx.load(str(model_path))  # with its external data: refuses hard-linked files
+    return {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
+
+
+def _same(first: dict[str, np.ndarray], second: dict[str, np.ndarray]) -> bool:
+    return first.keys() == second.keys() and all(np.array_equal(first[k], second[k]) for k in first)
+
+
+@pytest.fixture
+def realign(tmp_path: Path) -> tuple[Path, object]:
+    """``out/m.onnx`` aligned (3 weights files, alignment 64) from old values; a call re-aligning it from new ones."""
+    for tag, seed in (("old", 1), ("new", 2)):
+        (tmp_path / tag).mkdir()
+        write_external_model(tmp_path / tag, _arrays(seed))
+    (tmp_path / "out").mkdir()
+    dst = tmp_path / "out" / "m.onnx"
+    result = align_external_data_streaming(tmp_path / "old" / "model.onnx", dst, alignment=64, max_shard_size=4096)
+    assert len(result.weights_files) == 3
+    return dst, lambda: align_external_data_streaming(
+        tmp_path / "new" / "model.onnx", dst, alignment=128, max_shard_size=4096
+    )
+
+
+def test_a_reader_at_every_system_call_of_a_republication_sees_the_previous_or_the_new_model(realign, monkeypatch):
+    """The same names are re-published (bridge step): before every system call, onnx loads the destination and
+    every file in the folder has one link (no hard-link backup, ever)."""
+    dst, run = realign
+    seen = {"previous": 0, "new": 0}
+    names: list[str] = []
+
+    def reader(name: str) -> None:
+        names.append(name)
+        assert all(path.stat().st_nlink == 1 for path in dst.parent.iterdir()), name
+        got = _loaded(dst)
+        if _same(got, _arrays(2)):
+            seen["new"] += 1
+        else:
+            assert _same(got, _arrays(1)), f"mixed model before system call {len(names)} ({name})"
+            seen["previous"] += 1
+
+    real_publish = publish.OutputTransaction.publish
+
+    def publish_with_reader(self, *args):
+        monkeypatch.setattr(publish, "before_syscall", reader)
+        try:
+            return real_publish(self, *args)
+        finally:
+            monkeypatch.setattr(publish, "before_syscall", None)
+
+    monkeypatch.setattr(publish.OutputTransaction, "publish", publish_with_reader)
+    run()
+
+    assert _same(_loaded(dst), _arrays(2))
+    assert seen["previous"] > 0 and seen["new"] > 0, seen
+    assert names.count("renameat2") >= 5  # 3 weights through the bridge: commit A, 3 copies, commit B at least
+    assert_no_temp_files(dst.parent)
+    assert sorted(p.name for p in dst.parent.iterdir()) == ["m.onnx", "m.onnx.data", "m.onnx.data.1", "m.onnx.data.2"]
+
+
+@pytest.mark.parametrize("failing_move", range(1, 6))
+def test_a_failed_republication_restores_the_previous_files_exactly(realign, monkeypatch, failing_move):
+    dst, run = realign
+    before = sha256_of_tree(dst.parent)
+    inodes = {p.name: p.stat().st_ino for p in dst.parent.iterdir()}
+    _record_moves(monkeypatch, [], fail_at=failing_move)
+
+    with pytest.raises(OSError, match="move failed"):
+        run()
+
+    assert sha256_of_tree(dst.parent) == before
+    assert {p.name: p.stat().st_ino for p in dst.parent.iterdir()} == inodes  # swapped back, not copied back
+    assert_no_temp_files(dst.parent)
+
+
+@pytest.mark.parametrize("failing_move", range(1, 6))
+def test_without_rename_exchange_a_failure_leaves_the_previous_or_the_new_model(realign, monkeypatch, failing_move):
+    """No RENAME_EXCHANGE (old kernel, libc or filesystem): a replaced name cannot be restored, so undoing stops
+    there; the destination is still a whole model, the previous or the new one, and the next run cleans up."""
+    dst, run = realign
+    monkeypatch.setattr(publish, "_renameat2", None)
+    real_move = publish._move
+    _record_moves(monkeypatch, [], fail_at=failing_move)
+
+    with pytest.raises(OSError, match="move failed"):
+        run()
+
+    got = _loaded(dst)
+    assert _same(got, _arrays(1)) or _same(got, _arrays(2))
+    assert all(path.stat().st_nlink == 1 for path in dst.parent.iterdir())
+    monkeypatch.setattr(publish, "_move", real_move)
+    run()
+    assert _same(_loaded(dst), _arrays(2))
+    assert_no_temp_files(dst.parent)
+
+
+def test_a_previous_onnx_that_cannot_be_read_counts_as_referencing_every_existing_name(tmp_path):
+    """The destination ``.onnx`` is a symlink (``O_NOFOLLOW`` cannot open it): what it references is unknown, so
+    every existing weights name goes through the bridge step; the symlink itself is replaced, its target untouched."""
+    for tag, seed in (("old", 1), ("new", 2)):
+        (tmp_path / tag).mkdir()
+        write_external_model(tmp_path / tag, _arrays(seed), name="m.onnx")
+    (tmp_path / "out").mkdir()
+    os.replace(tmp_path / "old" / "m.onnx.data", tmp_path / "out" / "m.onnx.data")
+    (tmp_path / "out" / "m.onnx").symlink_to(tmp_path / "old" / "m.onnx")
+    target_before = (tmp_path / "old" / "m.onnx").read_bytes()
+    names: list[str] = []
+    publish.before_syscall = names.append
+    try:
+        with OutputTransaction() as outputs:
+            weights = outputs.stage(str(tmp_path / "out" / "m.onnx.data"))
+            weights.write_all((tmp_path / "new" / "m.onnx.data").read_bytes(), 0)
+            outputs.publish(str(tmp_path / "out" / "m.onnx"), (tmp_path / "new" / "m.onnx").read_bytes())
+    finally:
+        publish.before_syscall = None
+
+    assert names.count("renameat2") == 3  # bridge .onnx (commit A), the weights copy, the final .onnx
+    assert not (tmp_path / "out" / "m.onnx").is_symlink()
+    assert _same(_loaded(tmp_path / "out" / "m.onnx"), _arrays(2))
+    assert (tmp_path / "old" / "m.onnx").read_bytes() == target_before
+    assert_no_temp_files(tmp_path / "out")
