@@ -49,6 +49,10 @@ class AlignResult(_SizeResult):
         stale_weights_files: absolute paths of files named like further shards of this destination (``W.3`` when
             this run wrote ``W`` and ``W.1``; ``W`` itself when it wrote none) that an earlier run left: the new
             ``.onnx`` does not reference them, and they were not deleted.
+        weights_format: ``"onnx"`` (raw weights files) or ``"safetensors"``.
+        index_file: the ``model.safetensors.index.json`` written with a sharded safetensors set, else None.
+        unaligned_tensors: safetensors only: names of the tensors of at least ``align_threshold`` bytes that could
+            not start at a multiple of the alignment (the data section admits no padding).
     """
 
     tensors: int
@@ -61,6 +65,9 @@ class AlignResult(_SizeResult):
     bytes_by_method: dict[str, int]
     clone_eligible_bytes: int
     stale_weights_files: tuple[str, ...]
+    weights_format: str
+    index_file: str | None
+    unaligned_tensors: tuple[str, ...]
 
     def __new__(
         cls,
@@ -76,6 +83,9 @@ class AlignResult(_SizeResult):
         bytes_by_method: Mapping[str, int] | None = None,
         clone_eligible_bytes: int = 0,
         stale_weights_files: Iterable[str] = (),
+        weights_format: str = "onnx",
+        index_file: str | None = None,
+        unaligned_tensors: Iterable[str] = (),
     ) -> AlignResult:
         result = super().__new__(cls, total_size)
         result._set(
@@ -89,6 +99,9 @@ class AlignResult(_SizeResult):
             bytes_by_method=dict(bytes_by_method or {}),
             clone_eligible_bytes=clone_eligible_bytes,
             stale_weights_files=tuple(stale_weights_files),
+            weights_format=weights_format,
+            index_file=index_file,
+            unaligned_tensors=tuple(unaligned_tensors),
         )
         return result
 
