@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["AlignResult", "SaveResult"]
+__all__ = ["AlignResult", "LinkResult", "SaveResult"]
 
 
 class _SizeResult(int):
@@ -149,3 +149,51 @@ class SaveResult(_SizeResult):
     def padding(self) -> int:
         """Bytes of the secondary file that no tensor uses (alignment gaps)."""
         return int(self) - self.payload_bytes
+
+
+class LinkResult(_SizeResult):
+    """The result of :func:`~onnx_light_ref.io.link.link_external_data`: the bytes of the model's own weights file
+    (an ``int``, padding included; 0 when every external tensor was linked), plus what was linked and written.
+
+    Attributes:
+        linked_tensors: tensors pointing at the checkpoint's bytes (none of them copied).
+        linked_bytes: their bytes, left where they are in the checkpoint.
+        written_tensors: tensors written to the model's own weights file.
+        written_bytes: their bytes.
+        mismatched_tensors: labels of tensors named like a checkpoint key but of another data type or shape
+            (written, not linked).
+        checkpoint_files: absolute paths of the checkpoint's files.
+        weights_files: the model's own weights file, when one was written.
+    """
+
+    linked_tensors: int
+    linked_bytes: int
+    written_tensors: int
+    written_bytes: int
+    mismatched_tensors: tuple[str, ...]
+    checkpoint_files: tuple[str, ...]
+    weights_files: tuple[str, ...]
+
+    def __new__(
+        cls,
+        total_size: int,
+        *,
+        linked_tensors: int,
+        linked_bytes: int,
+        written_tensors: int,
+        written_bytes: int,
+        mismatched_tensors: Iterable[str] = (),
+        checkpoint_files: Iterable[str] = (),
+        weights_files: Iterable[str] = (),
+    ) -> LinkResult:
+        result = super().__new__(cls, total_size)
+        result._set(
+            linked_tensors=linked_tensors,
+            linked_bytes=linked_bytes,
+            written_tensors=written_tensors,
+            written_bytes=written_bytes,
+            mismatched_tensors=tuple(mismatched_tensors),
+            checkpoint_files=tuple(checkpoint_files),
+            weights_files=tuple(weights_files),
+        )
+        return result

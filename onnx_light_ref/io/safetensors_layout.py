@@ -26,7 +26,7 @@ import onnx
 from onnx_light_ref.errors import SafetensorsError
 from onnx_light_ref.io.safetensors_header import SafetensorsEntry, encode_header
 
-__all__ = ["SafetensorsLayout", "SafetensorsTensor", "plan_safetensors", "safetensors_dtype"]
+__all__ = ["SafetensorsLayout", "SafetensorsTensor", "plan_safetensors", "safetensors_dtype", "storage_shape"]
 
 _T = onnx.TensorProto
 
@@ -132,12 +132,15 @@ def plan_safetensors(
     return layout
 
 
+def storage_shape(data_type: int, dims: tuple[int, ...], nbytes: int) -> tuple[int, ...]:
+    """The shape safetensors stores: the dims, or ``(nbytes,)`` for a packed sub-byte type (stored as U8)."""
+    return (nbytes,) if data_type in _PACKED else dims
+
+
 def _storage(tensor: SafetensorsTensor) -> tuple[str, tuple[int, ...]]:
     code = safetensors_dtype(tensor.data_type)
     assert code is not None
-    if tensor.data_type in _PACKED:
-        return code, (tensor.length,)
-    return code, tensor.dims
+    return code, storage_shape(tensor.data_type, tensor.dims, tensor.length)
 
 
 def _check_keys(tensors: Sequence[SafetensorsTensor]) -> None:
