@@ -370,7 +370,9 @@ def plan_alignment(
         if safetensors:
             name = tensor.name if isinstance(tensor.name, str) else ""
             named.append(
-                SafetensorsTensor(name, site.label, tensor.data_type, tuple(tensor.dims), payloads.lengths[-1])
+                SafetensorsTensor(
+                    name, f"{site.label} in {site.where}", tensor.data_type, tuple(tensor.dims), payloads.lengths[-1]
+                )
             )
 
     sources = {identity: ref.path for identity, ref in refs.items()}
