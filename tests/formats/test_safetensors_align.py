@@ -72,7 +72,8 @@ def _dtype_model(folder: Path) -> tuple[Path, dict[str, TensorProto]]:
         )
         for dt in DTYPES
     }
-    graph = helper.make_graph([], "dtypes", [], [value_info("t_float", TensorProto.FLOAT, [3, 5])], list(tensors.values()))
+    outputs = [value_info("t_float", TensorProto.FLOAT, [3, 5])]
+    graph = helper.make_graph([], "dtypes", [], outputs, list(tensors.values()))
     src = save_external(make_model(graph), folder / "src.onnx", "src.data")
     return src, tensors
 
@@ -178,7 +179,7 @@ def test_sharded_safetensors_use_hf_names_and_an_index_published_together(tmp_pa
     }
     for name in names:
         with safe_open(str(tmp_path / name), framework="numpy") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 - safe_open is not a dict
                 assert np.array_equal(f.get_tensor(key), arrays[key])
     for array, output in zip(arrays.values(), run_onnxruntime(dst, {}), strict=True):
         assert np.array_equal(array, output)
@@ -249,7 +250,8 @@ def test_unnamed_and_unstorable_tensors_are_refused_before_anything_is_written(t
     graph = helper.make_graph([], "g", [], [value_info("c", TensorProto.COMPLEX128, [2])], [complex128])
     src = save_external(make_model(graph), tmp_path / "src.onnx", "src.data")
     before = sha256_of_tree(tmp_path)
-    with pytest.raises(SafetensorsError, match=r"1 tensor\(s\) have a data type safetensors cannot store: .*COMPLEX128"):
+    message = r"1 tensor\(s\) have a data type safetensors cannot store: .*COMPLEX128"
+    with pytest.raises(SafetensorsError, match=message):
         align_external_data_streaming(src, tmp_path / "m.onnx", weights_format="safetensors")
     assert sha256_of_tree(tmp_path) == before
     graph = helper.make_graph([], "g", [], [value_info("c", TensorProto.FLOAT, [2])], [unnamed])
