@@ -6,7 +6,9 @@ large inline payloads when the streaming aligner externalizes inline tensors), w
 :func:`~onnx_light_ref.io.walker.iter_tensors` order, validates every external reference, picks the inline tensors
 to externalize (``size_threshold``), merges identical payloads (identical source ranges always; identical bytes with
 ``dedup``), places them with :class:`~onnx_light_ref.io.placement.ShardedLayout` (``alignment``,
-``align_threshold``, ``max_shard_size``) and checks that no output is a source.
+``align_threshold``, ``max_shard_size``), or with :func:`~onnx_light_ref.io.safetensors_layout.plan_safetensors` for
+``weights_format="safetensors"`` (keys, dtypes, order, headers, the index), names the files with
+:mod:`~onnx_light_ref.io.shard_names` once their count is known, and checks that no output is a source.
 
 The only bytes this module reads are those :func:`~onnx_light_ref.io.dedup.find_duplicates` compares (two chunk
 buffers) and typed-field tensors converted to raw bytes (small; see ``docs/align.md``). It never writes a file and
