@@ -14,8 +14,8 @@ Layouts (``docs/align.md``): ``alignment`` with ``align_threshold`` (only large 
 tensors stored once) and ``size_threshold`` (inline tensors of at least that many bytes externalized). With
 ``weights_format="safetensors"`` every weights file is a safetensors file whose header (small, from memory) is
 written at offset 0 before its payloads are copied the same way (``docs/safetensors.md``).
-Each public function reads plan → reserve space → copy → publish: nothing is written before the plan is complete, a too-small disk fails before the
-first byte, and every weights file and the ``.onnx`` are published as one
+Each public function reads plan → reserve space → copy → publish: nothing is written before the plan is complete, a
+too-small disk fails before the first byte, and every weights file and the ``.onnx`` are published as one
 :class:`~onnx_light_ref.io.publish.OutputTransaction` (weights first, ``.onnx`` last). This module never modifies a
 source file, and never serializes a model that still holds a payload placeholder.
 """
