@@ -701,9 +701,10 @@ def _safetensors_index(
     """``<base>.index.json`` of a sharded safetensors set (transformers' form); None for a single file."""
     if len(shards) < 2:
         return None
-    weight_map = {tensor.name: shards[move_shards[i]].location for i, tensor in enumerate(named)}
-    document = {"metadata": {"total_size": sum(t.length for t in named)}, "weight_map": weight_map}
     path = index_path(base)
+    folder = os.path.dirname(path)  # weight_map names files relative to the index, wherever the .onnx is
+    weight_map = {tensor.name: os.path.relpath(shards[move_shards[i]].path, folder) for i, tensor in enumerate(named)}
+    document = {"metadata": {"total_size": sum(t.length for t in named)}, "weight_map": weight_map}
     _weights_location(dst_onnx, path)
     return path, (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 

@@ -293,3 +293,21 @@ def test_inline_tensors_move_into_safetensors_with_size_threshold(tmp_path: Path
     outputs = run_onnxruntime(tmp_path / "m.onnx", {})
     assert all(np.array_equal(a, o) for a, o in zip(arrays.values(), outputs, strict=True))
     assert math.prod(onnx.load(str(tmp_path / "m.onnx")).graph.initializer[1].dims) == 2
+
+
+def test_an_index_in_a_weights_subfolder_names_files_relative_to_itself(tmp_path: Path) -> None:
+    arrays = {f"w{i}": np.full((256,), i, dtype=np.float32) for i in range(2)}
+    src = make_external_model(tmp_path, arrays, name="src.onnx")
+    (tmp_path / "weights").mkdir()
+    result = align_external_data_streaming(
+        src, tmp_path / "model.onnx", tmp_path / "weights" / "model.safetensors", 0,
+        weights_format="safetensors", max_shard_size=1024,
+    )  # fmt: skip
+    index = json.loads((tmp_path / "weights" / "model.safetensors.index.json").read_text())
+    assert index["weight_map"] == {"w0": "model-00001-of-00002.safetensors", "w1": "model-00002-of-00002.safetensors"}
+    assert result.index_file == str(tmp_path / "weights" / "model.safetensors.index.json")
+    locations = {e.value for t in onnx.load(str(tmp_path / "model.onnx"), load_external_data=False).graph.initializer
+                 for e in t.external_data if e.key == "location"}  # fmt: skip
+    assert locations == {"weights/model-00001-of-00002.safetensors", "weights/model-00002-of-00002.safetensors"}
+    for array, output in zip(arrays.values(), run_onnxruntime(tmp_path / "model.onnx", {}), strict=True):
+        assert np.array_equal(array, output)
