@@ -234,10 +234,10 @@ def link_external_data(
     resolver = LocationResolver(src_folder)
 
     sources: dict[FileIdentity, str] = {}
-    for tensor in checkpoint_tensors.values():
-        identity = file_identity(tensor.path)
+    for checkpoint_file in {tensor.path for tensor in checkpoint_tensors.values()}:
+        identity = file_identity(checkpoint_file)
         if identity is not None:
-            sources[identity] = tensor.path
+            sources[identity] = checkpoint_file
     links: list[tuple[onnx.TensorProto, CheckpointTensor]] = []
     copies: list[tuple[onnx.TensorProto, CopyRange | bytes]] = []
     mismatched: list[str] = []
