@@ -4,8 +4,9 @@
   (durable, and ``durable=False``) vs onnx-ir ``ir.load`` + ``ir.save_safetensors`` (± fsync; it materializes each
   shard in memory) vs ``copy_file_range`` of the same ranges to aligned offsets + fsync (the disk's limit);
 * ``link``: ``link_external_data`` of the *small* model (many tensors) to a safetensors checkpoint of the same
-  tensors, in the checkpoint's folder: bytes written (the ``.onnx`` only) and time per 1000 tensors, vs writing the
-  same safetensors file again with the streaming aligner (what a copy costs).
+  tensors, in the checkpoint's folder (durable, and ``durable=False`` to show what the fsyncs cost): bytes written
+  (the ``.onnx`` only) and time per 1000 tensors, vs writing the same safetensors file again with the streaming
+  aligner (what a copy costs).
 
 No assertion here is about time or memory: they only check that every contender did its job.
 """
@@ -74,6 +75,12 @@ def test_link(compare: Any, benchmark: Any, models: ModelCache, tmp_path_factory
     linked = str(folder / "linked-{run_id}.onnx")
     methods = [
         Method("link", "link", {"src": model.onnx_path, "checkpoint": checkpoint, "dst": linked}, (linked,)),
+        Method(
+            "link_no_fsync",
+            "link",
+            {"src": model.onnx_path, "checkpoint": checkpoint, "dst": linked, "durable": False},
+            (linked,),
+        ),
         _streaming("copy_safetensors", model),
     ]
     summary = compare("link", methods, **_info(model))

@@ -234,6 +234,10 @@ def link_external_data(
     resolver = LocationResolver(src_folder)
 
     sources: dict[FileIdentity, str] = {}
+    if not isinstance(model, onnx.ModelProto):
+        src_identity = file_identity(src)
+        if src_identity is not None and src_identity != file_identity(dst_onnx):
+            sources[src_identity] = src  # may be replaced by DST.onnx, never overwritten by the weights file
     for checkpoint_file in {tensor.path for tensor in checkpoint_tensors.values()}:
         identity = file_identity(checkpoint_file)
         if identity is not None:
@@ -257,8 +261,10 @@ def link_external_data(
             check_not_hard_linked(ref)
             sources[ref.identity] = ref.path
             copies.append((tensor, CopyRange(ref.path, ref.offset, 0, ref.length, ref.identity)))
-        elif tensor.HasField("raw_data") and len(tensor.raw_data) >= max(threshold, 1):
-            data = tensor.raw_data
+        elif tensor.HasField("raw_data"):
+            data = tensor.raw_data  # protobuf copies the bytes on each access: once
+            if len(data) < max(threshold, 1):
+                continue
             if len(data) != expected_nbytes(tensor, label=site.label):
                 raise ExternalDataError(
                     f"tensor {site.label!r}: inline raw_data holds {len(data)} bytes, which its dims "

@@ -270,11 +270,8 @@ def _refuse_duplicates(pairs: Sequence[tuple[str, object]]) -> dict[str, object]
     return result
 
 
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _parse_entry(path: str, name: str, value: object, data_size: int) -> SafetensorsEntry:
+    # ``type(x) is int`` (not isinstance): JSON true/false parse as bool, a subclass of int, and are refused.
     where = f"{path!r}: safetensors tensor {name!r}"
     if not name:
         raise SafetensorsError(f"{path!r}: safetensors header has a tensor with an empty name.")
@@ -283,9 +280,9 @@ def _parse_entry(path: str, name: str, value: object, data_size: int) -> Safeten
     dtype, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         raise SafetensorsError(f"{where}: unknown dtype {dtype!r:.40} (known: {', '.join(DTYPE_BITS)}).")
-    if not isinstance(shape, list) or not all(_is_count(dim) for dim in shape):
+    if type(shape) is not list or not all(type(dim) is int and dim >= 0 for dim in shape):
         raise SafetensorsError(f"{where}: shape must be a list of non-negative integers, got {shape!r:.200}.")
-    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
+    if type(offsets) is not list or len(offsets) != 2 or not all(type(o) is int and o >= 0 for o in offsets):
         raise SafetensorsError(f"{where}: data_offsets must be two non-negative integers, got {offsets!r:.200}.")
     begin, end = offsets
     if end < begin:

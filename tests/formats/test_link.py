@@ -196,3 +196,12 @@ def test_cli_link_with_a_name_map(tmp_path: Path) -> None:
         [*command[:-3], "--map", str(tmp_path / "bad.json")], capture_output=True, text=True, check=False
     )
     assert out.returncode == 1 and out.stderr.startswith("error: --map")
+
+
+def test_the_source_model_is_never_overwritten_by_the_weights_file(tmp_path: Path) -> None:
+    src = _source(tmp_path)
+    st_numpy.save_file({"w1": WEIGHTS["w1"]}, str(tmp_path / "ckpt.safetensors"))
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(DestinationConflictError):
+        link_external_data(src, tmp_path / "ckpt.safetensors", tmp_path / "linked.onnx", dst_weights_path=src)
+    assert sha256_of_tree(tmp_path) == before
