@@ -166,7 +166,15 @@ def _fsync_file_and_dir(path: str) -> None:
 # Keyword options of the aligners that some scenarios pass (layout options of issues 11-13). An option that the
 # installed aligner does not accept makes the scenario *unavailable* with that reason, not a failure, so the suite
 # runs before and after each feature lands.
-_ALIGN_OPTIONS = ("align_threshold", "max_shard_size", "dedup", "size_threshold", "durable")
+_ALIGN_OPTIONS = (
+    "align_threshold",
+    "max_shard_size",
+    "dedup",
+    "size_threshold",
+    "durable",
+    "weights_format",
+    "shard_names",
+)
 
 
 def _aligner(name: str, options: dict[str, Any]) -> Callable[..., Any]:
@@ -217,6 +225,8 @@ def _align_result(args: dict[str, Any], written: Any, free_before: int | None) -
     for attribute in _ALIGN_RESULT_INTS:
         if hasattr(written, attribute):
             extra[attribute] = int(getattr(written, attribute))
+    if getattr(written, "unaligned_tensors", None) is not None:
+        extra["unaligned_tensors"] = len(written.unaligned_tensors)
     if hasattr(written, "copy_methods"):
         extra["copy_methods"] = sorted(written.copy_methods)
     if hasattr(written, "bytes_by_method"):
@@ -293,6 +303,41 @@ def _onnx_ir_save(args: dict[str, Any]) -> list[Phase]:
         return {"bytes_written": sum(files.values()), "files": files}
 
     return [("load", load), ("save", save)]
+
+
+def _onnx_ir_save_safetensors(args: dict[str, Any]) -> list[Phase]:
+    """onnx-ir's ``ir.save_safetensors``: every shard materialized in memory (``tensor.tobytes()``), no fsync."""
+    import onnx_ir as ir
+
+    def load(_: Any) -> Any:
+        return ir.load(args["src"])
+
+    def save(model: Any) -> dict[str, Any]:
+        ir.save_safetensors(model, args["dst"], size_threshold_bytes=0, max_shard_size_bytes=args.get("max_shard_size"))
+        files = _weights_files(args["dst"])
+        if args["fsync"]:
+            for name in files:
+                _fsync_file_and_dir(os.path.join(os.path.dirname(args["dst"]), name))
+        return {"bytes_written": sum(files.values()), "files": files}
+
+    return [("load", load), ("save", save)]
+
+
+def _link(args: dict[str, Any]) -> list[Phase]:
+    """``link_external_data`` of a model to a checkpoint in the destination's folder: bytes written = new files."""
+    from onnx_light_ref.io import link_external_data
+
+    def run(_: Any) -> dict[str, Any]:
+        result = link_external_data(args["src"], args["checkpoint"], args["dst"], durable=args.get("durable", True))
+        written = os.path.getsize(args["dst"]) + sum(os.path.getsize(p) for p in result.weights_files)
+        return {
+            "linked_tensors": result.linked_tensors,
+            "linked_bytes": result.linked_bytes,
+            "written_tensors": result.written_tensors,
+            "bytes_written": written,
+        }
+
+    return [("link", run)]
 
 
 def _copy_file_range(args: dict[str, Any]) -> list[Phase]:
@@ -580,6 +625,8 @@ _SCENARIOS: dict[str, Callable[[dict[str, Any]], list[Phase]]] = {
     "align_in_memory": _align_in_memory,
     "onnx_load_save": _onnx_load_save,
     "onnx_ir_save": _onnx_ir_save,
+    "onnx_ir_save_safetensors": _onnx_ir_save_safetensors,
+    "link": _link,
     "copy_file_range": _copy_file_range,
     "copy_file_range_ranges": _copy_file_range_ranges,
     "verify": _verify,

@@ -103,6 +103,18 @@ _LABELS: dict[str, dict[str, str]] = {
         "undelay": "ours: undelay_initializers (DelayedInitializer nodes -> external initializers)",
         "delay": "ours: delay_initializers + onnx.save_model (the inverse direction)",
     },
+    "safetensors": {
+        "streaming": "ours, streaming, weights_format='safetensors'",
+        "streaming_no_fsync": "ours, streaming safetensors, durable=False",
+        "onnx_ir": "onnx-ir load + save_safetensors (shards in memory, no fsync)",
+        "onnx_ir_fsync": "onnx-ir ... save_safetensors + fsync (as ours)",
+        "copy_ranges": "limit: copy_file_range of the same ranges to aligned offsets + fsync",
+    },
+    "link": {
+        "link": "ours: link_external_data to a checkpoint in the folder (no byte copied)",
+        "link_no_fsync": "ours: link_external_data, durable=False",
+        "copy_safetensors": "writing the same safetensors file again (streaming)",
+    },
     "evaluator": {
         "plain": "onnx ReferenceEvaluator(path)",
         "lazy_file": "reference_evaluator(path, 'file')",
@@ -112,9 +124,11 @@ _LABELS: dict[str, dict[str, str]] = {
 _REFERENCE_METHOD = {"align": "streaming", "chunk-sizes": "chunk_4MiB", "shared-save": "shared_save",
                      "delayed": "np_fromfile", "evaluator": "plain", "dedup": "streaming", "shards": "one_file",
                      "verify": "read_both", "externalize": "cfr_ranges_fsync", "reflink": "unaligned",
-                     "node-count": "delay"}  # fmt: skip
+                     "node-count": "delay", "safetensors": "onnx_ir_fsync", "link": "copy_safetensors"}  # fmt: skip
 # Families whose groups move or read ``payload_bytes``: their tables show a throughput column.
-_THROUGHPUT_FAMILIES = ("align", "chunk-sizes", "delayed", "dedup", "shards", "verify", "externalize", "reflink")
+_THROUGHPUT_FAMILIES = (
+    "align", "chunk-sizes", "delayed", "dedup", "shards", "verify", "externalize", "reflink", "safetensors"
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -175,7 +189,7 @@ def load_results(paths: list[Path]) -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def _family(group: str) -> str:
-    for prefix in ("align", "chunk-sizes", "dedup", "externalize", "reflink"):
+    for prefix in ("align", "chunk-sizes", "dedup", "externalize", "reflink", "safetensors"):
         if group.startswith(prefix + "-"):
             return prefix
     return group
@@ -270,6 +284,7 @@ def evaluate_targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[Targ
                                 "undelay", "delay", 3.0))  # fmt: skip
     targets += _layout_targets(groups, main_size)
     targets += _durability_targets(groups, main_size)
+    targets += _format_targets(groups, main_size)
 
     evaluator = groups.get("evaluator")
     weights_mib = (evaluator or {}).get("weight_bytes", float("nan")) / MIB
@@ -329,6 +344,32 @@ def _layout_targets(groups: dict[str, dict[str, Any]], size: str) -> list[Target
         label = _fmt_bytes(huge["file_bytes"]) + (" (> 2 GiB)" if huge.get("over_2gib") else " (small run)")
         targets.append(_rss_target(f"#12 single-file {label} externalize, streaming peak RSS Δ / (64 MiB + chunk)",
                                    size, huge, "streaming", 64 + _chunk_mib(huge)))  # fmt: skip
+    return targets
+
+
+def _format_targets(groups: dict[str, dict[str, Any]], size: str) -> list[Target]:
+    """Issue 21: streaming safetensors output against onnx-ir and the disk, and link of a checkpoint."""
+    targets: list[Target] = []
+    for shape in ("large", "small"):
+        info = groups.get(f"safetensors-{shape}")
+        targets.append(_rss_target(f"#21 safetensors streaming peak RSS Δ / (chunk + 32 MiB), {shape}", size, info,
+                                   "streaming", _chunk_mib(info) + 32))  # fmt: skip
+        targets.append(_time_target(f"#21 safetensors streaming / onnx-ir save_safetensors + fsync, {shape}", size,
+                                    info, "streaming", "onnx_ir_fsync", 1.0))  # fmt: skip
+        targets.append(_time_target(f"#21 safetensors streaming / same-ranges copy + fsync, {shape}", size, info,
+                                    "streaming", "copy_ranges", 1.15))  # fmt: skip
+    link = groups.get("link")
+    extra = ((link or {}).get("summary", {}).get("link", {}).get("extra")) or {}
+    written = float(extra.get("bytes_written", "nan"))
+    targets.append(Target("#21 link: bytes written / 1 MiB", size, _ratio(written, MIB), 1.0, True,
+                          f"{written / 1024:,.1f} KiB"))  # fmt: skip
+    count = float((link or {}).get("tensor_count", "nan"))
+    per_1000 = _ratio(_get(link, "link"), count) * 1000
+    targets.append(Target("#21 link: seconds per 1000 tensors / 0.05 s", size, _ratio(per_1000, 0.05), 1.0, True,
+                          f"{per_1000:.4f} s per 1000 tensors ({count:.0f} tensors)"))  # fmt: skip
+    no_fsync = _ratio(_get(link, "link_no_fsync"), count) * 1000
+    targets.append(Target("#21 link durable=False: seconds per 1000 tensors / 0.05 s", size, _ratio(no_fsync, 0.05),
+                          1.0, True, f"{no_fsync:.4f} s per 1000 tensors ({count:.0f} tensors)"))  # fmt: skip
     return targets
 
 
@@ -499,6 +540,10 @@ def _group_title(group: str, info: dict[str, Any]) -> str:
         return f"Loop-mounted XFS with reflink: re-aligning {_shape_label(info)} (issue 13)"
     if family == "node-count":
         return f"undelay vs delay, one graph of {info['nodes']:,} tensors of {info['tensor_bytes']} bytes (issue 19)"
+    if family == "safetensors":
+        return f"Safetensors output at 4096, {info['shape']} tensors: {_shape_label(info)} (issue 21)"
+    if family == "link":
+        return f"link_external_data to a safetensors checkpoint of {_shape_label(info)} (issue 21)"
     return (f"Lazy evaluation: MLP of {info['layers']} x (MatMul {info['width']}x{info['width']} + Add), "
             f"{info['weight_bytes'] / MIB:,.0f} MiB of weights (construct + first run)")  # fmt: skip
 

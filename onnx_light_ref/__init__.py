@@ -11,6 +11,8 @@ Public API (names are stable)::
         AlignResult,                           # what the aligners return: an int (the size) with the facts
         SaveResult,                            # what the shared saver returns: an int (the size) with the facts
         verify_models,                         # prove two models hold the same tensors (streamed)
+        link_external_data,                    # point a model at a safetensors checkpoint's bytes (none copied)
+        LinkResult,                            # what link_external_data returns
     )
 
 Attributes are imported lazily: ``import onnx_light_ref`` alone does not import ``onnx.reference`` (slow, and
@@ -27,10 +29,12 @@ __version__ = "0.1.0"
 __all__ = [
     "AlignResult",
     "DelayedInitializer",
+    "LinkResult",
     "SaveResult",
     "__version__",
     "align_external_data_in_memory",
     "align_external_data_streaming",
+    "link_external_data",
     "register_schemas",
     "save_model_with_shared_external_data",
     "verify_models",
@@ -44,15 +48,19 @@ _LAZY = {
     "save_model_with_shared_external_data": "onnx_light_ref.io",
     "AlignResult": "onnx_light_ref.io.results",
     "SaveResult": "onnx_light_ref.io.results",
+    "LinkResult": "onnx_light_ref.io.results",
+    "link_external_data": "onnx_light_ref.io",
     "verify_models": "onnx_light_ref.io",
 }
 
 if TYPE_CHECKING:
     from onnx_light_ref.io import (
         AlignResult,
+        LinkResult,
         SaveResult,
         align_external_data_in_memory,
         align_external_data_streaming,
+        link_external_data,
         save_model_with_shared_external_data,
         verify_models,
     )

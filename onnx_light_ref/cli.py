@@ -18,7 +18,7 @@ from collections.abc import Sequence
 __all__ = ["build_parser", "main"]
 
 # Every module is part of the package; one that fails to import is a broken install, reported as the import error.
-_COMMAND_MODULES = ("align", "inspect", "verify", "run", "undelay", "demo", "generate_tests")
+_COMMAND_MODULES = ("align", "inspect", "verify", "run", "undelay", "link", "demo", "generate_tests")
 
 
 def build_parser() -> argparse.ArgumentParser:

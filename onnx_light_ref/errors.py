@@ -14,6 +14,7 @@ __all__ = [
     "DestinationConflictError",
     "ExternalDataError",
     "InvalidModelError",
+    "SafetensorsError",
     "TensorAllocationError",
     "UnsafeLocationError",
 ]
@@ -29,6 +30,11 @@ class UnsafeLocationError(ExternalDataError):
 
 class DestinationConflictError(ExternalDataError):
     """A destination file is also a source (same path, symlink or hard link): writing it would destroy the input."""
+
+
+class SafetensorsError(ExternalDataError):
+    """A safetensors header is malformed (hostile input), or tensors cannot be stored as safetensors (a name that is
+    empty or repeated, a data type safetensors has no code for)."""
 
 
 class DanglingReferenceError(ExternalDataError):

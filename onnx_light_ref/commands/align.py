@@ -106,6 +106,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="trust the model's data layout: follow symbolic links in data paths, e.g. the Hugging Face cache "
         "(snapshots/<rev>/model.onnx.data -> ../../blobs/<sha>); refused by default, as onnx's loader refuses them",
     )
+    parser.add_argument(
+        "--format",
+        choices=("onnx", "safetensors"),
+        default="onnx",
+        help="weights file format: raw external data (onnx, default) or safetensors files that safetensors "
+        "loaders read too (default name DST.safetensors; with --max-shard-size, DST-00001-of-0000N.safetensors "
+        "plus DST.safetensors.index.json); see docs/safetensors.md",
+    )
+    parser.add_argument(
+        "--shard-names",
+        choices=("hf", "transformers.js"),
+        default=None,
+        help="name weights files for a consumer: hf (model-00001-of-0000N.data, default for safetensors) or "
+        "transformers.js (model.onnx_data, model.onnx_data_1, ...; at most 100 files); default: W, W.1, W.2...",
+    )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=align_command)
 
@@ -133,6 +148,8 @@ def align_command(args: argparse.Namespace) -> int:
                 progress=progress,
                 durable=not args.no_fsync,
                 allow_outside_folder=args.allow_outside_folder,
+                weights_format=args.format,
+                shard_names=args.shard_names,
             )
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         remove_created_folders(created)
@@ -158,7 +175,7 @@ def _summary(dst_onnx: str, dst_weights: str | None, result: AlignResult, elapse
 def _written(dst_onnx: str, dst_weights: str | None, result: AlignResult, elapsed: float) -> str:
     if result.tensors == 0:
         return f"{dst_onnx}: no external tensor, nothing to align (model written, no weights file)."
-    weights = dst_weights if dst_weights is not None else f"{dst_onnx}.data"
+    weights = dst_weights if dst_weights is not None else result.weights_files[0]
     speed = result / (1024 * 1024) / elapsed if elapsed > 0 else float("inf")
     files = len(result.weights_files)
     where = os.fspath(weights) if files == 1 else f"{os.fspath(weights)} (+{files - 1} shards: {files} files)"
@@ -167,6 +184,12 @@ def _written(dst_onnx: str, dst_weights: str | None, result: AlignResult, elapse
         extras.append(f"{result.externalized_tensors} moved out of the .onnx")
     if result.deduplicated_tensors:
         extras.append(f"{result.deduplicated_tensors} deduplicated ({result.deduplicated_bytes} bytes saved)")
+    if result.unaligned_tensors:
+        extras.append(
+            f"{len(result.unaligned_tensors)} large tensor(s) not aligned: {', '.join(result.unaligned_tensors)}"
+        )
+    if result.index_file:
+        extras.append(f"index {result.index_file}")
     detail = f" ({', '.join(extras)})" if extras else ""
     return (
         f"{where}: {result.tensors} tensors{detail}, {result} bytes written ({result.padding} padding) "

@@ -129,6 +129,8 @@ def format_report(report: LayoutReport) -> str:
             f"  {printable(file.location)}: {file.tensors} tensors, {file.bytes_used} bytes used of {file.size}, "
             f"{file.gap_bytes} gap bytes in {gap_count} gap{'s' if gap_count != 1 else ''}"
         )
+        if file.safetensors is not None:
+            lines.append(f"    {'' if file.safetensors_ok else 'WARNING: '}{printable(file.safetensors)}")
     lines.append("")
     common = report.common_alignment
     lines.append(

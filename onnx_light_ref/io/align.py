@@ -10,10 +10,12 @@ Two executions of one plan (:func:`~onnx_light_ref.io.align_plan.plan_alignment`
   approach, kept as a user-facing function and as the oracle for tests and benchmarks.
 
 Layouts (``docs/align.md``): ``alignment`` with ``align_threshold`` (only large tensors aligned), ``max_shard_size``
-(``W``, ``W.1``, ``W.2``... never splitting a tensor), ``dedup`` (byte-identical tensors stored once) and
-``size_threshold`` (inline tensors of at least that many bytes externalized). Each public function reads plan →
-reserve space → copy → publish: nothing is written before the plan is complete, a too-small disk fails before the
-first byte, and every weights file and the ``.onnx`` are published as one
+(``W``, ``W.1``, ``W.2``... never splitting a tensor; other names with ``shard_names``), ``dedup`` (byte-identical
+tensors stored once) and ``size_threshold`` (inline tensors of at least that many bytes externalized). With
+``weights_format="safetensors"`` every weights file is a safetensors file whose header (small, from memory) is
+written at offset 0 before its payloads are copied the same way (``docs/safetensors.md``).
+Each public function reads plan → reserve space → copy → publish: nothing is written before the plan is complete, a
+too-small disk fails before the first byte, and every weights file and the ``.onnx`` are published as one
 :class:`~onnx_light_ref.io.publish.OutputTransaction` (weights first, ``.onnx`` last). This module never modifies a
 source file, and never serializes a model that still holds a payload placeholder.
 """
@@ -31,6 +33,7 @@ from onnx_light_ref.io.align_plan import (
     LayoutOptions,
     Mode,
     Shard,
+    WeightsFormat,
     check_layout_options,
     plan_alignment,
 )
@@ -42,6 +45,7 @@ from onnx_light_ref.io.model_file import serialize_model
 from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.publish import OutputTransaction, StagedFile
 from onnx_light_ref.io.results import AlignResult
+from onnx_light_ref.io.shard_names import ShardNames
 from onnx_light_ref.io.space import SpaceRequest, reserve_space_for_all
 from onnx_light_ref.io.walker import iter_tensors
 
@@ -155,6 +159,8 @@ def _copy_streaming(
     tracker = _Progress(progress, plan.payload_bytes)
     for shard, weights in zip(plan.shards, _stage_all(plan, outputs, chunk_size, durable, clones=True), strict=True):
         assert weights.fd is not None
+        if shard.header:
+            weights.write_all(shard.header, 0)
         if shard.ranges:
             with RangeCopier(weights.fd, chunk_size, durable=durable) as copier:
                 moved = copier.copy(shard.ranges, tracker.shard())
@@ -209,6 +215,8 @@ def _write_payloads(
         writes: list[tuple[int, bytes | bytearray]] = [
             (item.dst_offset, payload) for item, payload in zip(shard.ranges, shard_payloads, strict=True)
         ]
+        if shard.header:
+            weights.write_all(shard.header, 0)
         for offset, data in sorted([*writes, *shard.writes], key=lambda pair: pair[0]):
             weights.write_all(data, offset)
             stats.bytes_by_method[_BUFFER_METHOD] = stats.bytes_by_method.get(_BUFFER_METHOD, 0) + len(data)
@@ -220,6 +228,11 @@ def _write_payloads(
 def _publish(plan: AlignPlan, outputs: OutputTransaction, stats: CopyStats) -> AlignResult:
     """Rewrite the entries, then publish the staged weights and the ``.onnx`` as one transaction."""
     _rewrite_entries(plan)
+    if plan.index is not None:  # a sharded safetensors set's index.json, in the same transaction
+        index_path, index_bytes = plan.index
+        staged = outputs.stage(index_path)
+        staged.write_all(index_bytes, 0)
+        staged.set_size(len(index_bytes))
     outputs.publish(plan.dst_onnx_path, serialize_model(plan.model))
     bytes_by_method: dict[str, int] = {method: count for method, count in stats.bytes_by_method.items() if count}
     result = AlignResult(
@@ -234,6 +247,9 @@ def _publish(plan: AlignPlan, outputs: OutputTransaction, stats: CopyStats) -> A
         bytes_by_method=bytes_by_method,
         clone_eligible_bytes=stats.clone_eligible_bytes,
         stale_weights_files=plan.stale_weights_files,
+        weights_format=plan.weights_format,
+        index_file=plan.index[0] if plan.index is not None else None,
+        unaligned_tensors=plan.unaligned_tensors,
     )
     logger.info(
         "wrote %d weights file(s) %s (%d tensors, %d externalized, %d deduplicated, %d bytes, %d padding) and %s",
@@ -246,6 +262,13 @@ def _publish(plan: AlignPlan, outputs: OutputTransaction, stats: CopyStats) -> A
         result.padding,
         plan.dst_onnx_path,
     )
+    if result.unaligned_tensors:
+        logger.warning(
+            "%d tensor(s) of at least align_threshold bytes could not start aligned in the safetensors data "
+            "section (it must be covered without holes): %s",
+            len(result.unaligned_tensors),
+            ", ".join(result.unaligned_tensors),
+        )
     if result.stale_weights_files:
         # Not ours to delete: another model may use them. Naming them is the least we owe the user.
         logger.warning(
@@ -288,6 +311,8 @@ def _align(
         dedup=layout.dedup,
         size_threshold=layout.size_threshold,
         allow_outside_folder=allow_outside_folder,
+        weights_format=layout.weights_format,
+        shard_names=layout.shard_names,
     )
     payloads = _read_all(plan) if mode == "in_memory" else None
     with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
@@ -313,6 +338,8 @@ def align_external_data_streaming(
     durable: bool = True,
     progress: ProgressCallback | None = None,
     allow_outside_folder: bool = False,
+    weights_format: WeightsFormat = "onnx",
+    shard_names: ShardNames = None,
 ) -> AlignResult:
     """Copy the weights of ``src_onnx_path`` into aligned external data files, without loading them.
 
@@ -350,6 +377,17 @@ def align_external_data_streaming(
         allow_outside_folder: trust the source's layout: follow symbolic links in its data paths (the Hugging Face
             cache, whose weights are symlinks into ``../../blobs/``). Default: refuse what onnx's loader refuses
             (any symbolic link in a data path, inside or outside the folder; see ``docs/safety.md``).
+        weights_format: ``"onnx"`` (default): raw weights files. ``"safetensors"``: every weights file is a valid
+            safetensors file (keys are the tensor names, which must be unique and non-empty; header padded so the
+            data section starts aligned; tensors ordered so that as many as possible of those of at least
+            ``align_threshold`` bytes start aligned, the others counted in ``unaligned_tensors`` and logged) and
+            the ``.onnx`` points into them. Default weights path ``<dst without .onnx>.safetensors``; with
+            ``max_shard_size``, ``model-00001-of-0000N.safetensors`` files plus ``model.safetensors.index.json``,
+            published in the same transaction. ``dedup=True`` is refused (the format forbids shared bytes).
+            See ``docs/safetensors.md``.
+        shard_names: how weights files are named (:mod:`onnx_light_ref.io.shard_names`): None (ours: ``W``,
+            ``W.1``...; ``"hf"`` for safetensors), ``"hf"`` (``model-00001-of-0000N.data``) or
+            ``"transformers.js"`` (``model.onnx_data``, ``model.onnx_data_1``...; at most 100 files).
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`: an ``int`` equal to the bytes of all weights files,
@@ -359,7 +397,10 @@ def align_external_data_streaming(
         not referenced by the new ``.onnx``, never deleted; also logged as a warning).
 
     Raises:
-        ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
+        ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type), an option
+            the format refuses, more than 100 files with ``shard_names="transformers.js"``.
+        SafetensorsError: (an ``ExternalDataError``) with ``weights_format="safetensors"``, tensors without a
+            name or sharing one, or whose data type safetensors cannot store (all listed; nothing written).
         InvalidModelError: ``src_onnx_path`` is not an ONNX model (a truncated or malformed one names the byte
             offset), or the result cannot be serialized.
         ExternalDataError: a malformed or out-of-bounds reference, an inline tensor whose data does not match its
@@ -371,7 +412,15 @@ def align_external_data_streaming(
     """
     check_int("chunk_size", chunk_size, minimum=1)
     check_bool("allow_outside_folder", allow_outside_folder)
-    layout = check_layout_options(align_threshold, max_shard_size, dedup, size_threshold, durable)
+    layout = check_layout_options(
+        align_threshold,
+        max_shard_size,
+        dedup,
+        size_threshold,
+        durable,
+        weights_format=weights_format,
+        shard_names=shard_names,
+    )
     return _align(
         "streaming",
         src_onnx_path,
@@ -399,6 +448,8 @@ def align_external_data_in_memory(
     durable: bool = True,
     progress: ProgressCallback | None = None,
     allow_outside_folder: bool = False,
+    weights_format: WeightsFormat = "onnx",
+    shard_names: ShardNames = None,
 ) -> AlignResult:
     """Same result as :func:`align_external_data_streaming`, but every payload is read into memory first.
 
@@ -419,6 +470,8 @@ def align_external_data_in_memory(
         durable: fsync the outputs and their folder (default); ``False`` skips every fsync, same bytes.
         progress: called as ``progress(done_bytes, total_bytes)`` while bytes are written.
         allow_outside_folder: as for :func:`align_external_data_streaming`.
+        weights_format: as for :func:`align_external_data_streaming`.
+        shard_names: as for :func:`align_external_data_streaming`.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`, as :func:`align_external_data_streaming` returns
@@ -432,7 +485,15 @@ def align_external_data_in_memory(
         OSError: reading or publishing failed; the destinations are then unchanged.
     """
     check_bool("allow_outside_folder", allow_outside_folder)
-    layout = check_layout_options(align_threshold, max_shard_size, dedup, size_threshold, durable)
+    layout = check_layout_options(
+        align_threshold,
+        max_shard_size,
+        dedup,
+        size_threshold,
+        durable,
+        weights_format=weights_format,
+        shard_names=shard_names,
+    )
     return _align(
         "in_memory",
         src_onnx_path,

@@ -6,7 +6,9 @@ large inline payloads when the streaming aligner externalizes inline tensors), w
 :func:`~onnx_light_ref.io.walker.iter_tensors` order, validates every external reference, picks the inline tensors
 to externalize (``size_threshold``), merges identical payloads (identical source ranges always; identical bytes with
 ``dedup``), places them with :class:`~onnx_light_ref.io.placement.ShardedLayout` (``alignment``,
-``align_threshold``, ``max_shard_size``) and checks that no output is a source.
+``align_threshold``, ``max_shard_size``), or with :func:`~onnx_light_ref.io.safetensors_layout.plan_safetensors` for
+``weights_format="safetensors"`` (keys, dtypes, order, headers, the index), names the files with
+:mod:`~onnx_light_ref.io.shard_names` once their count is known, and checks that no output is a source.
 
 The only bytes this module reads are those :func:`~onnx_light_ref.io.dedup.find_duplicates` compares (two chunk
 buffers) and typed-field tensors converted to raw bytes (small; see ``docs/align.md``). It never writes a file and
@@ -16,6 +18,7 @@ never modifies a source.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from array import array
@@ -44,8 +47,17 @@ from onnx_light_ref.io.locations import (
     parse_external_data,
 )
 from onnx_light_ref.io.model_file import check_model_strings, load_model_metadata, open_model_folder
-from onnx_light_ref.io.placement import ShardedLayout, shard_path
+from onnx_light_ref.io.placement import ShardedLayout
 from onnx_light_ref.io.posix import pread_exact
+from onnx_light_ref.io.safetensors_layout import SafetensorsTensor, plan_safetensors
+from onnx_light_ref.io.shard_names import (
+    ShardNames,
+    check_shard_names,
+    default_weights_path,
+    index_path,
+    shard_paths,
+    stale_candidates,
+)
 from onnx_light_ref.io.walker import iter_tensors
 from onnx_light_ref.io.wire import InlinePayload, StrippedModel, load_model_stripped
 
@@ -68,6 +80,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 Mode = Literal["streaming", "in_memory"]
+WeightsFormat = Literal["onnx", "safetensors"]
 
 # Typed fields a TensorProto may carry its values in; cleared when the tensor moves out.
 _NEVER_EXTERNAL = (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING)
@@ -139,6 +152,7 @@ class Shard:
     range_dst_offsets: array[int] = field(default_factory=lambda: array("q"))
     range_lengths: array[int] = field(default_factory=lambda: array("q"))
     writes: list[tuple[int, bytes]] = field(default_factory=list)  # (offset, bytes) written from memory
+    header: bytes = b""  # written at offset 0 before the payloads (a safetensors header), not a payload
 
     def add_range(self, file_index: int, src_offset: int, dst_offset: int, length: int) -> None:
         self.range_files.append(file_index)
@@ -187,6 +201,9 @@ class AlignPlan:
     deduplicated_bytes: int = 0  # bytes those tensors would have taken
     stale_weights_files: list[str] = field(default_factory=list)  # see _stale_shards
     sources: frozenset[FileIdentity] = frozenset()  # every file this job reads: never removed by a temp-file sweep
+    weights_format: WeightsFormat = "onnx"
+    index: tuple[str, bytes] | None = None  # a sharded safetensors set's index.json: path and content
+    unaligned_tensors: list[str] = field(default_factory=list)  # safetensors: >= align_threshold, not aligned
 
     @property
     def total_size(self) -> int:
@@ -215,6 +232,8 @@ class LayoutOptions(NamedTuple):
     max_shard_size: int | None = None
     dedup: bool = False
     size_threshold: int | None = None
+    weights_format: WeightsFormat = "onnx"
+    shard_names: ShardNames = None
 
 
 class LayoutKeywords(TypedDict, total=False):
@@ -224,23 +243,48 @@ class LayoutKeywords(TypedDict, total=False):
     max_shard_size: int | None
     dedup: bool
     size_threshold: int | None
+    weights_format: WeightsFormat
+    shard_names: ShardNames
 
 
 def check_layout_options(
-    align_threshold: object, max_shard_size: object, dedup: object, size_threshold: object, durable: object
+    align_threshold: object,
+    max_shard_size: object,
+    dedup: object,
+    size_threshold: object,
+    durable: object,
+    *,
+    weights_format: object = "onnx",
+    shard_names: object = None,
 ) -> LayoutOptions:
     """Validate the keyword options shared by both aligners; return them typed.
 
     Raises:
-        ValueError: a negative or zero value where it is not allowed (``ArgumentTypeError``, also a ``TypeError``,
-            for a wrong type).
+        ValueError: a negative or zero value where it is not allowed, an unknown format or shard-name scheme, an
+            option the format cannot honour (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
     """
     threshold = check_int("align_threshold", align_threshold)
     shard_cap = check_optional_int("max_shard_size", max_shard_size, minimum=1)
     check_bool("dedup", dedup)
     inline_threshold = check_optional_int("size_threshold", size_threshold)
     check_bool("durable", durable)
-    return LayoutOptions(threshold, shard_cap, bool(dedup), inline_threshold)
+    scheme = check_shard_names(shard_names)
+    if weights_format not in ("onnx", "safetensors"):
+        raise ValueError(f"weights_format must be 'onnx' or 'safetensors', got {weights_format!r}.")
+    if weights_format == "safetensors":
+        if dedup:
+            raise ValueError(
+                "dedup=True is refused with weights_format='safetensors': safetensors forbids two keys sharing "
+                "bytes (overlapping data_offsets), so every tensor is stored under its own name."
+            )
+        if scheme == "transformers.js":
+            raise ValueError(
+                "shard_names='transformers.js' names raw .onnx_data files; safetensors shards use the 'hf' names "
+                "(model-00001-of-0000N.safetensors, the default with weights_format='safetensors')."
+            )
+        scheme = "hf"  # transformers' shard names: the only ones safetensors loaders know
+    fmt: WeightsFormat = "safetensors" if weights_format == "safetensors" else "onnx"
+    return LayoutOptions(threshold, shard_cap, bool(dedup), inline_threshold, fmt, scheme)
 
 
 def plan_alignment(
@@ -264,8 +308,9 @@ def plan_alignment(
             places the same bytes at the same offsets either way.
         chunk_size: size of each of the two buffers used to compare candidate duplicates (None: 1 MiB).
         allow_outside_folder: follow symbolic links in the source's data paths (trusted layouts only).
-        options: ``align_threshold``, ``max_shard_size``, ``dedup``, ``size_threshold`` (:class:`LayoutOptions`), as
-            documented on :func:`~onnx_light_ref.io.align.align_external_data_streaming`.
+        options: ``align_threshold``, ``max_shard_size``, ``dedup``, ``size_threshold``, ``weights_format``,
+            ``shard_names`` (:class:`LayoutOptions`), as documented on
+            :func:`~onnx_light_ref.io.align.align_external_data_streaming`.
 
     Returns:
         The :class:`AlignPlan`; nothing was written.
@@ -283,11 +328,19 @@ def plan_alignment(
     unknown = sorted(set(options) - set(LayoutOptions._fields))
     if unknown:
         raise TypeError(f"plan_alignment() got unexpected keyword argument(s) {', '.join(unknown)}.")
-    threshold, shard_cap, dedup, inline_threshold = check_layout_options(*LayoutOptions(**options), True)
+    given = LayoutOptions(**options)
+    threshold, shard_cap, dedup, inline_threshold, weights_format, scheme = check_layout_options(
+        *given[:4], True, weights_format=given.weights_format, shard_names=given.shard_names
+    )
+    safetensors = weights_format == "safetensors"
     chunk_size = _DEDUP_CHUNK if chunk_size is None else check_int("chunk_size", chunk_size, minimum=1)
     src_onnx = os.path.abspath(os.fspath(src_onnx_path))
     dst_onnx = os.path.abspath(os.fspath(dst_onnx_path))
-    dst_weights = os.path.abspath(os.fspath(dst_weights_path) if dst_weights_path is not None else dst_onnx + ".data")
+    dst_weights = os.path.abspath(
+        os.fspath(dst_weights_path)
+        if dst_weights_path is not None
+        else default_weights_path(dst_onnx, weights_format, scheme)
+    )
     _weights_location(dst_onnx, dst_weights)  # refuse a bad destination before reading anything
 
     # Held from now on: the .onnx is parsed through it and every data file is opened relative to it.
@@ -305,6 +358,7 @@ def plan_alignment(
     checksums: dict[int, str] = {}
     sites = bytearray()
     externalized = 0
+    named: list[SafetensorsTensor] = []  # safetensors only: each moved tensor's key, type and dims
     for site in iter_tensors(model):
         tensor = site.tensor
         if is_external(tensor):
@@ -316,14 +370,21 @@ def plan_alignment(
                 checksums[len(payloads)] = ref.checksum
             payloads.add_range(table.index(ref.path, identity, ref.folder, ref.location), ref.offset, ref.length)
             sites.append(SITE_EXTERNAL)
-            continue
-        if inline_threshold is not None and _add_inline(
+        elif inline_threshold is not None and _add_inline(
             tensor, site.label, inline_threshold, stripped, payload_source, onnx_identity, table, payloads
         ):
             sites.append(SITE_INLINE)
             externalized += 1
         else:
             sites.append(SITE_KEPT)
+            continue
+        if safetensors:
+            name = tensor.name if isinstance(tensor.name, str) else ""
+            named.append(
+                SafetensorsTensor(
+                    name, f"{site.label} in {site.where}", tensor.data_type, tuple(tensor.dims), payloads.lengths[-1]
+                )
+            )
 
     sources = {identity: ref.path for identity, ref in refs.items()}
     src_identity = onnx_identity or file_identity(src_onnx)
@@ -338,38 +399,61 @@ def plan_alignment(
         check_not_hard_linked(ref)
     del refs
 
-    first = _representatives(table.files, payloads, dedup, chunk_size)
-    layout = ShardedLayout(step, threshold, shard_cap)
-    shards: list[Shard] = []
+    # safetensors: every key owns its bytes (the format forbids overlaps), so no two tensors share a payload.
+    first = (
+        array("q", range(len(payloads))) if safetensors else _representatives(table.files, payloads, dedup, chunk_size)
+    )
     move_shards: array[int] = array("i")
     move_offsets: array[int] = array("q")
+    headers: list[bytes] = []
+    unaligned: list[str] = []
     deduplicated_tensors = deduplicated_bytes = 0
-    for index, length in enumerate(payloads.lengths):
-        representative = first[index]
-        if representative != index:  # always an earlier tensor: its place is known
-            move_shards.append(move_shards[representative])
-            move_offsets.append(move_offsets[representative])
-            deduplicated_tensors += 1
-            deduplicated_bytes += length
+    if safetensors:
+        st_layout = plan_safetensors(named, step, threshold, shard_cap)
+        move_shards.extend(st_layout.shards)
+        move_offsets.extend(st_layout.offsets)
+        sizes, headers, unaligned = st_layout.sizes, st_layout.headers, st_layout.unaligned
+        if not named:
+            sizes = []
+    else:
+        layout = ShardedLayout(step, threshold, shard_cap)
+        for index, length in enumerate(payloads.lengths):
+            representative = first[index]
+            if representative != index:  # always an earlier tensor: its place is known
+                move_shards.append(move_shards[representative])
+                move_offsets.append(move_offsets[representative])
+                deduplicated_tensors += 1
+                deduplicated_bytes += length
+                continue
+            where = layout.place(length)
+            move_shards.append(where.shard)
+            move_offsets.append(where.offset)
+        sizes = layout.sizes
+    paths = shard_paths(dst_weights, len(sizes), scheme)
+    shards = [
+        Shard(path, _weights_location(dst_onnx, path), table.files, size)
+        for path, size in zip(paths, sizes, strict=True)
+    ]
+    for shard, header in zip(shards, headers, strict=False):
+        shard.header = header
+    # Payloads in destination order (the copy engine and the in-memory writer go through each file front to back).
+    for index in sorted(
+        (i for i in range(len(payloads)) if first[i] == i), key=lambda i: (move_shards[i], move_offsets[i])
+    ):
+        length = payloads.lengths[index]
+        if not length:
             continue
-        where = layout.place(length)
-        move_shards.append(where.shard)
-        move_offsets.append(where.offset)
-        while len(shards) <= where.shard:
-            path = shard_path(dst_weights, len(shards))
-            shards.append(Shard(path, _weights_location(dst_onnx, path), table.files))
-        shard = shards[where.shard]
+        shard = shards[move_shards[index]]
         file_index = payloads.files[index]
         if file_index < 0:
-            if length:
-                shard.writes.append((where.offset, payloads.memory[index]))
-        elif length:
-            shard.add_range(file_index, payloads.offsets[index], where.offset, length)
-    for shard, size in zip(shards, layout.sizes, strict=True):
-        shard.size = size
-    if len(shards) > 1:
-        check_outputs(dst_onnx, [s.path for s in shards], sources)
-    stale = _stale_shards(dst_weights, len(shards), {dst_onnx}, set(sources))
+            shard.writes.append((move_offsets[index], payloads.memory[index]))
+        else:
+            shard.add_range(file_index, payloads.offsets[index], move_offsets[index], length)
+    index_file = _safetensors_index(dst_onnx, dst_weights, shards, named, move_shards) if safetensors else None
+    outputs = [s.path for s in shards] + ([index_file[0]] if index_file else [])
+    if outputs and outputs != [dst_weights]:
+        check_outputs(dst_onnx, outputs, sources)
+    stale = _stale_shards(dst_weights, [s.path for s in shards], scheme, safetensors, {dst_onnx}, set(sources))
     return AlignPlan(
         model,
         stripped,
@@ -386,6 +470,9 @@ def plan_alignment(
         deduplicated_bytes,
         stale,
         frozenset(sources) | ({src_identity} if src_identity is not None else set()),
+        weights_format,
+        index_file,
+        unaligned,
     )
 
 
@@ -604,27 +691,33 @@ def _open_files(files: Sequence[SourceFile]) -> Iterator[list[int]]:
             os.close(fd)
 
 
-def _stale_shards(base: str, count: int, outputs: set[str], sources: set[FileIdentity]) -> list[str]:
-    """Files named like shards of ``base`` beyond the ``count`` this run writes, left by an earlier run.
+def _stale_shards(
+    base: str, written: list[str], scheme: ShardNames, safetensors: bool, outputs: set[str], sources: set[FileIdentity]
+) -> list[str]:
+    """Files named like shards of ``base`` (under ``scheme``) that this run does not write, left by an earlier run.
 
-    Shard ``n`` is ``<base>.<n>`` (``n`` written without leading zeros, as :func:`shard_path` does), and ``base``
-    itself when nothing at all is written. A source of this run, or the ``.onnx`` being written, is not listed. They
-    are never deleted (this job did not create them); the aligners name them so the user can.
+    A source of this run, or the ``.onnx`` being written, is not listed. They are never deleted (this job did not
+    create them); the aligners name them so the user can.
     """
-    folder, name = os.path.split(base)
-    found: list[tuple[int, str]] = []
-    try:
-        entries = os.scandir(folder)
-    except OSError:  # the folder is missing or unreadable: publication reports it
-        return []
-    with entries:
-        for entry in entries:
-            suffix = entry.name[len(name) + 1 :] if entry.name.startswith(name + ".") else ""
-            if suffix.isascii() and suffix.isdigit() and suffix == str(int(suffix)) and int(suffix) >= max(count, 1):
-                found.append((int(suffix), entry.path))
-    if count == 0 and os.path.lexists(base):
-        found.append((0, base))
-    return [path for _, path in sorted(found) if path not in outputs and not _is_source(path, sources)]
+    return [
+        path
+        for path in stale_candidates(base, written, scheme, safetensors=safetensors)
+        if path not in outputs and not _is_source(path, sources)
+    ]
+
+
+def _safetensors_index(
+    dst_onnx: str, base: str, shards: list[Shard], named: list[SafetensorsTensor], move_shards: array[int]
+) -> tuple[str, bytes] | None:
+    """``<base>.index.json`` of a sharded safetensors set (transformers' form); None for a single file."""
+    if len(shards) < 2:
+        return None
+    path = index_path(base)
+    folder = os.path.dirname(path)  # weight_map names files relative to the index, wherever the .onnx is
+    weight_map = {tensor.name: os.path.relpath(shards[move_shards[i]].path, folder) for i, tensor in enumerate(named)}
+    document = {"metadata": {"total_size": sum(t.length for t in named)}, "weight_map": weight_map}
+    _weights_location(dst_onnx, path)
+    return path, (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def _is_source(path: str, sources: set[FileIdentity]) -> bool:

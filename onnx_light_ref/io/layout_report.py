@@ -15,8 +15,11 @@ malformed), ``hard-linked`` (the file has several hard links, which onnx and ``a
 ``invalid`` (any other malformed entry: unknown or duplicated keys, non-UTF-8 text, a number that is not plain
 ASCII digits, a length that disagrees with dims, negative dims) are errors.
 
-This module must never read weight bytes (it only ``stat``s files) and never writes anything; it returns plain
-dataclasses and leaves presentation to the caller (``onnx-light-ref inspect``).
+A data file named ``*.safetensors`` also gets its header read and described (:attr:`FileLayout.safetensors`), and a
+data section the tensors do not cover exactly is flagged.
+
+This module must never read weight bytes (it only ``stat``s files and reads safetensors headers) and never writes
+anything; it returns plain dataclasses and leaves presentation to the caller (``onnx-light-ref inspect``).
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ from typing import Literal
 
 import onnx
 
-from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
+from onnx_light_ref.errors import ExternalDataError, SafetensorsError, UnsafeLocationError
 from onnx_light_ref.io.alignment import offset_alignment
 from onnx_light_ref.io.arguments import PathLike, check_bool
 from onnx_light_ref.io.entries import is_external, parse_entry_int, read_entries
+from onnx_light_ref.io.folder import ModelFolder
 from onnx_light_ref.io.locations import LocationResolver, expected_nbytes, parse_external_data
 from onnx_light_ref.io.model_file import load_model_metadata, open_model_folder
 from onnx_light_ref.io.posix import check_single_link
+from onnx_light_ref.io.safetensors_header import read_header
 from onnx_light_ref.io.walker import iter_tensors
 
 __all__ = [
@@ -112,6 +117,8 @@ class FileLayout:
     tensors: int = 0
     bytes_used: int = 0  # union of the valid ranges: shared bytes count once
     gaps: list[Gap] = field(default_factory=list)
+    safetensors: str | None = None  # a ``*.safetensors`` file: what its header says (see _describe_safetensors)
+    safetensors_ok: bool = True  # False: the header is malformed or leaves the data section not fully covered
 
     @property
     def gap_bytes(self) -> int:
@@ -327,5 +334,28 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
             file.tensors = len(members[key])
             continue
         _analyse_file(file, members[key])
+        if file.path.endswith(".safetensors"):
+            file.safetensors, file.safetensors_ok = _describe_safetensors(resolver.folder, file.location)
     resolver.close()
     return LayoutReport(path, tensors, list(files.values()), inline)
+
+
+def _describe_safetensors(folder: ModelFolder, location: str) -> tuple[str, bool]:
+    """One line on a safetensors file's header (read through the held folder, parsed as hostile input; no tensor
+    byte is read)."""
+    try:
+        with folder.open_file(location, subject=f"safetensors file {location!r}") as opened:
+            header = read_header(opened.fd, opened.path, opened.size)
+    except (SafetensorsError, ExternalDataError, OSError) as exc:
+        return f"safetensors header INVALID: {exc}", False
+    text = f"safetensors header {header.data_start} bytes (data section starts there), {len(header.entries)} tensors"
+    if header.metadata:
+        text += f", metadata {header.metadata}"
+    if header.covered:
+        return text + ", data section fully covered", True
+    begin, end = header.holes[0]
+    uncovered = sum(e - b for b, e in header.holes)
+    return (
+        text + f", data section NOT fully covered: {uncovered} bytes in {len(header.holes)} range(s), the first at "
+        f"file offsets [{header.data_start + begin}, {header.data_start + end}) (safetensors loaders refuse it)"
+    ), False

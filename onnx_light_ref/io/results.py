@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["AlignResult", "SaveResult"]
+__all__ = ["AlignResult", "LinkResult", "SaveResult"]
 
 
 class _SizeResult(int):
@@ -49,6 +49,10 @@ class AlignResult(_SizeResult):
         stale_weights_files: absolute paths of files named like further shards of this destination (``W.3`` when
             this run wrote ``W`` and ``W.1``; ``W`` itself when it wrote none) that an earlier run left: the new
             ``.onnx`` does not reference them, and they were not deleted.
+        weights_format: ``"onnx"`` (raw weights files) or ``"safetensors"``.
+        index_file: the ``model.safetensors.index.json`` written with a sharded safetensors set, else None.
+        unaligned_tensors: safetensors only: names of the tensors of at least ``align_threshold`` bytes that could
+            not start at a multiple of the alignment (the data section admits no padding).
     """
 
     tensors: int
@@ -61,6 +65,9 @@ class AlignResult(_SizeResult):
     bytes_by_method: dict[str, int]
     clone_eligible_bytes: int
     stale_weights_files: tuple[str, ...]
+    weights_format: str
+    index_file: str | None
+    unaligned_tensors: tuple[str, ...]
 
     def __new__(
         cls,
@@ -76,6 +83,9 @@ class AlignResult(_SizeResult):
         bytes_by_method: Mapping[str, int] | None = None,
         clone_eligible_bytes: int = 0,
         stale_weights_files: Iterable[str] = (),
+        weights_format: str = "onnx",
+        index_file: str | None = None,
+        unaligned_tensors: Iterable[str] = (),
     ) -> AlignResult:
         result = super().__new__(cls, total_size)
         result._set(
@@ -89,6 +99,9 @@ class AlignResult(_SizeResult):
             bytes_by_method=dict(bytes_by_method or {}),
             clone_eligible_bytes=clone_eligible_bytes,
             stale_weights_files=tuple(stale_weights_files),
+            weights_format=weights_format,
+            index_file=index_file,
+            unaligned_tensors=tuple(unaligned_tensors),
         )
         return result
 
@@ -136,3 +149,51 @@ class SaveResult(_SizeResult):
     def padding(self) -> int:
         """Bytes of the secondary file that no tensor uses (alignment gaps)."""
         return int(self) - self.payload_bytes
+
+
+class LinkResult(_SizeResult):
+    """The result of :func:`~onnx_light_ref.io.link.link_external_data`: the bytes of the model's own weights file
+    (an ``int``, padding included; 0 when every external tensor was linked), plus what was linked and written.
+
+    Attributes:
+        linked_tensors: tensors pointing at the checkpoint's bytes (none of them copied).
+        linked_bytes: their bytes, left where they are in the checkpoint.
+        written_tensors: tensors written to the model's own weights file.
+        written_bytes: their bytes.
+        mismatched_tensors: labels of tensors named like a checkpoint key but of another data type or shape
+            (written, not linked).
+        checkpoint_files: absolute paths of the checkpoint's files.
+        weights_files: the model's own weights file, when one was written.
+    """
+
+    linked_tensors: int
+    linked_bytes: int
+    written_tensors: int
+    written_bytes: int
+    mismatched_tensors: tuple[str, ...]
+    checkpoint_files: tuple[str, ...]
+    weights_files: tuple[str, ...]
+
+    def __new__(
+        cls,
+        total_size: int,
+        *,
+        linked_tensors: int,
+        linked_bytes: int,
+        written_tensors: int,
+        written_bytes: int,
+        mismatched_tensors: Iterable[str] = (),
+        checkpoint_files: Iterable[str] = (),
+        weights_files: Iterable[str] = (),
+    ) -> LinkResult:
+        result = super().__new__(cls, total_size)
+        result._set(
+            linked_tensors=linked_tensors,
+            linked_bytes=linked_bytes,
+            written_tensors=written_tensors,
+            written_bytes=written_bytes,
+            mismatched_tensors=tuple(mismatched_tensors),
+            checkpoint_files=tuple(checkpoint_files),
+            weights_files=tuple(weights_files),
+        )
+        return result

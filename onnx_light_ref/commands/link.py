@@ -1,0 +1,102 @@
+"""``onnx-light-ref link MODEL.onnx CHECKPOINT DST.onnx``: point a model at a safetensors checkpoint, zero bytes copied.
+
+A thin front end of :func:`onnx_light_ref.io.link.link_external_data`: ``CHECKPOINT`` is a ``.safetensors`` file or a
+sharded set's ``*.safetensors.index.json`` inside DST.onnx's folder; ``--map names.json`` maps model tensor names to
+checkpoint keys (a JSON object of strings). Prints one summary line (tensors and bytes linked and written) on
+stdout; a problem prints one ``error: ...`` line on stderr and exits with status 1, without a traceback, having
+written nothing. Never writes to the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.progress import byte_progress
+from onnx_light_ref.commands.sizes import size_argument
+
+__all__ = ["link_command", "register"]
+
+_MAX_MAP_SIZE = 64 * 1024 * 1024  # a name map is names only
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``link`` sub-command."""
+    parser = subparsers.add_parser(
+        "link",
+        help="point a model's tensors at an existing safetensors checkpoint (no byte copied)",
+        description="Write DST.onnx so that every tensor of MODEL.onnx whose name (through --map) is a key of "
+        "CHECKPOINT with the same data type and shape points at the checkpoint's bytes: one copy of the weights "
+        "serves safetensors loaders and ONNX runtimes. Other tensors go to DST.onnx.data. CHECKPOINT (a "
+        ".safetensors file or a *.safetensors.index.json) must be inside DST.onnx's folder; its headers are "
+        "checked before anything is written.",
+    )
+    parser.add_argument("model", metavar="MODEL.onnx", help="the model to link")
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a .safetensors file or a .safetensors.index.json")
+    parser.add_argument("dst", metavar="DST.onnx", help="model to write, in the checkpoint's folder (or above it)")
+    parser.add_argument("--map", metavar="NAMES.json", help="JSON object: model tensor name -> checkpoint key")
+    parser.add_argument(
+        "--alignment",
+        metavar="N",
+        type=size_argument,
+        default=4096,
+        help="alignment of the tensors written to DST.onnx.data (default: 4096; 0 or 1 = packed)",
+    )
+    parser.add_argument(
+        "--size-threshold",
+        metavar="SIZE",
+        type=size_argument,
+        default=1024,
+        help="inline tensors of at least SIZE bytes not found in the checkpoint move to DST.onnx.data (default: 1K)",
+    )
+    parser.add_argument("--no-fsync", action="store_true", help="skip every fsync (outputs still appear atomically)")
+    parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    parser.set_defaults(func=link_command)
+
+
+def _read_map(path: str) -> dict[str, str]:
+    with open(path, "rb") as file:
+        text = file.read(_MAX_MAP_SIZE + 1)
+    if len(text) > _MAX_MAP_SIZE:
+        raise ValueError(f"--map {path!r} is larger than {_MAX_MAP_SIZE} bytes; a name map holds names only.")
+    try:
+        names = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"--map {path!r} is not UTF-8 JSON: {exc}") from None
+    if not isinstance(names, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in names.items()):
+        raise ValueError(f"--map {path!r} must be a JSON object mapping model tensor names to checkpoint keys.")
+    return names
+
+
+def link_command(args: argparse.Namespace) -> int:
+    """Run the command; return the exit status."""
+    from onnx_light_ref.io.link import link_external_data
+
+    try:
+        name_map = _read_map(args.map) if args.map is not None else None
+        with byte_progress("link", hidden=args.no_progress) as progress:
+            result = link_external_data(
+                args.model,
+                args.checkpoint,
+                args.dst,
+                name_map=name_map,
+                alignment=args.alignment,
+                size_threshold=args.size_threshold,
+                durable=not args.no_fsync,
+                progress=progress,
+            )
+    except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
+        return error_exit(exc)
+    line = (
+        f"{args.dst}: {result.linked_tensors} tensors linked to the checkpoint ({result.linked_bytes} bytes, none "
+        f"copied), {result.written_tensors} written ({result.written_bytes} bytes"
+        + (f" to {result.weights_files[0]})" if result.weights_files else ")")
+    )
+    if result.mismatched_tensors:
+        line += (
+            f"\nnote: {len(result.mismatched_tensors)} tensor(s) named like a checkpoint key have another data type "
+            f"or shape and were written, not linked: {', '.join(result.mismatched_tensors)}"
+        )
+    print(line)
+    return 0

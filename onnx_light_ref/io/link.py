@@ -1,0 +1,347 @@
+"""Link an ONNX model to an existing safetensors checkpoint: matching tensors point at its bytes, none copied.
+
+:func:`link_external_data` reads the checkpoint's header(s) as hostile input
+(:mod:`~onnx_light_ref.io.safetensors_header`: size caps, overflow, overlaps, holes, duplicate keys), then walks the
+model: a tensor whose (mapped) name is a checkpoint key with the same data type *and* shape (byte size alone is not
+enough) gets ``external_data`` pointing into the checkpoint file (``offset`` = the data section's start + the
+tensor's begin); every other external tensor, and every inline one of at least ``size_threshold`` bytes, is written
+to the model's own weights file, copied file to file by the copy engine (inline ones from memory). The checkpoint
+must resolve inside the destination model's folder under the location rule (relative, no ``..``, no symlink, one
+hard link), since loaders read external data only there. Nothing is written before every check has passed; the
+weights file and the ``.onnx`` are published as one :class:`~onnx_light_ref.io.publish.OutputTransaction`.
+
+This module never writes to the checkpoint (a destination that is a checkpoint file is refused), never reads a
+checkpoint tensor's bytes, and never modifies the caller's ``ModelProto`` (it works on a copy).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import onnx
+
+from onnx_light_ref.errors import ExternalDataError, SafetensorsError, UnsafeLocationError
+from onnx_light_ref.io.alignment import validate_alignment
+from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
+from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, RangeCopier
+from onnx_light_ref.io.destinations import check_outputs, weights_location
+from onnx_light_ref.io.entries import is_external, write_entries
+from onnx_light_ref.io.locations import (
+    TYPED_VALUE_FIELDS,
+    FileIdentity,
+    LocationResolver,
+    check_not_hard_linked,
+    expected_nbytes,
+    file_identity,
+    parse_external_data,
+    resolve_location,
+)
+from onnx_light_ref.io.model_file import load_model_metadata, serialize_model
+from onnx_light_ref.io.placement import ShardedLayout
+from onnx_light_ref.io.posix import check_single_link
+from onnx_light_ref.io.publish import OutputTransaction
+from onnx_light_ref.io.results import LinkResult
+from onnx_light_ref.io.safetensors_header import SafetensorsEntry, read_header, require_covered
+from onnx_light_ref.io.safetensors_layout import safetensors_dtype, storage_shape
+from onnx_light_ref.io.space import reserve_space
+from onnx_light_ref.io.walker import iter_tensors
+
+__all__ = ["LinkResult", "link_external_data", "read_checkpoint"]
+
+logger = logging.getLogger(__name__)
+
+# An index.json lists names and file names only: a larger one is not a checkpoint index.
+_MAX_INDEX_SIZE = 64 * 1024 * 1024
+_DEFAULT_SIZE_THRESHOLD = 1024  # onnx.save's default: smaller inline tensors stay in the .onnx
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointTensor:
+    """One checkpoint key: the file's location (relative to the destination folder) and the tensor's header entry."""
+
+    location: str
+    path: str
+    data_start: int
+    entry: SafetensorsEntry
+
+
+def read_checkpoint(checkpoint: PathLike, dst_onnx: str) -> dict[str, CheckpointTensor]:
+    """Every tensor of a ``.safetensors`` file or of a sharded set's ``*.safetensors.index.json``, by key.
+
+    Args:
+        checkpoint: the ``.safetensors`` file, or the index naming the shard files (relative to its folder).
+        dst_onnx: the destination model: every checkpoint file must resolve inside its folder.
+
+    Returns:
+        Key -> :class:`CheckpointTensor`.
+
+    Raises:
+        SafetensorsError: a malformed header or index (hostile input), a key in two files, an index naming a key its
+            file lacks.
+        UnsafeLocationError: a checkpoint file outside ``dst_folder``, through a symlink, or hard-linked.
+        FileNotFoundError: a checkpoint file does not exist.
+    """
+    path = os.path.abspath(os.fspath(checkpoint))
+    files = _read_index(path) if path.endswith(".json") else {os.path.basename(path): None}
+    folder = os.path.dirname(path)
+    tensors: dict[str, CheckpointTensor] = {}
+    for name in sorted({os.path.join(folder, f) for f in files}):
+        for key, tensor in _read_file(name, dst_onnx).items():
+            if key in tensors:
+                raise SafetensorsError(
+                    f"checkpoint key {key!r} is in both {tensors[key].path!r} and {tensor.path!r}; which one to link "
+                    "is ambiguous."
+                )
+            tensors[key] = tensor
+    for file, keys in files.items():
+        for key in keys or ():
+            if key not in tensors or tensors[key].path != os.path.join(folder, file):
+                raise SafetensorsError(f"checkpoint index {path!r} maps {key!r} to {file!r}, whose header lacks it.")
+    return tensors
+
+
+def _read_index(path: str) -> dict[str, list[str] | None]:
+    """Shard file name -> keys the index maps to it, from ``{"weight_map": {key: file}}``."""
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise FileNotFoundError(f"checkpoint index {path!r} does not exist.") from None
+    if size > _MAX_INDEX_SIZE:
+        raise SafetensorsError(f"checkpoint index {path!r} holds {size} bytes, above the {_MAX_INDEX_SIZE} limit.")
+    with open(path, "rb") as file:
+        text = file.read(_MAX_INDEX_SIZE + 1)
+    try:
+        document = json.loads(text.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise SafetensorsError(f"checkpoint index {path!r} is not a UTF-8 JSON index: {exc}") from None
+    weight_map = document.get("weight_map") if isinstance(document, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) and v for v in weight_map.values()):
+        raise SafetensorsError(f"checkpoint index {path!r} has no 'weight_map' object of file names.")
+    files: dict[str, list[str] | None] = {}
+    for key, file in weight_map.items():
+        files.setdefault(file, []).append(key)  # type: ignore[union-attr]
+    return files
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    result: dict[str, object] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def _read_file(path: str, dst_onnx: str) -> dict[str, CheckpointTensor]:
+    try:
+        location = weights_location(dst_onnx, path)
+    except UnsafeLocationError as exc:
+        raise UnsafeLocationError(
+            f"checkpoint {path!r} cannot be linked from {dst_onnx!r}: loaders read external data only inside the "
+            f"model's folder ({exc})"
+        ) from None
+    real = resolve_location(os.path.dirname(dst_onnx), location, tensor_name=f"<checkpoint {path}>")
+    fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        check_single_link(st, what=f"checkpoint file {path!r}")
+        header = read_header(fd, path, st.st_size)
+    finally:
+        os.close(fd)
+    require_covered(header)
+    return {key: CheckpointTensor(location, path, header.data_start, entry) for key, entry in header.entries.items()}
+
+
+def _matches(tensor: onnx.TensorProto, entry: SafetensorsEntry) -> bool:
+    """Same data type and shape (a packed sub-byte tensor: U8 of exactly its packed bytes)."""
+    nbytes = expected_nbytes(tensor)
+    if safetensors_dtype(tensor.data_type) != entry.dtype or nbytes is None or nbytes != entry.nbytes:
+        return False
+    return storage_shape(tensor.data_type, tuple(tensor.dims), nbytes) == entry.shape
+
+
+def link_external_data(
+    model: onnx.ModelProto | PathLike,
+    checkpoint: PathLike,
+    dst_onnx_path: PathLike,
+    *,
+    name_map: Mapping[str, str] | None = None,
+    dst_weights_path: PathLike | None = None,
+    alignment: int = 4096,
+    size_threshold: int = _DEFAULT_SIZE_THRESHOLD,
+    chunk_size: int = 4 * 1024 * 1024,
+    durable: bool = True,
+    progress: ProgressCallback | None = None,
+) -> LinkResult:
+    """Write ``dst_onnx_path`` so that every tensor found in ``checkpoint`` points at the checkpoint's bytes.
+
+    A tensor is linked when its name (through ``name_map`` when given) is a checkpoint key with the same data type
+    and the same shape; no byte of it is copied. Every other external tensor, and every inline tensor of at least
+    ``size_threshold`` raw bytes, goes to the model's own weights file (at ``alignment``-multiple offsets), copied
+    file to file. A name found with another type or shape is not linked (counted in ``mismatched_tensors``, logged).
+    ``verify_models(original, linked)`` proves the result holds the original tensors.
+
+    Args:
+        model: the model: a path to a ``.onnx`` (its external data resolved from its folder) or a ``ModelProto``
+            (never modified; external references resolved from the destination folder).
+        checkpoint: a ``.safetensors`` file or a sharded set's ``*.safetensors.index.json``, inside the folder of
+            ``dst_onnx_path``.
+        dst_onnx_path: the model to write; its folder must exist.
+        name_map: model tensor name -> checkpoint key, for names that differ (others are looked up as they are).
+        dst_weights_path: the model's own weights file; default ``<dst_onnx_path>.data``.
+        alignment: offsets of the tensors written to the model's weights file: a power of two, or 0/1 for packed.
+        size_threshold: inline tensors with at least this many raw bytes (and not linked) move to the weights file.
+        chunk_size: at most this many bytes per copy system call.
+        durable: fsync outputs and their folder (default); ``False`` skips every fsync.
+        progress: called as ``progress(done_bytes, total_bytes)`` while the written tensors' bytes move.
+
+    Returns:
+        A :class:`~onnx_light_ref.io.results.LinkResult`: an ``int``, the bytes of the model's weights file
+        (0 when every external tensor was linked), with ``linked_tensors``, ``linked_bytes``, ``written_tensors``,
+        ``written_bytes``, ``mismatched_tensors``, ``checkpoint_files`` and ``weights_files``.
+
+    Raises:
+        ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
+        SafetensorsError: a malformed checkpoint header or index (hostile input refused before anything is written).
+        UnsafeLocationError: the checkpoint is outside the destination folder, through a symlink, or hard-linked.
+        DestinationConflictError: an output is a checkpoint file or a source.
+        ExternalDataError: a malformed or out-of-bounds reference in the model.
+        FileNotFoundError: the model, the checkpoint or a referenced file does not exist.
+        OSError: the copy or the publication failed; the destinations are then unchanged.
+    """
+    step = validate_alignment(alignment)
+    threshold = check_int("size_threshold", size_threshold)
+    check_int("chunk_size", chunk_size, minimum=1)
+    check_bool("durable", durable)
+    mapping = _check_name_map(name_map)
+    dst_onnx = os.path.abspath(os.fspath(dst_onnx_path))
+    dst_folder = os.path.dirname(dst_onnx)
+    dst_weights = os.path.abspath(os.fspath(dst_weights_path) if dst_weights_path is not None else dst_onnx + ".data")
+    weights_loc = weights_location(dst_onnx, dst_weights)
+    checkpoint_tensors = read_checkpoint(checkpoint, dst_onnx)
+    if isinstance(model, onnx.ModelProto):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+        src_folder = dst_folder
+    else:
+        src = os.path.abspath(os.fspath(model))
+        proto = load_model_metadata(src)
+        src_folder = os.path.dirname(src)
+    resolver = LocationResolver(src_folder)
+
+    sources: dict[FileIdentity, str] = {}
+    if not isinstance(model, onnx.ModelProto):
+        src_identity = file_identity(src)
+        if src_identity is not None and src_identity != file_identity(dst_onnx):
+            sources[src_identity] = src  # may be replaced by DST.onnx, never overwritten by the weights file
+    for checkpoint_file in {tensor.path for tensor in checkpoint_tensors.values()}:
+        identity = file_identity(checkpoint_file)
+        if identity is not None:
+            sources[identity] = checkpoint_file
+    links: list[tuple[onnx.TensorProto, CheckpointTensor]] = []
+    copies: list[tuple[onnx.TensorProto, CopyRange | bytes]] = []
+    mismatched: list[str] = []
+    for site in iter_tensors(proto):
+        tensor = site.tensor
+        if site.sparse is not None:  # onnx's loader never loads sparse tensors' external data: left as they are
+            continue
+        key = mapping.get(tensor.name, tensor.name)
+        found = checkpoint_tensors.get(key) if key else None
+        if found is not None and _matches(tensor, found.entry):
+            links.append((tensor, found))
+            continue
+        if found is not None:
+            mismatched.append(site.label)
+        if is_external(tensor):
+            ref = parse_external_data(tensor, resolver, label=site.label)
+            check_not_hard_linked(ref)
+            sources[ref.identity] = ref.path
+            copies.append((tensor, CopyRange(ref.path, ref.offset, 0, ref.length, ref.identity)))
+        elif tensor.HasField("raw_data"):
+            data = tensor.raw_data  # protobuf copies the bytes on each access: once
+            if len(data) < max(threshold, 1):
+                continue
+            if len(data) != expected_nbytes(tensor, label=site.label):
+                raise ExternalDataError(
+                    f"tensor {site.label!r}: inline raw_data holds {len(data)} bytes, which its dims "
+                    f"{list(tensor.dims)} and data type do not match; refusing to write it."
+                )
+            copies.append((tensor, data))
+    layout = ShardedLayout(step)
+    placed = [(tensor, item, layout.place(_length(item))) for tensor, item in copies]
+    size = layout.total_size if copies else 0
+    check_outputs(dst_onnx, [dst_weights] if copies else [], sources)
+
+    written_bytes = 0
+    with OutputTransaction(durable=durable, keep=frozenset(sources)) as outputs:
+        if copies:
+            weights = outputs.stage(dst_weights)
+            assert weights.fd is not None
+            reserve_space(weights.fd, size, path=dst_weights)
+            ranges = [
+                CopyRange(item.src_path, item.src_offset, where.offset, item.length, item.src_identity)
+                for _, item, where in placed
+                if isinstance(item, CopyRange) and item.length
+            ]
+            with RangeCopier(weights.fd, chunk_size, durable=durable) as copier:
+                written_bytes += copier.copy(ranges, progress)
+            for _, item, where in placed:
+                if isinstance(item, bytes):
+                    weights.write_all(item, where.offset)
+                    written_bytes += len(item)
+            weights.set_size(size)
+        for tensor, item, where in placed:
+            _point(tensor, weights_loc, where.offset, _length(item))
+        for tensor, found in links:
+            _point(tensor, found.location, found.data_start + found.entry.begin, found.entry.nbytes)
+        outputs.publish(dst_onnx, serialize_model(proto))
+    result = LinkResult(
+        size,
+        linked_tensors=len(links),
+        linked_bytes=sum(found.entry.nbytes for _, found in links),
+        written_tensors=len(copies),
+        written_bytes=written_bytes,
+        mismatched_tensors=mismatched,
+        checkpoint_files=sorted({found.path for found in checkpoint_tensors.values()}),
+        weights_files=[dst_weights] if copies else [],
+    )
+    if mismatched:
+        logger.warning(
+            "%d tensor(s) named like a checkpoint key but of another data type or shape were written, not linked: %s",
+            len(mismatched),
+            ", ".join(mismatched),
+        )
+    logger.info(
+        "linked %d tensor(s) (%d bytes) to the checkpoint, wrote %d tensor(s) (%d bytes) and %s",
+        result.linked_tensors,
+        result.linked_bytes,
+        result.written_tensors,
+        result.written_bytes,
+        dst_onnx,
+    )
+    return result
+
+
+def _length(item: CopyRange | bytes) -> int:
+    return len(item) if isinstance(item, bytes) else item.length
+
+
+def _point(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    tensor.ClearField("raw_data")
+    for name in TYPED_VALUE_FIELDS:
+        tensor.ClearField(name)
+    write_entries(tensor, location, offset, length, None)
+
+
+def _check_name_map(name_map: Mapping[str, str] | None) -> dict[str, str]:
+    if name_map is None:
+        return {}
+    if not isinstance(name_map, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) and v for k, v in name_map.items()
+    ):
+        raise ArgumentTypeError("name_map must map model tensor names (str) to checkpoint keys (non-empty str).")
+    return dict(name_map)

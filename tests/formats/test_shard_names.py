@@ -1,0 +1,116 @@
+"""Shard names consumers load (ours, hf, transformers.js): the files written, onnxruntime loading them, stale files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming, verify_models
+from onnx_light_ref.io.shard_names import shard_paths, stale_candidates
+from tests.checks import run_onnxruntime, sha256_of_tree
+from tests.models import make_external_model
+
+ARRAYS = {f"w{i}": np.full((256,), i, dtype=np.float32) for i in range(3)}  # 1024 bytes each
+
+
+def test_shard_paths_of_each_scheme() -> None:
+    assert shard_paths("/d/m.onnx.data", 3, None) == ["/d/m.onnx.data", "/d/m.onnx.data.1", "/d/m.onnx.data.2"]
+    assert shard_paths("/d/model.data", 2, "hf") == ["/d/model-00001-of-00002.data", "/d/model-00002-of-00002.data"]
+    assert shard_paths("/d/model.data", 1, "hf") == ["/d/model.data"]
+    assert shard_paths("/d/model.onnx_data", 3, "transformers.js") == [
+        "/d/model.onnx_data",
+        "/d/model.onnx_data_1",
+        "/d/model.onnx_data_2",
+    ]
+    assert len(shard_paths("/d/m.onnx_data", 100, "transformers.js")) == 100
+    with pytest.raises(ValueError, match="at most 100"):
+        shard_paths("/d/m.onnx_data", 101, "transformers.js")
+
+
+@pytest.mark.parametrize(
+    ("scheme", "names"),
+    [
+        (None, ["model.onnx.data", "model.onnx.data.1", "model.onnx.data.2"]),
+        ("hf", ["model-00001-of-00003.data", "model-00002-of-00003.data", "model-00003-of-00003.data"]),
+        ("transformers.js", ["model.onnx_data", "model.onnx_data_1", "model.onnx_data_2"]),
+    ],
+)
+@pytest.mark.parametrize("aligner", [align_external_data_streaming, align_external_data_in_memory])
+def test_each_scheme_writes_its_names_and_loads_in_onnxruntime(
+    tmp_path: Path, scheme: str | None, names: list[str], aligner: object
+) -> None:
+    src = make_external_model(tmp_path, ARRAYS, name="src.onnx")
+    dst = tmp_path / "model.onnx"
+    result = aligner(src, dst, max_shard_size=1024, shard_names=scheme)  # type: ignore[operator]
+    assert [Path(p).name for p in result.weights_files] == names
+    for array, output in zip(ARRAYS.values(), run_onnxruntime(dst, {}), strict=True):
+        assert np.array_equal(array, output)
+    assert verify_models(src, dst).equal
+
+
+@pytest.mark.parametrize(
+    ("scheme", "leftover"),
+    [
+        (None, ["model.onnx.data.2"]),
+        ("hf", ["model-00001-of-00003.data", "model-00002-of-00003.data", "model-00003-of-00003.data"]),
+        ("transformers.js", ["model.onnx_data_2"]),
+    ],
+)
+def test_stale_shards_are_reported_for_each_scheme_and_never_deleted(
+    tmp_path: Path, scheme: str | None, leftover: list[str]
+) -> None:
+    src = make_external_model(tmp_path, ARRAYS, name="src.onnx")
+    dst = tmp_path / "model.onnx"
+    align_external_data_streaming(src, dst, None, 0, max_shard_size=1024, shard_names=scheme)  # type: ignore[arg-type]
+    result = align_external_data_streaming(src, dst, None, 0, max_shard_size=2048, shard_names=scheme)  # type: ignore[arg-type]
+    assert [Path(p).name for p in result.stale_weights_files] == leftover
+    assert all(Path(p).exists() for p in result.stale_weights_files)
+    for array, output in zip(ARRAYS.values(), run_onnxruntime(dst, {}), strict=True):
+        assert np.array_equal(array, output)
+
+
+def test_stale_candidates_ignore_unrelated_names(tmp_path: Path) -> None:
+    for name in ["model-00001-of-00002.data", "model-x-of-00002.data", "model.data.bak", "model.onnx_data_01"]:
+        (tmp_path / name).write_bytes(b"")
+    base = str(tmp_path / "model.data")
+    assert stale_candidates(base, [], "hf") == [str(tmp_path / "model-00001-of-00002.data")]
+    assert stale_candidates(str(tmp_path / "model.onnx_data"), [], "transformers.js") == []
+
+
+def test_more_than_100_transformers_js_chunks_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    arrays = {f"w{i}": np.full((4,), i, dtype=np.float32) for i in range(101)}
+    src = make_external_model(tmp_path, arrays, name="src.onnx")
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(ValueError, match="at most 100 weights files"):
+        align_external_data_streaming(src, tmp_path / "model.onnx", max_shard_size=16, shard_names="transformers.js")
+    assert sha256_of_tree(tmp_path) == before
+
+
+def test_cli_align_format_and_shard_names(tmp_path: Path) -> None:
+    src = make_external_model(tmp_path, ARRAYS, name="src.onnx")
+    out = subprocess.run(
+        [sys.executable, "-m", "onnx_light_ref", "align", str(src), str(tmp_path / "model.onnx"), "--format",
+         "safetensors", "--max-shard-size", "2K", "--no-progress"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "model-00001-of-00002.safetensors (+1 shards: 2 files)" in out.stdout
+    assert "index " + str(tmp_path / "model.safetensors.index.json") in out.stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "onnx_light_ref", "align", str(src), str(tmp_path / "t.onnx"), "--shard-names",
+         "transformers.js", "--max-shard-size", "1K", "--no-progress"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "t.onnx_data_2").exists()
+    out = subprocess.run(
+        [sys.executable, "-m", "onnx_light_ref", "align", str(src), str(tmp_path / "d.onnx"), "--format",
+         "safetensors", "--dedup", "--no-progress"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 1 and out.stderr.startswith("error: dedup=True is refused")
+    assert not (tmp_path / "d.onnx").exists() and not (tmp_path / "d.safetensors").exists()
