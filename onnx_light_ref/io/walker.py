@@ -27,6 +27,14 @@ the main graph, a function, or training information), a readable path (``where``
 the graph it lives in, by its place in the model, and its slot there), which pairs tensors of two models by place
 and name rather than by position (``verify --by-name``).
 
+Each site also says whether onnx's own loader reads its external data back (:attr:`TensorSite.onnx_loads`):
+``onnx.load(load_external_data=True)`` (``onnx.external_data_helper.load_external_data_for_model``, which walks
+``_get_all_tensors``) visits only the initializers of the main graph and of the subgraphs reached from it through
+attributes of type ``GRAPH``/``GRAPHS``, and the ``t``/``tensors`` of every node attribute of the main graph, of
+model-local functions' nodes, and of their subgraphs. It never visits sparse tensors, function default attributes,
+initializers of subgraphs inside functions, nor ``training_info``: a tensor there that is EXTERNAL stays EXTERNAL
+after ``onnx.load``. Writers externalize only tensors with ``onnx_loads`` set (``docs/align.md``).
+
 The walker yields the live protos: callers may mutate them. It never reads external data.
 """
 
@@ -34,11 +42,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import onnx
 
-__all__ = ["SiteKey", "TensorKind", "TensorScope", "TensorSite", "iter_graphs", "iter_tensors"]
+__all__ = [
+    "SiteKey",
+    "TensorKind",
+    "TensorScope",
+    "TensorSite",
+    "inline_reason",
+    "iter_graphs",
+    "iter_tensors",
+]
 
 SiteKey = tuple[tuple[object, ...], tuple[object, ...]]
 """``(graph path, slot)``. The graph path names a graph by its place: ``("graph",)`` for the main graph, then for a
@@ -89,7 +105,8 @@ class TensorSite:
     for initializers and function default attributes); ``where`` a readable path such as
     ``graph 'main' / node 'If_0' (If) / then_branch``; ``scope`` the part of the model (see :data:`TensorScope`);
     ``sparse`` the SparseTensorProto whose ``values`` or ``indices`` the tensor is (None for a dense tensor): its
-    ``dims`` (the dense shape) belong to no TensorProto, so a comparison of tensors must look there too.
+    ``dims`` (the dense shape) belong to no TensorProto, so a comparison of tensors must look there too;
+    ``onnx_loads`` whether onnx's loader reads this tensor's external data back (see the module docstring).
     """
 
     tensor: onnx.TensorProto
@@ -100,6 +117,7 @@ class TensorSite:
     scope: TensorScope = "model"
     sparse: onnx.SparseTensorProto | None = None
     key: SiteKey = ((), ())
+    onnx_loads: bool = True  # onnx.load(load_external_data=True) reads this tensor's external data back
 
     @property
     def label(self) -> str:
@@ -124,12 +142,12 @@ def iter_tensors(model: onnx.ModelProto) -> Iterator[TensorSite]:
         An iterator of :class:`TensorSite`, one per ``TensorProto`` (sparse tensors yield their values, then their
         indices).
     """
-    yield from _iter_graph(model.graph, f"graph {model.graph.name!r}", "model", ("graph",))
+    yield from _iter_graph(model.graph, f"graph {model.graph.name!r}", "model", ("graph",), _LOADS_ALL)
     for function in model.functions:
         where = f"function {function.domain}::{function.name}"
         # ``overload`` exists from IR version 10 (onnx 1.16) on.
         path = ("function", function.domain, function.name, getattr(function, "overload", ""))
-        yield from _iter_nodes(function, function.node, where, "function", path)
+        yield from _iter_nodes(function, function.node, where, "function", path, _LOADS_ATTRIBUTES)
         for attribute in function.attribute_proto:
             yield from _iter_attribute(
                 function,
@@ -139,13 +157,14 @@ def iter_tensors(model: onnx.ModelProto) -> Iterator[TensorSite]:
                 "function",
                 path,
                 "default",
+                _LOADS_NONE,
             )
     for index, training in enumerate(model.training_info):
         for field in ("initialization", "algorithm"):
             if training.HasField(field):
                 graph = getattr(training, field)
                 where = f"training_info[{index}] {field} graph {graph.name!r}"
-                yield from _iter_graph(graph, where, "training", ("training", index, field))
+                yield from _iter_graph(graph, where, "training", ("training", index, field), _LOADS_NONE)
 
 
 def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -169,19 +188,68 @@ def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield from iter_graphs(subgraph)
 
 
+def inline_reason(site: TensorSite) -> str | None:
+    """Why a writer must keep this tensor inline even above ``size_threshold``: None when onnx loads it back.
+
+    Args:
+        site: a tensor of the walk.
+
+    Returns:
+        A short reason (used as a key in writers' results and in messages), or None when the tensor may be
+        externalized.
+    """
+    if site.onnx_loads:
+        return None
+    if site.sparse is not None:
+        return "sparse tensor"
+    if site.kind == "function_default":
+        return "function default attribute"
+    if site.scope == "training":
+        return "training_info"
+    if site.kind == "initializer" and site.scope == "function":
+        return "initializer of a subgraph in a function"
+    return "subgraph not reached by onnx's loader"
+
+
+class _Loads(NamedTuple):
+    """Which tensors of a graph onnx's loader visits: its initializers, its node attributes' tensors."""
+
+    initializers: bool
+    attributes: bool
+
+
+_LOADS_ALL = _Loads(True, True)
+_LOADS_ATTRIBUTES = _Loads(False, True)
+_LOADS_NONE = _Loads(False, False)
+
+
 def _iter_graph(
-    graph: onnx.GraphProto, where: str, scope: TensorScope, path: tuple[object, ...]
+    graph: onnx.GraphProto, where: str, scope: TensorScope, path: tuple[object, ...], loads: _Loads
 ) -> Iterator[TensorSite]:
     for tensor in graph.initializer:
-        yield TensorSite(tensor, "initializer", graph, None, where, scope, None, (path, ("initializer", tensor.name)))
+        yield TensorSite(
+            tensor,
+            "initializer",
+            graph,
+            None,
+            where,
+            scope,
+            None,
+            (path, ("initializer", tensor.name)),
+            loads.initializers,
+        )
     for sparse in graph.sparse_initializer:
         # A sparse initializer is named by its values (onnx.proto); its indices usually have no name.
         name = sparse.values.name
         values_key = (path, ("sparse_initializer_values", name))
         indices_key = (path, ("sparse_initializer_indices", name))
-        yield TensorSite(sparse.values, "sparse_initializer_values", graph, None, where, scope, sparse, values_key)
-        yield TensorSite(sparse.indices, "sparse_initializer_indices", graph, None, where, scope, sparse, indices_key)
-    yield from _iter_nodes(graph, graph.node, where, scope, path)
+        yield TensorSite(
+            sparse.values, "sparse_initializer_values", graph, None, where, scope, sparse, values_key, False
+        )
+        yield TensorSite(
+            sparse.indices, "sparse_initializer_indices", graph, None, where, scope, sparse, indices_key, False
+        )
+    yield from _iter_nodes(graph, graph.node, where, scope, path, loads)
 
 
 def _iter_nodes(
@@ -190,6 +258,7 @@ def _iter_nodes(
     where: str,
     scope: TensorScope,
     path: tuple[object, ...],
+    loads: _Loads,
 ) -> Iterator[TensorSite]:
     for index, node in enumerate(nodes):
         node_where = f"{where} / node {node.name or f'#{index}'!r} ({node.op_type})"
@@ -197,7 +266,7 @@ def _iter_nodes(
         node_part = ("node", node.name) if node.name else ("node #", index)
         for attribute in node.attribute:
             yield from _iter_attribute(
-                container, node, attribute, f"{node_where} / {attribute.name}", scope, path, node_part
+                container, node, attribute, f"{node_where} / {attribute.name}", scope, path, node_part, loads
             )
 
 
@@ -209,25 +278,34 @@ def _iter_attribute(
     scope: TensorScope,
     path: tuple[object, ...],
     node_part: object,
+    loads: _Loads,
 ) -> Iterator[TensorSite]:
-    """One attribute's tensors; ``node`` None means a function's default attribute value."""
+    """One attribute's tensors; ``node`` None means a function's default attribute value.
+
+    onnx's loader yields ``t`` and ``tensors`` whatever the attribute's ``type``, but descends into ``g`` only when
+    the type is ``GRAPH`` and into ``graphs`` only when it is ``GRAPHS`` (``_recursive_attribute_processor``).
+    """
     dense, values, indices = _NODE_ATTRIBUTE_KINDS if node is not None else _FUNCTION_DEFAULT_KINDS
     slot = (node_part, attribute.name)
+    dense_loads = loads.attributes and node is not None
     if attribute.HasField("t"):
-        yield TensorSite(attribute.t, dense, container, node, where, scope, None, (path, (*slot, "t")))
+        yield TensorSite(attribute.t, dense, container, node, where, scope, None, (path, (*slot, "t")), dense_loads)
     for i, tensor in enumerate(attribute.tensors):
-        yield TensorSite(tensor, dense, container, node, where, scope, None, (path, (*slot, "tensors", i)))
+        key = (path, (*slot, "tensors", i))
+        yield TensorSite(tensor, dense, container, node, where, scope, None, key, dense_loads)
     sparse_tensors: list[tuple[tuple[object, ...], onnx.SparseTensorProto]] = [
         ((*slot, "sparse_tensors", i), sparse) for i, sparse in enumerate(attribute.sparse_tensors)
     ]
     if attribute.HasField("sparse_tensor"):
         sparse_tensors.insert(0, ((*slot, "sparse_tensor"), attribute.sparse_tensor))
     for sparse_slot, sparse in sparse_tensors:
-        yield TensorSite(sparse.values, values, container, node, where, scope, sparse, (path, (*sparse_slot, "values")))
-        yield TensorSite(
-            sparse.indices, indices, container, node, where, scope, sparse, (path, (*sparse_slot, "indices"))
-        )
+        values_key = (path, (*sparse_slot, "values"))
+        indices_key = (path, (*sparse_slot, "indices"))
+        yield TensorSite(sparse.values, values, container, node, where, scope, sparse, values_key, False)
+        yield TensorSite(sparse.indices, indices, container, node, where, scope, sparse, indices_key, False)
     if attribute.HasField("g"):
-        yield from _iter_graph(attribute.g, where, scope, (*path, node_part, attribute.name, "g"))
+        sub = loads if node is not None and attribute.type == onnx.AttributeProto.GRAPH else _LOADS_NONE
+        yield from _iter_graph(attribute.g, where, scope, (*path, node_part, attribute.name, "g"), sub)
+    many = loads if node is not None and attribute.type == onnx.AttributeProto.GRAPHS else _LOADS_NONE
     for i, subgraph in enumerate(attribute.graphs):
-        yield from _iter_graph(subgraph, where, scope, (*path, node_part, attribute.name, "graphs", i))
+        yield from _iter_graph(subgraph, where, scope, (*path, node_part, attribute.name, "graphs", i), many)
