@@ -158,6 +158,9 @@ def _written(dst_onnx: str, dst_weights: str | None, result: AlignResult, elapse
     extras = []
     if result.externalized_tensors:
         extras.append(f"{result.externalized_tensors} moved out of the .onnx")
+    if result.kept_inline_tensors:
+        reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(result.kept_inline_reasons.items()))
+        extras.append(f"{result.kept_inline_tensors} kept inline where onnx would not load them back: {reasons}")
     if result.deduplicated_tensors:
         extras.append(f"{result.deduplicated_tensors} deduplicated ({result.deduplicated_bytes} bytes saved)")
     detail = f" ({', '.join(extras)})" if extras else ""

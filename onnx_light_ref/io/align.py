@@ -234,6 +234,7 @@ def _publish(plan: AlignPlan, outputs: OutputTransaction, stats: CopyStats) -> A
         bytes_by_method=bytes_by_method,
         clone_eligible_bytes=stats.clone_eligible_bytes,
         stale_weights_files=plan.stale_weights_files,
+        kept_inline_reasons=plan.kept_inline,
     )
     logger.info(
         "wrote %d weights file(s) %s (%d tensors, %d externalized, %d deduplicated, %d bytes, %d padding) and %s",
@@ -339,7 +340,10 @@ def align_external_data_streaming(
             even without it.
         size_threshold: None (default) keeps inline tensors inline. An int: every inline tensor anywhere in the
             model holding at least that many bytes (and at least one) becomes external too, placed like the others
-            in walker order. STRING tensors stay inline. Typed-field tensors (``float_data``...) are converted to
+            in walker order, where onnx's loader reads it back (initializers and node attribute tensors of the main
+            graph, its subgraphs and functions' nodes). STRING tensors stay inline; so do sparse tensors, function
+            default attributes and ``training_info`` tensors (``onnx.load`` would leave them EXTERNAL), counted in
+            ``kept_inline_tensors``. Typed-field tensors (``float_data``...) are converted to
             little-endian raw bytes in memory.
         durable: fsync the outputs and their folder before and after publishing (default). ``False`` skips every
             fsync (outputs still appear atomically, with the same bytes) for scratch copies and benchmarks.

@@ -45,7 +45,7 @@ from onnx_light_ref.io.locations import (
 from onnx_light_ref.io.model_file import check_model_strings, load_model_metadata
 from onnx_light_ref.io.placement import ShardedLayout, shard_path
 from onnx_light_ref.io.posix import pread_exact
-from onnx_light_ref.io.walker import iter_tensors
+from onnx_light_ref.io.walker import inline_reason, iter_tensors
 from onnx_light_ref.io.wire import InlinePayload, StrippedModel, load_model_stripped
 
 if TYPE_CHECKING:
@@ -182,6 +182,8 @@ class AlignPlan:
     deduplicated_bytes: int = 0  # bytes those tensors would have taken
     stale_weights_files: list[str] = field(default_factory=list)  # see _stale_shards
     sources: frozenset[FileIdentity] = frozenset()  # every file this job reads: never removed by a temp-file sweep
+    # inline tensors at or above size_threshold kept inline because onnx's loader would not read them back, by reason
+    kept_inline: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_size(self) -> int:
@@ -296,6 +298,7 @@ def plan_alignment(
     checksums: dict[int, str] = {}
     sites = bytearray()
     externalized = 0
+    kept_inline: dict[str, int] = {}
     for site in iter_tensors(model):
         tensor = site.tensor
         if is_external(tensor):
@@ -308,7 +311,13 @@ def plan_alignment(
             payloads.add_range(table.index(ref.path, identity), ref.offset, ref.length)
             sites.append(SITE_EXTERNAL)
             continue
-        if inline_threshold is not None and _add_inline(
+        reason = inline_reason(site) if inline_threshold is not None else None
+        if inline_threshold is not None and reason is not None:
+            # onnx.load would leave it EXTERNAL (sparse, function default, training_info): it stays inline.
+            if _keep_inline(tensor, site.label, inline_threshold, stripped, payload_source, onnx_identity):
+                kept_inline[reason] = kept_inline.get(reason, 0) + 1
+            sites.append(SITE_KEPT)
+        elif inline_threshold is not None and _add_inline(
             tensor, site.label, inline_threshold, stripped, payload_source, onnx_identity, table, payloads
         ):
             sites.append(SITE_INLINE)
@@ -377,6 +386,7 @@ def plan_alignment(
         deduplicated_bytes,
         stale,
         frozenset(sources) | ({src_identity} if src_identity is not None else set()),
+        kept_inline,
     )
 
 
@@ -483,13 +493,35 @@ def _add_inline(
     return True
 
 
+def _keep_inline(
+    tensor: onnx.TensorProto,
+    label: str,
+    inline_threshold: int,
+    stripped: StrippedModel | None,
+    src_onnx: str,
+    onnx_identity: FileIdentity | None,
+) -> bool:
+    """Leave a tensor onnx would not load back inline (its stripped bytes restored); True when it was large enough
+    to have moved otherwise (so that the result can count it)."""
+    payload = stripped.payload(tensor) if stripped is not None else None
+    if payload is not None:
+        _restore_payload(tensor, label, payload, src_onnx, onnx_identity)
+        length = payload.length
+    elif tensor.HasField("raw_data"):
+        length = len(tensor.raw_data)
+    else:
+        length = (expected_nbytes(tensor) or 0) if tensor.data_type not in _NEVER_EXTERNAL else 0
+    return length > 0 and length >= inline_threshold
+
+
 def _restore_payload(
     tensor: onnx.TensorProto, label: str, payload: InlinePayload, src_onnx: str, onnx_identity: FileIdentity | None
 ) -> None:
     """Give a tensor that stays inline its stripped ``raw_data`` back, read from the ``.onnx`` (checked unchanged).
 
     Only tensors that can never move out (STRING, UNDEFINED or unknown data types carrying ``raw_data``, which no
-    exporter writes) get here; their bytes are held in memory, as the in-memory aligner holds them.
+    exporter writes; tensors onnx's loader would not read back: sparse, function defaults, training graphs) get
+    here; their bytes are held in memory, as the in-memory aligner holds them.
     """
     fd = open_source(CopyRange(src_onnx, payload.offset, 0, payload.length, onnx_identity))
     try:

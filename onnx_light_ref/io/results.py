@@ -49,6 +49,10 @@ class AlignResult(_SizeResult):
         stale_weights_files: absolute paths of files named like further shards of this destination (``W.3`` when
             this run wrote ``W`` and ``W.1``; ``W`` itself when it wrote none) that an earlier run left: the new
             ``.onnx`` does not reference them, and they were not deleted.
+        kept_inline_tensors: inline tensors of at least ``size_threshold`` bytes left inline because onnx's loader
+            would not read them back from external data (sparse tensors, function default attributes,
+            ``training_info``); see ``docs/align.md``.
+        kept_inline_reasons: the same tensors counted by reason (``"sparse tensor"``, ``"training_info"``...).
     """
 
     tensors: int
@@ -61,6 +65,7 @@ class AlignResult(_SizeResult):
     bytes_by_method: dict[str, int]
     clone_eligible_bytes: int
     stale_weights_files: tuple[str, ...]
+    kept_inline_reasons: dict[str, int]
 
     def __new__(
         cls,
@@ -76,6 +81,7 @@ class AlignResult(_SizeResult):
         bytes_by_method: Mapping[str, int] | None = None,
         clone_eligible_bytes: int = 0,
         stale_weights_files: Iterable[str] = (),
+        kept_inline_reasons: Mapping[str, int] | None = None,
     ) -> AlignResult:
         result = super().__new__(cls, total_size)
         result._set(
@@ -89,6 +95,7 @@ class AlignResult(_SizeResult):
             bytes_by_method=dict(bytes_by_method or {}),
             clone_eligible_bytes=clone_eligible_bytes,
             stale_weights_files=tuple(stale_weights_files),
+            kept_inline_reasons=dict(kept_inline_reasons or {}),
         )
         return result
 
@@ -96,6 +103,11 @@ class AlignResult(_SizeResult):
     def padding(self) -> int:
         """Bytes of the weights files that no tensor uses (alignment gaps)."""
         return int(self) - self.payload_bytes
+
+    @property
+    def kept_inline_tensors(self) -> int:
+        """Inline tensors left inline because onnx's loader would not read them back (see ``kept_inline_reasons``)."""
+        return sum(self.kept_inline_reasons.values())
 
 
 class SaveResult(_SizeResult):
@@ -107,12 +119,16 @@ class SaveResult(_SizeResult):
         reused_tensors: EXTERNAL tensors whose references were kept as they were.
         payload_bytes: bytes of the new tensors; ``int(result) - payload_bytes`` is padding.
         weights_files: absolute paths of the weights files written (empty when nothing was new).
+        kept_inline_tensors: inline ``raw_data`` tensors of at least ``size_threshold`` bytes left inline because
+            onnx's loader would not read them back (sparse tensors, function default attributes, ``training_info``).
+        kept_inline_reasons: the same tensors counted by reason.
     """
 
     new_tensors: int
     reused_tensors: int
     payload_bytes: int
     weights_files: tuple[str, ...]
+    kept_inline_reasons: dict[str, int]
 
     def __new__(
         cls,
@@ -122,6 +138,7 @@ class SaveResult(_SizeResult):
         reused_tensors: int,
         payload_bytes: int,
         weights_files: Iterable[str],
+        kept_inline_reasons: Mapping[str, int] | None = None,
     ) -> SaveResult:
         result = super().__new__(cls, total_size)
         result._set(
@@ -129,6 +146,7 @@ class SaveResult(_SizeResult):
             reused_tensors=reused_tensors,
             payload_bytes=payload_bytes,
             weights_files=tuple(weights_files),
+            kept_inline_reasons=dict(kept_inline_reasons or {}),
         )
         return result
 
@@ -136,3 +154,8 @@ class SaveResult(_SizeResult):
     def padding(self) -> int:
         """Bytes of the secondary file that no tensor uses (alignment gaps)."""
         return int(self) - self.payload_bytes
+
+    @property
+    def kept_inline_tensors(self) -> int:
+        """Inline tensors left inline because onnx's loader would not read them back (see ``kept_inline_reasons``)."""
+        return sum(self.kept_inline_reasons.values())

@@ -41,7 +41,7 @@ from onnx_light_ref.io.model_file import check_model_strings, serialize_model
 from onnx_light_ref.io.publish import OutputTransaction, StagedFile
 from onnx_light_ref.io.results import SaveResult
 from onnx_light_ref.io.space import reserve_space
-from onnx_light_ref.io.walker import TensorSite, iter_tensors
+from onnx_light_ref.io.walker import TensorSite, inline_reason, iter_tensors
 
 __all__ = ["SaveResult", "save_model_with_shared_external_data"]
 
@@ -72,6 +72,7 @@ class _SavePlan:
     reused: int
     total_size: int
     sources: frozenset[FileIdentity]
+    kept_inline: dict[str, int] = field(default_factory=dict)  # by reason: see walker.inline_reason
 
     @property
     def payload_bytes(self) -> int:
@@ -104,7 +105,9 @@ def save_model_with_shared_external_data(
         location: the secondary file's name relative to the destination folder (default ``<dst name>.data``); it
             must not be a reused file nor the ``.onnx``.
         size_threshold: tensors with fewer bytes stay inline (an int >= 0). Tensors stored in typed fields
-            (``float_data``...) always stay inline.
+            (``float_data``...) always stay inline; so do tensors onnx's loader would not read back from external
+            data (sparse tensors, function default attributes, ``training_info``), counted in the result's
+            ``kept_inline_tensors``.
         progress: called as ``progress(done_bytes, total_bytes)`` while new bytes are written.
         check_references: require every reused reference to resolve from the destination folder (inside it, file
             present, range within the file). ``False`` writes the references as they are, but their syntax is
@@ -146,6 +149,7 @@ def save_model_with_shared_external_data(
         reused_tensors=plan.reused,
         payload_bytes=plan.payload_bytes,
         weights_files=[plan.secondary_path] if weights is not None else [],
+        kept_inline_reasons=plan.kept_inline,
     )
     logger.info(
         "saved %s: %d reused tensors, %d new tensors in %s (%d bytes)",
@@ -189,12 +193,19 @@ def _plan(
     resolver = LocationResolver(dst_dir)
     reused = _Reused()
     new: list[_NewTensor] = []
+    kept_inline: dict[str, int] = {}
     cursor = total = 0
     for site in iter_tensors(model):
         tensor = site.tensor
         if is_external(tensor):
             _check_reused(site, resolver, check_references, reused)
-        elif tensor.HasField("raw_data") and (length := _raw_length(tensor, site.label)) >= size_threshold:
+        elif not tensor.HasField("raw_data") or (length := _raw_length(tensor, site.label)) < size_threshold:
+            continue
+        elif (reason := inline_reason(site)) is not None:
+            # onnx.load would leave it EXTERNAL (sparse, function default, training_info): it stays inline.
+            if length > 0:
+                kept_inline[reason] = kept_inline.get(reason, 0) + 1
+        else:
             _check_raw_only(tensor, site.label)
             offset = align_up(cursor, step)
             new.append(_NewTensor(site, offset, length))
@@ -222,7 +233,7 @@ def _plan(
                 f"{dst_dir!r}: it would read the new weights. Save the variant next to the model that owns the "
                 "reused weights, or pass another `location`."
             )
-    return _SavePlan(dst_onnx, secondary_path, location, new, reused.count, total, frozenset(reused.files))
+    return _SavePlan(dst_onnx, secondary_path, location, new, reused.count, total, frozenset(reused.files), kept_inline)
 
 
 def _check_not_reused(dst_onnx: str, outputs: list[str], reused: _Reused) -> None:
