@@ -14,6 +14,7 @@ __all__ = [
     "DestinationConflictError",
     "ExternalDataError",
     "InvalidModelError",
+    "SharedWeightsError",
     "UnsafeLocationError",
 ]
 
@@ -28,6 +29,11 @@ class UnsafeLocationError(ExternalDataError):
 
 class DestinationConflictError(ExternalDataError):
     """A destination file is also a source (same path, symlink or hard link): writing it would destroy the input."""
+
+
+class SharedWeightsError(DestinationConflictError):
+    """A writer would replace a weights file that another model in the folder references (``replace_shared=True``
+    opts in): replacing it would silently change what that model computes."""
 
 
 class DanglingReferenceError(ExternalDataError):

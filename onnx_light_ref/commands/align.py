@@ -100,6 +100,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="skip every fsync: outputs still appear atomically with the same bytes, but may be lost on a crash "
         "(for scratch copies and comparisons with tools that never fsync)",
     )
+    parser.add_argument(
+        "--replace-shared",
+        action="store_true",
+        help="replace a weights file even when another .onnx in the destination folder uses it (that model then "
+        "computes with the new weights); without it, such a run is refused and names the other models",
+    )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=align_command)
 
@@ -126,6 +132,7 @@ def align_command(args: argparse.Namespace) -> int:
                 size_threshold=args.size_threshold,
                 progress=progress,
                 durable=not args.no_fsync,
+                replace_shared=args.replace_shared,
             )
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         remove_created_folders(created)

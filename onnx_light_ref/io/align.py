@@ -268,6 +268,7 @@ def _align(
     chunk_size: int | None,
     durable: bool,
     progress: ProgressCallback | None,
+    replace_shared: bool = False,
 ) -> AlignResult:
     """Plan, then execute the plan in ``mode`` (read everything first when ``in_memory``), then publish.
 
@@ -287,6 +288,7 @@ def _align(
         max_shard_size=layout.max_shard_size,
         dedup=layout.dedup,
         size_threshold=layout.size_threshold,
+        replace_shared=replace_shared,
     )
     payloads = _read_all(plan) if mode == "in_memory" else None
     with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
@@ -311,6 +313,7 @@ def align_external_data_streaming(
     size_threshold: int | None = None,
     durable: bool = True,
     progress: ProgressCallback | None = None,
+    replace_shared: bool = False,
 ) -> AlignResult:
     """Copy the weights of ``src_onnx_path`` into aligned external data files, without loading them.
 
@@ -348,6 +351,9 @@ def align_external_data_streaming(
         durable: fsync the outputs and their folder before and after publishing (default). ``False`` skips every
             fsync (outputs still appear atomically, with the same bytes) for scratch copies and benchmarks.
         progress: called as ``progress(done_bytes, total_bytes)`` while bytes move.
+        replace_shared: replace an existing weights file even when another ``.onnx`` of the destination folder
+            references it (that model then computes with the new bytes). False (default) refuses with
+            ``SharedWeightsError`` naming the other models.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`: an ``int`` equal to the bytes of all weights files,
@@ -362,7 +368,8 @@ def align_external_data_streaming(
             offset), or the result cannot be serialized.
         ExternalDataError: a malformed or out-of-bounds reference, an inline tensor whose data does not match its
             dims (``UnsafeLocationError`` for a location outside the model's folder or a hard-linked file,
-            ``DestinationConflictError`` for a destination that is a source or another destination).
+            ``DestinationConflictError`` for a destination that is a source or another destination,
+            ``SharedWeightsError`` for a weights file another model of the folder uses, without ``replace_shared``).
         FileNotFoundError: the source model, a referenced file or the destination folder does not exist.
         OSError: the copy or the publication failed (``ENOSPC`` before the first byte when the disk is too small);
             the destinations are then unchanged.
@@ -370,7 +377,16 @@ def align_external_data_streaming(
     check_int("chunk_size", chunk_size, minimum=1)
     layout = check_layout_options(align_threshold, max_shard_size, dedup, size_threshold, durable)
     return _align(
-        "streaming", src_onnx_path, dst_onnx_path, dst_weights_path, alignment, layout, chunk_size, durable, progress
+        "streaming",
+        src_onnx_path,
+        dst_onnx_path,
+        dst_weights_path,
+        alignment,
+        layout,
+        chunk_size,
+        durable,
+        progress,
+        replace_shared,
     )
 
 
@@ -386,6 +402,7 @@ def align_external_data_in_memory(
     size_threshold: int | None = None,
     durable: bool = True,
     progress: ProgressCallback | None = None,
+    replace_shared: bool = False,
 ) -> AlignResult:
     """Same result as :func:`align_external_data_streaming`, but every payload is read into memory first.
 
@@ -405,6 +422,7 @@ def align_external_data_in_memory(
         size_threshold: as for :func:`align_external_data_streaming`.
         durable: fsync the outputs and their folder (default); ``False`` skips every fsync, same bytes.
         progress: called as ``progress(done_bytes, total_bytes)`` while bytes are written.
+        replace_shared: as for :func:`align_external_data_streaming`.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`, as :func:`align_external_data_streaming` returns
@@ -419,5 +437,14 @@ def align_external_data_in_memory(
     """
     layout = check_layout_options(align_threshold, max_shard_size, dedup, size_threshold, durable)
     return _align(
-        "in_memory", src_onnx_path, dst_onnx_path, dst_weights_path, alignment, layout, None, durable, progress
+        "in_memory",
+        src_onnx_path,
+        dst_onnx_path,
+        dst_weights_path,
+        alignment,
+        layout,
+        None,
+        durable,
+        progress,
+        replace_shared,
     )

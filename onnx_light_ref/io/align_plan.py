@@ -45,6 +45,7 @@ from onnx_light_ref.io.locations import (
 from onnx_light_ref.io.model_file import check_model_strings, load_model_metadata
 from onnx_light_ref.io.placement import ShardedLayout, shard_path
 from onnx_light_ref.io.posix import pread_exact
+from onnx_light_ref.io.sharing import check_not_shared
 from onnx_light_ref.io.walker import inline_reason, iter_tensors
 from onnx_light_ref.io.wire import InlinePayload, StrippedModel, load_model_stripped
 
@@ -248,6 +249,7 @@ def plan_alignment(
     *,
     mode: Mode = "streaming",
     chunk_size: int | None = None,
+    replace_shared: bool = False,
     **options: Unpack[LayoutKeywords],
 ) -> AlignPlan:
     """Validate arguments, parse the source metadata, check every reference and lay out every output file.
@@ -259,6 +261,8 @@ def plan_alignment(
             are copied out of the file); ``"in_memory"`` parses it whole (they are written from memory). The plan
             places the same bytes at the same offsets either way.
         chunk_size: size of each of the two buffers used to compare candidate duplicates (None: 1 MiB).
+        replace_shared: replace a weights file that another model of the destination folder references
+            (:func:`~onnx_light_ref.io.sharing.check_not_shared`); False (default) refuses.
         options: ``align_threshold``, ``max_shard_size``, ``dedup``, ``size_threshold`` (:class:`LayoutOptions`), as
             documented on :func:`~onnx_light_ref.io.align.align_external_data_streaming`.
 
@@ -271,10 +275,12 @@ def plan_alignment(
         InvalidModelError: ``src_onnx_path`` is not an ONNX model, or has a string field that is not UTF-8.
         ExternalDataError: a malformed or out-of-bounds reference, an inline tensor whose data does not match its
             dims and data type; ``UnsafeLocationError`` for an unsafe location or hard-linked source,
-            ``DestinationConflictError`` for an output that is a source or another output.
+            ``DestinationConflictError`` for an output that is a source or another output,
+            ``SharedWeightsError`` for an existing weights file another model references (without ``replace_shared``).
         FileNotFoundError: the source model or a referenced file does not exist.
     """
     step = validate_alignment(alignment)
+    check_bool("replace_shared", replace_shared)
     unknown = sorted(set(options) - set(LayoutOptions._fields))
     if unknown:
         raise TypeError(f"plan_alignment() got unexpected keyword argument(s) {', '.join(unknown)}.")
@@ -369,6 +375,7 @@ def plan_alignment(
         shard.size = size
     if len(shards) > 1:
         check_outputs(dst_onnx, [s.path for s in shards], sources)
+    check_not_shared([s.path for s in shards], dst_onnx, replace_shared=replace_shared)
     stale = _stale_shards(dst_weights, len(shards), {dst_onnx}, set(sources))
     return AlignPlan(
         model,

@@ -40,6 +40,7 @@ from onnx_light_ref.io.locations import (
 from onnx_light_ref.io.model_file import check_model_strings, serialize_model
 from onnx_light_ref.io.publish import OutputTransaction, StagedFile
 from onnx_light_ref.io.results import SaveResult
+from onnx_light_ref.io.sharing import check_not_shared
 from onnx_light_ref.io.space import reserve_space
 from onnx_light_ref.io.walker import TensorSite, inline_reason, iter_tensors
 
@@ -89,6 +90,7 @@ def save_model_with_shared_external_data(
     progress: ProgressCallback | None = None,
     check_references: bool = True,
     durable: bool = True,
+    replace_shared: bool = False,
 ) -> SaveResult:
     """Save ``model`` to ``dst_onnx_path``, writing only its inline tensors to a secondary weights file.
 
@@ -113,6 +115,8 @@ def save_model_with_shared_external_data(
             present, range within the file). ``False`` writes the references as they are, but their syntax is
             checked either way (relative, no ``..``, strict numbers, known keys): no loader accepts anything else.
         durable: fsync the outputs and their folder (default); ``False`` skips every fsync, same bytes.
+        replace_shared: replace an existing secondary file even when another ``.onnx`` of the destination folder
+            references it; False (default) refuses with ``SharedWeightsError`` naming the other models.
 
     Returns:
         A :class:`~onnx_light_ref.io.results.SaveResult`: an ``int`` equal to the secondary file size, padding
@@ -123,7 +127,9 @@ def save_model_with_shared_external_data(
         TypeError: ``model`` is not an ``onnx.ModelProto``.
         ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
         DanglingReferenceError: with ``check_references``, a reused reference does not resolve from the destination.
-        DestinationConflictError: the secondary file is the ``.onnx`` or a reused file (also through a hard link).
+        DestinationConflictError: the secondary file is the ``.onnx`` or a reused file (also through a hard link);
+            ``SharedWeightsError``: it exists and another model of the folder references it (without
+            ``replace_shared``).
         ExternalDataError: a tensor both inline and EXTERNAL, an unsafe ``location`` (``UnsafeLocationError``),
             ``raw_data`` whose size disagrees with dims and data type, a new tensor holding both ``raw_data`` and
             typed values (``float_data``...).
@@ -138,8 +144,11 @@ def save_model_with_shared_external_data(
     check_int("size_threshold", size_threshold)
     check_bool("check_references", check_references)
     check_bool("durable", durable)
+    check_bool("replace_shared", replace_shared)
     check_model_strings(model)  # a name protobuf hands back as bytes would fail far from here, or be written out
     plan = _plan(model, os.path.abspath(os.fspath(dst_onnx_path)), location, step, size_threshold, check_references)
+    if plan.new:
+        check_not_shared([plan.secondary_path], plan.dst_onnx, replace_shared=replace_shared)
     with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
         weights = _write_new_tensors(outputs, plan, progress)
         _publish(model, plan, outputs, weights)
