@@ -13,7 +13,13 @@ Statuses (:data:`LayoutStatus`): ``ok``, ``shared`` (identical range used by sev
 ``out of bounds``, ``missing file``, ``unsafe location`` (a location that escapes the model's folder or is
 malformed), ``hard-linked`` (the file has several hard links, which onnx and ``align`` refuse to read) and
 ``invalid`` (any other malformed entry: unknown or duplicated keys, non-UTF-8 text, a number that is not plain
-ASCII digits, a length that disagrees with dims, negative dims) are errors.
+ASCII digits, a length that disagrees with dims, negative dims) are errors; so is ``loader refuses``: the reference
+is fine by the checks above, but ``onnx.load``, ``check_model(full_check=True)`` or onnxruntime refuses it (a
+symlink on the data path even inside the folder, a ``basepath`` key, a non-UTF-8 name, a place onnx does not load
+external data from). Every external tensor also carries :attr:`TensorLayout.refusals`: which loader refuses what
+(:func:`~onnx_light_ref.io.loader_rule.loader_refusals`), whatever its status. A model with a non-UTF-8 string
+elsewhere (a node name...) is listed in :attr:`LayoutReport.model_problems`. ``ok`` means all three loaders accept
+the model's external data.
 
 This module must never read weight bytes (it only ``stat``s files) and never writes anything; it returns plain
 dataclasses and leaves presentation to the caller (``onnx-light-ref inspect``).
@@ -28,12 +34,13 @@ from typing import Literal
 
 import onnx
 
-from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
+from onnx_light_ref.errors import ExternalDataError, InvalidModelError, UnsafeLocationError
 from onnx_light_ref.io.alignment import offset_alignment
 from onnx_light_ref.io.arguments import PathLike
 from onnx_light_ref.io.entries import is_external, parse_entry_int, read_entries
+from onnx_light_ref.io.loader_rule import Refusal, loader_refusals
 from onnx_light_ref.io.locations import LocationResolver, expected_nbytes, parse_external_data
-from onnx_light_ref.io.model_file import load_model_metadata
+from onnx_light_ref.io.model_file import check_model_strings, load_model_metadata
 from onnx_light_ref.io.posix import check_single_link
 from onnx_light_ref.io.walker import iter_tensors
 
@@ -48,7 +55,15 @@ __all__ = [
 ]
 
 LayoutStatus = Literal[
-    "ok", "shared", "overlap", "out of bounds", "missing file", "unsafe location", "hard-linked", "invalid"
+    "ok",
+    "shared",
+    "overlap",
+    "out of bounds",
+    "missing file",
+    "unsafe location",
+    "hard-linked",
+    "invalid",
+    "loader refuses",
 ]
 """What was found checking one tensor's reference; see the module docstring for each value."""
 
@@ -56,7 +71,7 @@ LayoutStatus = Literal[
 _NAMES_SHOWN = 3
 
 ERROR_STATUSES: frozenset[LayoutStatus] = frozenset(
-    {"overlap", "out of bounds", "missing file", "unsafe location", "hard-linked", "invalid"}
+    {"overlap", "out of bounds", "missing file", "unsafe location", "hard-linked", "invalid", "loader refuses"}
 )
 
 
@@ -74,6 +89,8 @@ class TensorLayout:
     # Names of every tensor on this identical range (itself included): one list object per group, shared by its
     # members, so that thousands of tensors on one range cost O(n), not O(n^2). Empty when the range is not shared.
     shared_range: list[str] = field(default_factory=list)
+    # Which loader (onnx.load, check_model, onnxruntime) refuses what about this reference; empty: none of these rules.
+    refusals: list[Refusal] = field(default_factory=list)
 
     @property
     def shared_with(self) -> list[str]:
@@ -127,6 +144,7 @@ class LayoutReport:
     tensors: list[TensorLayout]
     files: list[FileLayout]
     inline_tensors: int  # tensors holding their bytes in the proto (not checked further)
+    model_problems: list[str] = field(default_factory=list)  # refusals about the model as a whole (non-UTF-8 text)
 
     @property
     def errors(self) -> list[TensorLayout]:
@@ -135,8 +153,8 @@ class LayoutReport:
 
     @property
     def ok(self) -> bool:
-        """True when no tensor is in error."""
-        return not self.errors
+        """True when no tensor is in error and the model as a whole has no problem."""
+        return not self.errors and not self.model_problems
 
     @property
     def common_alignment(self) -> int | None:
@@ -311,6 +329,7 @@ def build_layout_report(model_path: PathLike) -> LayoutReport:
             inline += 1
             continue
         layout, resolved, size = _check_tensor(site.tensor, site.label, site.where, resolver)
+        layout.refusals = loader_refusals(site, os.path.dirname(path))
         tensors.append(layout)
         if resolved is None and layout.status != "missing file":
             continue  # an unsafe or unreadable location names no file we may look at
@@ -323,4 +342,13 @@ def build_layout_report(model_path: PathLike) -> LayoutReport:
             file.tensors = len(members[key])
             continue
         _analyse_file(file, members[key])
-    return LayoutReport(path, tensors, list(files.values()), inline)
+    for layout in tensors:
+        if layout.refusals and not layout.is_error:
+            layout.status = "loader refuses"
+            layout.message = f"tensor {layout.name!r}: " + "; ".join(r.describe() for r in layout.refusals)
+    problems: list[str] = []
+    try:
+        check_model_strings(model, what=repr(path))
+    except InvalidModelError as exc:  # check_model and onnxruntime refuse the model (onnx.load parses it)
+        problems.append(f"check_model, onnxruntime refuse the model: {exc}")
+    return LayoutReport(path, tensors, list(files.values()), inline, problems)

@@ -1,0 +1,150 @@
+"""Which of onnx's and onnxruntime's loaders would refuse an external reference, and why: ``inspect``'s verdict.
+
+The package's promise (``docs/safety.md``, "The location rule") is that whatever ``inspect`` calls OK loads in
+``onnx.load(path, load_external_data=True)`` (with no tensor left EXTERNAL), passes
+``onnx.checker.check_model(path, full_check=True)`` and builds an ``onnxruntime.InferenceSession``. This module
+states each loader's rule on one external tensor, as measured against onnx 1.23 and onnxruntime 1.32 (the hostile
+tree property test, ``tests/hardening/test_oracles.py``, keeps it honest):
+
+- a data path that goes through a symbolic link, below the model's folder: ``onnx.load`` refuses any of them (the
+  file: "should be stored in ..., but it is a symlink"; a subfolder: "kernel rejected path", from ``openat2``
+  with ``RESOLVE_NO_SYMLINKS`` in onnx's C++ ``_open_external_data``); ``check_model`` refuses a symlinked file but
+  not a symlinked subfolder; onnxruntime accepts both while the real path stays inside the model's folder;
+- a data file with several hard links: ``onnx.load`` and ``check_model`` refuse it, onnxruntime accepts it;
+- an ``external_data`` key other than ``location``, ``offset``, ``length``, ``checksum``: onnxruntime refuses the
+  model ("model format error"), ``basepath`` included, which onnx itself accepts (onnx warns about and ignores the
+  other unknown keys);
+- a tensor name that is not UTF-8: ``check_model`` and onnxruntime refuse the model (``onnx.load`` parses it);
+- an EXTERNAL tensor where ``onnx.load`` does not load external data (sparse tensors, function default attributes,
+  ``training_info``: :attr:`~onnx_light_ref.io.walker.TensorSite.onnx_loads`): ``onnx.load`` leaves it EXTERNAL.
+
+Malformed entries, paths escaping the folder, missing files and out-of-bounds ranges are refused by every loader;
+``inspect`` reports them with its own statuses. This module only ``lstat``s path components; it never opens a file
+and never reads or writes a byte.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from typing import Literal
+
+import onnx
+
+from onnx_light_ref.io.walker import TensorSite, inline_reason
+
+__all__ = ["LOADERS", "ORT_KEYS", "Loader", "Refusal", "loader_refusals"]
+
+Loader = Literal["onnx.load", "check_model", "onnxruntime"]
+"""``onnx.load(path, load_external_data=True)``, ``onnx.checker.check_model(path, full_check=True)``,
+``onnxruntime.InferenceSession(path)``."""
+
+LOADERS: tuple[Loader, ...] = ("onnx.load", "check_model", "onnxruntime")
+
+ORT_KEYS = frozenset({"location", "offset", "length", "checksum"})
+"""The only ``external_data`` keys onnxruntime accepts (it refuses the model for any other, ``basepath`` too)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Loaders that refuse one tensor's reference for one reason (the others accept it for that reason)."""
+
+    loaders: tuple[Loader, ...]
+    reason: str
+
+    def describe(self) -> str:
+        """``"onnx.load, check_model refuse: <reason>; onnxruntime accepts it"``."""
+        accept = [loader for loader in LOADERS if loader not in self.loaders]
+        text = f"{', '.join(self.loaders)} refuse{'s' if len(self.loaders) == 1 else ''}: {self.reason}"
+        return text + (f" ({', '.join(accept)} accept{'s' if len(accept) == 1 else ''} it)" if accept else "")
+
+
+def loader_refusals(site: TensorSite, base_dir: str) -> list[Refusal]:
+    """What each loader would refuse about the EXTERNAL tensor of ``site``, resolved from ``base_dir``.
+
+    Args:
+        site: an external tensor of the walk.
+        base_dir: the model's folder (as the loaders see it: the folder of the path they are given).
+
+    Returns:
+        The refusals, in the order of the rules in the module docstring; empty when no rule here refuses it.
+    """
+    refusals: list[Refusal] = []
+    tensor = site.tensor
+    location = _entry(tensor, "location")
+    if location:
+        refusals.extend(_path_refusals(base_dir, location))
+    keys = [_text(entry.key) for entry in tensor.external_data]
+    extra = sorted({key for key in keys if key not in ORT_KEYS})
+    if extra:
+        refusals.append(
+            Refusal(
+                ("onnxruntime",),
+                f"external_data key(s) {extra}: onnxruntime accepts only location, offset, length, checksum",
+            )
+        )
+    if isinstance(tensor.name, bytes):
+        refusals.append(Refusal(("check_model", "onnxruntime"), "the tensor name is not valid UTF-8"))
+    reason = inline_reason(site)
+    if reason is not None:
+        what = "a tensor in training_info" if reason == "training_info" else f"a {reason}"
+        refusals.append(
+            Refusal(("onnx.load",), f"onnx's loader never reads the external data of {what} (it stays EXTERNAL)")
+        )
+    return refusals
+
+
+def _path_refusals(base_dir: str, location: str) -> list[Refusal]:
+    """Symlinks on the path below ``base_dir`` and a hard-linked file; a missing component ends the walk."""
+    parts = [part for part in location.split("/") if part not in ("", ".")]
+    if not parts or ".." in parts or os.path.isabs(location):
+        return []  # malformed: every loader refuses it, inspect says so with its own status
+    current = base_dir
+    links: list[str] = []
+    for index, part in enumerate(parts):
+        current = os.path.join(current, part)
+        try:
+            st = os.lstat(current)
+        except (OSError, ValueError):
+            return []  # missing (or not reachable): inspect reports it with its own status
+        if stat.S_ISLNK(st.st_mode):
+            links.append("/".join(parts[: index + 1]))
+    refusals: list[Refusal] = []
+    if links:
+        file_is_link = links[-1] == "/".join(parts)
+        ort: tuple[Loader, ...] = () if _stays_inside(base_dir, current) else ("onnxruntime",)
+        check: tuple[Loader, ...] = ("check_model",) if file_is_link else ()
+        named = ", ".join(repr(link) for link in links)
+        what = (
+            f"data file {location!r} is a symbolic link"
+            if links == ["/".join(parts)]
+            else f"data path {location!r} goes through the symbolic link(s) {named}"
+        )
+        refusals.append(Refusal(("onnx.load", *check, *ort), what))
+    try:
+        target = os.stat(current)
+    except (OSError, ValueError):
+        return refusals
+    if stat.S_ISREG(target.st_mode) and target.st_nlink > 1:
+        refusals.append(
+            Refusal(("onnx.load", "check_model"), f"data file {location!r} has {target.st_nlink} hard links")
+        )
+    return refusals
+
+
+def _stays_inside(base_dir: str, path: str) -> bool:
+    real_base = os.path.realpath(base_dir)
+    real = os.path.realpath(path)
+    return real == real_base or real.startswith(real_base.rstrip(os.sep) + os.sep)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", errors="backslashreplace") if isinstance(value, bytes) else value
+
+
+def _entry(tensor: onnx.TensorProto, key: str) -> str:
+    for entry in tensor.external_data:
+        if _text(entry.key) == key and isinstance(entry.value, str):
+            return entry.value
+    return ""
