@@ -83,7 +83,6 @@ def weights_location(dst_onnx: str, dst_weights: str) -> str:
             f"weights file {raw!r} cannot be referenced from {onnx_path!r}: it would be stored as location "
             f"{location!r}, which loaders refuse ({exc})"
         ) from None
-    _refuse_symlinked_folders(folder, location, raw)
     real_folder = os.path.realpath(folder)
     real_weights_folder = os.path.realpath(os.path.dirname(weights_path))
     if not is_inside(real_folder, real_weights_folder):
@@ -92,6 +91,7 @@ def weights_location(dst_onnx: str, dst_weights: str) -> str:
             f"{real_folder!r}, through a symbolic link: the weights would land elsewhere and loaders would refuse "
             "the model."
         )
+    _refuse_symlinked_folders(folder, location, raw)
     return location
 
 

@@ -43,8 +43,8 @@ def test_weights_inside_the_folder_get_a_relative_location(out: Path, weights: s
     [
         ("../w.bin", "is outside the destination model's folder"),
         ("/etc/w.bin", "is outside the destination model's folder"),
-        ("escape/w.bin", "through the symbolic link 'escape'"),
-        ("escape/sub/../w.bin", "through the symbolic link 'escape'"),
+        ("escape/w.bin", "outside the destination model's folder"),
+        ("escape/sub/../w.bin", "through a symbolic link"),
         # A symlinked subfolder staying inside the folder: onnx refuses it all the same ("kernel rejected path").
         ("self/w.bin", "through the symbolic link 'self'"),
         ("sub/self/w.bin", "through the symbolic link 'sub/self'"),
