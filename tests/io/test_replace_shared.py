@@ -161,3 +161,22 @@ def test_folder_sharing_lists_which_models_use_which_files(models):
         Path(f.path).name: sorted(Path(u.model).name for u in f.users) for f in folder_sharing(str(models / "models"))
     }
     assert shared == {"first.onnx.data": ["first.onnx", "second.onnx"], "second.bin": ["second.onnx"]}
+
+
+def test_undelay_refuses_to_replace_a_shared_weights_file_unless_told(tmp_path):
+    from onnx_light_ref.ops import undelay_initializers
+    from onnx_light_ref.ops.convert import delay_initializers
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "out").mkdir()
+    source = save_external(identity_model({"w": np.arange(4, dtype=np.float32)}), tmp_path / "src" / "m.onnx", "m.data")
+    delayed = tmp_path / "src" / "delayed.onnx"
+    onnx.save(delay_initializers(source, "file"), delayed)
+    first = undelay_initializers(delayed, tmp_path / "out" / "a.onnx", tmp_path / "out" / "w.bin")
+    assert first > 0
+    before = sha256_of_tree(tmp_path, every_entry=True)
+    with pytest.raises(SharedWeightsError, match=r"a\.onnx"):
+        undelay_initializers(delayed, tmp_path / "out" / "b.onnx", tmp_path / "out" / "w.bin")
+    assert sha256_of_tree(tmp_path, every_entry=True) == before
+    undelay_initializers(delayed, tmp_path / "out" / "b.onnx", tmp_path / "out" / "w.bin", replace_shared=True)
+    np.testing.assert_array_equal(_run(tmp_path / "out" / "a.onnx")[0], np.arange(4, dtype=np.float32))
