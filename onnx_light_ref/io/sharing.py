@@ -75,20 +75,22 @@ def model_references(model_path: str) -> dict[FileIdentity | str, ModelReference
 
     folder = os.path.dirname(os.path.abspath(model_path))
     found: dict[FileIdentity | str, ModelReference] = {}
+    keys: dict[str, FileIdentity | str] = {}  # one stat per distinct location, not per tensor
+    counts: dict[FileIdentity | str, int] = {}
     for site in iter_tensors(model):
         if not is_external(site.tensor):
             continue
         location = _location(site.tensor)
         if not location:
             continue
-        path = os.path.normpath(os.path.join(folder, location))
-        key: FileIdentity | str = _identity(path) or path
-        previous = found.get(key)
-        if previous is None:
-            found[key] = ModelReference(model_path, site.label, location, 1)
-        else:
-            found[key] = ModelReference(previous.model, previous.tensor, previous.location, previous.tensors + 1)
-    return found
+        key = keys.get(location)
+        if key is None:
+            path = os.path.normpath(os.path.join(folder, location))
+            key = keys[location] = _identity(path) or path
+        counts[key] = counts.get(key, 0) + 1
+        if key not in found:
+            found[key] = ModelReference(model_path, site.label, location, 0)
+    return {key: ModelReference(ref.model, ref.tensor, ref.location, counts[key]) for key, ref in found.items()}
 
 
 def check_not_shared(
