@@ -95,11 +95,9 @@ def format_report(report: LayoutReport) -> str:
         The whole text, newline-terminated.
     """
     lines = [f"model: {printable(report.model_path)}"]
-    lines.extend(f"model error: {printable(problem)}" for problem in report.model_problems)
+    lines.extend(f"note: {printable(note)}" for note in report.notes)
     if not report.tensors:
         lines.append(f"no external tensors ({report.inline_tensors} inline).")
-        if report.model_problems:
-            lines.append(f"status: {len(report.model_problems)} error(s)")
         return "\n".join(lines) + "\n"
     header = ("name", "location", "offset", "length", "align", "status")
     rows = [
@@ -149,8 +147,7 @@ def format_report(report: LayoutReport) -> str:
         f"{format_alignment(common) if common != 0 else 'any power of two (all offsets are 0)'}"
         + (f" ({common} bytes)" if common and format_alignment(common) != str(common) else "")
     )
-    count = len(errors) + len(report.model_problems)
-    lines.append("status: OK" if report.ok else f"status: {count} error(s)")
+    lines.append("status: OK" if report.ok else f"status: {len(errors)} error(s)")
     return "\n".join(lines) + "\n"
 
 
@@ -175,9 +172,8 @@ def format_folder(folder: str) -> tuple[str, bool]:
             lines.append(f"  {printable(name)}: not readable: {printable(str(exc))}")
             ok = False
             continue
-        count = len(report.errors) + len(report.model_problems)
         ok = ok and report.ok
-        lines.append(f"  {printable(name)}: {'OK' if report.ok else f'{count} error(s)'}")
+        lines.append(f"  {printable(name)}: {'OK' if report.ok else f'{len(report.errors)} error(s)'}")
     lines.append("")
     lines.append("files:")
     for shared in folder_sharing(folder):

@@ -17,9 +17,9 @@ ASCII digits, a length that disagrees with dims, negative dims) are errors; so i
 is fine by the checks above, but ``onnx.load``, ``check_model(full_check=True)`` or onnxruntime refuses it (a
 symlink on the data path even inside the folder, a ``basepath`` key, a non-UTF-8 name, a place onnx does not load
 external data from). Every external tensor also carries :attr:`TensorLayout.refusals`: which loader refuses what
-(:func:`~onnx_light_ref.io.loader_rule.loader_refusals`), whatever its status. A model with a non-UTF-8 string
-elsewhere (a node name...) is listed in :attr:`LayoutReport.model_problems`. ``ok`` means all three loaders accept
-the model's external data.
+(:func:`~onnx_light_ref.io.loader_rule.loader_refusals`), whatever its status. A non-UTF-8 string elsewhere in the
+model (a node name...) is noted in :attr:`LayoutReport.notes` (the loaders accept it; this package's writers refuse
+it). ``ok`` means all three loaders accept the model's external data.
 
 This module must never read weight bytes (it only ``stat``s files) and never writes anything; it returns plain
 dataclasses and leaves presentation to the caller (``onnx-light-ref inspect``).
@@ -144,7 +144,8 @@ class LayoutReport:
     tensors: list[TensorLayout]
     files: list[FileLayout]
     inline_tensors: int  # tensors holding their bytes in the proto (not checked further)
-    model_problems: list[str] = field(default_factory=list)  # refusals about the model as a whole (non-UTF-8 text)
+    # Not errors: e.g. non-UTF-8 text, which the loaders accept and this package's writers refuse.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def errors(self) -> list[TensorLayout]:
@@ -153,8 +154,8 @@ class LayoutReport:
 
     @property
     def ok(self) -> bool:
-        """True when no tensor is in error and the model as a whole has no problem."""
-        return not self.errors and not self.model_problems
+        """True when no tensor is in error."""
+        return not self.errors
 
     @property
     def common_alignment(self) -> int | None:
@@ -320,6 +321,7 @@ def build_layout_report(model_path: PathLike) -> LayoutReport:
     # Names that are not UTF-8 are reported per tensor below, instead of refusing the whole model.
     model = load_model_metadata(path, check_strings=False)
     resolver = LocationResolver(os.path.dirname(path))
+    real_model_dir = os.path.dirname(os.path.realpath(path))
     tensors: list[TensorLayout] = []
     files: dict[str, FileLayout] = {}  # keyed by resolved path (two spellings of one file are one file)
     members: dict[str, list[TensorLayout]] = {}
@@ -329,7 +331,7 @@ def build_layout_report(model_path: PathLike) -> LayoutReport:
             inline += 1
             continue
         layout, resolved, size = _check_tensor(site.tensor, site.label, site.where, resolver)
-        layout.refusals = loader_refusals(site, os.path.dirname(path))
+        layout.refusals = loader_refusals(site, os.path.dirname(path), real_model_dir)
         tensors.append(layout)
         if resolved is None and layout.status != "missing file":
             continue  # an unsafe or unreadable location names no file we may look at
@@ -346,9 +348,9 @@ def build_layout_report(model_path: PathLike) -> LayoutReport:
         if layout.refusals and not layout.is_error:
             layout.status = "loader refuses"
             layout.message = f"tensor {layout.name!r}: " + "; ".join(r.describe() for r in layout.refusals)
-    problems: list[str] = []
+    notes: list[str] = []
     try:
         check_model_strings(model, what=repr(path))
-    except InvalidModelError as exc:  # check_model and onnxruntime refuse the model (onnx.load parses it)
-        problems.append(f"check_model, onnxruntime refuse the model: {exc}")
-    return LayoutReport(path, tensors, list(files.values()), inline, problems)
+    except InvalidModelError as exc:  # the loaders take it; align, verify and the shared saver refuse it
+        notes.append(f"{exc} (the loaders accept it; this package's writers refuse it)")
+    return LayoutReport(path, tensors, list(files.values()), inline, notes)

@@ -7,7 +7,8 @@
   does, runs in onnxruntime with the source's outputs where the source runs, and ``verify_models`` says equal.
 * ``inspect``: over hostile trees (symlinked files and folders inside and outside, hard links, odd names, extra
   keys, non-UTF-8 names, tensors where onnx does not load external data), ``build_layout_report(...).ok`` (and the
-  CLI's ``status: OK`` / exit 0) holds if and only if the three loaders accept the model.
+  CLI's ``status: OK`` / exit 0) holds if and only if the three loaders accept the model; and where no other error
+  applies, the loaders inspect says refuse are exactly the loaders that refuse.
 
 Every example builds its tree in its own folder under ``tmp_path``, removed at the end of the example. Example counts
 are modest: the whole file stays well under a minute.
@@ -36,7 +37,7 @@ from onnx_light_ref.io.layout_report import build_layout_report
 from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
 from onnx_light_ref.io.verify import verify_models
 from onnx_light_ref.io.walker import iter_tensors
-from tests.models import identity_model, write_model
+from tests.models import OPSET, identity_model, write_model
 from tests.zoo import ZOO, build_zoo_model
 
 _COUNTER = itertools.count()
@@ -172,7 +173,7 @@ PLACEMENTS = [
 ]
 EXTRA_KEYS = [None, "checksum", "basepath", "unknown"]
 NAMES = ["plain", "not_utf8"]
-PLACES = ["initializer", "constant", "sparse", "training"]
+PLACES = ["initializer", "constant", "sparse", "training", "function_node", "function_default"]
 
 
 def _place(folder: Path, outside: Path, index: int, placement: str, data: bytes) -> str:
@@ -241,6 +242,25 @@ def _externalize(tensor: TensorProto, location: str, extra: str | None) -> None:
         entry.key, entry.value = key, value
 
 
+def _add_function(model: onnx.ModelProto, index: int, proto: TensorProto, place: str) -> TensorProto:
+    """A model-local function called once from the main graph; ``proto`` in its body's Constant or as a default."""
+    domain = f"local{index}"
+    if place == "function_node":
+        body = [helper.make_node("Constant", [], ["Y"], value=proto)]
+    else:
+        body = [helper.make_node("Constant", [], ["Y"], value_floats=[1.0, 2.0, 3.0, 4.0])]
+    function = helper.make_function(domain, "F", [], ["Y"], body, [helper.make_opsetid("", OPSET)])
+    if place == "function_default":
+        function.attribute_proto.append(helper.make_attribute("unused", proto))
+    model.functions.append(function)
+    model.opset_import.append(helper.make_opsetid(domain, 1))
+    model.graph.node.append(helper.make_node("F", [], [f"out_f{index}"], domain=domain))
+    model.graph.output.append(helper.make_tensor_value_info(f"out_f{index}", TensorProto.FLOAT, [4]))
+    if place == "function_node":
+        return model.functions[-1].node[0].attribute[0].t
+    return model.functions[-1].attribute_proto[0].t
+
+
 def _hostile_model(
     folder: Path, outside: Path, tensors: list[tuple[str, str, str | None, str]]
 ) -> tuple[Path, list[bytes]]:
@@ -248,7 +268,9 @@ def _hostile_model(
     patch to non-UTF-8."""
     arrays = {f"t{i}": np.arange(4, dtype=np.float32) + i for i in range(len(tensors))}
     places = [place for *_, place in tensors]
-    model = identity_model({f"t{i}": arrays[f"t{i}"] for i, place in enumerate(places) if place == "initializer"})
+    # An inline "anchor" keeps a node in the graph whatever the draw: onnxruntime refuses a graph without one.
+    chosen = {f"t{i}": arrays[f"t{i}"] for i, place in enumerate(places) if place == "initializer"}
+    model = identity_model({"anchor": np.zeros(2, dtype=np.float32), **chosen})
     patched: list[bytes] = []
     for index, (placement, name, extra, place) in enumerate(tensors):
         tensor_name = f"t{index}"
@@ -263,6 +285,8 @@ def _hostile_model(
             indices = numpy_helper.from_array(np.arange(4, dtype=np.int64), "")
             model.graph.sparse_initializer.append(helper.make_sparse_tensor(proto, indices, [8]))
             proto = model.graph.sparse_initializer[-1].values
+        elif place in ("function_node", "function_default"):
+            proto = _add_function(model, index, proto, place)
         else:
             training = model.training_info.add()
             training.initialization.CopyFrom(helper.make_graph([], f"init{index}", [], [], initializer=[proto]))
@@ -271,6 +295,8 @@ def _hostile_model(
         _externalize(proto, location, extra)
         if name == "not_utf8":
             proto.name = f"NAME{index:04d}"
+            for node in model.graph.node:  # the graph stays well-formed: its users are renamed with it
+                node.input[:] = [proto.name if used == tensor_name else used for used in node.input]
             patched.append(f"NAME{index:04d}".encode())
     path = write_model(folder / "model.onnx", model)
     if patched:
@@ -320,3 +346,13 @@ def test_inspect_says_ok_iff_the_three_loaders_accept(tmp_path, tensors):
         facts = f"{tensors}: onnx.load {loaded} ({why_load}), check_model {checked} ({why_check}), ort {runs}\n{text}"
         assert report.ok == accepted, facts
         assert ("status: OK" in text) == accepted, facts
+        # Which loader refuses: inspect's per-loader claims, where no other error (missing file, malformed entry,
+        # unsafe location: every loader refuses those, or onnx ignores what it does not know) blurs them.
+        if all(t.status in ("ok", "shared", "loader refuses") for t in report.tensors):
+            claimed = {loader for t in report.tensors for r in t.refusals for loader in r.loaders}
+            observed = {
+                name
+                for name, ok in zip(("onnx.load", "check_model", "onnxruntime"), (loaded, checked, runs), strict=True)
+                if not ok
+            }
+            assert claimed == observed, facts
