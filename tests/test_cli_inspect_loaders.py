@@ -124,3 +124,25 @@ def test_inspect_a_folder_with_a_broken_model_exits_1(tmp_path, capsys):
     status, out = _inspect(tmp_path, capsys)
 
     assert status == 1 and "  a.onnx: OK" in out and "  broken.onnx: not readable" in out
+
+
+def test_the_hugging_face_cache_layout_is_accepted_by_onnxruntime_only(tmp_path, capsys):
+    """``snapshots/<rev>/model.onnx`` and ``model.onnx.data`` are symlinks into ``../../blobs/``."""
+    (tmp_path / "build").mkdir()
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "snapshots" / "rev").mkdir(parents=True)
+    built = save_external(
+        identity_model({"w": np.arange(4, dtype=np.float32)}), tmp_path / "build" / "model.onnx", "model.onnx.data"
+    )
+    built.rename(tmp_path / "blobs" / "aaa")
+    (tmp_path / "build" / "model.onnx.data").rename(tmp_path / "blobs" / "bbb")
+    model = tmp_path / "snapshots" / "rev" / "model.onnx"
+    model.symlink_to("../../blobs/aaa")
+    (tmp_path / "snapshots" / "rev" / "model.onnx.data").symlink_to("../../blobs/bbb")
+
+    status, out = _inspect(model, capsys)
+
+    assert status == 1
+    expected = "onnx.load, check_model refuse: data file 'model.onnx.data' is a symbolic link (onnxruntime accepts it)"
+    assert expected in out
+    assert _accepts(model) == {"onnx.load": False, "check_model": False, "onnxruntime": True}
