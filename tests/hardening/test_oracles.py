@@ -94,7 +94,7 @@ def _session(path: Path) -> ort.InferenceSession | None:
 WRITERS = ["streaming", "in_memory", "shared_saver"]
 
 
-@settings(_SETTINGS, max_examples=40)
+@settings(_SETTINGS, max_examples=100)
 @given(
     zoo=st.sampled_from(sorted(ZOO)),
     writer=st.sampled_from(WRITERS),
@@ -307,7 +307,7 @@ def _hostile_model(
     return path, patched
 
 
-@settings(_SETTINGS, max_examples=60)
+@settings(_SETTINGS, max_examples=150)
 @given(
     tensors=st.lists(
         st.tuples(
