@@ -15,6 +15,7 @@ __all__ = [
     "ExternalDataError",
     "InvalidModelError",
     "SafetensorsError",
+    "SharedWeightsError",
     "TensorAllocationError",
     "UnsafeLocationError",
 ]
@@ -35,6 +36,11 @@ class DestinationConflictError(ExternalDataError):
 class SafetensorsError(ExternalDataError):
     """A safetensors header is malformed (hostile input), or tensors cannot be stored as safetensors (a name that is
     empty or repeated, a data type safetensors has no code for)."""
+
+
+class SharedWeightsError(DestinationConflictError):
+    """A writer would replace a weights file that another model in the folder references (``replace_shared=True``
+    opts in): replacing it would silently change what that model computes."""
 
 
 class DanglingReferenceError(ExternalDataError):

@@ -278,8 +278,11 @@ def test_names_and_locations_that_are_not_utf8_do_not_crash_inspect(tmp_path, ca
 
     assert status == 1
     report = build_layout_report(path)
-    assert [(t.name, t.status) for t in report.tensors] == [("n\\xff\x1bme!", "ok"), ("b", "invalid")]
+    # An external tensor whose name is not UTF-8: onnx.load cannot open its data (issue 18), so it is not "ok".
+    assert [(t.name, t.status) for t in report.tensors] == [("n\\xff\x1bme!", "loader refuses"), ("b", "invalid")]
+    assert "onnx.load refuses: the tensor name is not valid UTF-8" in report.tensors[0].message
     assert "is not valid UTF-8" in report.tensors[1].message
+    assert report.notes and "not valid UTF-8" in report.notes[0]
     assert "n\\xff\\x1bme" in out  # undecodable byte as a backslash escape, the control character escaped
     assert "Traceback" not in out
 

@@ -121,6 +121,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="name weights files for a consumer: hf (model-00001-of-0000N.data, default for safetensors) or "
         "transformers.js (model.onnx_data, model.onnx_data_1, ...; at most 100 files); default: W, W.1, W.2...",
     )
+    parser.add_argument(
+        "--replace-shared",
+        action="store_true",
+        help="replace a weights file even when another .onnx in the destination folder uses it (that model then "
+        "computes with the new weights); without it, such a run is refused and names the other models",
+    )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=align_command)
 
@@ -150,6 +156,7 @@ def align_command(args: argparse.Namespace) -> int:
                 allow_outside_folder=args.allow_outside_folder,
                 weights_format=args.format,
                 shard_names=args.shard_names,
+                replace_shared=args.replace_shared,
             )
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         remove_created_folders(created)
@@ -182,6 +189,9 @@ def _written(dst_onnx: str, dst_weights: str | None, result: AlignResult, elapse
     extras = []
     if result.externalized_tensors:
         extras.append(f"{result.externalized_tensors} moved out of the .onnx")
+    if result.kept_inline_tensors:
+        reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(result.kept_inline_reasons.items()))
+        extras.append(f"{result.kept_inline_tensors} kept inline where onnx would not load them back: {reasons}")
     if result.deduplicated_tensors:
         extras.append(f"{result.deduplicated_tensors} deduplicated ({result.deduplicated_bytes} bytes saved)")
     if result.unaligned_tensors:

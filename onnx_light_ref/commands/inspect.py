@@ -4,7 +4,10 @@ A thin presentation of :func:`onnx_light_ref.io.layout_report.build_layout_repor
 (name, location, offset, length, alignment of the offset, status), the problems in words, totals per data file
 (tensors, bytes used, file size, gaps) and the largest alignment every tensor satisfies. Exit status 1 when any
 tensor is in error (partial overlap, out of bounds, missing file, unsafe location, hard-linked file, malformed
-entry), 0 otherwise; the table is printed either way. Never reads weight bytes.
+entry, a reference ``onnx.load``, ``check_model(full_check=True)`` or onnxruntime refuses: which loader refuses
+what is printed per tensor), 0 otherwise: ``status: OK`` means the three loaders accept the model's external data.
+The table is printed either way. ``inspect FOLDER`` prints each model's status and which models use which data
+files (a file used by several models is shared: see ``replace_shared``). Never reads weight bytes.
 
 Names and locations come from the model, which may be hostile: every printed field goes through :func:`printable`,
 so a terminal escape sequence or a bidirectional override in a tensor name is shown escaped, never executed.
@@ -13,13 +16,14 @@ so a terminal escape sequence or a bidirectional override in a tensor name is sh
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io.layout_report import LayoutReport, TensorLayout, build_layout_report
 
-__all__ = ["format_alignment", "format_report", "inspect_command", "printable", "register"]
+__all__ = ["format_alignment", "format_folder", "format_report", "inspect_command", "printable", "register"]
 
 # Alignments above this are shown as ">=1M": no loader asks for more, and a huge power of two (an offset of 2 GiB
 # is 2 GiB-aligned) says nothing useful.
@@ -91,6 +95,7 @@ def format_report(report: LayoutReport) -> str:
         The whole text, newline-terminated.
     """
     lines = [f"model: {printable(report.model_path)}"]
+    lines.extend(f"note: {printable(note)}" for note in report.notes)
     if not report.tensors:
         lines.append(f"no external tensors ({report.inline_tensors} inline).")
         return "\n".join(lines) + "\n"
@@ -118,6 +123,12 @@ def format_report(report: LayoutReport) -> str:
         lines.append("")
         lines.append(f"{len(errors)} error(s):")
         lines.extend(f"  {t.status}: {printable(t.message)} (in {printable(t.where)})" for t in errors)
+    refused = [t for t in report.tensors if t.refusals and t.status != "loader refuses"]
+    if refused:  # tensors in error for another reason may be refused by some loaders only: say which
+        lines.append("")
+        lines.append("loaders:")
+        for tensor in refused:
+            lines.extend(f"  tensor {printable(tensor.name)!r}: {printable(r.describe())}" for r in tensor.refusals)
     lines.append("")
     lines.append("files:")
     for file in report.files:
@@ -142,8 +153,44 @@ def format_report(report: LayoutReport) -> str:
     return "\n".join(lines) + "\n"
 
 
+def format_folder(folder: str, *, allow_outside_folder: bool = False) -> tuple[str, bool]:
+    """What ``inspect FOLDER`` prints: each model's status, then which models use which data files.
+
+    Args:
+        folder: a folder holding ``.onnx`` files.
+        allow_outside_folder: as for :func:`~onnx_light_ref.io.layout_report.build_layout_report`.
+
+    Returns:
+        The text (newline-terminated) and whether every model is OK.
+    """
+    from onnx_light_ref.io.sharing import folder_sharing
+
+    lines = [f"folder: {printable(folder)}"]
+    names = sorted(name for name in os.listdir(folder) if name.endswith(".onnx"))
+    ok = True
+    for name in names:
+        try:
+            report = build_layout_report(os.path.join(folder, name), allow_outside_folder=allow_outside_folder)
+        except (FileNotFoundError, InvalidModelError) as exc:
+            lines.append(f"  {printable(name)}: not readable: {printable(str(exc))}")
+            ok = False
+            continue
+        ok = ok and report.ok
+        lines.append(f"  {printable(name)}: {'OK' if report.ok else f'{len(report.errors)} error(s)'}")
+    lines.append("")
+    lines.append("files:")
+    for shared in folder_sharing(folder):
+        users = ", ".join(printable(os.path.basename(user.model)) for user in shared.users)
+        relative = os.path.relpath(shared.path, folder)
+        note = f" (shared by {len(shared.users)} models)" if len(shared.users) > 1 else ""
+        lines.append(f"  {printable(relative)}: used by {users}{note}")
+    lines.append("status: OK" if ok else "status: error(s), see each model with 'inspect MODEL.onnx'")
+    return "\n".join(lines) + "\n", ok
+
+
 def inspect_command(args: argparse.Namespace) -> int:
-    """Print the layout report of ``args.model``; exit status 1 when a tensor is in error or the model is unreadable.
+    """Print the layout report of ``args.model`` (or, for a folder, each model's status and which models share
+    which files); exit status 1 when a tensor is in error or the model is unreadable.
 
     Args:
         args: the parsed command line (``model``).
@@ -151,6 +198,10 @@ def inspect_command(args: argparse.Namespace) -> int:
     Returns:
         The process exit status.
     """
+    if os.path.isdir(args.model):
+        text, ok = format_folder(args.model, allow_outside_folder=args.allow_outside_folder)
+        sys.stdout.write(text)
+        return 0 if ok else 1
     try:
         report = build_layout_report(args.model, allow_outside_folder=args.allow_outside_folder)
     except (FileNotFoundError, InvalidModelError) as exc:
@@ -167,7 +218,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Print one row per external tensor, the problems found, totals per data file and the largest "
         "alignment every tensor satisfies. Exit status 1 if any reference is broken. Reads no weight bytes.",
     )
-    parser.add_argument("model", help="path to the .onnx file")
+    parser.add_argument(
+        "model", help="path to the .onnx file, or a folder: each model's status and which models share which files"
+    )
     parser.add_argument(
         "--allow-outside-folder",
         action="store_true",

@@ -33,6 +33,7 @@ def undelay_command(args: argparse.Namespace) -> int:
             args.alignment,
             allow_outside_folder=args.allow_outside_folder,
             durable=not args.no_fsync,
+            replace_shared=args.replace_shared,
         )
     except (OSError, ValueError, TypeError, InvalidModelError) as exc:
         remove_created_folders(created)
@@ -64,6 +65,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--allow-outside-folder",
         action="store_true",
         help="trust absolute filenames outside SRC's folder (the spec's examples use /tmp paths)",
+    )
+    parser.add_argument(
+        "--replace-shared",
+        action="store_true",
+        help="replace the weights file even when another .onnx in DST's folder uses it (that model then computes "
+        "with the new weights); without it, such a run is refused and names the other models",
     )
     parser.add_argument("--no-fsync", action="store_true", help="skip fsync (same bytes, no crash durability)")
     parser.set_defaults(func=undelay_command)

@@ -10,12 +10,15 @@ Modules, one concept each:
 * reading models: ``model_file`` (metadata-only parsing), ``wire`` (parsing without inline payloads), ``walker``
   (every tensor of a model), ``entries`` (the one reader and writer of ``external_data`` entries), ``locations``
   (safe resolution and validation of external references), ``layout_report`` (how a model's weights are laid out),
-  ``verify`` (two models hold the same tensors);
+  ``loader_rule`` (which of onnx.load, check_model and onnxruntime refuses a reference, and why), ``sharing``
+  (which models of a folder use which weights files: the guard before replacing one), ``verify`` (two models hold
+  the same tensors);
 * laying out: ``alignment`` (offset arithmetic), ``placement`` (alignment threshold and shards), ``dedup``
   (identical blobs stored once);
 * writing: ``copy_engine`` (kernel file-to-file copies), ``writeback`` (overlap writeback with copying), ``space``
-  (free space and preallocation), ``posix`` (exact positional reads and writes, hard-link check), ``publish`` (one
-  transaction for every output: temp files, fsync, name exchanges with the ``.onnx`` as the commit point, rollback);
+  (free space and preallocation), ``posix`` (exact positional reads and writes, hard-link check), ``destinations``
+  (where outputs land: inside the folder, through no symlink, never a source), ``publish`` (one transaction for
+  every output: temp files, fsync, name exchanges with the ``.onnx`` as the commit point, rollback);
 * ``arguments``: the argument types and checks every public function shares.
 
 Nothing here imports ``onnx_light_ref.ops``.

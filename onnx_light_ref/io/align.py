@@ -250,6 +250,7 @@ def _publish(plan: AlignPlan, outputs: OutputTransaction, stats: CopyStats) -> A
         weights_format=plan.weights_format,
         index_file=plan.index[0] if plan.index is not None else None,
         unaligned_tensors=plan.unaligned_tensors,
+        kept_inline_reasons=plan.kept_inline,
     )
     logger.info(
         "wrote %d weights file(s) %s (%d tensors, %d externalized, %d deduplicated, %d bytes, %d padding) and %s",
@@ -291,6 +292,7 @@ def _align(
     durable: bool,
     progress: ProgressCallback | None,
     allow_outside_folder: bool = False,
+    replace_shared: bool = False,
 ) -> AlignResult:
     """Plan, then execute the plan in ``mode`` (read everything first when ``in_memory``), then publish.
 
@@ -313,6 +315,7 @@ def _align(
         allow_outside_folder=allow_outside_folder,
         weights_format=layout.weights_format,
         shard_names=layout.shard_names,
+        replace_shared=replace_shared,
     )
     payloads = _read_all(plan) if mode == "in_memory" else None
     with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
@@ -340,6 +343,7 @@ def align_external_data_streaming(
     allow_outside_folder: bool = False,
     weights_format: WeightsFormat = "onnx",
     shard_names: ShardNames = None,
+    replace_shared: bool = False,
 ) -> AlignResult:
     """Copy the weights of ``src_onnx_path`` into aligned external data files, without loading them.
 
@@ -369,7 +373,10 @@ def align_external_data_streaming(
             even without it.
         size_threshold: None (default) keeps inline tensors inline. An int: every inline tensor anywhere in the
             model holding at least that many bytes (and at least one) becomes external too, placed like the others
-            in walker order. STRING tensors stay inline. Typed-field tensors (``float_data``...) are converted to
+            in walker order, where onnx's loader reads it back (initializers and node attribute tensors of the main
+            graph, its subgraphs and functions' nodes). STRING tensors stay inline; so do sparse tensors, function
+            default attributes and ``training_info`` tensors (``onnx.load`` would leave them EXTERNAL), counted in
+            ``kept_inline_tensors``. Typed-field tensors (``float_data``...) are converted to
             little-endian raw bytes in memory.
         durable: fsync the outputs and their folder before and after publishing (default). ``False`` skips every
             fsync (outputs still appear atomically, with the same bytes) for scratch copies and benchmarks.
@@ -388,6 +395,9 @@ def align_external_data_streaming(
         shard_names: how weights files are named (:mod:`onnx_light_ref.io.shard_names`): None (ours: ``W``,
             ``W.1``...; ``"hf"`` for safetensors), ``"hf"`` (``model-00001-of-0000N.data``) or
             ``"transformers.js"`` (``model.onnx_data``, ``model.onnx_data_1``...; at most 100 files).
+        replace_shared: replace an existing weights file even when another ``.onnx`` of the destination folder
+            references it (that model then computes with the new bytes). False (default) refuses with
+            ``SharedWeightsError`` naming the other models.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`: an ``int`` equal to the bytes of all weights files,
@@ -405,7 +415,8 @@ def align_external_data_streaming(
             offset), or the result cannot be serialized.
         ExternalDataError: a malformed or out-of-bounds reference, an inline tensor whose data does not match its
             dims (``UnsafeLocationError`` for a location outside the model's folder or a hard-linked file,
-            ``DestinationConflictError`` for a destination that is a source or another destination).
+            ``DestinationConflictError`` for a destination that is a source or another destination,
+            ``SharedWeightsError`` for a weights file another model of the folder uses, without ``replace_shared``).
         FileNotFoundError: the source model, a referenced file or the destination folder does not exist.
         OSError: the copy or the publication failed (``ENOSPC`` before the first byte when the disk is too small);
             the destinations are then unchanged.
@@ -432,6 +443,7 @@ def align_external_data_streaming(
         durable,
         progress,
         allow_outside_folder,
+        replace_shared,
     )
 
 
@@ -450,6 +462,7 @@ def align_external_data_in_memory(
     allow_outside_folder: bool = False,
     weights_format: WeightsFormat = "onnx",
     shard_names: ShardNames = None,
+    replace_shared: bool = False,
 ) -> AlignResult:
     """Same result as :func:`align_external_data_streaming`, but every payload is read into memory first.
 
@@ -472,6 +485,7 @@ def align_external_data_in_memory(
         allow_outside_folder: as for :func:`align_external_data_streaming`.
         weights_format: as for :func:`align_external_data_streaming`.
         shard_names: as for :func:`align_external_data_streaming`.
+        replace_shared: as for :func:`align_external_data_streaming`.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`, as :func:`align_external_data_streaming` returns
@@ -505,4 +519,5 @@ def align_external_data_in_memory(
         durable,
         progress,
         allow_outside_folder,
+        replace_shared,
     )

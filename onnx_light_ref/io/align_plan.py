@@ -58,7 +58,8 @@ from onnx_light_ref.io.shard_names import (
     shard_paths,
     stale_candidates,
 )
-from onnx_light_ref.io.walker import iter_tensors
+from onnx_light_ref.io.sharing import check_not_shared
+from onnx_light_ref.io.walker import inline_reason, iter_tensors
 from onnx_light_ref.io.wire import InlinePayload, StrippedModel, load_model_stripped
 
 if TYPE_CHECKING:
@@ -204,6 +205,8 @@ class AlignPlan:
     weights_format: WeightsFormat = "onnx"
     index: tuple[str, bytes] | None = None  # a sharded safetensors set's index.json: path and content
     unaligned_tensors: list[str] = field(default_factory=list)  # safetensors: >= align_threshold, not aligned
+    # inline tensors at or above size_threshold kept inline because onnx's loader would not read them back, by reason
+    kept_inline: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_size(self) -> int:
@@ -296,6 +299,7 @@ def plan_alignment(
     mode: Mode = "streaming",
     chunk_size: int | None = None,
     allow_outside_folder: bool = False,
+    replace_shared: bool = False,
     **options: Unpack[LayoutKeywords],
 ) -> AlignPlan:
     """Validate arguments, parse the source metadata, check every reference and lay out every output file.
@@ -308,6 +312,8 @@ def plan_alignment(
             places the same bytes at the same offsets either way.
         chunk_size: size of each of the two buffers used to compare candidate duplicates (None: 1 MiB).
         allow_outside_folder: follow symbolic links in the source's data paths (trusted layouts only).
+        replace_shared: replace a weights file that another model of the destination folder references
+            (:func:`~onnx_light_ref.io.sharing.check_not_shared`); False (default) refuses.
         options: ``align_threshold``, ``max_shard_size``, ``dedup``, ``size_threshold``, ``weights_format``,
             ``shard_names`` (:class:`LayoutOptions`), as documented on
             :func:`~onnx_light_ref.io.align.align_external_data_streaming`.
@@ -321,7 +327,8 @@ def plan_alignment(
         InvalidModelError: ``src_onnx_path`` is not an ONNX model, or has a string field that is not UTF-8.
         ExternalDataError: a malformed or out-of-bounds reference, an inline tensor whose data does not match its
             dims and data type; ``UnsafeLocationError`` for an unsafe location or hard-linked source,
-            ``DestinationConflictError`` for an output that is a source or another output.
+            ``DestinationConflictError`` for an output that is a source or another output,
+            ``SharedWeightsError`` for an existing weights file another model references (without ``replace_shared``).
         FileNotFoundError: the source model or a referenced file does not exist.
     """
     step = validate_alignment(alignment)
@@ -344,6 +351,7 @@ def plan_alignment(
     _weights_location(dst_onnx, dst_weights)  # refuse a bad destination before reading anything
 
     # Held from now on: the .onnx is parsed through it and every data file is opened relative to it.
+    check_bool("replace_shared", replace_shared)
     folder = open_model_folder(src_onnx, allow_outside_folder=allow_outside_folder)
     model, stripped, onnx_identity = _load(src_onnx, inline_threshold, mode, folder)
     # Inline payloads are copied out of the file itself: through its real path, since the copy opens sources with
@@ -359,6 +367,7 @@ def plan_alignment(
     sites = bytearray()
     externalized = 0
     named: list[SafetensorsTensor] = []  # safetensors only: each moved tensor's key, type and dims
+    kept_inline: dict[str, int] = {}
     for site in iter_tensors(model):
         tensor = site.tensor
         if is_external(tensor):
@@ -370,6 +379,12 @@ def plan_alignment(
                 checksums[len(payloads)] = ref.checksum
             payloads.add_range(table.index(ref.path, identity, ref.folder, ref.location), ref.offset, ref.length)
             sites.append(SITE_EXTERNAL)
+        elif inline_threshold is not None and (reason := inline_reason(site)) is not None:
+            # onnx.load would leave it EXTERNAL (sparse, function default, training_info): it stays inline.
+            if _keep_inline(tensor, site.label, inline_threshold, stripped, payload_source, onnx_identity):
+                kept_inline[reason] = kept_inline.get(reason, 0) + 1
+            sites.append(SITE_KEPT)
+            continue
         elif inline_threshold is not None and _add_inline(
             tensor, site.label, inline_threshold, stripped, payload_source, onnx_identity, table, payloads
         ):
@@ -453,6 +468,7 @@ def plan_alignment(
     outputs = [s.path for s in shards] + ([index_file[0]] if index_file else [])
     if outputs and outputs != [dst_weights]:
         check_outputs(dst_onnx, outputs, sources)
+    check_not_shared(outputs, dst_onnx, replace_shared=replace_shared)
     stale = _stale_shards(dst_weights, [s.path for s in shards], scheme, safetensors, {dst_onnx}, set(sources))
     return AlignPlan(
         model,
@@ -473,6 +489,7 @@ def plan_alignment(
         weights_format,
         index_file,
         unaligned,
+        kept_inline,
     )
 
 
@@ -581,13 +598,35 @@ def _add_inline(
     return True
 
 
+def _keep_inline(
+    tensor: onnx.TensorProto,
+    label: str,
+    inline_threshold: int,
+    stripped: StrippedModel | None,
+    src_onnx: str,
+    onnx_identity: FileIdentity | None,
+) -> bool:
+    """Leave a tensor onnx would not load back inline (its stripped bytes restored); True when it was large enough
+    to have moved otherwise (so that the result can count it)."""
+    payload = stripped.payload(tensor) if stripped is not None else None
+    if payload is not None:
+        _restore_payload(tensor, label, payload, src_onnx, onnx_identity)
+        length = payload.length
+    elif tensor.HasField("raw_data"):
+        length = len(tensor.raw_data)
+    else:
+        length = (expected_nbytes(tensor) or 0) if tensor.data_type not in _NEVER_EXTERNAL else 0
+    return length > 0 and length >= inline_threshold
+
+
 def _restore_payload(
     tensor: onnx.TensorProto, label: str, payload: InlinePayload, src_onnx: str, onnx_identity: FileIdentity | None
 ) -> None:
     """Give a tensor that stays inline its stripped ``raw_data`` back, read from the ``.onnx`` (checked unchanged).
 
     Only tensors that can never move out (STRING, UNDEFINED or unknown data types carrying ``raw_data``, which no
-    exporter writes) get here; their bytes are held in memory, as the in-memory aligner holds them.
+    exporter writes; tensors onnx's loader would not read back: sparse, function defaults, training graphs) get
+    here; their bytes are held in memory, as the in-memory aligner holds them.
     """
     fd = open_source(CopyRange(src_onnx, payload.offset, 0, payload.length, onnx_identity))
     try:

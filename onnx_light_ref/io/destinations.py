@@ -59,7 +59,9 @@ def weights_location(dst_onnx: str, dst_weights: str) -> str:
     Raises:
         UnsafeLocationError: ``dst_weights`` ends with ``/`` or ``/.``; it is outside the folder of ``dst_onnx``
             (by path, or by real path through a symlinked subfolder: the weights would land elsewhere and the model
-            would not load); or the location would contain ``..`` or break another location rule.
+            would not load); its location goes through a symbolic link (a subfolder that is a symlink, even one
+            staying inside the folder: onnx's loader refuses any symlink on a data path, "kernel rejected path");
+            or the location would contain ``..`` or break another location rule.
     """
     raw = os.fspath(dst_weights)
     if raw.endswith(("/", "/.")) or os.path.basename(raw) in ("", ".", ".."):
@@ -89,7 +91,35 @@ def weights_location(dst_onnx: str, dst_weights: str) -> str:
             f"{real_folder!r}, through a symbolic link: the weights would land elsewhere and loaders would refuse "
             "the model."
         )
+    _refuse_symlinked_folders(folder, location, raw)
     return location
+
+
+def _refuse_symlinked_folders(folder: str, location: str, raw: str) -> None:
+    """Refuse a location whose subfolders (below the destination model's folder) include a symbolic link.
+
+    onnx's loader opens a data file from the model's folder with ``RESOLVE_NO_SYMLINKS`` semantics: a symlinked
+    subfolder makes it fail even when the link stays inside the folder. The file name itself may be a symlink now:
+    publication renames the new file over the name, so the link is replaced, never followed. A missing subfolder
+    ends the walk (the writer reports it before writing).
+    """
+    parts = location.split("/")[:-1]
+    current = folder
+    for index, part in enumerate(parts):
+        if part in ("", "."):
+            continue
+        current = os.path.join(current, part)
+        try:
+            st = os.lstat(current)
+        except OSError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            through = "/".join(parts[: index + 1])
+            raise UnsafeLocationError(
+                f"weights file {raw!r} would be written through the symbolic link {through!r} in {folder!r} "
+                f"(location {location!r}): onnx refuses to load a data file through any symlink, even one staying "
+                "inside the model's folder. Write to the real folder instead; nothing was written."
+            )
 
 
 def _name_max(folder: str) -> int:

@@ -13,7 +13,13 @@ Statuses (:data:`LayoutStatus`): ``ok``, ``shared`` (identical range used by sev
 ``out of bounds``, ``missing file``, ``unsafe location`` (a location that escapes the model's folder or is
 malformed), ``hard-linked`` (the file has several hard links, which onnx and ``align`` refuse to read) and
 ``invalid`` (any other malformed entry: unknown or duplicated keys, non-UTF-8 text, a number that is not plain
-ASCII digits, a length that disagrees with dims, negative dims) are errors.
+ASCII digits, a length that disagrees with dims, negative dims) are errors; so is ``loader refuses``: the reference
+is fine by the checks above, but ``onnx.load``, ``check_model(full_check=True)`` or onnxruntime refuses it (a
+symlink on the data path even inside the folder, a ``basepath`` key, a non-UTF-8 name, a place onnx does not load
+external data from). Every external tensor also carries :attr:`TensorLayout.refusals`: which loader refuses what
+(:func:`~onnx_light_ref.io.loader_rule.loader_refusals`), whatever its status. A non-UTF-8 string elsewhere in the
+model (a node name...) is noted in :attr:`LayoutReport.notes` (the loaders accept it; this package's writers refuse
+it). ``ok`` means all three loaders accept the model's external data.
 
 A data file named ``*.safetensors`` also gets its header read and described (:attr:`FileLayout.safetensors`), and a
 data section the tensors do not cover exactly is flagged.
@@ -31,13 +37,14 @@ from typing import Literal
 
 import onnx
 
-from onnx_light_ref.errors import ExternalDataError, SafetensorsError, UnsafeLocationError
+from onnx_light_ref.errors import ExternalDataError, InvalidModelError, SafetensorsError, UnsafeLocationError
 from onnx_light_ref.io.alignment import offset_alignment
 from onnx_light_ref.io.arguments import PathLike, check_bool
 from onnx_light_ref.io.entries import is_external, parse_entry_int, read_entries
 from onnx_light_ref.io.folder import ModelFolder
+from onnx_light_ref.io.loader_rule import Refusal, loader_refusals
 from onnx_light_ref.io.locations import LocationResolver, expected_nbytes, parse_external_data
-from onnx_light_ref.io.model_file import load_model_metadata, open_model_folder
+from onnx_light_ref.io.model_file import check_model_strings, load_model_metadata, open_model_folder
 from onnx_light_ref.io.posix import check_single_link
 from onnx_light_ref.io.safetensors_header import read_header
 from onnx_light_ref.io.walker import iter_tensors
@@ -53,7 +60,15 @@ __all__ = [
 ]
 
 LayoutStatus = Literal[
-    "ok", "shared", "overlap", "out of bounds", "missing file", "unsafe location", "hard-linked", "invalid"
+    "ok",
+    "shared",
+    "overlap",
+    "out of bounds",
+    "missing file",
+    "unsafe location",
+    "hard-linked",
+    "invalid",
+    "loader refuses",
 ]
 """What was found checking one tensor's reference; see the module docstring for each value."""
 
@@ -61,7 +76,7 @@ LayoutStatus = Literal[
 _NAMES_SHOWN = 3
 
 ERROR_STATUSES: frozenset[LayoutStatus] = frozenset(
-    {"overlap", "out of bounds", "missing file", "unsafe location", "hard-linked", "invalid"}
+    {"overlap", "out of bounds", "missing file", "unsafe location", "hard-linked", "invalid", "loader refuses"}
 )
 
 
@@ -79,6 +94,8 @@ class TensorLayout:
     # Names of every tensor on this identical range (itself included): one list object per group, shared by its
     # members, so that thousands of tensors on one range cost O(n), not O(n^2). Empty when the range is not shared.
     shared_range: list[str] = field(default_factory=list)
+    # Which loader (onnx.load, check_model, onnxruntime) refuses what about this reference; empty: none of these rules.
+    refusals: list[Refusal] = field(default_factory=list)
 
     @property
     def shared_with(self) -> list[str]:
@@ -134,6 +151,8 @@ class LayoutReport:
     tensors: list[TensorLayout]
     files: list[FileLayout]
     inline_tensors: int  # tensors holding their bytes in the proto (not checked further)
+    # Not errors: e.g. non-UTF-8 text, which the loaders accept and this package's writers refuse.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def errors(self) -> list[TensorLayout]:
@@ -313,6 +332,7 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
     model = load_model_metadata(path, check_strings=False, folder=folder)
     check_bool("allow_outside_folder", allow_outside_folder)
     resolver = LocationResolver(folder)
+    real_model_dir = os.path.dirname(os.path.realpath(path))
     tensors: list[TensorLayout] = []
     files: dict[str, FileLayout] = {}  # keyed by normalized path (two spellings of one file are one file)
     members: dict[str, list[TensorLayout]] = {}
@@ -322,6 +342,7 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
             inline += 1
             continue
         layout, resolved, size = _check_tensor(site.tensor, site.label, site.where, resolver)
+        layout.refusals = loader_refusals(site, os.path.dirname(path), real_model_dir)
         tensors.append(layout)
         if resolved is None and layout.status != "missing file":
             continue  # an unsafe or unreadable location names no file we may look at
@@ -336,8 +357,17 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
         _analyse_file(file, members[key])
         if file.path.endswith(".safetensors"):
             file.safetensors, file.safetensors_ok = _describe_safetensors(resolver.folder, file.location)
+    for layout in tensors:
+        if layout.refusals and not layout.is_error:
+            layout.status = "loader refuses"
+            layout.message = f"tensor {layout.name!r}: " + "; ".join(r.describe() for r in layout.refusals)
+    notes: list[str] = []
+    try:
+        check_model_strings(model, what=repr(path))
+    except InvalidModelError as exc:  # the loaders take it; align, verify and the shared saver refuse it
+        notes.append(f"{exc} (the loaders accept it; this package's writers refuse it)")
     resolver.close()
-    return LayoutReport(path, tensors, list(files.values()), inline)
+    return LayoutReport(path, tensors, list(files.values()), inline, notes)
 
 
 def _describe_safetensors(folder: ModelFolder, location: str) -> tuple[str, bool]:

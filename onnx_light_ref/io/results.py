@@ -53,6 +53,10 @@ class AlignResult(_SizeResult):
         index_file: the ``model.safetensors.index.json`` written with a sharded safetensors set, else None.
         unaligned_tensors: safetensors only: names of the tensors of at least ``align_threshold`` bytes that could
             not start at a multiple of the alignment (the data section admits no padding).
+        kept_inline_tensors: inline tensors of at least ``size_threshold`` bytes left inline because onnx's loader
+            would not read them back from external data (sparse tensors, function default attributes,
+            ``training_info``); see ``docs/align.md``.
+        kept_inline_reasons: the same tensors counted by reason (``"sparse tensor"``, ``"training_info"``...).
     """
 
     tensors: int
@@ -68,6 +72,7 @@ class AlignResult(_SizeResult):
     weights_format: str
     index_file: str | None
     unaligned_tensors: tuple[str, ...]
+    kept_inline_reasons: dict[str, int]
 
     def __new__(
         cls,
@@ -86,6 +91,7 @@ class AlignResult(_SizeResult):
         weights_format: str = "onnx",
         index_file: str | None = None,
         unaligned_tensors: Iterable[str] = (),
+        kept_inline_reasons: Mapping[str, int] | None = None,
     ) -> AlignResult:
         result = super().__new__(cls, total_size)
         result._set(
@@ -102,6 +108,7 @@ class AlignResult(_SizeResult):
             weights_format=weights_format,
             index_file=index_file,
             unaligned_tensors=tuple(unaligned_tensors),
+            kept_inline_reasons=dict(kept_inline_reasons or {}),
         )
         return result
 
@@ -109,6 +116,11 @@ class AlignResult(_SizeResult):
     def padding(self) -> int:
         """Bytes of the weights files that no tensor uses (alignment gaps)."""
         return int(self) - self.payload_bytes
+
+    @property
+    def kept_inline_tensors(self) -> int:
+        """Inline tensors left inline because onnx's loader would not read them back (see ``kept_inline_reasons``)."""
+        return sum(self.kept_inline_reasons.values())
 
 
 class SaveResult(_SizeResult):
@@ -120,12 +132,16 @@ class SaveResult(_SizeResult):
         reused_tensors: EXTERNAL tensors whose references were kept as they were.
         payload_bytes: bytes of the new tensors; ``int(result) - payload_bytes`` is padding.
         weights_files: absolute paths of the weights files written (empty when nothing was new).
+        kept_inline_tensors: inline ``raw_data`` tensors of at least ``size_threshold`` bytes left inline because
+            onnx's loader would not read them back (sparse tensors, function default attributes, ``training_info``).
+        kept_inline_reasons: the same tensors counted by reason.
     """
 
     new_tensors: int
     reused_tensors: int
     payload_bytes: int
     weights_files: tuple[str, ...]
+    kept_inline_reasons: dict[str, int]
 
     def __new__(
         cls,
@@ -135,6 +151,7 @@ class SaveResult(_SizeResult):
         reused_tensors: int,
         payload_bytes: int,
         weights_files: Iterable[str],
+        kept_inline_reasons: Mapping[str, int] | None = None,
     ) -> SaveResult:
         result = super().__new__(cls, total_size)
         result._set(
@@ -142,8 +159,14 @@ class SaveResult(_SizeResult):
             reused_tensors=reused_tensors,
             payload_bytes=payload_bytes,
             weights_files=tuple(weights_files),
+            kept_inline_reasons=dict(kept_inline_reasons or {}),
         )
         return result
+
+    @property
+    def kept_inline_tensors(self) -> int:
+        """Inline tensors left inline because onnx's loader would not read them back (see ``kept_inline_reasons``)."""
+        return sum(self.kept_inline_reasons.values())
 
     @property
     def padding(self) -> int:

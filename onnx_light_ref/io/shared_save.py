@@ -40,8 +40,9 @@ from onnx_light_ref.io.locations import (
 from onnx_light_ref.io.model_file import check_model_strings, serialize_model
 from onnx_light_ref.io.publish import OutputTransaction, StagedFile
 from onnx_light_ref.io.results import SaveResult
+from onnx_light_ref.io.sharing import check_not_shared
 from onnx_light_ref.io.space import reserve_space
-from onnx_light_ref.io.walker import TensorSite, iter_tensors
+from onnx_light_ref.io.walker import TensorSite, inline_reason, iter_tensors
 
 __all__ = ["SaveResult", "save_model_with_shared_external_data"]
 
@@ -72,6 +73,7 @@ class _SavePlan:
     reused: int
     total_size: int
     sources: frozenset[FileIdentity]
+    kept_inline: dict[str, int] = field(default_factory=dict)  # by reason: see walker.inline_reason
 
     @property
     def payload_bytes(self) -> int:
@@ -89,6 +91,7 @@ def save_model_with_shared_external_data(
     check_references: bool = True,
     durable: bool = True,
     allow_outside_folder: bool = False,
+    replace_shared: bool = False,
 ) -> SaveResult:
     """Save ``model`` to ``dst_onnx_path``, writing only its inline tensors to a secondary weights file.
 
@@ -105,7 +108,9 @@ def save_model_with_shared_external_data(
         location: the secondary file's name relative to the destination folder (default ``<dst name>.data``); it
             must not be a reused file nor the ``.onnx``.
         size_threshold: tensors with fewer bytes stay inline (an int >= 0). Tensors stored in typed fields
-            (``float_data``...) always stay inline.
+            (``float_data``...) always stay inline; so do tensors onnx's loader would not read back from external
+            data (sparse tensors, function default attributes, ``training_info``), counted in the result's
+            ``kept_inline_tensors``.
         progress: called as ``progress(done_bytes, total_bytes)`` while new bytes are written.
         check_references: require every reused reference to resolve from the destination folder (inside it, file
             present, range within the file). ``False`` writes the references as they are, but their syntax is
@@ -114,6 +119,8 @@ def save_model_with_shared_external_data(
         allow_outside_folder: with ``check_references``, follow symbolic links in the reused references' data
             paths (a trusted layout). Default: a reused file reached through a symbolic link dangles, as onnx's
             loader would refuse it.
+        replace_shared: replace an existing secondary file even when another ``.onnx`` of the destination folder
+            references it; False (default) refuses with ``SharedWeightsError`` naming the other models.
 
     Returns:
         A :class:`~onnx_light_ref.io.results.SaveResult`: an ``int`` equal to the secondary file size, padding
@@ -124,7 +131,9 @@ def save_model_with_shared_external_data(
         TypeError: ``model`` is not an ``onnx.ModelProto``.
         ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
         DanglingReferenceError: with ``check_references``, a reused reference does not resolve from the destination.
-        DestinationConflictError: the secondary file is the ``.onnx`` or a reused file (also through a hard link).
+        DestinationConflictError: the secondary file is the ``.onnx`` or a reused file (also through a hard link);
+            ``SharedWeightsError``: it exists and another model of the folder references it (without
+            ``replace_shared``).
         ExternalDataError: a tensor both inline and EXTERNAL, an unsafe ``location`` (``UnsafeLocationError``),
             ``raw_data`` whose size disagrees with dims and data type, a new tensor holding both ``raw_data`` and
             typed values (``float_data``...).
@@ -140,6 +149,7 @@ def save_model_with_shared_external_data(
     check_bool("check_references", check_references)
     check_bool("durable", durable)
     check_bool("allow_outside_folder", allow_outside_folder)
+    check_bool("replace_shared", replace_shared)
     check_model_strings(model)  # a name protobuf hands back as bytes would fail far from here, or be written out
     plan = _plan(
         model,
@@ -150,6 +160,8 @@ def save_model_with_shared_external_data(
         check_references,
         allow_outside_folder,
     )
+    if plan.new:
+        check_not_shared([plan.secondary_path], plan.dst_onnx, replace_shared=replace_shared)
     with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
         weights = _write_new_tensors(outputs, plan, progress)
         _publish(model, plan, outputs, weights)
@@ -159,6 +171,7 @@ def save_model_with_shared_external_data(
         reused_tensors=plan.reused,
         payload_bytes=plan.payload_bytes,
         weights_files=[plan.secondary_path] if weights is not None else [],
+        kept_inline_reasons=plan.kept_inline,
     )
     logger.info(
         "saved %s: %d reused tensors, %d new tensors in %s (%d bytes)",
@@ -203,12 +216,19 @@ def _plan(
     resolver = LocationResolver(dst_dir, allow_outside_folder=allow_outside_folder)
     reused = _Reused()
     new: list[_NewTensor] = []
+    kept_inline: dict[str, int] = {}
     cursor = total = 0
     for site in iter_tensors(model):
         tensor = site.tensor
         if is_external(tensor):
             _check_reused(site, resolver, check_references, reused)
-        elif tensor.HasField("raw_data") and (length := _raw_length(tensor, site.label)) >= size_threshold:
+        elif not tensor.HasField("raw_data") or (length := _raw_length(tensor, site.label)) < size_threshold:
+            continue
+        elif (reason := inline_reason(site)) is not None:
+            # onnx.load would leave it EXTERNAL (sparse, function default, training_info): it stays inline.
+            if length > 0:
+                kept_inline[reason] = kept_inline.get(reason, 0) + 1
+        else:
             _check_raw_only(tensor, site.label)
             offset = align_up(cursor, step)
             new.append(_NewTensor(site, offset, length))
@@ -236,7 +256,7 @@ def _plan(
                 f"{dst_dir!r}: it would read the new weights. Save the variant next to the model that owns the "
                 "reused weights, or pass another `location`."
             )
-    return _SavePlan(dst_onnx, secondary_path, location, new, reused.count, total, frozenset(reused.files))
+    return _SavePlan(dst_onnx, secondary_path, location, new, reused.count, total, frozenset(reused.files), kept_inline)
 
 
 def _check_not_reused(dst_onnx: str, outputs: list[str], reused: _Reused) -> None:

@@ -29,6 +29,14 @@ the main graph, a function, or training information), a readable path (``where``
 two models by place and name rather than by position, ``verify --by-name``). Both are built here, in one walk, so
 that every comparison of places has one source of truth.
 
+Each site also says whether onnx's own loader reads its external data back (:attr:`TensorSite.onnx_loads`):
+``onnx.load(load_external_data=True)`` (``onnx.external_data_helper.load_external_data_for_model``, which walks
+``_get_all_tensors``) visits only the initializers of the main graph and of the subgraphs reached from it through
+attributes of type ``GRAPH``/``GRAPHS``, and the ``t``/``tensors`` of every node attribute of the main graph, of
+model-local functions' nodes, and of their subgraphs. It never visits sparse tensors, function default attributes,
+initializers of subgraphs inside functions, nor ``training_info``: a tensor there that is EXTERNAL stays EXTERNAL
+after ``onnx.load``. Writers externalize only tensors with ``onnx_loads`` set (``docs/align.md``).
+
 The walker yields the live protos: callers may mutate them. It never reads external data.
 """
 
@@ -37,7 +45,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import onnx
 
@@ -48,6 +56,7 @@ __all__ = [
     "TensorScope",
     "TensorSite",
     "describe_place",
+    "inline_reason",
     "iter_graphs",
     "iter_tensors",
 ]
@@ -112,7 +121,9 @@ class TensorSite:
     for initializers and function default attributes); ``where`` a readable path such as
     ``graph 'main' / node 'If_0' (If) / then_branch``; ``scope`` the part of the model (see :data:`TensorScope`);
     ``sparse`` the SparseTensorProto whose ``values`` or ``indices`` the tensor is (None for a dense tensor): its
-    ``dims`` (the dense shape) belong to no TensorProto, so a comparison of tensors must look there too.
+    ``dims`` (the dense shape) belong to no TensorProto, so a comparison of tensors must look there too;
+    ``place`` a structural path unique in the model; ``onnx_loads`` whether onnx's loader reads this tensor's
+    external data back (see the module docstring).
     """
 
     tensor: onnx.TensorProto
@@ -124,6 +135,7 @@ class TensorSite:
     sparse: onnx.SparseTensorProto | None = None
     key: SiteKey = ((), ())
     place: SitePlace = ()
+    onnx_loads: bool = True  # onnx.load(load_external_data=True) reads this tensor's external data back
 
     @property
     def label(self) -> str:
@@ -148,17 +160,17 @@ def iter_tensors(model: onnx.ModelProto) -> Iterator[TensorSite]:
         An iterator of :class:`TensorSite`, one per ``TensorProto`` (sparse tensors yield their values, then their
         indices).
     """
-    yield from _iter_graph(model.graph, f"graph {model.graph.name!r}", "model", ("graph",), (("graph",),))
+    yield from _iter_graph(model.graph, f"graph {model.graph.name!r}", "model", ("graph",), (("graph",),), _LOADS_ALL)
     for index, function in enumerate(model.functions):
         # ``overload`` exists from IR version 10 (onnx 1.16) on.
         overload = getattr(function, "overload", "")
         where = f"function {function.domain}::{function.name}" + (f" (overload {overload!r})" if overload else "")
         path: tuple[object, ...] = ("function", function.domain, function.name, overload)
         place: SitePlace = (("function", index, function.domain, function.name, overload),)
-        yield from _iter_nodes(function, function.node, where, "function", path, place)
+        yield from _iter_nodes(function, function.node, where, "function", path, place, _LOADS_ATTRIBUTES)
         for attribute_index, attribute in enumerate(function.attribute_proto):
             yield from _iter_attribute(
-                _Holder(function, None, "function", path, "default"),
+                _Holder(function, None, "function", path, "default", _LOADS_NONE),
                 attribute,
                 f"{where} / default of attribute {attribute.name!r}",
                 (*place, ("default",), ("attribute", attribute_index, attribute.name)),
@@ -169,7 +181,7 @@ def iter_tensors(model: onnx.ModelProto) -> Iterator[TensorSite]:
                 graph = getattr(training, field)
                 where = f"training_info[{index}] {field} graph {graph.name!r}"
                 step = ("training", index, field)
-                yield from _iter_graph(graph, where, "training", step, (step,))
+                yield from _iter_graph(graph, where, "training", step, (step,), _LOADS_NONE)
 
 
 def describe_place(place: SitePlace) -> str:
@@ -223,6 +235,41 @@ def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield from iter_graphs(subgraph)
 
 
+def inline_reason(site: TensorSite) -> str | None:
+    """Why a writer must keep this tensor inline even above ``size_threshold``: None when onnx loads it back.
+
+    Args:
+        site: a tensor of the walk.
+
+    Returns:
+        A short reason (used as a key in writers' results and in messages), or None when the tensor may be
+        externalized.
+    """
+    if site.onnx_loads:
+        return None
+    if site.sparse is not None:
+        return "sparse tensor"
+    if site.kind == "function_default":
+        return "function default attribute"
+    if site.scope == "training":
+        return "training_info"
+    if site.kind == "initializer" and site.scope == "function":
+        return "initializer of a subgraph in a function"
+    return "subgraph not reached by onnx's loader"
+
+
+class _Loads(NamedTuple):
+    """Which tensors of a graph onnx's loader visits: its initializers, its node attributes' tensors."""
+
+    initializers: bool
+    attributes: bool
+
+
+_LOADS_ALL = _Loads(True, True)
+_LOADS_ATTRIBUTES = _Loads(False, True)
+_LOADS_NONE = _Loads(False, False)
+
+
 @dataclass(frozen=True, slots=True)
 class _Holder:
     """What an attribute's tensors belong to: their container, node (None: a function's default attribute), scope,
@@ -233,14 +280,26 @@ class _Holder:
     scope: TensorScope
     path: tuple[object, ...]
     node_part: object
+    loads: _Loads
 
 
 def _iter_graph(
-    graph: onnx.GraphProto, where: str, scope: TensorScope, path: tuple[object, ...], place: SitePlace
+    graph: onnx.GraphProto, where: str, scope: TensorScope, path: tuple[object, ...], place: SitePlace, loads: _Loads
 ) -> Iterator[TensorSite]:
     for i, tensor in enumerate(graph.initializer):
         key = (path, ("initializer", tensor.name))
-        yield TensorSite(tensor, "initializer", graph, None, where, scope, None, key, (*place, ("initializer", i)))
+        yield TensorSite(
+            tensor,
+            "initializer",
+            graph,
+            None,
+            where,
+            scope,
+            None,
+            key,
+            (*place, ("initializer", i)),
+            loads.initializers,
+        )
     for i, sparse in enumerate(graph.sparse_initializer):
         # A sparse initializer is named by its values (onnx.proto); its indices usually have no name.
         name = sparse.values.name
@@ -248,9 +307,9 @@ def _iter_graph(
             kind: TensorKind = "sparse_initializer_values" if part == "values" else "sparse_initializer_indices"
             key = (path, (kind, name))
             yield TensorSite(
-                tensor, kind, graph, None, where, scope, sparse, key, (*place, ("sparse_initializer", i, part))
+                tensor, kind, graph, None, where, scope, sparse, key, (*place, ("sparse_initializer", i, part)), False
             )
-    yield from _iter_nodes(graph, graph.node, where, scope, path, place)
+    yield from _iter_nodes(graph, graph.node, where, scope, path, place, loads)
 
 
 def _iter_nodes(
@@ -260,13 +319,14 @@ def _iter_nodes(
     scope: TensorScope,
     path: tuple[object, ...],
     place: SitePlace,
+    loads: _Loads,
 ) -> Iterator[TensorSite]:
     nodes = list(nodes)
     shared_names = {name for name, count in Counter(node.name for node in nodes if node.name).items() if count > 1}
     seen: Counter[str] = Counter()
     for index, node in enumerate(nodes):
         node_where = f"{where} / node {node.name or f'#{index}'!r} ({node.op_type})"
-        holder = _Holder(container, node, scope, path, _node_key(index, node.name, shared_names, seen))
+        holder = _Holder(container, node, scope, path, _node_key(index, node.name, shared_names, seen), loads)
         for attribute_index, attribute in enumerate(node.attribute):
             yield from _iter_attribute(
                 holder,
@@ -291,17 +351,22 @@ def _node_key(index: int, name: str, shared_names: set[str], seen: Counter[str])
 def _iter_attribute(
     holder: _Holder, attribute: onnx.AttributeProto, where: str, place: SitePlace
 ) -> Iterator[TensorSite]:
-    """One attribute's tensors; ``place`` ends with the attribute's step."""
+    """One attribute's tensors; ``place`` ends with the attribute's step; a holder without node is a function's
+    default attribute value.
+
+    onnx's loader yields ``t`` and ``tensors`` whatever the attribute's ``type``, but descends into ``g`` only when
+    the type is ``GRAPH`` and into ``graphs`` only when it is ``GRAPHS`` (``_recursive_attribute_processor``).
+    """
     container, node, scope, path = holder.container, holder.node, holder.scope, holder.path
     dense, values, indices = _NODE_ATTRIBUTE_KINDS if node is not None else _FUNCTION_DEFAULT_KINDS
     slot = (holder.node_part, attribute.name)
+    dense_loads = holder.loads.attributes and node is not None
     if attribute.HasField("t"):
-        yield TensorSite(
-            attribute.t, dense, container, node, where, scope, None, (path, (*slot, "t")), (*place, ("t",))
-        )
+        key: SiteKey = (path, (*slot, "t"))
+        yield TensorSite(attribute.t, dense, container, node, where, scope, None, key, (*place, ("t",)), dense_loads)
     for i, tensor in enumerate(attribute.tensors):
-        key: SiteKey = (path, (*slot, "tensors", i))
-        yield TensorSite(tensor, dense, container, node, where, scope, None, key, (*place, ("tensors", i)))
+        key = (path, (*slot, "tensors", i))
+        yield TensorSite(tensor, dense, container, node, where, scope, None, key, (*place, ("tensors", i)), dense_loads)
     sparse_tensors: list[tuple[tuple[object, ...], tuple[object, ...], onnx.SparseTensorProto]] = [
         ((*slot, "sparse_tensors", i), ("sparse_tensors", i), sparse)
         for i, sparse in enumerate(attribute.sparse_tensors)
@@ -311,10 +376,14 @@ def _iter_attribute(
     for sparse_slot, sparse_step, sparse in sparse_tensors:
         for part, kind, tensor in (("values", values, sparse.values), ("indices", indices, sparse.indices)):
             key = (path, (*sparse_slot, part))
-            yield TensorSite(tensor, kind, container, node, where, scope, sparse, key, (*place, (*sparse_step, part)))
+            yield TensorSite(
+                tensor, kind, container, node, where, scope, sparse, key, (*place, (*sparse_step, part)), False
+            )
     if attribute.HasField("g"):
         subpath = (*path, holder.node_part, attribute.name, "g")
-        yield from _iter_graph(attribute.g, where, scope, subpath, (*place, ("g",)))
+        sub = holder.loads if node is not None and attribute.type == onnx.AttributeProto.GRAPH else _LOADS_NONE
+        yield from _iter_graph(attribute.g, where, scope, subpath, (*place, ("g",)), sub)
+    many = holder.loads if node is not None and attribute.type == onnx.AttributeProto.GRAPHS else _LOADS_NONE
     for i, subgraph in enumerate(attribute.graphs):
         subpath = (*path, holder.node_part, attribute.name, "graphs", i)
-        yield from _iter_graph(subgraph, f"{where}[{i}]", scope, subpath, (*place, ("graphs", i)))
+        yield from _iter_graph(subgraph, f"{where}[{i}]", scope, subpath, (*place, ("graphs", i)), many)

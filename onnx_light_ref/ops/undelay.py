@@ -48,6 +48,7 @@ from onnx_light_ref.io.locations import (
 )
 from onnx_light_ref.io.model_file import load_model_metadata, open_model_folder, serialize_model
 from onnx_light_ref.io.publish import OutputTransaction
+from onnx_light_ref.io.sharing import check_not_shared
 from onnx_light_ref.io.space import reserve_space
 from onnx_light_ref.io.walker import iter_graphs, iter_tensors
 from onnx_light_ref.ops.attributes import (
@@ -371,6 +372,7 @@ def undelay_initializers(
     durable: bool = True,
     chunk_size: int = _DEFAULT_CHUNK_SIZE,
     progress: ProgressCallback | None = None,
+    replace_shared: bool = False,
 ) -> int:
     """Write ``dst_onnx_path`` where every ``DelayedInitializer`` node of ``src_onnx_path`` is an external initializer.
 
@@ -392,6 +394,8 @@ def undelay_initializers(
         durable: fsync the outputs and their folder before returning (default); ``False``: same bytes, no fsync.
         chunk_size: most bytes one copy call moves (and the size of the one buffer the last fallback uses).
         progress: called as ``progress(done_bytes, total_bytes)`` while copying.
+        replace_shared: replace an existing weights file even when another ``.onnx`` of the destination folder
+            references it; False (default) refuses with ``SharedWeightsError`` naming the other models.
 
     Returns:
         The size of the weights file written (payload and padding), 0 when none was needed.
@@ -400,7 +404,8 @@ def undelay_initializers(
         UnsafeLocationError: a filename outside the source's folder (without the opt-in), through a symlink, with
             ``..``; a hard-linked data file; a weights path outside the destination's folder.
         FileNotFoundError: the source, a data file or the destination folder is missing.
-        DestinationConflictError: a destination is a source file, a directory, or both destinations are one file.
+        DestinationConflictError: a destination is a source file, a directory, or both destinations are one file;
+            ``SharedWeightsError``: the weights file exists and another model of the folder uses it.
         ExternalDataError: a data file too short for its node, not a regular file, or not accessible.
         InvalidModelError: the source is not an ONNX model.
         ValueError: a bad argument, a node with bad attributes or structure, a function-linked node, a node inside
@@ -414,8 +419,9 @@ def undelay_initializers(
     allow_outside_folder = check_bool("allow_outside_folder", allow_outside_folder)
     durable = check_bool("durable", durable)
     chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+    replace_shared = check_bool("replace_shared", replace_shared)
 
-    plan = _plan(src, dst, weights, alignment, allow_outside_folder)
+    plan = _plan(src, dst, weights, alignment, allow_outside_folder, replace_shared)
     if plan.total == 0:
         weights_written = None
         logger.info("no tensor bytes to copy; writing %s only", dst)
@@ -448,7 +454,9 @@ def undelay_initializers(
     return plan.total
 
 
-def _plan(src: str, dst: str, weights: str, alignment: int, allow_outside_folder: bool) -> _Plan:
+def _plan(
+    src: str, dst: str, weights: str, alignment: int, allow_outside_folder: bool, replace_shared: bool = False
+) -> _Plan:
     """Everything decided and checked, nothing written."""
     # Held from here until the copy: the .onnx and every source file are opened relative to it, never by path.
     folder = open_model_folder(src, allow_outside_folder=allow_outside_folder)
@@ -460,6 +468,8 @@ def _plan(src: str, dst: str, weights: str, alignment: int, allow_outside_folder
     payloads = [payload for _, payload in items if payload is not None]
     location = weights_location(dst, weights)
     _check_destinations(src, dst, weights if payloads else None, [payload.source for payload in payloads])
+    if payloads:
+        check_not_shared([weights], dst, replace_shared=replace_shared)
     total = _layout(items, location, alignment)
     _remove_delayed_nodes(graphs)  # last: it makes the tensor references of ``items`` stale
     _remove_unused_opset(model)

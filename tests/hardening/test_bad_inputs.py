@@ -1030,26 +1030,32 @@ SHARED_LOCATION_CASES = [
     ("location-dot", {"location": "."}, None, UnsafeLocationError, "does not name a file"),
     ("location-not-a-str", {"location": b"x.data"}, None, ArgumentTypeError, "location must be a str"),
     ("location-too-long", {"location": "x" * 256}, None, DestinationConflictError, "longer than the 255"),
+    # A symlinked subfolder on the weights path is refused first (onnx would not load it: issue 18), before
+    # the identity comparison that also catches it.
     (
         "location-through-self-link-to-dst-onnx",
         {"location": "self/variant.onnx"},
         symlink_in_model_dir("self", "."),
-        DestinationConflictError,
-        "are the same file",
+        UnsafeLocationError,
+        "through the symbolic link 'self'",
     ),
+    # A symlinked subfolder on the weights path is refused first (onnx would not load it: issue 18), before
+    # the identity comparison that also catches it.
     (
         "location-through-self-link-to-reused-file",
         {"location": f"self/{DATA}"},
         symlink_in_model_dir("self", "."),
-        DestinationConflictError,
-        "would destroy the shared weights",
+        UnsafeLocationError,
+        "through the symbolic link 'self'",
     ),
+    # A symlinked subfolder on the weights path is refused first (onnx would not load it: issue 18), before
+    # the identity comparison that also catches it.
     (
         "location-through-self-link-to-reused-file-unchecked",
         {"location": f"self/{DATA}", "check_references": False},
         symlink_in_model_dir("self", "."),
-        DestinationConflictError,
-        "would destroy the shared weights",
+        UnsafeLocationError,
+        "through the symbolic link 'self'",
     ),
     (
         "location-escaping-through-symlinked-folder",
@@ -1141,12 +1147,14 @@ def self_link_in_dst(scene: Scene) -> None:
 
 
 UNDELAY_CASES = [
+    # A symlinked subfolder on the weights path is refused first (onnx would not load it: issue 18), before
+    # the identity comparison that also catches it.
     (
         "weights-reach-dst-onnx-through-self-link",
         lambda s: (s.dst_dir / "out.onnx", s.dst_dir / "self" / "out.onnx"),
         self_link_in_dst,
-        DestinationConflictError,
-        "are the same file",
+        UnsafeLocationError,
+        "through the symbolic link 'self'",
     ),
     (
         "weights-escape-through-symlinked-folder",
@@ -1169,12 +1177,14 @@ UNDELAY_CASES = [
         DestinationConflictError,
         "is a directory",
     ),
+    # A symlinked subfolder on the weights path is refused first (onnx would not load it: issue 18), before
+    # the identity comparison that also catches it.
     (
         "dst-weights-is-source-data-through-self-link",
         lambda s: (s.model_dir / "out.onnx", s.model_dir / "self" / DATA),
         lambda s: (s.model_dir / "self").symlink_to(".", target_is_directory=True),
-        DestinationConflictError,
-        "would destroy the source",
+        UnsafeLocationError,
+        "through the symbolic link 'self'",
     ),
     (
         "dst-onnx-name-too-long",

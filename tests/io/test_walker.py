@@ -7,7 +7,7 @@ import onnx
 from google.protobuf.message import Message
 from onnx import helper, numpy_helper
 
-from onnx_light_ref.io.walker import describe_place, iter_graphs, iter_tensors
+from onnx_light_ref.io.walker import describe_place, inline_reason, iter_graphs, iter_tensors
 
 
 def tensor(name: str, value: float = 0.0) -> onnx.TensorProto:
@@ -359,3 +359,63 @@ def test_every_tensor_in_the_serialized_model_is_yielded():
 
     for model in (model_with_every_kind_of_tensor(), model_with_function_defaults_and_training_info()):
         assert len(list(iter_tensors(model))) == count(model)
+
+
+def _model_with_every_place_and_odd_attribute_types() -> onnx.ModelProto:
+    """Every place at once, plus a function node holding a subgraph and attributes whose ``type`` disagrees with
+    the field they fill (onnx's loader descends into ``g``/``graphs`` by ``type``, not by field)."""
+    model = model_with_every_kind_of_tensor()
+    extra = model_with_function_defaults_and_training_info()
+    model.functions.extend(extra.functions)
+    model.training_info.extend(extra.training_info)
+    inner = helper.make_node("If", ["c"], ["o"], name="fn_if", then_branch=subgraph("fn_then", "fn_then_init"))
+    inner.attribute.append(helper.make_attribute("else_branch", subgraph("fn_else", "fn_else_init")))
+    model.functions[0].node.append(inner)
+    odd = helper.make_node("Custom", [], ["z"], name="odd", domain="ai.test")
+    mistyped = odd.attribute.add()
+    mistyped.name, mistyped.type = "g_as_tensor", onnx.AttributeProto.TENSOR
+    mistyped.g.CopyFrom(subgraph("mistyped_g", "mistyped_g_init"))
+    both = odd.attribute.add()
+    both.name, both.type = "g_and_graphs", onnx.AttributeProto.GRAPH
+    both.g.CopyFrom(subgraph("both_g", "both_g_init"))
+    both.graphs.append(subgraph("both_gs", "both_gs_init"))
+    model.graph.node.append(odd)
+    return model
+
+
+def test_onnx_loads_is_exactly_what_onnx_load_reads_back(tmp_path):
+    """Oracle: every tensor made EXTERNAL; after onnx.load(load_external_data=True), the ones still EXTERNAL are
+    exactly the sites with onnx_loads False."""
+    from onnx.external_data_helper import uses_external_data
+
+    model = _model_with_every_place_and_odd_attribute_types()
+    sites = list(iter_tensors(model))
+    data = bytearray()
+    for index, site in enumerate(sites):
+        site.tensor.name = f"t{index}"
+        payload = site.tensor.raw_data
+        site.tensor.ClearField("raw_data")
+        site.tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", "w.bin"), ("offset", str(len(data))), ("length", str(len(payload)))):
+            entry = site.tensor.external_data.add()
+            entry.key, entry.value = key, value
+        data += payload
+    (tmp_path / "w.bin").write_bytes(bytes(data))
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    loaded = onnx.load(str(tmp_path / "m.onnx"), load_external_data=True)
+    still_external = {site.tensor.name for site in iter_tensors(loaded) if uses_external_data(site.tensor)}
+    expected = {site.tensor.name for site in sites if not site.onnx_loads}
+    assert still_external == expected
+    assert {site.tensor.name for site in sites if site.onnx_loads} == {
+        site.tensor.name for site in iter_tensors(loaded) if not uses_external_data(site.tensor)
+    }
+    # Every kind of place onnx skips is represented, so the comparison covers each rule.
+    reasons = {inline_reason(site) for site in sites}
+    assert reasons == {
+        None,
+        "sparse tensor",
+        "function default attribute",
+        "training_info",
+        "initializer of a subgraph in a function",
+        "subgraph not reached by onnx's loader",
+    }
