@@ -2,7 +2,8 @@
 
 Users expect a command line to create a missing output folder; the Python API keeps refusing one (a typo in a
 library call should fail, not scatter folders). Every writing command calls :func:`make_folders` before the
-library call and :func:`remove_created_folders` when that call fails, so a refused run leaves the tree as it was.
+library call and :func:`remove_created_folders` when that call fails or is interrupted (or wraps the call in
+:func:`created_folders`, which does both), so a refused or interrupted run leaves the tree as it was.
 
 This module never removes a folder it did not create, nor a folder that is not empty (``rmdir`` only), and never
 creates anything but folders.
@@ -12,9 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
-__all__ = ["FolderError", "make_folders", "remove_created_folders"]
+__all__ = ["FolderError", "created_folders", "make_folders", "remove_created_folders"]
 
 
 class FolderError(OSError):
@@ -55,8 +56,35 @@ def make_folders(folders: Iterable[str | os.PathLike[str]]) -> list[str]:
                 raise FolderError(
                     exc.errno, f"cannot create the folder {folder!r}: {exc.strerror or exc}", folder
                 ) from exc
+            except BaseException:  # interrupted (SIGINT/SIGTERM) between two folders: undo the ones made so far
+                remove_created_folders(created)
+                raise
             created.insert(0, folder)
     return created
+
+
+@contextlib.contextmanager
+def created_folders(folders: Iterable[str | os.PathLike[str]]) -> Iterator[list[str]]:
+    """Create the missing ``folders`` for the block; remove those it created if the block raises anything.
+
+    Anything includes an interrupt (``KeyboardInterrupt``, which the CLI raises for SIGINT and SIGTERM) and the
+    exceptions a handler turns into an ``error:`` line after the block: the folders are gone before it prints.
+
+    Args:
+        folders: the folders the command writes into.
+
+    Yields:
+        The folders created (deepest first), as :func:`make_folders` returns them.
+
+    Raises:
+        FolderError: a folder cannot be created (nothing is left created).
+    """
+    created = make_folders(folders)
+    try:
+        yield created
+    except BaseException:
+        remove_created_folders(created)
+        raise
 
 
 def remove_created_folders(created: Sequence[str]) -> None:

@@ -165,5 +165,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Print one row per external tensor, the problems found, totals per data file and the largest "
         "alignment every tensor satisfies. Exit status 1 if any reference is broken. Reads no weight bytes.",
     )
-    parser.add_argument("model", help="path to the .onnx file")
+    parser.add_argument("model", metavar="MODEL.onnx", help="model whose external tensors are shown")
     parser.set_defaults(func=inspect_command)

@@ -226,12 +226,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "run",
         help="evaluate a model lazily with the reference evaluator and save its outputs as .npy",
-        description="Evaluate MODEL with onnx's reference evaluator, its external weights turned into "
+        description="Evaluate MODEL.onnx with onnx's reference evaluator, its external weights turned into "
         "ai.rt::DelayedInitializer nodes (read from the files when needed), and save each output as "
         "<output-dir>/<name>.npy. Every file the model names must be inside its folder unless "
         "--allow-outside-folder.",
     )
-    parser.add_argument("model", help="path to the .onnx file")
+    parser.add_argument("model", metavar="MODEL.onnx", help="model to evaluate")
     parser.add_argument(
         "--input",
         action="append",
@@ -249,6 +249,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--output-dir",
+        metavar="DIR",
         default=".",
         help="folder for the output .npy files, created if missing (default: current)",
     )
