@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 
 from onnx_light_ref.commands.errors import error_exit
-from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders
+from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders, remove_own_temp_files
 from onnx_light_ref.io.publish import StagedFile, publish_all, staged_files
 
 __all__ = ["output_file_name", "parse_input_spec", "register", "run_command"]
@@ -183,6 +183,10 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise _RunError(f"--output-dir: {exc}") from exc
     try:
         return _run_and_save(args, feeds)
+    except KeyboardInterrupt:  # SIGINT/SIGTERM: also a temp file the interrupt caught before it was recorded
+        remove_own_temp_files([args.output_dir])
+        remove_created_folders(created)
+        raise
     except BaseException:
         remove_created_folders(created)
         raise
