@@ -36,11 +36,12 @@ _FieldDescriptor: Any = importlib.import_module("google.protobuf.descriptor").Fi
 _FIELDS: dict[str, tuple[tuple[tuple[str, bool], ...], tuple[tuple[str, bool], ...]]] = {}
 
 
-def not_a_model_file(path: str, st: os.stat_result) -> str:
-    """The message for a model path that exists but is not a regular file: says "is a directory" for a folder."""
+def not_a_model_file(path: str, st: os.stat_result, otherwise: str) -> str:
+    """The message for a model path that exists but is not a regular file: "is a directory" for a folder (a user
+    who named the folder instead of the model), ``otherwise`` for a FIFO, a device..."""
     if stat.S_ISDIR(st.st_mode):
         return f"ONNX model path {path!r} is a directory, not a model file"
-    return f"ONNX model path {path!r} is not a regular file"
+    return otherwise
 
 
 def _is_repeated(field: Any) -> bool:
@@ -142,7 +143,9 @@ def load_model_metadata(path: str, *, check_strings: bool = True) -> onnx.ModelP
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise FileNotFoundError(not_a_model_file(path, st))
+            raise FileNotFoundError(
+                not_a_model_file(path, st, f"ONNX model file not found: {path!r} is not a regular file")
+            )
         if st.st_size > PROTOBUF_LIMIT:
             raise InvalidModelError(
                 f"{path!r} is {st.st_size} bytes, more than protobuf's 2 GiB limit: it cannot be parsed as one model "

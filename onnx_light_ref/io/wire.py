@@ -209,7 +209,7 @@ def load_model_stripped(path: PathLike, min_length: int) -> StrippedModel:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise FileNotFoundError(not_a_model_file(path, st))
+            raise FileNotFoundError(not_a_model_file(path, st, f"ONNX model path is not a regular file: {path!r}"))
         prefix = _MAGIC + secrets.token_bytes(_NONCE_LENGTH)
         scanner = _Scanner(_WindowReader(fd, st.st_size, path), path, min_length, prefix)
         metadata = scanner.scan()
