@@ -39,11 +39,12 @@ def count_delayed_nodes(model_path: str) -> int:
     import onnx
 
     from onnx_light_ref.io.model_file import load_model_metadata
+    from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE
 
     def count(graph: onnx.GraphProto) -> int:
         total = 0
         for node in graph.node:
-            total += node.domain == "ai.rt" and node.op_type == "DelayedInitializer"
+            total += node.domain == DOMAIN and node.op_type == OP_TYPE
             for attribute in node.attribute:
                 total += sum(
                     count(sub) for sub in (*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs)
