@@ -13,7 +13,13 @@ Public API (names are stable)::
         verify_models,                         # prove two models hold the same tensors (streamed)
         link_external_data,                    # point a model at a safetensors checkpoint's bytes (none copied)
         LinkResult,                            # what link_external_data returns
+        reference_evaluator,                   # onnx's ReferenceEvaluator, external weights read lazily
+        delay_initializers,                    # external initializers -> DelayedInitializer nodes (no byte read)
+        undelay_initializers,                  # DelayedInitializer nodes -> standard external initializers
     )
+
+Everything a user calls is importable from here; the submodules (``onnx_light_ref.io``, ``onnx_light_ref.ops``)
+hold the same objects, and the documentation always imports from ``onnx_light_ref``.
 
 Attributes are imported lazily: ``import onnx_light_ref`` alone does not import ``onnx.reference`` (slow, and
 irrelevant to the io functions), and importing the io functions does not register any schema.
@@ -34,15 +40,21 @@ __all__ = [
     "__version__",
     "align_external_data_in_memory",
     "align_external_data_streaming",
+    "delay_initializers",
     "link_external_data",
+    "reference_evaluator",
     "register_schemas",
     "save_model_with_shared_external_data",
+    "undelay_initializers",
     "verify_models",
 ]
 
 _LAZY = {
     "DelayedInitializer": "onnx_light_ref.ops",
     "register_schemas": "onnx_light_ref.ops",
+    "delay_initializers": "onnx_light_ref.ops",
+    "undelay_initializers": "onnx_light_ref.ops",
+    "reference_evaluator": "onnx_light_ref.ops",
     "align_external_data_streaming": "onnx_light_ref.io",
     "align_external_data_in_memory": "onnx_light_ref.io",
     "save_model_with_shared_external_data": "onnx_light_ref.io",
@@ -64,7 +76,13 @@ if TYPE_CHECKING:
         save_model_with_shared_external_data,
         verify_models,
     )
-    from onnx_light_ref.ops import DelayedInitializer, register_schemas
+    from onnx_light_ref.ops import (
+        DelayedInitializer,
+        delay_initializers,
+        reference_evaluator,
+        register_schemas,
+        undelay_initializers,
+    )
 
 
 def __getattr__(name: str) -> Any:

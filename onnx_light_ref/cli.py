@@ -5,17 +5,69 @@ Each sub-command lives in its own module under ``onnx_light_ref/commands/`` and 
 ``<command>_command(args) -> int`` (exit status). This module only wires them together, so adding a command never
 touches another command's code. It never catches errors of a command: each handler turns the ones a user can cause
 into one ``error:`` line and exit status 1.
+
+Exit statuses, the same for every command: 0 success; 1 a refusal (one ``error: ...`` line, or a difference found by
+``verify``); 2 a bad command line (argparse prints the usage and the problem); 130 interrupted by SIGINT (Ctrl-C),
+143 by SIGTERM. On either signal the command's own rollback runs: :func:`main` turns the signal into
+:class:`Interrupted` (a ``KeyboardInterrupt``), so every ``except BaseException`` / ``finally`` cleanup on the way out
+(the publish transaction's temp files, the folders a command created) runs, then it prints one ``error:
+interrupted`` line instead of a traceback. Further SIGINT/SIGTERM are ignored while that cleanup runs, so a second
+Ctrl-C cannot cut it short.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from types import FrameType
 
-__all__ = ["build_parser", "main"]
+__all__ = ["EPILOG", "Interrupted", "build_parser", "main"]
+
+EPILOG = (
+    "exit status: 0 success; 1 refused (one 'error: ...' line on stderr, nothing written) or, for verify, a "
+    "difference; 2 bad arguments (usage printed); 130 interrupted by SIGINT, 143 by SIGTERM (temp files and folders "
+    "the command created are removed)."
+)
+"""The exit-status paragraph shown at the end of every ``--help``."""
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived while a command ran; :attr:`signum` says which (exit status ``128 + signum``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    for other in _SIGNALS:  # the first signal wins: the cleanup it starts must not be cut short by a second one
+        signal.signal(other, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into :class:`Interrupted` for the block (main thread only), then restore them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in _SIGNALS}
+    for signum in _SIGNALS:
+        signal.signal(signum, _interrupt)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
 
 # Every module is part of the package; one that fails to import is a broken install, reported as the import error.
 _COMMAND_MODULES = ("align", "inspect", "verify", "run", "undelay", "link", "demo", "generate_tests")
@@ -34,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="onnx-light-ref",
+        epilog=EPILOG,
         description="Rewrite ONNX external weights without loading them (align, shard, deduplicate, externalize, "
         "verify, inspect), and evaluate ai.rt::DelayedInitializer models lazily (run, undelay, conformance cases).",
     )
@@ -42,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
         importlib.import_module(f"onnx_light_ref.commands.{name}").register(subparsers)
+    for command in subparsers.choices.values():  # every command's --help ends with the exit statuses
+        command.epilog = EPILOG
     return parser
 
 
@@ -52,7 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments after the program name (``sys.argv[1:]`` when None).
 
     Returns:
-        The process exit status: the command's, or 2 when no command was given (help printed to stderr).
+        The process exit status: the command's; 2 when no command was given (help printed to stderr) or an argument
+        is invalid (argparse's ``SystemExit(2)``, usage printed); 130 / 143 when SIGINT / SIGTERM interrupted the
+        command (one ``error: interrupted`` line on stderr, after the command's cleanup ran).
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -61,4 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help(sys.stderr)
         return 2
-    return int(func(args))
+    try:
+        with _signals_raise():
+            return int(func(args))
+    except KeyboardInterrupt as exc:  # Interrupted, or a KeyboardInterrupt raised before the handlers were set
+        print("error: interrupted", file=sys.stderr)
+        return 128 + getattr(exc, "signum", signal.SIGINT)

@@ -8,8 +8,9 @@ A thin front end of :func:`onnx_light_ref.align_external_data_streaming`: a prog
 written, padding, time, throughput) on stdout, and a ``note:`` line naming shard files an earlier run left at the
 destination (never deleted), taken from the :class:`~onnx_light_ref.io.results.AlignResult` it
 returns. Unlike the Python API, the command creates missing
-destination folders, as users expect from a command line (and removes those it created if the run fails; see
-:mod:`onnx_light_ref.commands.folders`). A problem
+destination folders, as users expect from a command line (and removes those it created if the run fails or is
+interrupted; see :mod:`onnx_light_ref.commands.folders`). A relative ``--weights`` is relative to DST.onnx's folder
+(:func:`weights_path`). A problem
 with the input (bad argument, unsafe or out-of-bounds reference, destination that is a source, missing file, I/O
 error) prints one ``error: ...`` line on stderr and exits with status 1, without a traceback; the library has then
 written nothing.
@@ -23,33 +24,36 @@ import time
 from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit
-from onnx_light_ref.commands.folders import make_folders, remove_created_folders
+from onnx_light_ref.commands.folders import created_folders
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import size_argument
 
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
     from onnx_light_ref.io.results import AlignResult
 
-__all__ = ["align_command", "register"]
+__all__ = ["align_command", "register", "weights_path"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``align`` sub-command."""
     parser = subparsers.add_parser(
         "align",
-        help="re-align weights into aligned (optionally sharded, deduplicated) external data files",
+        help="re-align weights into aligned (optionally sharded, deduplicated) external data files; move inline "
+        "weights out of a .onnx with --size-threshold",
         description="Copy every external tensor of SRC.onnx (and, with --size-threshold, every large inline one) "
         "into weights files, each at an offset that is a multiple of --alignment, and write DST.onnx pointing at "
         "them. Weights are copied file to file (in the kernel when possible), never loaded into memory. "
         "Source files are never modified; outputs appear "
-        "atomically. DST.onnx may be SRC.onnx when --weights names a new file.",
+        "atomically. DST.onnx may be SRC.onnx when --weights names a new file. To move inline weights out of a "
+        ".onnx (e.g. one near or past protobuf's 2 GiB limit) into an external weights file: --size-threshold 1K.",
     )
     parser.add_argument("src", metavar="SRC.onnx", help="model whose external weights are re-aligned")
     parser.add_argument("dst", metavar="DST.onnx", help="model to write (may be SRC.onnx)")
     parser.add_argument(
         "--weights",
         metavar="PATH",
-        help="weights file to write, inside DST.onnx's folder (default: DST.onnx.data)",
+        help="weights file to write (with --max-shard-size, the first of PATH, PATH.1...); a relative PATH is "
+        "relative to DST.onnx's folder, not the current one, and must stay inside it (default: DST.onnx.data)",
     )
     parser.add_argument(
         "--alignment",
@@ -136,15 +140,14 @@ def align_command(args: argparse.Namespace) -> int:
     from onnx_light_ref.io.align import align_external_data_streaming
 
     started = time.perf_counter()
-    created: list[str] = []
+    weights = weights_path(args.dst, args.weights)
     try:
-        weights = args.weights if args.weights is not None else args.dst
-        created = make_folders(os.path.dirname(os.path.abspath(path)) for path in (args.dst, weights))
-        with byte_progress("align", hidden=args.no_progress) as progress:
+        folders = [os.path.dirname(os.path.abspath(path)) for path in (args.dst, weights or args.dst)]
+        with created_folders(folders), byte_progress("align", hidden=args.no_progress) as progress:
             result = align_external_data_streaming(
                 args.src,
                 args.dst,
-                args.weights,
+                weights,
                 args.alignment,
                 args.chunk_size,
                 align_threshold=args.align_threshold,
@@ -159,11 +162,28 @@ def align_command(args: argparse.Namespace) -> int:
                 replace_shared=args.replace_shared,
             )
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
-        remove_created_folders(created)
-        return error_exit(exc)
+        return error_exit(exc)  # created_folders removed the folders it made; an interrupt propagates to the CLI
     elapsed = time.perf_counter() - started
-    print(_summary(args.dst, args.weights, result, elapsed))
+    print(_summary(args.dst, weights, result, elapsed))
     return 0
+
+
+def weights_path(dst_onnx: str, weights: str | None) -> str | None:
+    """``--weights`` as the library wants it: a relative path is taken relative to DST.onnx's folder.
+
+    The location written into DST.onnx is relative to that folder, so ``--weights w.bin`` means ``<DST folder>/w.bin``
+    whatever the current folder is (and ``--weights ../w.bin`` is refused as outside it). An absolute path is kept.
+
+    Args:
+        dst_onnx: the DST.onnx argument.
+        weights: the ``--weights`` argument, or None for the default (``DST.onnx.data``).
+
+    Returns:
+        The path to hand to the library, or None.
+    """
+    if weights is None:
+        return None
+    return os.path.join(os.path.dirname(dst_onnx), weights)
 
 
 def _summary(dst_onnx: str, dst_weights: str | None, result: AlignResult, elapsed: float) -> str:

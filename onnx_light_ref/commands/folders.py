@@ -2,19 +2,34 @@
 
 Users expect a command line to create a missing output folder; the Python API keeps refusing one (a typo in a
 library call should fail, not scatter folders). Every writing command calls :func:`make_folders` before the
-library call and :func:`remove_created_folders` when that call fails, so a refused run leaves the tree as it was.
+library call and :func:`remove_created_folders` when that call fails or is interrupted (or wraps the call in
+:func:`created_folders`, which does both), so a refused or interrupted run leaves the tree as it was.
 
-This module never removes a folder it did not create, nor a folder that is not empty (``rmdir`` only), and never
-creates anything but folders.
+An interrupt (SIGINT/SIGTERM, raised by the CLI as a ``KeyboardInterrupt``) can land between two bytecodes of the
+library, e.g. right after a temp file was created and before the publish transaction recorded it; the transaction's
+rollback cannot see such a file. :func:`remove_own_temp_files` removes, after an interrupt, the temp files of *this*
+process (their names carry its pid) in the destination folders, so nothing is left whatever the window.
+
+This module never removes a folder it did not create, nor a folder that is not empty (``rmdir`` only), nor a file
+but a temp file named with this process's pid, and never creates anything but folders.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 
-__all__ = ["FolderError", "make_folders", "remove_created_folders"]
+from onnx_light_ref.io.publish import _TEMP_PREFIX, _TEMP_SUFFIX
+
+__all__ = [
+    "FolderError",
+    "created_folders",
+    "make_folders",
+    "remove_created_folders",
+    "remove_own_temp_files",
+]
 
 
 class FolderError(OSError):
@@ -55,8 +70,70 @@ def make_folders(folders: Iterable[str | os.PathLike[str]]) -> list[str]:
                 raise FolderError(
                     exc.errno, f"cannot create the folder {folder!r}: {exc.strerror or exc}", folder
                 ) from exc
+            except BaseException:  # interrupted (SIGINT/SIGTERM) between two folders: undo the ones made so far
+                remove_created_folders(created)
+                raise
             created.insert(0, folder)
     return created
+
+
+@contextlib.contextmanager
+def created_folders(folders: Iterable[str | os.PathLike[str]]) -> Iterator[list[str]]:
+    """Create the missing ``folders`` for the block; remove those it created if the block raises anything.
+
+    Anything includes an interrupt (``KeyboardInterrupt``, which the CLI raises for SIGINT and SIGTERM) and the
+    exceptions a handler turns into an ``error:`` line after the block: the folders are gone before it prints.
+
+    Args:
+        folders: the folders the command writes into.
+
+    Yields:
+        The folders created (deepest first), as :func:`make_folders` returns them.
+
+    Raises:
+        FolderError: a folder cannot be created (nothing is left created).
+    """
+    folders = [os.path.abspath(os.fspath(folder)) for folder in folders]
+    created = make_folders(folders)
+    try:
+        yield created
+    except KeyboardInterrupt:
+        remove_own_temp_files(folders)
+        remove_created_folders(created)
+        raise
+    except BaseException:
+        remove_created_folders(created)
+        raise
+
+
+def remove_own_temp_files(folders: Iterable[str | os.PathLike[str]]) -> list[str]:
+    """Delete the publish temp files of this process (``.olr~<tag>~<this pid>~<random>.tmp``) in ``folders``.
+
+    Called after an interrupt, once the library's own rollback has run: what is left with this pid is a file the
+    interrupt caught between its creation and its registration. Other processes' temp files are never touched.
+
+    Args:
+        folders: the command's destination folders (missing ones are skipped).
+
+    Returns:
+        The paths removed.
+    """
+    pattern = re.compile(
+        re.escape(_TEMP_PREFIX) + r"[0-9a-f]{12}~" + str(os.getpid()) + r"~[0-9a-f]{16}" + re.escape(_TEMP_SUFFIX)
+    )
+    removed = []
+    for folder in dict.fromkeys(os.path.abspath(os.fspath(folder)) for folder in folders):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            if pattern.fullmatch(name):
+                path = os.path.join(folder, name)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                    removed.append(path)
+    return removed
 
 
 def remove_created_folders(created: Sequence[str]) -> None:

@@ -3,15 +3,25 @@
 Thin wrapper over ``onnx_light_ref.backend.generate``; it must never hold logic the library does not expose. An
 ordinary mistake (OUTPUT_DIR is a file, a folder that cannot be written) is one ``error:`` line and exit status 1,
 with nothing written: the library checks the destination before writing.
+
+Interrupted (SIGINT/SIGTERM, raised by the CLI as a ``KeyboardInterrupt``), the command removes what this run
+added before the CLI reports it: the case folders that did not exist before the run, ``OUTPUT_DIR/node`` and
+``OUTPUT_DIR`` (with the parents it created) when this run created them, and the seed weights files in the system
+temp folder when they did not exist before. A case folder that existed before is never removed (it may have been
+replaced, or be half replaced if it was the one being written when the signal came).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
+import shutil
 from typing import Any
 
 from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.folders import remove_created_folders
 
 __all__ = ["generate_tests_command", "register"]
 
@@ -19,17 +29,52 @@ logger = logging.getLogger(__name__)
 
 
 def generate_tests_command(args: argparse.Namespace) -> int:
+    from onnx_light_ref.backend.cases import seed_weights_paths
     from onnx_light_ref.backend.generate import generate
 
+    before = _Snapshot(args.output_dir, seed_weights_paths())
     try:
         case_dirs = generate(args.output_dir, relocatable=args.relocatable)
     except OSError as exc:
         return error_exit(exc.strerror or exc)
+    except KeyboardInterrupt:
+        before.remove_added()
+        raise
     for case_dir in case_dirs:
         logger.info("wrote %s", case_dir)
     node_dir = case_dirs[0].parent if case_dirs else args.output_dir
     print(f"wrote {len(case_dirs)} cases under {node_dir}")
     return 0
+
+
+class _Snapshot:
+    """What existed before the run: enough to remove, on an interrupt, exactly what the run added."""
+
+    def __init__(self, output_dir: str, seed_files: list[str]) -> None:
+        self.output_dir = os.path.abspath(output_dir)
+        self.node_dir = os.path.join(self.output_dir, "node")
+        missing = []
+        folder = self.output_dir
+        while not os.path.lexists(folder):
+            missing.append(folder)
+            folder = os.path.dirname(folder)
+        self.missing_folders = [*missing]  # deepest first, as remove_created_folders wants them
+        self.cases = set(os.listdir(self.node_dir)) if os.path.isdir(self.node_dir) else set()
+        self.node_existed = os.path.lexists(self.node_dir)
+        self.seed_files = [path for path in seed_files if not os.path.lexists(path)]
+
+    def remove_added(self) -> None:
+        if os.path.isdir(self.node_dir) and not os.path.islink(self.node_dir):
+            for name in os.listdir(self.node_dir):
+                if name not in self.cases:
+                    shutil.rmtree(os.path.join(self.node_dir, name), ignore_errors=True)
+            if not self.node_existed:
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.node_dir)
+        for path in self.seed_files:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        remove_created_folders(self.missing_folders)
 
 
 def register(subparsers: Any) -> None:

@@ -219,7 +219,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "alignment every tensor satisfies. Exit status 1 if any reference is broken. Reads no weight bytes.",
     )
     parser.add_argument(
-        "model", help="path to the .onnx file, or a folder: each model's status and which models share which files"
+        "model",
+        metavar="MODEL.onnx",
+        help="model whose external tensors are shown, or a folder: each model's status and which models share which "
+        "files",
     )
     parser.add_argument(
         "--allow-outside-folder",

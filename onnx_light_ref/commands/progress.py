@@ -1,18 +1,41 @@
 """The byte progress bar of every command that moves weights (``align``, ``verify``, the demo's steps...).
 
 One tqdm bar on stderr, by default shown only on a terminal, fed by the library's ``progress(done_bytes,
-total_bytes)`` callback. This module never prints to stdout: summaries are the command's.
+total_bytes)`` callback. A terminal that reports 0 columns (some CI consoles, serial lines, ``stty cols 0``) would make
+tqdm draw nothing; the bar then falls back to :data:`FALLBACK_COLUMNS`. This module never prints to stdout: summaries
+are the command's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterator
+from typing import TextIO
 
 from tqdm import tqdm
 
-__all__ = ["byte_progress"]
+__all__ = ["FALLBACK_COLUMNS", "bar_columns", "byte_progress"]
+
+FALLBACK_COLUMNS = 80
+"""The bar's width when the terminal reports a width of 0 columns."""
+
+
+def bar_columns(stream: TextIO) -> int | None:
+    """The width to give the bar on ``stream``: None (tqdm measures the terminal itself) unless it reports 0 columns.
+
+    Args:
+        stream: where the bar is drawn (stderr).
+
+    Returns:
+        :data:`FALLBACK_COLUMNS` when ``stream`` is a terminal reporting 0 columns, otherwise None.
+    """
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError, AttributeError):  # not a terminal, closed, or not a real file: tqdm decides
+        return None
+    return FALLBACK_COLUMNS if columns <= 0 else None
 
 
 @contextlib.contextmanager
@@ -38,6 +61,7 @@ def byte_progress(
         disable=True if hidden else (None if terminal_only else False),  # None: tqdm checks for a terminal
         leave=leave,
         file=sys.stderr,
+        ncols=bar_columns(sys.stderr),
     )
 
     def progress(done: int, total: int) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 
 from onnx_light_ref.commands.errors import error_exit
-from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders
+from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders, remove_own_temp_files
 from onnx_light_ref.commands.inspect import printable
 from onnx_light_ref.io.locations import FileIdentity, is_external
 from onnx_light_ref.io.model_file import load_model_metadata
@@ -268,6 +268,10 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise _RunError(f"--output-dir: {exc}") from exc
     try:
         return _run_and_save(args, feeds, read)
+    except KeyboardInterrupt:  # SIGINT/SIGTERM: also a temp file the interrupt caught before it was recorded
+        remove_own_temp_files([args.output_dir])
+        remove_created_folders(created)
+        raise
     except BaseException:
         remove_created_folders(created)
         raise
@@ -319,12 +323,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "run",
         help="evaluate a model lazily with the reference evaluator and save its outputs as .npy",
-        description="Evaluate MODEL with onnx's reference evaluator, its external weights turned into "
+        description="Evaluate MODEL.onnx with onnx's reference evaluator, its external weights turned into "
         "ai.rt::DelayedInitializer nodes (read from the files when needed), and save each output as "
         "<output-dir>/<name>.npy. Every file the model names must be inside its folder unless "
         "--allow-outside-folder.",
     )
-    parser.add_argument("model", help="path to the .onnx file")
+    parser.add_argument("model", metavar="MODEL.onnx", help="model to evaluate")
     parser.add_argument(
         "--input",
         action="append",
@@ -342,6 +346,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--output-dir",
+        metavar="DIR",
         default=".",
         help="folder for the output .npy files, created if missing (default: current)",
     )

@@ -1,9 +1,12 @@
-"""``onnx-light-ref undelay SRC DST``: turn DelayedInitializer nodes into standard external initializers.
+"""``onnx-light-ref undelay SRC.onnx DST.onnx``: turn DelayedInitializer nodes into standard external initializers.
 
-A thin wrapper over :func:`onnx_light_ref.ops.undelay_initializers`: parses the options, creates the missing
-folders of DST and ``--weights`` (unlike the Python API, which refuses them), prints what was written, and reports
-every refusal as one ``error: ...`` line with exit status 1 (nothing is written then, and the folders the command
-created are removed again).
+A thin wrapper over :func:`onnx_light_ref.undelay_initializers`: parses the options, creates the missing folders of
+DST.onnx and ``--weights`` (unlike the Python API, which refuses them), shows a byte progress bar (on a terminal,
+unless ``--no-progress``), prints what was written, and a ``note:`` line when SRC.onnx has no DelayedInitializer node
+(the output is then a plain copy of the model, its external tensors gathered into one weights file). Every refusal
+is one ``error: ...`` line with exit status 1 (nothing is written then, and the folders the command created are
+removed again, also when the run is interrupted). A relative ``--weights`` is relative to DST.onnx's folder, as in
+``align``. It never reads a weight byte into memory.
 """
 
 from __future__ import annotations
@@ -11,36 +14,75 @@ from __future__ import annotations
 import argparse
 import os
 
+from onnx_light_ref.commands.align import weights_path
 from onnx_light_ref.commands.errors import error_exit
-from onnx_light_ref.commands.folders import make_folders, remove_created_folders
+from onnx_light_ref.commands.folders import created_folders
+from onnx_light_ref.commands.progress import byte_progress
+from onnx_light_ref.commands.sizes import size_argument
 from onnx_light_ref.errors import InvalidModelError
 
-__all__ = ["register", "undelay_command"]
+__all__ = ["count_delayed_nodes", "register", "undelay_command"]
+
+
+def count_delayed_nodes(model_path: str) -> int:
+    """The ``ai.rt::DelayedInitializer`` nodes of the model at ``model_path``, in every graph and subgraph.
+
+    Args:
+        model_path: the ``.onnx`` (parsed without its weights).
+
+    Returns:
+        How many nodes ``undelay`` turns into initializers.
+
+    Raises:
+        FileNotFoundError, InvalidModelError: as :func:`onnx_light_ref.io.model_file.load_model_metadata`.
+    """
+    import onnx
+
+    from onnx_light_ref.io.model_file import load_model_metadata
+    from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE
+
+    def count(graph: onnx.GraphProto) -> int:
+        total = 0
+        for node in graph.node:
+            total += node.domain == DOMAIN and node.op_type == OP_TYPE
+            for attribute in node.attribute:
+                total += sum(
+                    count(sub) for sub in (*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs)
+                )
+        return total
+
+    return count(load_model_metadata(model_path).graph)
 
 
 def undelay_command(args: argparse.Namespace) -> int:
     """The ``undelay`` handler: 0 on success, 1 with one ``error:`` line on stderr otherwise."""
-    from onnx_light_ref.ops import undelay_initializers
+    from onnx_light_ref import undelay_initializers
 
-    created: list[str] = []
+    weights = weights_path(args.dst, args.weights)
     try:
-        weights = args.weights if args.weights is not None else args.dst
-        created = make_folders(os.path.dirname(os.path.abspath(path)) for path in (args.dst, weights))
-        written = undelay_initializers(
-            args.src,
-            args.dst,
-            args.weights,
-            args.alignment,
-            allow_outside_folder=args.allow_outside_folder,
-            durable=not args.no_fsync,
-            replace_shared=args.replace_shared,
-        )
+        nodes = count_delayed_nodes(args.src)
+        folders = [os.path.dirname(os.path.abspath(path)) for path in (args.dst, weights or args.dst)]
+        with created_folders(folders), byte_progress("undelay", hidden=args.no_progress) as progress:
+            written = undelay_initializers(
+                args.src,
+                args.dst,
+                weights,
+                args.alignment,
+                allow_outside_folder=args.allow_outside_folder,
+                durable=not args.no_fsync,
+                progress=progress,
+                replace_shared=args.replace_shared,
+            )
     except (OSError, ValueError, TypeError, InvalidModelError) as exc:
-        remove_created_folders(created)
         return error_exit(exc)
-    weights = args.weights or f"{args.dst}.data"
-    where = f" and {weights} ({written} bytes)" if written else " (no weights file needed)"
+    shown = weights if weights is not None else f"{args.dst}.data"
+    where = f" and {shown} ({written} bytes)" if written else " (no weights file needed)"
     print(f"wrote {args.dst}{where}")
+    if nodes == 0:
+        print(
+            f"note: {args.src} has no ai.rt::DelayedInitializer node; {args.dst} is the same model (its external "
+            "tensors, if any, gathered into the weights file)"
+        )
     return 0
 
 
@@ -49,22 +91,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "undelay",
         help="turn ai.rt::DelayedInitializer nodes into external initializers (run the model anywhere)",
-        description="Write DST where every ai.rt::DelayedInitializer node of SRC (main graph and subgraphs) is an "
-        "initializer stored as external data in an aligned weights file, its bytes copied file to file. Files "
-        "named by SRC must be inside SRC's folder unless --allow-outside-folder.",
+        description="Write DST.onnx where every ai.rt::DelayedInitializer node of SRC.onnx (main graph and "
+        "subgraphs) is an initializer stored as external data in an aligned weights file, its bytes copied file to "
+        "file. Files named by SRC.onnx must be inside its folder unless --allow-outside-folder.",
     )
-    parser.add_argument("src", help="the model with DelayedInitializer nodes")
-    parser.add_argument("dst", help="the .onnx file to write (its folder is created if missing)")
+    parser.add_argument("src", metavar="SRC.onnx", help="model with DelayedInitializer nodes")
+    parser.add_argument("dst", metavar="DST.onnx", help="model to write (its folder is created if missing)")
     parser.add_argument(
-        "--weights", default=None, help="weights file, inside DST's folder, created if missing (default: DST.data)"
+        "--weights",
+        metavar="PATH",
+        default=None,
+        help="weights file to write; a relative PATH is relative to DST.onnx's folder, not the current one, and must "
+        "stay inside it (default: DST.onnx.data)",
     )
     parser.add_argument(
-        "--alignment", type=int, default=4096, help="byte alignment of each tensor (power of two; 0 or 1: packed)"
+        "--alignment",
+        metavar="N",
+        type=size_argument,
+        default=4096,
+        help="power of two every tensor offset is a multiple of, e.g. 4096 or 64K; 0 or 1 = packed (default: 4096)",
     )
     parser.add_argument(
         "--allow-outside-folder",
         action="store_true",
-        help="trust absolute filenames outside SRC's folder (the spec's examples use /tmp paths)",
+        help="trust absolute filenames outside SRC.onnx's folder (the spec's examples use /tmp paths)",
     )
     parser.add_argument(
         "--replace-shared",
@@ -72,5 +122,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="replace the weights file even when another .onnx in DST's folder uses it (that model then computes "
         "with the new weights); without it, such a run is refused and names the other models",
     )
-    parser.add_argument("--no-fsync", action="store_true", help="skip fsync (same bytes, no crash durability)")
+    parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="skip every fsync: outputs still appear atomically with the same bytes, but may be lost on a crash",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=undelay_command)

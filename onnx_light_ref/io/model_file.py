@@ -23,7 +23,7 @@ from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io.folder import ModelFolder, open_model_file
 from onnx_light_ref.io.posix import pread_exact
 
-__all__ = ["PROTOBUF_LIMIT", "check_model_strings", "load_model_metadata", "serialize_model"]
+__all__ = ["PROTOBUF_LIMIT", "check_model_strings", "load_model_metadata", "not_a_model_file", "serialize_model"]
 
 PROTOBUF_LIMIT = 2**31 - 1
 """Largest message protobuf parses: a ``.onnx`` file above it cannot be loaded whole by anyone."""
@@ -35,6 +35,14 @@ _FieldDescriptor: Any = importlib.import_module("google.protobuf.descriptor").Fi
 # Per message type: its string fields and its message fields, each as (name, repeated). Built once per type, so the
 # walk touches only fields that can hold a string (never raw_data nor the typed value arrays).
 _FIELDS: dict[str, tuple[tuple[tuple[str, bool], ...], tuple[tuple[str, bool], ...]]] = {}
+
+
+def not_a_model_file(path: str, st: os.stat_result, otherwise: str) -> str:
+    """The message for a model path that exists but is not a regular file: "is a directory" for a folder (a user
+    who named the folder instead of the model), ``otherwise`` for a FIFO, a device..."""
+    if stat.S_ISDIR(st.st_mode):
+        return f"ONNX model path {path!r} is a directory, not a model file"
+    return otherwise
 
 
 def _is_repeated(field: Any) -> bool:
@@ -154,7 +162,9 @@ def load_model_metadata(path: str, *, check_strings: bool = True, folder: ModelF
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise FileNotFoundError(f"ONNX model file not found: {path!r} is not a regular file")
+            raise FileNotFoundError(
+                not_a_model_file(path, st, f"ONNX model file not found: {path!r} is not a regular file")
+            )
         if st.st_size > PROTOBUF_LIMIT:
             raise InvalidModelError(
                 f"{path!r} is {st.st_size} bytes, more than protobuf's 2 GiB limit: it cannot be parsed as one model "

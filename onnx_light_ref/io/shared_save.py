@@ -86,7 +86,7 @@ def save_model_with_shared_external_data(
     alignment: int = 4096,
     *,
     location: str | None = None,
-    size_threshold: int = 0,
+    size_threshold: int = 1024,
     progress: ProgressCallback | None = None,
     check_references: bool = True,
     durable: bool = True,
@@ -107,10 +107,12 @@ def save_model_with_shared_external_data(
         alignment: every new tensor offset is a multiple of it: a power of two, or 0/1 for packed.
         location: the secondary file's name relative to the destination folder (default ``<dst name>.data``); it
             must not be a reused file nor the ``.onnx``.
-        size_threshold: tensors with fewer bytes stay inline (an int >= 0). Tensors stored in typed fields
-            (``float_data``...) always stay inline; so do tensors onnx's loader would not read back from external
-            data (sparse tensors, function default attributes, ``training_info``), counted in the result's
-            ``kept_inline_tensors``.
+        size_threshold: tensors with fewer bytes stay inline (an int >= 0). The default, 1024, is onnx's own
+            writer's: small tensors such as a Reshape ``shape`` stay inline, where onnxruntime needs them to infer
+            shapes (it refuses to parse them from external data). ``0`` moves every inline ``raw_data`` tensor out.
+            Tensors stored in typed fields (``float_data``...) always stay inline; so do tensors onnx's loader would
+            not read back from external data (sparse tensors, function default attributes, ``training_info``),
+            counted in the result's ``kept_inline_tensors``.
         progress: called as ``progress(done_bytes, total_bytes)`` while new bytes are written.
         check_references: require every reused reference to resolve from the destination folder (inside it, file
             present, range within the file). ``False`` writes the references as they are, but their syntax is

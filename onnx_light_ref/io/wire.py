@@ -29,6 +29,7 @@ from google.protobuf.message import DecodeError
 from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io.arguments import PathLike, check_int
 from onnx_light_ref.io.folder import ModelFolder, open_model_file
+from onnx_light_ref.io.model_file import not_a_model_file
 from onnx_light_ref.io.posix import pread_exact
 
 __all__ = [
@@ -209,7 +210,7 @@ def load_model_stripped(path: PathLike, min_length: int, *, folder: ModelFolder 
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise FileNotFoundError(f"ONNX model path is not a regular file: {path!r}")
+            raise FileNotFoundError(not_a_model_file(path, st, f"ONNX model path is not a regular file: {path!r}"))
         prefix = _MAGIC + secrets.token_bytes(_NONCE_LENGTH)
         scanner = _Scanner(_WindowReader(fd, st.st_size, path), path, min_length, prefix)
         metadata = scanner.scan()

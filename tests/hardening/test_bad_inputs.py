@@ -201,7 +201,7 @@ def call_shared(scene: Scene) -> Callable[[], object]:
     scene.protos.append(model)
     out = scene.model_dir / "variant.onnx"
     scene.destinations += [out, scene.model_dir / "variant.onnx.data"]
-    return lambda: save_model_with_shared_external_data(model, out, alignment=64)
+    return lambda: save_model_with_shared_external_data(model, out, alignment=64, size_threshold=0)
 
 
 def call_delay(scene: Scene) -> Callable[[], object]:
@@ -925,7 +925,7 @@ def shared_prepare(
         scene.destinations += [out, Path(f"{out}.data")]
         if setup is not None:
             setup(scene)
-        return lambda: save_model_with_shared_external_data(model, out, **kwargs)
+        return lambda: save_model_with_shared_external_data(model, out, **{"size_threshold": 0, **kwargs})
 
     return prepare
 
@@ -937,7 +937,7 @@ def variant(scene: Scene) -> Path:
 def previous_variant(scene: Scene) -> None:
     """A complete previous variant (other new weights) sits at the destination; a failed save must keep it."""
     model = identity_model([good_tensor(), numpy_helper.from_array(np.arange(5, dtype=np.int16), "w_old")])
-    save_model_with_shared_external_data(model, variant(scene), alignment=0)
+    save_model_with_shared_external_data(model, variant(scene), alignment=0, size_threshold=0)
 
 
 def hard_link_in_model_dir(scene: Scene) -> None:
@@ -1094,7 +1094,7 @@ def unchecked_reuse(*pairs: tuple[str, str]) -> Callable[[Scene], Callable[[], o
         scene.protos.append(model)
         out = variant(scene)
         scene.destinations += [out, Path(f"{out}.data")]
-        return lambda: save_model_with_shared_external_data(model, out, check_references=False)
+        return lambda: save_model_with_shared_external_data(model, out, check_references=False, size_threshold=0)
 
     return prepare
 

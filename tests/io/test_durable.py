@@ -41,7 +41,7 @@ def _shared(src: Path, folder: Path, durable: bool) -> int:
         shutil.copyfile(path, folder / path.name)
     variant = onnx.load_model(str(src), load_external_data=False)
     variant.graph.initializer.append(numpy_helper.from_array(np.full(5, 7.0, np.float32), "n0"))
-    return save_model_with_shared_external_data(variant, folder / "variant.onnx", 64, durable=durable)
+    return save_model_with_shared_external_data(variant, folder / "variant.onnx", 64, durable=durable, size_threshold=0)
 
 
 WRITERS: dict[str, Callable[[Path, Path, bool], int]] = {

@@ -131,5 +131,8 @@ def test_a_model_path_that_is_not_a_regular_file_is_refused_without_blocking(tmp
         path.symlink_to(tmp_path / "loop")
         (tmp_path / "loop").symlink_to(path)
 
-    with pytest.raises(FileNotFoundError, match=r"ONNX model file not found: '.*model\.onnx'"):
+    expected = (
+        r"ONNX model path '.*model\.onnx' is a directory" if kind == "directory" else r"not found: '.*model\.onnx'"
+    )
+    with pytest.raises(FileNotFoundError, match=expected):
         load_model_metadata(str(path))

@@ -116,7 +116,7 @@ def test_the_shared_saver_reports_new_and_reused_tensors(tmp_path):
     variant.graph.initializer.append(numpy_helper.from_array(np.full(5, 7.0, np.float32), "n0"))  # 20 bytes
     variant.graph.initializer.append(numpy_helper.from_array(np.full(3, -3.5, np.float32), "n1"))  # 12 bytes
 
-    result = save_model_with_shared_external_data(variant, tmp_path / "variant.onnx", 64)
+    result = save_model_with_shared_external_data(variant, tmp_path / "variant.onnx", 64, size_threshold=0)
 
     assert type(result) is SaveResult
     assert result == (tmp_path / "variant.onnx.data").stat().st_size == 76

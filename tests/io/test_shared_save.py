@@ -115,7 +115,7 @@ def test_reference_arithmetic(tmp_path: Path) -> None:
         for t in onnx.load_model(str(tmp_path / "first.onnx"), load_external_data=False).graph.initializer
     }
 
-    total = save_model_with_shared_external_data(variant, tmp_path / "second.onnx", alignment=64)
+    total = save_model_with_shared_external_data(variant, tmp_path / "second.onnx", alignment=64, size_threshold=0)
 
     # 20 B of n0, padding to 64, 12 B of n1.
     assert total == 76
@@ -148,7 +148,7 @@ def test_reference_arithmetic(tmp_path: Path) -> None:
 def test_positional_call_and_default_alignment(tmp_path: Path) -> None:
     variant = reference_variant(tmp_path)
 
-    total = save_model_with_shared_external_data(variant, str(tmp_path / "second.onnx"))
+    total = save_model_with_shared_external_data(variant, str(tmp_path / "second.onnx"), size_threshold=0)
 
     assert total == 4096 + 12 == (tmp_path / "second.onnx.data").stat().st_size
     saved = tensors_by_name(onnx.load_model(str(tmp_path / "second.onnx"), load_external_data=False))
@@ -156,7 +156,7 @@ def test_positional_call_and_default_alignment(tmp_path: Path) -> None:
 
     (tmp_path / "packed").mkdir()
     packed = reference_variant(tmp_path / "packed")
-    assert save_model_with_shared_external_data(packed, tmp_path / "packed" / "second.onnx", 0) == 32
+    assert save_model_with_shared_external_data(packed, tmp_path / "packed" / "second.onnx", 0, size_threshold=0) == 32
     saved = tensors_by_name(onnx.load_model(str(tmp_path / "packed" / "second.onnx"), load_external_data=False))
     assert [entries(saved[n])["offset"] for n in NEW_TENSORS] == ["0", "20"]
 
@@ -166,7 +166,7 @@ def test_only_reused_tensors_writes_no_weights_file(tmp_path: Path) -> None:
     variant = onnx.load_model(str(first), load_external_data=False)
     before = tree(tmp_path)
 
-    assert save_model_with_shared_external_data(variant, tmp_path / "second.onnx") == 0
+    assert save_model_with_shared_external_data(variant, tmp_path / "second.onnx", size_threshold=0) == 0
 
     assert sorted(tree(tmp_path)) == ["first.onnx", "first.onnx.data", "second.onnx"]
     assert {k: v for k, v in tree(tmp_path).items() if k != "second.onnx"} == before
@@ -202,7 +202,7 @@ def test_variant_with_a_new_last_layer_runs_in_onnxruntime(tmp_path: Path) -> No
         if tensor.name in head:
             tensor.CopyFrom(numpy_helper.from_array(head[tensor.name], tensor.name))
 
-    total = save_model_with_shared_external_data(variant, tmp_path / "second.onnx")
+    total = save_model_with_shared_external_data(variant, tmp_path / "second.onnx", size_threshold=0)
 
     # The variant's data file holds the new head and nothing else: W2 (256 B) padded to 4096, then b2 (16 B).
     assert total == 4096 + 16 == (tmp_path / "second.onnx.data").stat().st_size
@@ -220,6 +220,57 @@ def test_variant_with_a_new_last_layer_runs_in_onnxruntime(tmp_path: Path) -> No
         run(tmp_path / "second.onnx", x), mlp_reference(x, {**weights, **head}), rtol=1e-5, atol=1e-5
     )
     assert tree(tmp_path)["first.onnx.data"] == first_files["first.onnx.data"]
+
+
+def reshape_model(weight: np.ndarray, shape: np.ndarray) -> onnx.ModelProto:
+    """``y = Reshape(x @ W, shape)``: the ``shape`` initializer is what onnxruntime must read inline."""
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Reshape", ["h", "shape"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "reshape",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, weight.shape[0]])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(shape, "shape")],
+    )
+    return helper.make_model(graph, ir_version=IR_VERSION, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def test_default_size_threshold_keeps_a_reshape_shape_inline_and_onnxruntime_runs_the_variant(tmp_path: Path) -> None:
+    """Issue 22: with the old default (0) the 16-byte int64 ``shape`` went external and onnxruntime refused the
+    variant ("Cannot parse data from external tensors"); the default is onnx's own 1024."""
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal((16, 32)).astype(np.float32)  # 2 KiB: above the threshold
+    shape = np.array([4, 16], dtype=np.int64)  # 16 bytes: below it
+    first = save_first(tmp_path, reshape_model(weight, shape))
+    first_files = tree(tmp_path)
+    new_weight = rng.standard_normal((16, 32)).astype(np.float32)
+    variant = onnx.load_model(str(first), load_external_data=False)
+    variant.graph.initializer[0].CopyFrom(numpy_helper.from_array(new_weight, "W"))
+    variant.graph.initializer[1].CopyFrom(numpy_helper.from_array(shape, "shape"))
+
+    total = save_model_with_shared_external_data(variant, tmp_path / "second.onnx")
+
+    assert total == new_weight.nbytes == (tmp_path / "second.onnx.data").stat().st_size
+    saved = tensors_by_name(onnx.load_model(str(tmp_path / "second.onnx"), load_external_data=False))
+    assert saved["shape"].data_location == onnx.TensorProto.DEFAULT and saved["shape"].raw_data == shape.tobytes()
+    assert entries(saved["W"])["location"] == "second.onnx.data"
+    x = rng.standard_normal((2, 16)).astype(np.float32)
+    session = ort.InferenceSession(str(tmp_path / "second.onnx"), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"x": x})
+    np.testing.assert_allclose(y, (x @ new_weight).reshape(4, 16), rtol=1e-5, atol=1e-5)
+    assert tree(tmp_path)["first.onnx.data"] == first_files["first.onnx.data"]
+
+
+def test_size_threshold_zero_moves_the_reshape_shape_out_and_onnxruntime_refuses_it(tmp_path: Path) -> None:
+    """Why the default is not 0: the same variant saved with ``size_threshold=0`` is refused by onnxruntime."""
+    weight = np.ones((16, 32), np.float32)
+    first = save_first(tmp_path, reshape_model(weight, np.array([4, 16], dtype=np.int64)))
+    variant = onnx.load_model(str(first), load_external_data=False)
+    variant.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.array([4, 16], dtype=np.int64), "shape"))
+
+    assert save_model_with_shared_external_data(variant, tmp_path / "second.onnx", size_threshold=0) == 16
+    with pytest.raises(Exception, match="shape"):
+        ort.InferenceSession(str(tmp_path / "second.onnx"), providers=["CPUExecutionProvider"])
 
 
 # ------------------------------------------------------------------------------------------------------- guards
@@ -328,7 +379,7 @@ def test_guard_refuses_before_writing_anything(tmp_path: Path, case: str) -> Non
     before_model = variant.SerializeToString()
 
     with pytest.raises(error) as raised:
-        save_model_with_shared_external_data(variant, dst, **kwargs)
+        save_model_with_shared_external_data(variant, dst, **{"size_threshold": 0, **kwargs})
 
     for fragment in fragments:
         assert fragment in str(raised.value)
@@ -356,7 +407,7 @@ def test_unchecked_references_are_written_as_they_are(tmp_path: Path, case: str)
     reused = {n: list(tensors_by_name(variant)[n].external_data) for n in FIRST_TENSORS}
     first_files = tree(tmp_path)
 
-    total = save_model_with_shared_external_data(variant, dst, 64, check_references=False)
+    total = save_model_with_shared_external_data(variant, dst, 64, check_references=False, size_threshold=0)
 
     assert total == 76
     saved = tensors_by_name(onnx.load_model(str(dst), load_external_data=False))
@@ -373,7 +424,9 @@ def test_unchecked_reference_naming_the_secondary_file_is_refused(tmp_path: Path
     before_files, before_model = tree(tmp_path), variant.SerializeToString()
 
     with pytest.raises(DestinationConflictError, match=r"'a0'.*would read the new weights"):
-        save_model_with_shared_external_data(variant, tmp_path / "sub" / "first.onnx", check_references=False)
+        save_model_with_shared_external_data(
+            variant, tmp_path / "sub" / "first.onnx", check_references=False, size_threshold=0
+        )
 
     assert tree(tmp_path) == before_files and temp_files(tmp_path) == []
     assert variant.SerializeToString() == before_model
@@ -383,7 +436,12 @@ def test_only_reused_tensors_may_be_saved_in_a_subfolder_unchecked(tmp_path: Pat
     first = save_first(tmp_path)
     variant = onnx.load_model(str(first), load_external_data=False)
     (tmp_path / "sub").mkdir()
-    assert save_model_with_shared_external_data(variant, tmp_path / "sub" / "first.onnx", check_references=False) == 0
+    assert (
+        save_model_with_shared_external_data(
+            variant, tmp_path / "sub" / "first.onnx", check_references=False, size_threshold=0
+        )
+        == 0
+    )
     assert sorted(tree(tmp_path / "sub")) == ["first.onnx"]
 
 
@@ -400,7 +458,7 @@ def test_failure_at_publication_rolls_the_model_back(tmp_path: Path, monkeypatch
     monkeypatch.setattr(onnx_light_ref.io.publish._Publication, "run", _fail)
 
     with pytest.raises(OSError, match="simulated"):
-        save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64)
+        save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64, size_threshold=0)
 
     assert variant.SerializeToString() == before_model
     assert tree(tmp_path) == before_files and temp_files(tmp_path) == []
@@ -424,7 +482,7 @@ def test_failed_rename_leaves_no_file_and_the_model_unchanged(
     monkeypatch.setattr(onnx_light_ref.io.publish.os, "replace", replace)
 
     with pytest.raises(OSError, match="simulated"):
-        save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64)
+        save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64, size_threshold=0)
 
     # Only the first renames are ours to check: publication may rename more while undoing (publish.py's business).
     assert [Path(p).name for p in calls[:failing_rename]] == ["second.onnx.data", "second.onnx"][:failing_rename]
@@ -460,7 +518,7 @@ def test_zero_size_new_tensor(tmp_path: Path) -> None:
     variant = reference_variant(tmp_path)
     add_outputs(variant, {"empty": np.zeros((0, 3), np.float32)})
 
-    total = save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64)
+    total = save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64, size_threshold=0)
 
     # n0 at 0, n1 at 64, empty at 128 (length 0): the file extends to 128 so that no offset points past its end.
     assert total == 128 == (tmp_path / "second.onnx.data").stat().st_size
@@ -531,7 +589,7 @@ def test_subgraphs_and_constant_attributes(tmp_path: Path) -> None:
         branch("else", {"s_new": np.full(4, 10.0, np.float32)}, np.full(4, 2.0, np.float32))
     )
 
-    total = save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64)
+    total = save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64, size_threshold=0)
 
     assert total == 64 + 16  # s_new (16 B) at 0, else_c_value (16 B) at 64
     assert tree(tmp_path)["first.onnx.data"] == first_files["first.onnx.data"]
@@ -564,7 +622,7 @@ def test_reused_tensors_in_subgraph_are_guarded_too(tmp_path: Path) -> None:
     before_files, before_model = tree(tmp_path), variant.SerializeToString()
 
     with pytest.raises(DanglingReferenceError, match=r"'s_then'.*missing\.data"):
-        save_model_with_shared_external_data(variant, tmp_path / "second.onnx")
+        save_model_with_shared_external_data(variant, tmp_path / "second.onnx", size_threshold=0)
 
     assert tree(tmp_path) == before_files and variant.SerializeToString() == before_model
 
@@ -579,7 +637,11 @@ def test_progress_is_monotonic_and_ends_at_the_payload(tmp_path: Path) -> None:
     calls: list[tuple[int, int]] = []
 
     save_model_with_shared_external_data(
-        variant, tmp_path / "second.onnx", 64, progress=lambda done, total: calls.append((done, total))
+        variant,
+        tmp_path / "second.onnx",
+        64,
+        progress=lambda done, total: calls.append((done, total)),
+        size_threshold=0,
     )
 
     payload = 20 + 12 + big.nbytes
@@ -593,7 +655,9 @@ def test_location_in_an_existing_subfolder(tmp_path: Path) -> None:
     variant = reference_variant(tmp_path)
     (tmp_path / "sub").mkdir()
 
-    total = save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64, location="sub/new.bin")
+    total = save_model_with_shared_external_data(
+        variant, tmp_path / "second.onnx", 64, location="sub/new.bin", size_threshold=0
+    )
 
     assert total == 76 == (tmp_path / "sub" / "new.bin").stat().st_size
     assert not (tmp_path / "second.onnx.data").exists()
@@ -609,7 +673,9 @@ def test_location_in_a_missing_subfolder_writes_nothing(tmp_path: Path) -> None:
     before_files, before_model = tree(tmp_path), variant.SerializeToString()
 
     with pytest.raises(FileNotFoundError, match="destination folder does not exist"):
-        save_model_with_shared_external_data(variant, tmp_path / "second.onnx", location="missing/new.bin")
+        save_model_with_shared_external_data(
+            variant, tmp_path / "second.onnx", location="missing/new.bin", size_threshold=0
+        )
 
     assert tree(tmp_path) == before_files and temp_files(tmp_path) == []
     assert variant.SerializeToString() == before_model
@@ -625,7 +691,10 @@ def test_a_missing_destination_folder_is_never_created(tmp_path: Path, check_ref
 
     with pytest.raises(error, match=fragment):
         save_model_with_shared_external_data(
-            variant, tmp_path / "missing" / "second.onnx", check_references=check_references
+            variant,
+            tmp_path / "missing" / "second.onnx",
+            check_references=check_references,
+            size_threshold=0,
         )
 
     assert not (tmp_path / "missing").exists()
@@ -635,14 +704,14 @@ def test_a_missing_destination_folder_is_never_created(tmp_path: Path, check_ref
 
 def test_resaving_a_variant_replaces_its_own_weights(tmp_path: Path) -> None:
     variant = reference_variant(tmp_path)
-    save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64)
+    save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64, size_threshold=0)
     # Reloaded without data, every tensor is now reused, n0/n1 from second.onnx.data; nothing new is written.
     again = onnx.load_model(str(tmp_path / "second.onnx"), load_external_data=False)
     add_outputs(again, {"n2": np.full(2, 9.0, np.float32)})
 
     with pytest.raises(DestinationConflictError, match=r"second\.onnx\.data"):
-        save_model_with_shared_external_data(again, tmp_path / "second.onnx", 64)
-    assert save_model_with_shared_external_data(again, tmp_path / "third.onnx", 64) == 8
+        save_model_with_shared_external_data(again, tmp_path / "second.onnx", 64, size_threshold=0)
+    assert save_model_with_shared_external_data(again, tmp_path / "third.onnx", 64, size_threshold=0) == 8
     loaded = tensors_by_name(onnx.load_model(str(tmp_path / "third.onnx")))
     np.testing.assert_array_equal(numpy_helper.to_array(loaded["n1"]), NEW_TENSORS["n1"])
     np.testing.assert_array_equal(numpy_helper.to_array(loaded["n2"]), [9.0, 9.0])

@@ -554,7 +554,7 @@ def test_missing_or_non_regular_paths(tmp_path):
         load_model_stripped(tmp_path / "missing.onnx", 0)
     with pytest.raises(FileNotFoundError, match="ONNX model file not found"):
         load_model_stripped(tmp_path / "missing" / "m.onnx", 0)
-    with pytest.raises(FileNotFoundError, match="not a regular file"):
+    with pytest.raises(FileNotFoundError, match="is a directory, not a model file"):
         load_model_stripped(tmp_path, 0)
     os.mkfifo(tmp_path / "fifo.onnx")
     with pytest.raises(FileNotFoundError, match="not a regular file"):  # and does not block waiting for a writer

@@ -1,0 +1,138 @@
+"""One consistent command line (issue 22): names, help, relative ``--weights``, exit statuses, notes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from onnx_light_ref.cli import EPILOG, build_parser, main
+from tests.checks import snapshot_tree
+from tests.models import make_external_model
+from tests.test_cli_undelay import delayed_model
+
+WEIGHTS = {"w": np.arange(300, dtype=np.float32), "v": np.ones(700, np.float32)}
+
+
+def help_of(command: str, capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as done:
+        patch.setenv("COLUMNS", "1000")  # argparse wraps at hyphens too: "--size-" / "threshold"
+        main([command, "--help"])
+    assert done.value.code == 0
+    return " ".join(capsys.readouterr().out.split())  # argparse wraps lines: compare words
+
+
+@pytest.mark.parametrize(
+    ("command", "usage"),
+    [
+        ("align", "align [-h] [--weights PATH]"),
+        ("undelay", "undelay [-h] [--weights PATH] [--alignment N]"),
+        ("inspect", "inspect [-h] MODEL.onnx"),
+        ("verify", "A.onnx B.onnx"),
+        ("run", "MODEL.onnx"),
+        ("generate-tests", "OUTPUT_DIR"),
+    ],
+)
+def test_every_help_names_its_arguments_alike_and_ends_with_the_exit_statuses(command, usage, capsys) -> None:
+    text = help_of(command, capsys)
+    assert usage in text
+    assert " ".join(EPILOG.split()) in text
+    if command in ("align", "undelay"):
+        assert "SRC.onnx DST.onnx" in text
+        assert "relative to DST.onnx's folder" in text
+        assert "(default: 4096)" in text and "--no-progress" in text
+
+
+def test_the_top_level_help_ends_with_the_exit_statuses(capsys) -> None:
+    assert " ".join(EPILOG.split()) in " ".join(build_parser().format_help().split())
+
+
+def test_align_help_is_findable_for_moving_inline_weights_out(capsys) -> None:
+    text = help_of("align", capsys)
+    assert "move inline weights out of a .onnx" in text.lower() or "To move inline weights out of a .onnx" in text
+    assert "--size-threshold 1K" in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["align", "only-one.onnx"], ["undelay", "a.onnx", "b.onnx", "--alignment", "lots"], ["verify"], ["nope"]],
+)
+def test_argument_errors_exit_2_with_the_usage(argv, capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: onnx-light-ref") and "error:" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["inspect", "D"],
+        ["verify", "D", "D"],
+        ["run", "D"],
+        ["align", "D", "out/m.onnx"],
+        ["align", "D", "out/m.onnx", "--size-threshold", "1K"],
+        ["undelay", "D", "out/m.onnx"],
+    ],
+)
+def test_a_directory_given_as_the_model_is_called_a_directory(argv, capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "D").mkdir()
+    before = snapshot_tree(tmp_path)
+
+    assert main(argv) == 1
+
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "is a directory" in err[0], err
+    assert snapshot_tree(tmp_path) == before  # no output folder left behind
+
+
+@pytest.mark.parametrize("command", ["align", "undelay"])
+def test_a_relative_weights_path_is_relative_to_the_destination_folder(command, tmp_path, monkeypatch) -> None:
+    (tmp_path / "src").mkdir()
+    if command == "align":
+        src = make_external_model(tmp_path / "src", WEIGHTS, size_threshold=0)
+    else:
+        src, _ = delayed_model(tmp_path / "src")
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    dst = tmp_path / "out" / "m.onnx"
+
+    assert main([command, str(src), str(dst), "--weights", "w.bin", "--no-progress", "--no-fsync"]) == 0
+
+    assert (tmp_path / "out" / "w.bin").is_file()
+    assert list(cwd.iterdir()) == []  # not written relative to the current folder
+    locations = {
+        e.value
+        for t in onnx.load_model(str(dst), load_external_data=False).graph.initializer
+        for e in t.external_data
+        if e.key == "location"
+    }
+    assert locations == {"w.bin"}
+    ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])  # loads
+
+
+def test_undelay_of_a_model_without_delayed_initializers_says_so(tmp_path, capsys) -> None:
+    (tmp_path / "src").mkdir()
+    src = make_external_model(tmp_path / "src", WEIGHTS, size_threshold=0)
+    dst = tmp_path / "out" / "m.onnx"
+
+    assert main(["undelay", str(src), str(dst), "--no-fsync", "--no-progress"]) == 0
+
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"wrote {dst} and {dst}.data")
+    assert out[1].startswith(f"note: {src} has no ai.rt::DelayedInitializer node")
+
+
+def test_undelay_of_a_delayed_model_prints_no_note(tmp_path, capsys) -> None:
+    src, _ = delayed_model(tmp_path)
+
+    assert main(["undelay", str(src), str(tmp_path / "out.onnx"), "--no-fsync", "--alignment", "64K"]) == 0
+
+    out = capsys.readouterr().out
+    assert "note:" not in out and f"{tmp_path / 'out.onnx'}.data" in out

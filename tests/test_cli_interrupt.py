@@ -1,0 +1,281 @@
+"""Ctrl-C and SIGTERM during a writing command (issue 22): nothing left behind, one line, exit 130 / 143.
+
+Each test runs the real command line (``python -m onnx_light_ref ...``) in a child process and signals it while it
+works: ``align`` and ``undelay`` copy a 4 GiB SPARSE weights file (holes: no disk block, no memory; copied with a
+64 KiB chunk so the copy lasts long enough), ``run`` evaluates a Loop of millions of iterations, and
+``generate-tests`` is held after its third case by a hook in the child. The parent waits for the work to be
+visible (the publish transaction's ``.olr~...tmp`` temp file, the created output folder, the hook's ``ready``),
+stops the child (SIGSTOP) to check it is still mid-job, queues the signal, and lets it go on (SIGCONT). Then: exit
+status 128 + signal, stderr exactly ``error: interrupted`` (no traceback), no temp file, the folders the command
+created removed, the sources untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.checks import snapshot_tree
+from tests.models import IR_VERSION, OPSET, external_tensor, identity_model, write_model
+
+pytestmark = pytest.mark.slow
+
+SIGNALS = [pytest.param(signal.SIGINT, id="SIGINT"), pytest.param(signal.SIGTERM, id="SIGTERM")]
+TENSORS = 16
+TENSOR_BYTES = 256 * 1024 * 1024  # 16 x 256 MiB = 4 GiB of holes
+WAIT = 120.0  # seconds: only a bound on a broken child, never an assertion about speed
+
+
+def sparse_model(folder: Path) -> Path:
+    """``model.onnx`` with 16 external uint8 tensors of 256 MiB each in one 4 GiB sparse ``model.onnx.data``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "model.onnx.data", "wb") as data:
+        data.truncate(TENSORS * TENSOR_BYTES)
+    template = np.zeros(1, np.uint8)
+    tensors = []
+    for i in range(TENSORS):
+        entries = [("location", "model.onnx.data"), ("offset", str(i * TENSOR_BYTES)), ("length", str(TENSOR_BYTES))]
+        tensor = external_tensor(f"w{i:02d}", template, entries)
+        tensor.dims[:] = [TENSOR_BYTES]
+        tensors.append(tensor)
+    return write_model(folder / "model.onnx", identity_model(tensors))
+
+
+def delayed_model(folder: Path) -> Path:
+    """The sparse model with its initializers turned into DelayedInitializer nodes (``undelay``'s input)."""
+    from onnx_light_ref import delay_initializers
+
+    source = sparse_model(folder)
+    return write_model(folder / "delayed.onnx", delay_initializers(source))
+
+
+def loop_model(path: Path, iterations: int) -> Path:
+    """``y = x + iterations`` computed by a Loop adding 1 per iteration: slow in the reference evaluator."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Add", ["acc_in", "one"], ["acc_out"]),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1]),
+        ],
+        [numpy_helper.from_array(np.ones(1, np.float32), "one")],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "cond", "x"], ["y"], body=body)],
+        "loop",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        [
+            numpy_helper.from_array(np.array(iterations, np.int64), "trips"),
+            numpy_helper.from_array(np.array(True), "cond"),
+        ],
+    )
+    model = helper.make_model(graph, ir_version=IR_VERSION, opset_imports=[helper.make_opsetid("", OPSET)])
+    onnx.checker.check_model(model)
+    return write_model(path, model)
+
+
+def start(args: list[str], cwd: Path, code: str | None = None) -> subprocess.Popen[str]:
+    """The command line in a child process, in ``cwd``, its system temp folder ``cwd/tmp`` (created)."""
+    command = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "onnx_light_ref", *args]
+    (cwd / "tmp").mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(cwd / "tmp")}
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(child: subprocess.Popen[str], condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        if child.poll() is not None:
+            out, err = child.communicate()
+            pytest.fail(f"the child ended (status {child.returncode}) before {what}: {out} {err}")
+        if time.monotonic() > deadline:
+            child.kill()
+            child.communicate()
+            pytest.fail(f"no {what} after {WAIT} s")
+        time.sleep(0.005)
+
+
+def temp_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob(".olr~*.tmp")) if folder.is_dir() else []
+
+
+def interrupt(child: subprocess.Popen[str], signum: int, still_working: Callable[[], bool]) -> tuple[str, str]:
+    """Stop the child, check it is mid-job, queue ``signum``, resume it; return its stdout and stderr."""
+    child.send_signal(signal.SIGSTOP)
+    try:
+        assert child.poll() is None and still_working(), "the job finished before it could be interrupted"
+        child.send_signal(signum)
+    finally:
+        child.send_signal(signal.SIGCONT)
+    return child.communicate(timeout=WAIT)
+
+
+def assert_interrupted(child: subprocess.Popen[str], signum: int, out: str, err: str) -> None:
+    assert child.returncode == 128 + signum == (130 if signum == signal.SIGINT else 143), (out, err)
+    assert err == "error: interrupted\n"  # one line, no traceback
+    assert "Traceback" not in out
+
+
+def source_state(folder: Path) -> dict[str, tuple[int, int]]:
+    """Size and mtime of every source file (the 4 GiB holes are not hashed); the ``.onnx`` files are hashed too."""
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_align_interrupted_mid_copy_leaves_nothing(tmp_path: Path, signum: int) -> None:
+    src = sparse_model(tmp_path / "src")
+    sources, src_bytes = source_state(tmp_path / "src"), src.read_bytes()
+    work = tmp_path / "work"
+    work.mkdir()
+    before = snapshot_tree(work)  # the 4 GiB of holes of src/ are compared by size and mtime, never read
+    dst_dir = work / "out" / "deep"  # both folders created by the command
+    args = ["align", str(src), str(dst_dir / "m.onnx"), "--chunk-size", "64K", "--no-fsync", "--no-progress"]
+    child = start(args, tmp_path)
+
+    wait_for(child, lambda: bool(temp_files(dst_dir)), "temp file in the destination")
+    out, err = interrupt(child, signum, lambda: not (dst_dir / "m.onnx").exists())
+
+    assert_interrupted(child, signum, out, err)
+    assert not (work / "out").exists()  # temp files gone, then the created folders
+    assert snapshot_tree(work) == before
+    assert source_state(tmp_path / "src") == sources and src.read_bytes() == src_bytes
+
+
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_align_interrupted_into_an_existing_folder_keeps_the_folder_and_the_previous_output(
+    tmp_path: Path, signum: int
+) -> None:
+    src = sparse_model(tmp_path / "src")
+    sources = source_state(tmp_path / "src")
+    dst_dir = tmp_path / "out"
+    dst_dir.mkdir()
+    (dst_dir / "m.onnx").write_bytes(b"previous model")
+    (dst_dir / "m.onnx.data").write_bytes(b"previous weights")
+    before = snapshot_tree(dst_dir)
+    args = ["align", str(src), str(dst_dir / "m.onnx"), "--chunk-size", "64K", "--no-fsync", "--no-progress"]
+    child = start(args, tmp_path)
+
+    wait_for(child, lambda: bool(temp_files(dst_dir)), "temp file in the destination")
+    out, err = interrupt(child, signum, lambda: (dst_dir / "m.onnx").read_bytes() == b"previous model")
+
+    assert_interrupted(child, signum, out, err)
+    assert snapshot_tree(dst_dir) == before  # the previous outputs and the folder stay, no temp file
+    assert source_state(tmp_path / "src") == sources
+
+
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_undelay_interrupted_mid_copy_leaves_nothing(tmp_path: Path, signum: int) -> None:
+    src = delayed_model(tmp_path / "src")
+    sources = source_state(tmp_path / "src")
+    work = tmp_path / "work"
+    work.mkdir()
+    before = snapshot_tree(work)
+    dst_dir = work / "standard" / "deep"
+    child = start(["undelay", str(src), str(dst_dir / "m.onnx"), "--no-fsync", "--no-progress"], tmp_path)
+
+    wait_for(child, lambda: bool(temp_files(dst_dir)), "temp file in the destination")
+    out, err = interrupt(child, signum, lambda: not (dst_dir / "m.onnx").exists())
+
+    assert_interrupted(child, signum, out, err)
+    assert not (work / "standard").exists()
+    assert snapshot_tree(work) == before
+    assert source_state(tmp_path / "src") == sources
+
+
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_run_interrupted_while_evaluating_removes_the_output_folder(tmp_path: Path, signum: int) -> None:
+    model = loop_model(tmp_path / "loop.onnx", 10**8)
+    np.save(tmp_path / "x.npy", np.zeros(1, np.float32))
+    (tmp_path / "tmp").mkdir()
+    before = snapshot_tree(tmp_path)
+    outputs = tmp_path / "results" / "deep"
+    child = start(["run", str(model), "--input", "x=x.npy", "--output-dir", str(outputs)], tmp_path)
+
+    wait_for(child, outputs.is_dir, "output folder")
+    out, err = interrupt(child, signum, lambda: not any(outputs.iterdir()))
+
+    assert_interrupted(child, signum, out, err)
+    assert not (tmp_path / "results").exists()
+    assert snapshot_tree(tmp_path) == before
+
+
+HOLD_AFTER_THREE_CASES = textwrap.dedent(
+    """
+    import sys, time
+    import importlib
+    generate = importlib.import_module("onnx_light_ref.backend.generate")
+    from onnx_light_ref.cli import main
+
+    original, written = generate._write_checked_case, []
+
+    def held(case, node_dir):
+        result = original(case, node_dir)
+        written.append(result)
+        if len(written) == 3:
+            print("ready", flush=True)
+            for _ in range(6000):  # busy for 10 minutes; short sleeps, as work is: a signal caught by another
+                time.sleep(0.1)  # thread is handled when the main thread's current system call returns
+        return result
+
+    generate._write_checked_case = held
+    raise SystemExit(main(sys.argv[1:]))
+    """
+)
+
+
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_generate_tests_interrupted_removes_the_cases_it_wrote(tmp_path: Path, signum: int) -> None:
+    (tmp_path / "tmp").mkdir()
+    kept = tmp_path / "cases" / "node" / "my_own_case"
+    kept.mkdir(parents=True)
+    (kept / "notes.txt").write_text("not written by generate-tests")
+    before = snapshot_tree(tmp_path)
+    child = start(["generate-tests", str(tmp_path / "cases" / "new" / "deep")], tmp_path, HOLD_AFTER_THREE_CASES)
+    assert child.stdout is not None
+    assert child.stdout.readline() == "ready\n"
+    assert len(list((tmp_path / "cases" / "new" / "deep" / "node").iterdir())) == 3
+
+    out, err = interrupt(child, signum, lambda: True)
+
+    assert_interrupted(child, signum, out, err)
+    assert not (tmp_path / "cases" / "new").exists()
+    assert snapshot_tree(tmp_path) == before
+    assert list((tmp_path / "tmp").iterdir()) == []  # the seed cases' weights, written to the temp folder, removed
+
+
+def test_remove_own_temp_files_removes_only_this_process_temp_files(tmp_path: Path) -> None:
+    from onnx_light_ref.commands.folders import remove_own_temp_files
+    from onnx_light_ref.io.publish import StagedFile
+
+    staged = StagedFile(str(tmp_path / "m.onnx"), durable=False)  # a real temp name of this process
+    other = tmp_path / f".olr~0123456789ab~{os.getpid() + 1}~0123456789abcdef.tmp"
+    other.write_bytes(b"another process's")
+    (tmp_path / "m.onnx.tmp").write_bytes(b"a user's file")
+    assert staged.fd is not None
+    os.close(staged.fd)
+    staged.fd = None
+
+    assert remove_own_temp_files([tmp_path, tmp_path / "missing"]) == [staged.temp_path]
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([other.name, "m.onnx.tmp"])
+    staged.discard()
