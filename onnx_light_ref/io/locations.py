@@ -22,6 +22,7 @@ import onnx
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.entries import is_external, parse_entry_int, read_entries
 from onnx_light_ref.io.posix import check_single_link
+from onnx_light_ref.onnx_compat import raw_element_size
 
 __all__ = [
     "TYPED_VALUE_FIELDS",
@@ -260,6 +261,9 @@ def expected_nbytes(tensor: onnx.TensorProto, *, label: str | None = None) -> in
         return (n_elements + per_byte - 1) // per_byte
     if tensor.data_type in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
         return None
+    fixed = raw_element_size(tensor.data_type)  # bfloat16/float8: onnx < 1.19 maps them to float32
+    if fixed is not None:
+        return n_elements * fixed
     try:
         itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
     except (KeyError, TypeError, ValueError):

@@ -37,6 +37,7 @@ from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.locations import LocationResolver, check_not_hard_linked, is_external, parse_external_data
 from onnx_light_ref.io.walker import iter_tensors
+from onnx_light_ref.onnx_compat import refuse_unsupported_evaluator_options
 from onnx_light_ref.ops.convert import delay_initializers
 from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
 
@@ -72,8 +73,11 @@ def reference_evaluator(
             loader refuses it.
         ValueError: the errors of :func:`~onnx_light_ref.ops.convert.delay_initializers` and of the kernel's
             attribute checks (bad references are refused before anything is read).
+        UnsupportedOnnxFeatureError: an evaluator keyword the installed onnx lacks (``check_shape_annotations``
+            before onnx 1.23), refused before anything is read.
     """
     check_bool("allow_outside_folder", allow_outside_folder)
+    refuse_unsupported_evaluator_options(kwargs)
     model_path = os.path.abspath(os.fspath(path))
     folder = os.path.dirname(model_path)
     converted = delay_initializers(model_path, load_device, base_dir=folder)

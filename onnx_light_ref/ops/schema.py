@@ -7,6 +7,10 @@ the kernel's own rules (``onnx_light_ref.ops.attributes``, same messages) and ra
 ``onnx.shape_inference.InferenceError`` naming the node (``[ShapeInferenceError] node DelayedInitializer[ai.rt]
 (name): ...``), as onnx's own operators do.
 
+On onnx < 1.19 a Python schema cannot carry an inference function
+(:mod:`onnx_light_ref.onnx_compat`): the schema then serves the checker only, and ``infer_shapes`` leaves the
+output untyped. On every onnx the registration ends at interpreter exit (onnx 1.19-1.22 otherwise hang or crash).
+
 Strict and non-strict inference (checked by the schema tests, onnx 1.23):
 
 * An invalid DelayedInitializer node (missing, mistyped or out-of-range attribute, an input, a second output)
@@ -35,6 +39,12 @@ import onnx.defs
 from onnx import AttributeProto
 from onnx.defs import OpSchema
 
+from onnx_light_ref.onnx_compat import (
+    HAS_PYTHON_SHAPE_INFERENCE,
+    ONNX_VERSION,
+    attach_inference_function,
+    register_schema_until_exit,
+)
 from onnx_light_ref.ops.attributes import ATTRIBUTE_TYPES, validate_attributes
 from onnx_light_ref.ops.dtypes import ALLOWED_TYPE_STRINGS
 
@@ -164,7 +174,13 @@ def _infer_delayed_initializer(ctx: onnx.shape_inference.InferenceContext) -> No
 
 
 def build_schema() -> OpSchema:
-    """A fresh, unregistered OpSchema for ``ai.rt::DelayedInitializer`` v1, inference function attached."""
+    """A fresh, unregistered OpSchema for ``ai.rt::DelayedInitializer`` v1, inference function attached.
+
+    On onnx < 1.19 (no ``OpSchema.set_type_and_shape_inference_function``) the schema has no inference function:
+    the checker still validates the node, shape inference leaves its output untyped. Registering it yourself with
+    ``onnx.defs.register_schema`` on onnx 1.19 to 1.22 makes the interpreter hang or crash at exit unless you
+    deregister it before: :func:`register_schemas` does both.
+    """
     schema = OpSchema(
         OP_TYPE,
         DOMAIN,
@@ -184,8 +200,8 @@ def build_schema() -> OpSchema:
             for name, attr_type in ATTRIBUTE_TYPES.items()
         ],
     )
-    # Must precede register_schema: onnx copies the schema at registration.
-    schema.set_type_and_shape_inference_function(_infer_delayed_initializer)
+    # Must precede register_schema: onnx copies the schema at registration. onnx < 1.19 cannot attach one.
+    attach_inference_function(schema, _infer_delayed_initializer)
     return schema
 
 
@@ -201,13 +217,23 @@ def register_schemas() -> None:
     """Register ``ai.rt::DelayedInitializer`` v1 in this process; calling it again does nothing.
 
     Thread-safe. A schema registered by someone else under the same name, domain and version is left in place
-    (onnx refuses duplicates), so this function never raises because of an earlier registration.
+    (onnx refuses duplicates), so this function never raises because of an earlier registration. The schema is
+    deregistered when the interpreter exits (``atexit``), before onnx could destroy its Python inference function
+    without the GIL (a hang on onnx 1.19, a segfault on 1.21 and 1.22). On onnx < 1.19 the schema has no shape
+    inference (see :func:`build_schema`); a warning says so once.
     """
     with _lock:
         if _is_registered():
             return
+        if not HAS_PYTHON_SHAPE_INFERENCE:
+            logger.warning(
+                "onnx %s cannot attach a Python shape-inference function to a schema (onnx >= 1.19 can): "
+                "ai.rt::DelayedInitializer is registered for the checker only, and onnx.shape_inference leaves its "
+                "output untyped.",
+                ONNX_VERSION,
+            )
         try:
-            onnx.defs.register_schema(build_schema())
+            register_schema_until_exit(build_schema())
         except onnx.defs.SchemaError as exc:
             if not _is_registered():
                 raise
