@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import onnx
 import onnx.defs
@@ -45,7 +45,7 @@ from onnx_light_ref.onnx_compat import (
     attach_inference_function,
     register_schema_until_exit,
 )
-from onnx_light_ref.ops.attributes import ATTRIBUTE_TYPES, validate_attributes
+from onnx_light_ref.ops.attributes import ATTRIBUTE_TYPES, DelayedInitializerParams, validate_attributes
 from onnx_light_ref.ops.dtypes import ALLOWED_TYPE_STRINGS
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "RUNTIME_DEVICE",
     "SINCE_VERSION",
     "build_schema",
+    "check_delayed_initializer_node",
     "make_delayed_initializer_node",
     "register_schemas",
 ]
@@ -144,21 +145,18 @@ def _node_label(ctx: onnx.shape_inference.InferenceContext) -> str:
     return str(display()) if callable(display) else f"node {OP_TYPE}[{DOMAIN}]"
 
 
-def _infer_delayed_initializer(ctx: onnx.shape_inference.InferenceContext) -> None:
-    """Shape inference: validate like the kernel, then type output 0 as (dtype, shape). No file access.
-
-    Raises ``onnx.shape_inference.InferenceError`` naming the node, as onnx's own inference does. onnx propagates
-    any exception of a Python inference function whatever ``strict_mode`` says (see the module docstring).
-    """
-    where = f"[ShapeInferenceError] {_node_label(ctx)}"
+def _validate_node(
+    where: str, n_inputs: int, n_outputs: int, get_attribute: Callable[[str], AttributeProto | None]
+) -> DelayedInitializerParams:
+    """The inference function's checks, shared with :func:`check_delayed_initializer_node`; InferenceError."""
     try:
-        if ctx.get_num_inputs() != 0:
-            raise ValueError(f"{where}: DelayedInitializer takes no inputs, got {ctx.get_num_inputs()}.")
-        if ctx.get_num_outputs() != 1:
-            raise ValueError(f"{where}: DelayedInitializer has exactly one output, got {ctx.get_num_outputs()}.")
+        if n_inputs != 0:
+            raise ValueError(f"{where}: DelayedInitializer takes no inputs, got {n_inputs}.")
+        if n_outputs != 1:
+            raise ValueError(f"{where}: DelayedInitializer has exactly one output, got {n_outputs}.")
         values: dict[str, object] = {}
         for name, attr_type in ATTRIBUTE_TYPES.items():
-            attr = ctx.get_attribute(name)
+            attr = get_attribute(name)
             if attr is None:
                 continue  # reported as missing by validate_attributes, with all other missing names
             if attr.type != attr_type:
@@ -167,10 +165,34 @@ def _infer_delayed_initializer(ctx: onnx.shape_inference.InferenceContext) -> No
                     f"{AttributeProto.AttributeType.Name(attr.type)}."
                 )
             values[name] = onnx.helper.get_attribute_value(attr)
-        params = validate_attributes(values, where=where)
+        return validate_attributes(values, where=where)
     except ValueError as exc:
         raise onnx.shape_inference.InferenceError(str(exc)) from exc
+
+
+def _infer_delayed_initializer(ctx: onnx.shape_inference.InferenceContext) -> None:
+    """Shape inference: validate like the kernel, then type output 0 as (dtype, shape). No file access.
+
+    Raises ``onnx.shape_inference.InferenceError`` naming the node, as onnx's own inference does. onnx propagates
+    any exception of a Python inference function whatever ``strict_mode`` says (see the module docstring).
+    """
+    where = f"[ShapeInferenceError] {_node_label(ctx)}"
+    params = _validate_node(where, ctx.get_num_inputs(), ctx.get_num_outputs(), ctx.get_attribute)
     ctx.set_output_type(0, onnx.helper.make_tensor_type_proto(params.dtype, list(params.shape)))
+
+
+def check_delayed_initializer_node(node: onnx.NodeProto) -> None:
+    """Apply the shape-inference checks to one node without onnx: for onnx < 1.19, which cannot run them.
+
+    Args:
+        node: An ``ai.rt::DelayedInitializer`` node.
+
+    Raises:
+        onnx.shape_inference.InferenceError: the node is invalid; the message is the inference function's.
+    """
+    attributes = {attr.name: attr for attr in node.attribute}
+    label = f"node {OP_TYPE}[{DOMAIN}] ({node.name})" if node.name else f"node {OP_TYPE}[{DOMAIN}]"
+    _validate_node(f"[ShapeInferenceError] {label}", len(node.input), len(node.output), attributes.get)
 
 
 def build_schema() -> OpSchema:
