@@ -214,7 +214,7 @@ def test_load_cases_uses_onnx_loader_where_it_reads_data_dir(generated: Path, mo
         calls.append((data_dir, kind))
         return []
 
-    monkeypatch.delattr(onnx_loader, "load_node_model_tests")
+    monkeypatch.delattr(onnx_loader, "load_node_model_tests", raising=False)  # absent before onnx 1.23
     monkeypatch.setattr(onnx_loader, "load_model_tests", old_loader)
     assert load_cases(generated.parent) == []
     assert calls == [(str(generated.parent), "node")]
