@@ -89,6 +89,10 @@ def reference_evaluator(
     for site in eager:
         try:
             load_external_data_for_tensor(site.tensor, folder)
+            # Then mark it loaded, as onnx's load_external_data_for_model does: an older evaluator otherwise
+            # (1.17) still sees an external tensor and asks for a LargeContainer.
+            site.tensor.data_location = onnx.TensorProto.DEFAULT
+            del site.tensor.external_data[:]
         except (onnx.checker.ValidationError, OSError, ValueError) as exc:
             # What our checks accept and onnx's loader still refuses (a symlink inside the folder), or a file
             # changed since it was validated: onnx's own exception type is no ValueError.

@@ -240,7 +240,22 @@ def test_eagerly_loaded_tensors_get_typed_errors_before_any_read(tmp_path, monke
         lambda tensor, base_dir: loads.append(tensor.name) or real_load(tensor, base_dir),
     )
 
+    if setup == "inner-symlink" and not onnx_loader_refuses_symlinks(model_dir):
+        # onnx 1.17's loader follows a symbolic link inside the folder (later ones refuse it), as ours do.
+        assert reference_evaluator(path).run(None, {})[0].tobytes() == b"r" * 16
+        assert loads == ["c"]
+        return
     with pytest.raises(expected, match=words):
         reference_evaluator(path)
     # Refused by our checks before onnx's loader was called, except what only onnx refuses.
     assert loads == (["c"] if setup == "inner-symlink" else [])
+
+
+def onnx_loader_refuses_symlinks(model_dir) -> bool:
+    probe = onnx.TensorProto(name="probe", data_type=onnx.TensorProto.UINT8, dims=[16], raw_data=b"")
+    onnx.external_data_helper.set_external_data(probe, "w.bin")
+    try:
+        onnx.external_data_helper.load_external_data_for_tensor(probe, str(model_dir))
+    except onnx.checker.ValidationError:
+        return True
+    return False
