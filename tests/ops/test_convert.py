@@ -303,8 +303,11 @@ def test_reference_evaluator_runs_exotic_dtypes_like_plain_reference_evaluator(t
 
     expected = ReferenceEvaluator(str(path)).run(None, {})
     assert len(got) == len(expected) == 4
-    for g, e in zip(got, expected, strict=True):
-        np.testing.assert_array_equal(g, e)
+    # onnx 1.17's own evaluator reads external bfloat16/float8 as float32 (garbage); the values below are the oracle
+    plain_reads_exotic = np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16)).itemsize == 2
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        if plain_reads_exotic or i not in (0, 2):
+            np.testing.assert_array_equal(g, e)
     np.testing.assert_array_equal(got[0], np.array([1.0, -2.0, 3.140625, 0.0], np.float32))
     np.testing.assert_array_equal(got[2], np.array([1, 2, 7, -1], np.float32))
     assert sha256_of_tree(tmp_path) == before
