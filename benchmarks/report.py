@@ -590,8 +590,12 @@ def _legend(ax: Any) -> None:
         ax.legend()
 
 
-def write_chart(results: dict[str, dict[str, dict[str, Any]]], path: Path, targets: list[Target] | None = None) -> None:
-    import matplotlib
+def write_chart(results: dict[str, dict[str, dict[str, Any]]], path: Path, targets: list[Target] | None = None) -> bool:
+    """Draw the chart into ``path``; False (nothing written) when matplotlib, from the bench extra, is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -665,6 +669,7 @@ def write_chart(results: dict[str, dict[str, dict[str, Any]]], path: Path, targe
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
+    return True
 
 
 def _targets_panel(ax: Any, targets: list[Target]) -> None:
@@ -762,8 +767,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no benchmark results in {[str(p) for p in paths]}")
     targets = evaluate_targets(results)
     write_markdown(results, targets, args.out / "results.md", commands, _machine())
-    write_chart(results, args.out / "results.png", targets)
+    charted = write_chart(results, args.out / "results.png", targets)
     print((args.out / "results.md").read_text())
+    if not charted:
+        print("matplotlib is missing: install the bench extra for the chart (pip install '.[bench]')", flush=True)
     return status
 
 

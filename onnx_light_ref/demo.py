@@ -41,6 +41,7 @@ from onnx_light_ref.io import align_external_data_streaming, save_model_with_sha
 from onnx_light_ref.io.entries import write_entries
 from onnx_light_ref.io.layout_report import build_layout_report
 from onnx_light_ref.io.verify import verify_models
+from onnx_light_ref.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.ops import reference_evaluator
 
 __all__ = ["DemoResult", "MlpShape", "build_two_file_mlp", "mlp_shape", "run_demo"]
@@ -199,7 +200,7 @@ def _evaluate(result: DemoResult, label: str, path: str, x: np.ndarray, ort_modu
     """Run ``path`` in file and cpu modes (and onnxruntime); record timings; return the file-mode output."""
     outputs: dict[str, np.ndarray] = {}
     for load_device in ("file", "cpu"):
-        sess, built = _timed(functools.partial(reference_evaluator, path, load_device, check_shape_annotations=True))
+        sess, built = _timed(functools.partial(reference_evaluator, path, load_device, **evaluator_shape_checks()))
         ran_outputs, ran = _timed(functools.partial(sess.run, None, {"x": x}))
         assert isinstance(ran_outputs, list)  # a dict only with intermediate=True
         outputs[load_device] = np.asarray(ran_outputs[0])

@@ -26,6 +26,7 @@ from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light_ref.backend.expect import DEFAULT_IR_VERSION, DEFAULT_OPSET_IMPORTS
+from onnx_light_ref.onnx_compat import refuse_unsupported_evaluator_options
 from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
 from onnx_light_ref.ops.schema import register_schemas
 
@@ -100,6 +101,8 @@ class DelayedInitializerBackend(Backend):
 
         Raises:
             ValueError: a device other than the CPU.
+            UnsupportedOnnxFeatureError: an evaluator keyword the installed onnx lacks (``check_shape_annotations``
+                before onnx 1.23).
             onnx.checker.ValidationError: the model fails ``check_model(..., check_custom_domain=True)``.
         """
         if not cls.supports_device(device):
@@ -109,6 +112,7 @@ class DelayedInitializerBackend(Backend):
             if base_dir is None:
                 base_dir = os.path.dirname(os.path.abspath(path))
             model = onnx.load_model(path)
+        refuse_unsupported_evaluator_options(kwargs)
         register_schemas()
         onnx.checker.check_model(model, check_custom_domain=True)
         op = _kernel(base_dir, allow_outside_folder)
@@ -147,6 +151,7 @@ class DelayedInitializerBackend(Backend):
             opset_imports=[oh.make_opsetid(domain, version) for domain, version in opset_imports],
         )
         model.ir_version = DEFAULT_IR_VERSION
+        refuse_unsupported_evaluator_options(kwargs)
         op = _kernel(kwargs.pop("base_dir", None), kwargs.pop("allow_outside_folder", False))
         session = ReferenceEvaluator(model, new_ops=[op], **kwargs)
         return DelayedInitializerBackendRep(session).run(values)

@@ -107,6 +107,12 @@ def _load_array(name: str, path: str, read: dict[FileIdentity, str]) -> Any:
                     f"({needed} bytes), but the file holds {st.st_size - f.tell()} bytes of data."
                 )
         f.seek(0)
+        if f.read(1) == b"\x80":  # a raw pickle (protocol 2+): numpy < 2's refusal does not say what it is
+            raise _RunError(
+                f"cannot load input {name!r} from {path!r}: the file contains pickled (object) data; it is never "
+                "unpickled."
+            )
+        f.seek(0)
         return np.load(f, allow_pickle=False)
 
 

@@ -48,6 +48,7 @@ from onnx_light_ref.io.locations import (
 from onnx_light_ref.io.model_file import open_model_folder
 from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.walker import iter_tensors
+from onnx_light_ref.onnx_compat import refuse_unsupported_evaluator_options
 from onnx_light_ref.ops.convert import delay_initializers
 from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
 
@@ -83,8 +84,11 @@ def reference_evaluator(
             loader refuses it.
         ValueError: the errors of :func:`~onnx_light_ref.ops.convert.delay_initializers` and of the kernel's
             attribute checks (bad references are refused before anything is read).
+        UnsupportedOnnxFeatureError: an evaluator keyword the installed onnx lacks (``check_shape_annotations``
+            before onnx 1.23), refused before anything is read.
     """
     check_bool("allow_outside_folder", allow_outside_folder)
+    refuse_unsupported_evaluator_options(kwargs)
     model_path = os.path.abspath(os.fspath(path))
     # Held from now on: the conversion validates through it, eager tensors are read through it, and the bound
     # kernel opens every weights file through it at each run, whatever happens to the folder's name meanwhile.

@@ -7,6 +7,10 @@ the kernel's own rules (``onnx_light_ref.ops.attributes``, same messages) and ra
 ``onnx.shape_inference.InferenceError`` naming the node (``[ShapeInferenceError] node DelayedInitializer[ai.rt]
 (name): ...``), as onnx's own operators do.
 
+On onnx < 1.19 a Python schema cannot carry an inference function
+(:mod:`onnx_light_ref.onnx_compat`): the schema then serves the checker only, and ``infer_shapes`` leaves the
+output untyped. On every onnx the registration ends at interpreter exit (onnx 1.19-1.22 otherwise hang or crash).
+
 Strict and non-strict inference (checked by the schema tests, onnx 1.23):
 
 * An invalid DelayedInitializer node (missing, mistyped or out-of-range attribute, an input, a second output)
@@ -28,14 +32,20 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import onnx
 import onnx.defs
 from onnx import AttributeProto
 from onnx.defs import OpSchema
 
-from onnx_light_ref.ops.attributes import ATTRIBUTE_TYPES, validate_attributes
+from onnx_light_ref.onnx_compat import (
+    HAS_PYTHON_SHAPE_INFERENCE,
+    ONNX_VERSION,
+    attach_inference_function,
+    register_schema_until_exit,
+)
+from onnx_light_ref.ops.attributes import ATTRIBUTE_TYPES, DelayedInitializerParams, validate_attributes
 from onnx_light_ref.ops.dtypes import ALLOWED_TYPE_STRINGS
 
 __all__ = [
@@ -44,6 +54,7 @@ __all__ = [
     "RUNTIME_DEVICE",
     "SINCE_VERSION",
     "build_schema",
+    "check_delayed_initializer_node",
     "make_delayed_initializer_node",
     "register_schemas",
 ]
@@ -134,21 +145,18 @@ def _node_label(ctx: onnx.shape_inference.InferenceContext) -> str:
     return str(display()) if callable(display) else f"node {OP_TYPE}[{DOMAIN}]"
 
 
-def _infer_delayed_initializer(ctx: onnx.shape_inference.InferenceContext) -> None:
-    """Shape inference: validate like the kernel, then type output 0 as (dtype, shape). No file access.
-
-    Raises ``onnx.shape_inference.InferenceError`` naming the node, as onnx's own inference does. onnx propagates
-    any exception of a Python inference function whatever ``strict_mode`` says (see the module docstring).
-    """
-    where = f"[ShapeInferenceError] {_node_label(ctx)}"
+def _validate_node(
+    where: str, n_inputs: int, n_outputs: int, get_attribute: Callable[[str], AttributeProto | None]
+) -> DelayedInitializerParams:
+    """The inference function's checks, shared with :func:`check_delayed_initializer_node`; InferenceError."""
     try:
-        if ctx.get_num_inputs() != 0:
-            raise ValueError(f"{where}: DelayedInitializer takes no inputs, got {ctx.get_num_inputs()}.")
-        if ctx.get_num_outputs() != 1:
-            raise ValueError(f"{where}: DelayedInitializer has exactly one output, got {ctx.get_num_outputs()}.")
+        if n_inputs != 0:
+            raise ValueError(f"{where}: DelayedInitializer takes no inputs, got {n_inputs}.")
+        if n_outputs != 1:
+            raise ValueError(f"{where}: DelayedInitializer has exactly one output, got {n_outputs}.")
         values: dict[str, object] = {}
         for name, attr_type in ATTRIBUTE_TYPES.items():
-            attr = ctx.get_attribute(name)
+            attr = get_attribute(name)
             if attr is None:
                 continue  # reported as missing by validate_attributes, with all other missing names
             if attr.type != attr_type:
@@ -157,14 +165,44 @@ def _infer_delayed_initializer(ctx: onnx.shape_inference.InferenceContext) -> No
                     f"{AttributeProto.AttributeType.Name(attr.type)}."
                 )
             values[name] = onnx.helper.get_attribute_value(attr)
-        params = validate_attributes(values, where=where)
+        return validate_attributes(values, where=where)
     except ValueError as exc:
         raise onnx.shape_inference.InferenceError(str(exc)) from exc
+
+
+def _infer_delayed_initializer(ctx: onnx.shape_inference.InferenceContext) -> None:
+    """Shape inference: validate like the kernel, then type output 0 as (dtype, shape). No file access.
+
+    Raises ``onnx.shape_inference.InferenceError`` naming the node, as onnx's own inference does. onnx propagates
+    any exception of a Python inference function whatever ``strict_mode`` says (see the module docstring).
+    """
+    where = f"[ShapeInferenceError] {_node_label(ctx)}"
+    params = _validate_node(where, ctx.get_num_inputs(), ctx.get_num_outputs(), ctx.get_attribute)
     ctx.set_output_type(0, onnx.helper.make_tensor_type_proto(params.dtype, list(params.shape)))
 
 
+def check_delayed_initializer_node(node: onnx.NodeProto) -> None:
+    """Apply the shape-inference checks to one node without onnx: for onnx < 1.19, which cannot run them.
+
+    Args:
+        node: An ``ai.rt::DelayedInitializer`` node.
+
+    Raises:
+        onnx.shape_inference.InferenceError: the node is invalid; the message is the inference function's.
+    """
+    attributes = {attr.name: attr for attr in node.attribute}
+    label = f"node {OP_TYPE}[{DOMAIN}] ({node.name})" if node.name else f"node {OP_TYPE}[{DOMAIN}]"
+    _validate_node(f"[ShapeInferenceError] {label}", len(node.input), len(node.output), attributes.get)
+
+
 def build_schema() -> OpSchema:
-    """A fresh, unregistered OpSchema for ``ai.rt::DelayedInitializer`` v1, inference function attached."""
+    """A fresh, unregistered OpSchema for ``ai.rt::DelayedInitializer`` v1, inference function attached.
+
+    On onnx < 1.19 (no ``OpSchema.set_type_and_shape_inference_function``) the schema has no inference function:
+    the checker still validates the node, shape inference leaves its output untyped. Registering it yourself with
+    ``onnx.defs.register_schema`` on onnx 1.19 to 1.22 makes the interpreter hang or crash at exit unless you
+    deregister it before: :func:`register_schemas` does both.
+    """
     schema = OpSchema(
         OP_TYPE,
         DOMAIN,
@@ -184,8 +222,8 @@ def build_schema() -> OpSchema:
             for name, attr_type in ATTRIBUTE_TYPES.items()
         ],
     )
-    # Must precede register_schema: onnx copies the schema at registration.
-    schema.set_type_and_shape_inference_function(_infer_delayed_initializer)
+    # Must precede register_schema: onnx copies the schema at registration. onnx < 1.19 cannot attach one.
+    attach_inference_function(schema, _infer_delayed_initializer)
     return schema
 
 
@@ -201,13 +239,23 @@ def register_schemas() -> None:
     """Register ``ai.rt::DelayedInitializer`` v1 in this process; calling it again does nothing.
 
     Thread-safe. A schema registered by someone else under the same name, domain and version is left in place
-    (onnx refuses duplicates), so this function never raises because of an earlier registration.
+    (onnx refuses duplicates), so this function never raises because of an earlier registration. The schema is
+    deregistered when the interpreter exits (``atexit``), before onnx could destroy its Python inference function
+    without the GIL (a hang on onnx 1.19, a segfault on 1.21 and 1.22). On onnx < 1.19 the schema has no shape
+    inference (see :func:`build_schema`); a warning says so once.
     """
     with _lock:
         if _is_registered():
             return
+        if not HAS_PYTHON_SHAPE_INFERENCE:
+            logger.warning(
+                "onnx %s cannot attach a Python shape-inference function to a schema (onnx >= 1.19 can): "
+                "ai.rt::DelayedInitializer is registered for the checker only, and onnx.shape_inference leaves its "
+                "output untyped.",
+                ONNX_VERSION,
+            )
         try:
-            onnx.defs.register_schema(build_schema())
+            register_schema_until_exit(build_schema())
         except onnx.defs.SchemaError as exc:
             if not _is_registered():
                 raise

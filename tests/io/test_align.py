@@ -16,7 +16,7 @@ from onnx.external_data_helper import _get_all_tensors
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming, errors
 from onnx_light_ref.io.walker import iter_tensors
-from tests.checks import assert_no_temp_files, sha256_of_tree
+from tests.checks import assert_no_temp_files, onnxruntime_session, sha256_of_tree
 from tests.models import externalize, identity_model, make_external_model
 from tests.zoo import build_zoo_model, model_facts, reference_tensors
 
@@ -137,8 +137,7 @@ def test_onnxruntime_outputs_are_identical(tmp_path, zoo_model):
     align_external_data_streaming(zoo_model.path, tmp_path / "out.onnx", alignment=4096)
 
     def run(path: Path) -> list[np.ndarray]:
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        return session.run(None, zoo_model.feeds)
+        return onnxruntime_session(path).run(None, zoo_model.feeds)
 
     expected = run(zoo_model.path)
     for got, want in zip(run(tmp_path / "out.onnx"), expected, strict=True):

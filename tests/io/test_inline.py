@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
@@ -19,6 +18,7 @@ from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
 from onnx_light_ref.io.verify import verify_models
 from onnx_light_ref.io.walker import iter_tensors
+from tests.checks import onnxruntime_session
 
 OPSET = 18
 IR_VERSION = 10
@@ -72,7 +72,7 @@ def storage(path: Path) -> dict[str, str]:
 
 
 def run(path: Path, feeds: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds or {})
+    return onnxruntime_session(path).run(None, feeds or {})
 
 
 def save_inline(model: onnx.ModelProto, folder: Path, name: str = "model.onnx") -> Path:

@@ -19,6 +19,7 @@ from onnx_light_ref.io.align import align_external_data_in_memory, align_externa
 from onnx_light_ref.io.results import AlignResult
 from onnx_light_ref.io.verify import verify_models
 from onnx_light_ref.io.walker import iter_tensors
+from tests.checks import onnxruntime_session
 
 
 def run_both(src: Path, out: Path, **options: object) -> AlignResult:
@@ -332,8 +333,8 @@ def test_zoo_models_with_option_sets_match_in_memory_verify_and_run(tmp_path, zo
 
     assert result.tensors >= 1
     aligned = tmp_path / "out" / "s" / "model.onnx"
-    before = ort.InferenceSession(str(zoo_model.path)).run(None, zoo_model.feeds)
-    after = ort.InferenceSession(str(aligned)).run(None, zoo_model.feeds)
+    before = onnxruntime_session(zoo_model.path).run(None, zoo_model.feeds)
+    after = onnxruntime_session(aligned).run(None, zoo_model.feeds)
     for x, y in zip(before, after, strict=True):
         np.testing.assert_array_equal(x, y)
 

@@ -22,6 +22,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.walker import iter_graphs
+from onnx_light_ref.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.ops import (
     ALLOWED_DTYPES,
     DelayedInitializer,
@@ -54,7 +55,7 @@ _vi = value_info
 
 
 def run_converted(model: onnx.ModelProto, base_dir: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    sess = ReferenceEvaluator(model, new_ops=[DelayedInitializer.bind(base_dir)], check_shape_annotations=True)
+    sess = ReferenceEvaluator(model, new_ops=[DelayedInitializer.bind(base_dir)], **evaluator_shape_checks())
     return sess.run(None, feeds)
 
 
@@ -298,12 +299,15 @@ def test_reference_evaluator_runs_exotic_dtypes_like_plain_reference_evaluator(t
     path = _exotic_dtype_model(tmp_path)
     before = sha256_of_tree(tmp_path)
 
-    got = reference_evaluator(path, load_device, check_shape_annotations=True).run(None, {})
+    got = reference_evaluator(path, load_device, **evaluator_shape_checks()).run(None, {})
 
     expected = ReferenceEvaluator(str(path)).run(None, {})
     assert len(got) == len(expected) == 4
-    for g, e in zip(got, expected, strict=True):
-        np.testing.assert_array_equal(g, e)
+    # onnx 1.17's own evaluator reads external bfloat16/float8 as float32 (garbage); the values below are the oracle
+    plain_reads_exotic = np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16)).itemsize == 2
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        if plain_reads_exotic or i not in (0, 2):
+            np.testing.assert_array_equal(g, e)
     np.testing.assert_array_equal(got[0], np.array([1.0, -2.0, 3.140625, 0.0], np.float32))
     np.testing.assert_array_equal(got[2], np.array([1, 2, 7, -1], np.float32))
     assert sha256_of_tree(tmp_path) == before

@@ -18,6 +18,7 @@ from onnx import helper as oh
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
+from onnx_light_ref.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.ops import ALLOWED_DTYPES, DelayedInitializer
 from onnx_light_ref.ops.attributes import ATTRIBUTE_TYPES
 from onnx_light_ref.ops.dtypes import np_dtype_for
@@ -58,7 +59,7 @@ def evaluator(node: onnx.NodeProto, op: type = DelayedInitializer, **kwargs) -> 
 
 
 def typed_evaluator(node: onnx.NodeProto, dtype: int, shape: list[int], op: type = DelayedInitializer):
-    return ReferenceEvaluator(make_model(node, dtype, shape), new_ops=[op], check_shape_annotations=True)
+    return ReferenceEvaluator(make_model(node, dtype, shape), new_ops=[op], **evaluator_shape_checks())
 
 
 def write(path: Path, data: bytes) -> str:

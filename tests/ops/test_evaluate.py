@@ -12,6 +12,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from onnx_light_ref.io import folder as folder_module
+from onnx_light_ref.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.ops import evaluate as evaluate_module
 from onnx_light_ref.ops import reference_evaluator
 from tests.checks import run_onnxruntime
@@ -31,7 +32,7 @@ from tests.models import (
 def test_matches_plain_evaluator_and_onnxruntime(tmp_path, load_device):
     path = save_external(build_control_flow_model(), tmp_path / "model.onnx")
 
-    sess = reference_evaluator(path, load_device, check_shape_annotations=True)
+    sess = reference_evaluator(path, load_device, **evaluator_shape_checks())
 
     for cond in (True, False):
         feeds = control_flow_feeds(cond)
@@ -178,7 +179,7 @@ def test_training_tensors_are_never_loaded(tmp_path, load_device):
     expected = run_onnxruntime(path, training_feeds())
     os.unlink(tmp_path / "train.bin")
 
-    sess = reference_evaluator(path, load_device, check_shape_annotations=True)
+    sess = reference_evaluator(path, load_device, **evaluator_shape_checks())
 
     np.testing.assert_allclose(sess.run(None, training_feeds())[0], expected[0], rtol=1e-6, atol=1e-6)
     (info,) = sess.proto_.training_info

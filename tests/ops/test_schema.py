@@ -16,12 +16,18 @@ from onnx import TensorProto
 from onnx import helper as oh
 
 import onnx_light_ref
+from onnx_light_ref.onnx_compat import HAS_PYTHON_SHAPE_INFERENCE, ONNX_VERSION
 from onnx_light_ref.ops import ALLOWED_DTYPES, register_schemas
 from onnx_light_ref.ops.attributes import ATTRIBUTE_TYPES
 from onnx_light_ref.ops.dtypes import ALLOWED_TYPE_STRINGS, np_dtype_for
-from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE, make_delayed_initializer_node
+from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE, check_delayed_initializer_node, make_delayed_initializer_node
 
 OPSETS = [oh.make_opsetid("", 18), oh.make_opsetid("ai.rt", 1)]
+# onnx < 1.19 cannot attach a Python inference function (onnx_light_ref.onnx_compat): what it does instead is
+# checked by tests/test_onnx_compat.py and by test_node_check_without_onnx_validates_like_the_kernel below.
+needs_inference = pytest.mark.skipif(
+    not HAS_PYTHON_SHAPE_INFERENCE, reason=f"onnx {ONNX_VERSION} has no Python shape inference (onnx >= 1.19)"
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -72,7 +78,7 @@ def test_register_schemas_is_idempotent() -> None:
     assert sorted(schema.type_constraints[0].allowed_type_strs) == sorted(ALLOWED_TYPE_STRINGS)
     assert set(schema.attributes) == set(ATTRIBUTE_TYPES)
     assert all(attr.required for attr in schema.attributes.values())
-    assert schema.has_type_and_shape_inference_function
+    assert schema.has_type_and_shape_inference_function is HAS_PYTHON_SHAPE_INFERENCE
 
 
 def test_allowed_types_are_spelled_as_onnx_spells_them() -> None:
@@ -157,6 +163,7 @@ def test_checker_rejects_unknown_attribute_and_inputs() -> None:
         onnx.checker.check_model(model, check_custom_domain=True)
 
 
+@needs_inference
 @pytest.mark.parametrize("dtype", ALLOWED_DTYPES)
 @pytest.mark.parametrize("shape", [[2, 3], [], [0, 5]])
 def test_infer_shapes_types_the_output(dtype: int, shape: list[int]) -> None:
@@ -171,7 +178,7 @@ def test_infer_shapes_types_the_output(dtype: int, shape: list[int]) -> None:
         assert oh.tensor_dtype_to_np_dtype(tensor_type.elem_type) == np_dtype_for(dtype)
 
 
-@pytest.mark.parametrize(
+INVALID_NODES = pytest.mark.parametrize(
     ("overrides", "drop", "fragment"),
     [
         ({"load_device": "gpu"}, (), "load_device must be 'cpu' or 'file', got 'gpu'"),
@@ -186,6 +193,10 @@ def test_infer_shapes_types_the_output(dtype: int, shape: list[int]) -> None:
         ({"offset": oh.make_attribute("offset", "0")}, (), "attribute 'offset' must be INT, got STRING"),
     ],
 )
+
+
+@needs_inference
+@INVALID_NODES
 @pytest.mark.parametrize("strict", [False, True])
 def test_infer_shapes_validates_like_the_kernel(overrides: dict, drop: tuple, fragment: str, strict: bool) -> None:
     """An invalid node is an InferenceError naming the node in both modes: non-strict cannot swallow it."""
@@ -196,11 +207,22 @@ def test_infer_shapes_validates_like_the_kernel(overrides: dict, drop: tuple, fr
     assert not isinstance(info.value, ValueError)
 
 
+@INVALID_NODES
+def test_node_check_without_onnx_validates_like_the_kernel(overrides: dict, drop: tuple, fragment: str) -> None:
+    """What generate-tests applies on onnx < 1.19: the inference function's checks, same error and message."""
+    with pytest.raises(onnx.shape_inference.InferenceError) as info:
+        check_delayed_initializer_node(make_node(drop=drop, **overrides))
+    assert re.search(rf"^\[ShapeInferenceError\] node DelayedInitializer\[ai\.rt\] \(w\): {fragment}", str(info.value))
+    check_delayed_initializer_node(make_node())  # a valid node passes
+
+
 @pytest.mark.parametrize("full_check", [False, True])
 def test_check_model_reports_an_invalid_node_by_name(full_check: bool) -> None:
     """check_model's own attribute check (ValidationError), then full_check's inference (InferenceError)."""
     model = model_declaring(make_node(shape=[2, -3]), TensorProto.FLOAT, [2, 3])
-    if full_check:
+    if full_check and not HAS_PYTHON_SHAPE_INFERENCE:
+        onnx.checker.check_model(model, full_check=True)  # nothing runs the op's inference before onnx 1.19
+    elif full_check:
         with pytest.raises(
             onnx.shape_inference.InferenceError, match=r"node DelayedInitializer\[ai\.rt\] \(w\): shape"
         ):
@@ -212,6 +234,7 @@ def test_check_model_reports_an_invalid_node_by_name(full_check: bool) -> None:
         onnx.checker.check_model(model, full_check=full_check)
 
 
+@needs_inference
 @pytest.mark.parametrize(
     ("elem_type", "shape", "message"),
     [

@@ -1,0 +1,198 @@
+"""What differs between the supported onnx releases, checked on whichever onnx runs the tests.
+
+``.ci/run`` runs this file on the floor (onnx 1.17, Python 3.10) and on the newest onnx (Python 3.13), so each
+branch below is exercised by some CI pass: the assertions say what the package does on an onnx with and without
+each feature. The exit tests run real child processes: onnx 1.19 to 1.22 hung or crashed at interpreter exit once
+a Python inference function was registered.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper as oh
+from onnx.defs import OpSchema
+from onnx.reference import ReferenceEvaluator
+
+from onnx_light_ref.backend.backend import DelayedInitializerBackend
+from onnx_light_ref.io.locations import expected_nbytes
+from onnx_light_ref.onnx_compat import (
+    HAS_PYTHON_SHAPE_INFERENCE,
+    ONNX_VERSION,
+    UnsupportedOnnxFeatureError,
+    evaluator_checks_shapes,
+    evaluator_shape_checks,
+    raw_element_size,
+)
+from onnx_light_ref.ops import reference_evaluator
+from onnx_light_ref.ops.schema import make_delayed_initializer_node, register_schemas
+
+REPO = Path(__file__).resolve().parents[1]
+# Generous: a clean child finishes in a few seconds; the old failure was a hang (or a signal) at exit.
+CHILD_TIMEOUT = 180
+
+
+def run_child(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=False
+    )
+
+
+def delayed_model(shape: list[int], filename: str = "w.bin") -> onnx.ModelProto:
+    """DelayedInitializer -> y -> Identity -> z (declared): shape inference alone can type y."""
+    node = make_delayed_initializer_node(
+        "y", shape=shape, dtype=TensorProto.FLOAT, load_device="cpu", filename=filename, offset=0
+    )
+    declared = oh.make_tensor_value_info("z", TensorProto.FLOAT, shape)
+    graph = oh.make_graph([node, oh.make_node("Identity", ["y"], ["z"])], "g", [], [declared])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("ai.rt", 1)])
+
+
+def test_register_schemas_child_exits_cleanly(tmp_path: Path) -> None:
+    done = run_child("-c", "from onnx_light_ref import register_schemas; register_schemas()", cwd=tmp_path)
+    assert (done.returncode, done.stderr.count("Traceback")) == (0, 0), done.stderr
+
+
+def test_schema_used_by_inference_then_exit_is_clean(tmp_path: Path) -> None:
+    # The inference function has run (so onnx holds it) before the interpreter exits.
+    code = textwrap.dedent(
+        """
+        import sys
+        import onnx
+        from onnx import helper as oh
+        from onnx_light_ref import register_schemas
+        from onnx_light_ref.ops.schema import make_delayed_initializer_node
+        register_schemas()
+        node = make_delayed_initializer_node("y", shape=[2], dtype=1, load_device="cpu", filename="w", offset=0)
+        graph = oh.make_graph([node, oh.make_node("Identity", ["y"], ["z"])], "g", [],
+                              [oh.make_tensor_value_info("z", 1, [2])])
+        model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("ai.rt", 1)])
+        strict = sys.argv[1] == "strict"  # onnx < 1.19: y stays untyped, and strict Identity inference refuses it
+        onnx.checker.check_model(model, full_check=strict, check_custom_domain=True)
+        print([v.name for v in onnx.shape_inference.infer_shapes(model, strict_mode=strict).graph.value_info])
+        """
+    )
+    done = run_child("-c", code, "strict" if HAS_PYTHON_SHAPE_INFERENCE else "lenient", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    # y is typed when onnx runs the Python inference function; left out where onnx cannot attach one.
+    assert done.stdout.split() == (["['y']"] if HAS_PYTHON_SHAPE_INFERENCE else ["[]"])
+
+
+def test_generate_tests_child_writes_the_cases_and_exits_cleanly(tmp_path: Path) -> None:
+    done = run_child("-m", "onnx_light_ref", "generate-tests", str(tmp_path / "cases"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    models = sorted((tmp_path / "cases").rglob("model.onnx"))
+    assert len(models) >= 30
+    for model in models:
+        onnx.checker.check_model(str(model))
+
+
+def test_the_schema_leaves_the_registry_at_exit(tmp_path: Path) -> None:
+    # atexit runs hooks last-in first-out: this hook, registered before register_schemas(), runs after ours.
+    code = textwrap.dedent(
+        """
+        import atexit, onnx.defs
+        def report():
+            print("registered at exit:", onnx.defs.has("DelayedInitializer", "ai.rt"))
+        atexit.register(report)
+        from onnx_light_ref import register_schemas
+        register_schemas()
+        print("registered:", onnx.defs.has("DelayedInitializer", "ai.rt"))
+        """
+    )
+    done = run_child("-c", code, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["registered: True", "registered at exit: False"]
+
+
+def test_inference_function_is_attached_exactly_where_onnx_allows_it() -> None:
+    assert hasattr(OpSchema, "set_type_and_shape_inference_function") is HAS_PYTHON_SHAPE_INFERENCE
+    register_schemas()
+    model = delayed_model([2, 3])
+    if HAS_PYTHON_SHAPE_INFERENCE:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+        (y,) = inferred.graph.value_info
+        assert (y.name, y.type.tensor_type.elem_type) == ("y", TensorProto.FLOAT)
+        assert [d.dim_value for d in y.type.tensor_type.shape.dim] == [2, 3]
+    else:
+        assert list(onnx.shape_inference.infer_shapes(model).graph.value_info) == []
+        # The cost: strict inference (and check_model(full_check=True)) refuses the untyped input of Identity.
+        with pytest.raises(onnx.shape_inference.InferenceError, match="Input 0 expected to have type"):
+            onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    # The checker validates the node on every onnx: the schema is registered either way.
+    with pytest.raises(onnx.checker.ValidationError, match="Required attribute 'offset' is missing"):
+        model = delayed_model([2])
+        del model.graph.node[0].attribute[-1]
+        onnx.checker.check_model(model, check_custom_domain=True)
+
+
+def test_no_inference_warning_names_the_onnx_version_needed(tmp_path: Path) -> None:
+    code = "import logging; logging.basicConfig(); from onnx_light_ref import register_schemas; register_schemas()"
+    done = run_child("-c", code, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    if HAS_PYTHON_SHAPE_INFERENCE:
+        assert "shape-inference" not in done.stderr
+    else:
+        assert f"onnx {ONNX_VERSION} cannot attach a Python shape-inference function" in done.stderr
+        assert "onnx >= 1.19" in done.stderr
+
+
+def test_evaluator_shape_checks_follow_the_evaluator_signature() -> None:
+    has = "check_shape_annotations" in inspect.signature(ReferenceEvaluator.__init__).parameters
+    assert evaluator_checks_shapes() is has
+    assert evaluator_shape_checks() == ({"check_shape_annotations": True} if has else {})
+
+
+def write_weights(folder: Path) -> Path:
+    data = np.arange(6, dtype=np.float32)
+    (folder / "w.bin").write_bytes(data.tobytes())
+    path = folder / "m.onnx"
+    onnx.save(delayed_model([2, 3]), path)
+    return path
+
+
+def test_check_shape_annotations_works_or_names_the_onnx_it_needs(tmp_path: Path) -> None:
+    path = write_weights(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    if evaluator_checks_shapes():
+        sess = reference_evaluator(path, "file", check_shape_annotations=True)
+        np.testing.assert_array_equal(sess.run(None, {})[0], np.arange(6, dtype=np.float32).reshape(2, 3))
+        rep = DelayedInitializerBackend.prepare(str(path), check_shape_annotations=True)
+        np.testing.assert_array_equal(rep.run([])[0], np.arange(6, dtype=np.float32).reshape(2, 3))
+    else:
+        message = f"'check_shape_annotations' needs onnx >= 1.23; the installed onnx {ONNX_VERSION}"
+        with pytest.raises(UnsupportedOnnxFeatureError, match=message):
+            reference_evaluator(path, "file", check_shape_annotations=True)
+        with pytest.raises(UnsupportedOnnxFeatureError, match=message):
+            DelayedInitializerBackend.prepare(str(path), check_shape_annotations=True)
+        with pytest.raises(UnsupportedOnnxFeatureError, match=message):
+            DelayedInitializerBackend.run_node(delayed_model([2]).graph.node[0], [], check_shape_annotations=True)
+    # Both ways: no file written, none changed.
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.mark.parametrize(
+    ("name", "size"),
+    [("BFLOAT16", 2), ("FLOAT8E4M3FN", 1), ("FLOAT8E4M3FNUZ", 1), ("FLOAT8E5M2", 1), ("FLOAT8E5M2FNUZ", 1)],
+)
+def test_raw_sizes_of_the_types_old_onnx_maps_to_float32(name: str, size: int) -> None:
+    data_type = getattr(TensorProto, name)
+    assert raw_element_size(data_type) == size
+    tensor = TensorProto(name="t", data_type=data_type, dims=[3, 5])
+    assert expected_nbytes(tensor) == 15 * size
+
+
+def test_raw_sizes_of_other_types_come_from_onnx() -> None:
+    assert raw_element_size(TensorProto.FLOAT) is None
+    assert raw_element_size(TensorProto.INT4) is None
+    assert expected_nbytes(TensorProto(name="t", data_type=TensorProto.DOUBLE, dims=[3])) == 24
