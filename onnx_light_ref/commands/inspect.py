@@ -199,6 +199,10 @@ def inspect_command(args: argparse.Namespace) -> int:
         The process exit status.
     """
     if os.path.isdir(args.model):
+        if not any(name.endswith(".onnx") for name in os.listdir(args.model)):
+            return error_exit(
+                f"{printable(args.model)!r} is a directory with no .onnx file; give a model, or a folder of models"
+            )
         text, ok = format_folder(args.model, allow_outside_folder=args.allow_outside_folder)
         sys.stdout.write(text)
         return 0 if ok else 1

@@ -25,6 +25,6 @@ def test_the_three_safetensors_snippets_run_as_written(tmp_path: Path) -> None:
         )
         assert run.returncode == 0, run.stderr
         outputs.append(run.stdout)
-    assert "model-00002-of-00002.safetensors" in outputs[0] and "model.safetensors.index.json" in outputs[0]
-    assert "model_js.onnx_data_1" in outputs[1]
+    assert "layers_st-00002-of-00002.safetensors" in outputs[0] and "layers_st.safetensors.index.json" in outputs[0]
+    assert "layers_js.onnx_data_1" in outputs[1]
     assert outputs[2].split() == ["4", "4194304", "0"]
