@@ -317,6 +317,8 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
         model_path: the ``.onnx`` file; locations are resolved against its folder, held open from the start.
         allow_outside_folder: follow symbolic links in data paths (a trusted layout such as the Hugging Face cache).
             Default: a data path through a symbolic link is an "unsafe location", as onnx's loader refuses it.
+            With it, the per-loader refusals about symbolic links are still listed but do not make the tensor an
+            error (the caller vouches for the layout); every other refusal does.
 
     Returns:
         A :class:`LayoutReport`: one :class:`TensorLayout` per external tensor in walk order, one :class:`FileLayout`
@@ -332,7 +334,10 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
     model = load_model_metadata(path, check_strings=False, folder=folder)
     check_bool("allow_outside_folder", allow_outside_folder)
     resolver = LocationResolver(folder)
-    real_model_dir = os.path.dirname(os.path.realpath(path))
+    try:  # for the per-loader diagnosis only (what path-resolving loaders would see), never to decide a read
+        real_model_dir: str | None = os.path.dirname(os.path.realpath(path))
+    except OSError:  # a folder renamed during the lookup
+        real_model_dir = None
     tensors: list[TensorLayout] = []
     files: dict[str, FileLayout] = {}  # keyed by normalized path (two spellings of one file are one file)
     members: dict[str, list[TensorLayout]] = {}
@@ -358,7 +363,9 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
         if file.path.endswith(".safetensors"):
             file.safetensors, file.safetensors_ok = _describe_safetensors(resolver.folder, file.location)
     for layout in tensors:
-        if layout.refusals and not layout.is_error:
+        # With the opt-in the caller trusts symbolic links (the Hugging Face cache): still listed, not an error.
+        blocking = [r for r in layout.refusals if not (allow_outside_folder and r.symlink)]
+        if blocking and not layout.is_error:
             layout.status = "loader refuses"
             layout.message = f"tensor {layout.name!r}: " + "; ".join(r.describe() for r in layout.refusals)
     notes: list[str] = []

@@ -31,6 +31,7 @@ and never reads or writes a byte.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ class Refusal:
 
     loaders: tuple[Loader, ...]
     reason: str
+    symlink: bool = False  # about a symbolic link on the data path: what ``allow_outside_folder`` opts into
 
     def describe(self) -> str:
         """``"onnx.load, check_model refuse: <reason>; onnxruntime accepts it"``."""
@@ -84,7 +86,9 @@ def loader_refusals(site: TensorSite, base_dir: str, real_model_dir: str | None 
     found: list[Refusal] = []
     location = _entry(tensor, "location")
     if location:
-        found.extend(_path_refusals(base_dir, location, real_model_dir or os.path.realpath(base_dir)))
+        # A folder renamed while it is looked at (a race) gives no claim here; the opener's own checks report it.
+        with contextlib.suppress(OSError):
+            found.extend(_path_refusals(base_dir, location, real_model_dir or os.path.realpath(base_dir)))
     keys = [_text(entry.key) for entry in tensor.external_data]
     extra = sorted({key for key in keys if key not in ORT_KEYS})
     if extra:
@@ -103,7 +107,7 @@ def loader_refusals(site: TensorSite, base_dir: str, real_model_dir: str | None 
     for refusal in found:  # a loader that never opens this tensor's data cannot refuse it for its data
         loaders = tuple(loader for loader in refusal.loaders if loader in readers)
         if loaders:
-            refusals.append(Refusal(loaders, refusal.reason))
+            refusals.append(Refusal(loaders, refusal.reason, refusal.symlink))
     reason = inline_reason(site)
     if reason is not None:
         what = "a tensor in training_info" if reason == "training_info" else f"a {reason}"
@@ -162,7 +166,7 @@ def _path_refusals(base_dir: str, location: str, real_model_dir: str) -> list[Re
             if links == ["/".join(parts)]
             else f"data path {location!r} goes through the symbolic link(s) {named}"
         )
-        refusals.append(Refusal(("onnx.load", *check, *ort), what))
+        refusals.append(Refusal(("onnx.load", *check, *ort), what, symlink=True))
     try:
         target = os.stat(current)
     except (OSError, ValueError):

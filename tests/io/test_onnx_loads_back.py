@@ -140,7 +140,7 @@ def test_shared_saver_keeps_inline_what_onnx_would_not_load_back(source, tmp_pat
     model = onnx.load(str(source))
     dst = tmp_path / "src" / "variant.onnx"
 
-    result = save_model_with_shared_external_data(model, dst, alignment=64)  # default size_threshold=0
+    result = save_model_with_shared_external_data(model, dst, alignment=64, size_threshold=0)
 
     assert result.new_tensors == 3 and result.kept_inline_reasons == KEPT and result.kept_inline_tensors == 6
     assert _storage(dst) == {

@@ -46,7 +46,7 @@ def models(tmp_path: Path) -> Path:
     variant.graph.initializer.append(numpy_helper.from_array(np.arange(8, dtype=np.float32), "extra"))
     variant.graph.output.append(onnx.helper.make_tensor_value_info("extra_out", onnx.TensorProto.FLOAT, [8]))
     variant.graph.node.append(onnx.helper.make_node("Identity", ["extra"], ["extra_out"]))
-    save_model_with_shared_external_data(variant, folder / "second.onnx", location="second.bin")
+    save_model_with_shared_external_data(variant, folder / "second.onnx", location="second.bin", size_threshold=0)
     (tmp_path / "other").mkdir()
     save_external(
         identity_model({"w": np.array([109, 209, 309, 409], dtype=np.float32)}),
@@ -150,9 +150,11 @@ def test_shared_saver_refuses_to_replace_a_secondary_file_another_variant_uses(m
     before = sha256_of_tree(models, every_entry=True)
     original = third.SerializeToString()
     with pytest.raises(SharedWeightsError, match=r"second\.onnx"):
-        save_model_with_shared_external_data(third, folder / "third.onnx", location="second.bin")
+        save_model_with_shared_external_data(third, folder / "third.onnx", location="second.bin", size_threshold=0)
     assert sha256_of_tree(models, every_entry=True) == before and third.SerializeToString() == original
-    save_model_with_shared_external_data(third, folder / "third.onnx", location="second.bin", replace_shared=True)
+    save_model_with_shared_external_data(
+        third, folder / "third.onnx", location="second.bin", replace_shared=True, size_threshold=0
+    )
     assert (folder / "third.onnx").exists()
 
 
