@@ -356,7 +356,13 @@ def plan_alignment(
     model, stripped, onnx_identity = _load(src_onnx, inline_threshold, mode, folder)
     # Inline payloads are copied out of the file itself: through its real path, since the copy opens sources with
     # O_NOFOLLOW (a symlinked .onnx, as in the Hugging Face cache, is the file the user named, not a swapped one).
-    payload_source = os.path.realpath(src_onnx)
+    try:
+        payload_source = os.path.realpath(src_onnx)
+    except OSError as exc:  # a folder on the way renamed during the lookup (EINVAL, ELOOP...)
+        raise ExternalDataError(
+            f"{src_onnx!r}: a folder on its path changed while it was read ({exc.strerror or exc}); nothing was "
+            "written."
+        ) from exc
     resolver = LocationResolver(folder)
     table = _SourceTable()
     refs: dict[FileIdentity, ExternalRef] = {}  # the first reference to each data file, for the hard-link check

@@ -364,7 +364,11 @@ def relative_below(folder: str, absolute: str) -> str | None:
     if "/../" in f"{absolute}/" or not os.path.isabs(absolute):
         return None
     name = os.path.normpath(absolute)
-    for base in dict.fromkeys((os.path.normpath(folder), os.path.realpath(folder))):
+    try:
+        real_folder = os.path.realpath(folder)
+    except OSError:  # a folder renamed during the lookup: compare by the name as given only
+        real_folder = os.path.normpath(folder)
+    for base in dict.fromkeys((os.path.normpath(folder), real_folder)):
         prefix = os.path.join(base, "")
         if name.startswith(prefix) and len(name) > len(prefix):
             return name[len(prefix) :]
