@@ -55,6 +55,7 @@ __all__ = [
     "TensorKind",
     "TensorScope",
     "TensorSite",
+    "defined_names",
     "describe_place",
     "inline_reason",
     "iter_graphs",
@@ -212,6 +213,22 @@ def _describe_step(step: object) -> str:
     if head in ("node", "initializer", "sparse_initializer"):
         return f"{head.replace('_', ' ')} #{rest[0]}" + "".join(f" {part}" for part in rest[1:])
     return " ".join(str(part) for part in step)
+
+
+def defined_names(graph: onnx.GraphProto) -> set[str]:
+    """Names a graph defines in its own scope: inputs, initializers, sparse initializers and node outputs.
+
+    Args:
+        graph: the graph (a subgraph's outer names are not included).
+
+    Returns:
+        The set of names.
+    """
+    names = {v.name for v in graph.input}
+    names.update(t.name for t in graph.initializer)
+    names.update(t.values.name for t in graph.sparse_initializer)
+    names.update(output for node in graph.node for output in node.output)
+    return names
 
 
 def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:

@@ -57,7 +57,7 @@ from onnx_light_ref.io.locations import (
     parse_external_data,
 )
 from onnx_light_ref.io.model_file import load_model_metadata
-from onnx_light_ref.io.walker import iter_graphs, iter_tensors
+from onnx_light_ref.io.walker import defined_names, iter_graphs, iter_tensors
 from onnx_light_ref.ops.attributes import LOAD_DEVICES
 from onnx_light_ref.ops.dtypes import describe_allowed, dtype_name, is_allowed_dtype
 from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE, SINCE_VERSION, make_delayed_initializer_node
@@ -229,15 +229,6 @@ def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
         yield from attribute.graphs
 
 
-def _defined_names(graph: onnx.GraphProto) -> set[str]:
-    """Names a graph defines in its own scope: inputs, initializers and node outputs."""
-    names = {v.name for v in graph.input}
-    names.update(t.name for t in graph.initializer)
-    names.update(t.values.name for t in graph.sparse_initializer)
-    names.update(output for node in graph.node for output in node.output)
-    return names
-
-
 def _outer_scopes(
     graph: onnx.GraphProto, outer: frozenset[str], into: dict[int, tuple[onnx.GraphProto, frozenset[str]]]
 ) -> None:
@@ -247,7 +238,7 @@ def _outer_scopes(
     while one is alive, so keeping it alive keeps the ``id`` valid for the walker's later visits.
     """
     into[id(graph)] = (graph, outer)
-    inner = outer | _defined_names(graph)
+    inner = outer | defined_names(graph)
     for node in graph.node:
         for subgraph in _subgraphs(node):
             _outer_scopes(subgraph, inner, into)

@@ -50,7 +50,7 @@ from onnx_light_ref.io.model_file import load_model_metadata, open_model_folder,
 from onnx_light_ref.io.publish import OutputTransaction
 from onnx_light_ref.io.sharing import check_not_shared
 from onnx_light_ref.io.space import reserve_space
-from onnx_light_ref.io.walker import iter_graphs, iter_tensors
+from onnx_light_ref.io.walker import defined_names, iter_graphs, iter_tensors
 from onnx_light_ref.ops.attributes import (
     ATTRIBUTE_TYPES,
     DelayedInitializerParams,
@@ -191,19 +191,10 @@ def _check_functions(model: onnx.ModelProto) -> None:
                 )
 
 
-def _defined_names(graph: onnx.GraphProto) -> set[str]:
-    """Names a graph defines in its own scope: inputs, initializers and node outputs."""
-    names = {v.name for v in graph.input}
-    names.update(t.name for t in graph.initializer)
-    names.update(t.values.name for t in graph.sparse_initializer)
-    names.update(output for node in graph.node for output in node.output)
-    return names
-
-
 def _scoped_graphs(graph: onnx.GraphProto, outer: frozenset[str]) -> Iterator[tuple[onnx.GraphProto, frozenset[str]]]:
     """``graph`` and every subgraph, parents before children, each with the names its enclosing graphs define."""
     yield graph, outer
-    inner = outer | _defined_names(graph)
+    inner = outer | defined_names(graph)
     for node in graph.node:
         for attribute in node.attribute:
             subgraphs = [attribute.g] if attribute.HasField("g") else []
