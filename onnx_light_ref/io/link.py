@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from onnx_light_ref.io.alignment import validate_alignment
 from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
 from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, RangeCopier
 from onnx_light_ref.io.destinations import check_outputs, weights_location
+from onnx_light_ref.io.dtype_sizes import packed_nbytes
 from onnx_light_ref.io.entries import is_external, write_entries
 from onnx_light_ref.io.folder import ModelFolder
 from onnx_light_ref.io.locations import (
@@ -51,7 +53,7 @@ from onnx_light_ref.io.placement import ShardedLayout
 from onnx_light_ref.io.publish import OutputTransaction
 from onnx_light_ref.io.results import LinkResult
 from onnx_light_ref.io.safetensors_header import SafetensorsEntry, read_header, require_covered
-from onnx_light_ref.io.safetensors_layout import safetensors_dtype, storage_shape
+from onnx_light_ref.io.safetensors_layout import is_packed, safetensors_dtype
 from onnx_light_ref.io.space import reserve_space
 from onnx_light_ref.io.walker import iter_tensors
 
@@ -218,10 +220,14 @@ def _check_unchanged(files: Collection[CheckpointFile], folder: ModelFolder) -> 
 
 def _matches(tensor: onnx.TensorProto, entry: SafetensorsEntry) -> bool:
     """Same data type and shape (a packed sub-byte tensor: U8 of exactly its packed bytes)."""
-    nbytes = expected_nbytes(tensor)
-    if safetensors_dtype(tensor.data_type) != entry.dtype or nbytes is None or nbytes != entry.nbytes:
+    data_type = tensor.data_type
+    if safetensors_dtype(data_type) != entry.dtype:
         return False
-    return storage_shape(tensor.data_type, tuple(tensor.dims), nbytes) == entry.shape
+    dims = tuple(tensor.dims)
+    if not is_packed(data_type):  # the stored shape is the dims (never negative: a safetensors shape is not)
+        return dims == entry.shape and packed_nbytes(data_type, math.prod(dims)) == entry.nbytes
+    nbytes = expected_nbytes(tensor)
+    return nbytes is not None and nbytes == entry.nbytes and (nbytes,) == entry.shape
 
 
 def link_external_data(

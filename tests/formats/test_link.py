@@ -315,3 +315,27 @@ def test_a_checkpoint_changed_before_the_publication_is_refused_and_nothing_is_p
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("linked")) == []
     if swap == "resized":
         assert checkpoint.read_bytes()[: len(original)] == original
+
+
+def test_a_packed_int4_tensor_links_to_u8_of_exactly_its_bytes(tmp_path: Path) -> None:
+    """INT4 with 5 elements is 3 packed bytes: linked to a U8 [3] key, not to U8 [1, 3] (same bytes, other shape)."""
+    packed = np.array([0x21, 0x43, 0x05], dtype=np.uint8)  # 1, 2, 3, 4, 5 packed low nibble first
+    tensors = [
+        onnx.helper.make_tensor(name, onnx.TensorProto.INT4, [5], packed.tobytes(), raw=True) for name in ("a", "b")
+    ]
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Cast", [name], [f"{name}_out"], to=onnx.TensorProto.INT8) for name in ("a", "b")],
+        "g",
+        [],
+        [onnx.helper.make_tensor_value_info(f"{name}_out", onnx.TensorProto.INT8, [5]) for name in ("a", "b")],
+        initializer=tensors,
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
+    st_numpy.save_file({"a": packed, "b": packed.reshape(1, 3)}, str(tmp_path / "ckpt.safetensors"))
+    result = link_external_data(model, tmp_path / "ckpt.safetensors", tmp_path / "linked.onnx", size_threshold=1)
+    assert (result.linked_tensors, tuple(result.mismatched_tensors)) == (1, ("b",))
+    assert _offsets(tmp_path / "linked.onnx")["a"][0] == "ckpt.safetensors"
+    onnx.save(model, tmp_path / "inline.onnx")
+    assert verify_models(tmp_path / "inline.onnx", tmp_path / "linked.onnx").equal
+    outputs = run_onnxruntime(tmp_path / "linked.onnx", {})
+    assert [list(out) for out in outputs] == [[1, 2, 3, 4, 5]] * 2
