@@ -127,3 +127,50 @@ def test_a_destination_under_a_file_is_one_error_line(tmp_path: Path, capsys: py
     err = capsys.readouterr().err.splitlines()
     assert err == [f"error: cannot create the folder {str(tmp_path / 'blocker' / 'sub')!r}: Not a directory"]
     assert snapshot_tree(tmp_path) == before
+
+
+OSC52 = "\x1b]52;c;cHduZWQ=\x07"  # a terminal that honours it copies "pwned" to the clipboard
+BIDI = "\u202e"  # right-to-left override: reorders what the reader sees
+
+
+def test_a_hostile_name_in_an_error_reaches_the_terminal_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The model function's domain and name, and the node's output tensor name, carry OSC 52 and a bidi override;
+    undelay refuses the model with an error quoting the function as ``domain::name`` (not through repr)."""
+    from onnx_light_ref.ops.schema import make_delayed_initializer_node
+
+    tensor = f"w{OSC52}{BIDI}"
+    node = make_delayed_initializer_node(
+        tensor, shape=[2], dtype=TensorProto.FLOAT, load_device="file", filename="w.bin", offset=0
+    )
+    domain, name = f"local{OSC52}", f"f{BIDI}gnp.exe"
+    function = helper.make_function(domain, name, [], [tensor], [node], [helper.make_opsetid("ai.rt", 1)])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("ai.rt", 1), helper.make_opsetid(domain, 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=10, functions=[function])
+    onnx.save(model, tmp_path / "m.onnx")
+    before = snapshot_tree(tmp_path)
+    assert main(["undelay", str(tmp_path / "m.onnx"), str(tmp_path / "out.onnx"), "--no-fsync"]) == 1
+    captured = capsys.readouterr()
+    err = captured.err.rstrip("\n")
+    assert "\n" not in err and err.isprintable(), repr(err)
+    assert err.startswith("error: ") and "a function has no initializers" in err
+    assert "model function local\\x1b]52;c;cHduZWQ=\\x07::f\\u202egnp.exe" in err
+    assert captured.out == ""
+    assert snapshot_tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("message", [f"tensor w{OSC52}", f"op type Add{BIDI}", ValueError(f"domain d{OSC52}{BIDI}")])
+def test_error_exit_escapes_every_message(capsys: pytest.CaptureFixture[str], message: object) -> None:
+    from onnx_light_ref.commands.errors import error_exit
+
+    assert error_exit(message) == 1
+    err = capsys.readouterr().err
+    assert err.endswith("\n") and err[:-1].isprintable() and err.startswith("error: ")
+    assert "\\x1b]52;c;" in err or "\\u202e" in err

@@ -9,8 +9,9 @@ what is printed per tensor), 0 otherwise: ``status: OK`` means the three loaders
 The table is printed either way. ``inspect FOLDER`` prints each model's status and which models use which data
 files (a file used by several models is shared: see ``replace_shared``). Never reads weight bytes.
 
-Names and locations come from the model, which may be hostile: every printed field goes through :func:`printable`,
-so a terminal escape sequence or a bidirectional override in a tensor name is shown escaped, never executed.
+Names and locations come from the model, which may be hostile: every printed field goes through
+:func:`~onnx_light_ref.commands.text.printable`, so a terminal escape sequence or a bidirectional override in a tensor
+name is shown escaped, never executed.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import os
 import sys
 
 from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.text import printable
 from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io.layout_report import LayoutReport, TensorLayout, build_layout_report
 
-__all__ = ["format_alignment", "format_folder", "format_report", "inspect_command", "printable", "register"]
+__all__ = ["format_alignment", "format_folder", "format_report", "inspect_command", "register"]
 
 # Alignments above this are shown as ">=1M": no loader asks for more, and a huge power of two (an offset of 2 GiB
 # is 2 GiB-aligned) says nothing useful.
@@ -44,31 +46,6 @@ def format_alignment(alignment: int | None) -> str:
         if alignment >= size:
             return f"{alignment // size}{unit}"
     return str(alignment)
-
-
-def printable(text: str) -> str:
-    """``text`` with every character a terminal could act on shown as a Python escape (``\\x1b``, ``\\u202e``).
-
-    Non-printable characters (``str.isprintable``: controls such as ESC, BEL, CR, format characters such as bidi
-    overrides, line and paragraph separators, unassigned code points) would move the cursor, recolour or reorder the
-    output; they are escaped. Messages already quote names with ``repr``, which escapes the same characters.
-
-    Args:
-        text: any text taken from a model.
-
-    Returns:
-        The text, safe to print on one line.
-    """
-    if text.isprintable():
-        return text
-    return "".join(_escape(char) for char in text)
-
-
-def _escape(char: str) -> str:
-    if char.isprintable():
-        return char
-    code = ord(char)
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def _cell(value: object) -> str:
@@ -209,7 +186,7 @@ def inspect_command(args: argparse.Namespace) -> int:
     try:
         report = build_layout_report(args.model, allow_outside_folder=args.allow_outside_folder)
     except (FileNotFoundError, InvalidModelError) as exc:
-        return error_exit(printable(str(exc)))
+        return error_exit(exc)  # escaped there
     sys.stdout.write(format_report(report))
     return 0 if report.ok else 1
 

@@ -50,6 +50,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=1024,
         help="inline tensors of at least SIZE bytes not found in the checkpoint move to DST.onnx.data (default: 1K)",
     )
+    parser.add_argument(
+        "--allow-outside-folder",
+        action="store_true",
+        help="trust the layout: follow symbolic links to the checkpoint and the model's data files, e.g. the Hugging "
+        "Face cache (snapshots/<rev>/model.safetensors -> ../../blobs/<sha>); refused by default, as onnx's loader "
+        "refuses them (onnxruntime follows them)",
+    )
     parser.add_argument("--no-fsync", action="store_true", help="skip every fsync (outputs still appear atomically)")
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=link_command)
@@ -85,6 +92,7 @@ def link_command(args: argparse.Namespace) -> int:
                 size_threshold=args.size_threshold,
                 durable=not args.no_fsync,
                 progress=progress,
+                allow_outside_folder=args.allow_outside_folder,
             )
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         return error_exit(exc)

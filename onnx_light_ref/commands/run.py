@@ -14,7 +14,7 @@ failed run leaves no half-written ``.npy``. Never loads ``.npy`` files with pick
 Never writes over a file the run reads: an output file that is (same device and inode: the same path, a hard link,
 a symlink to it) an ``--input`` file, the model, or a weights file the model names (external data, a
 ``DelayedInitializer`` filename) is refused before the model runs. Every model-controlled string printed (output
-names, error messages quoting the model) goes through :func:`~onnx_light_ref.commands.inspect.printable`, so an
+names, error messages quoting the model) goes through :func:`~onnx_light_ref.commands.text.printable`, so an
 escape sequence (OSC 52 clipboard writes, clear-screen) or a bidi override in a name is shown, never executed. A
 tensor too large for this machine's memory is :class:`~onnx_light_ref.errors.TensorAllocationError`, one line.
 """
@@ -35,7 +35,7 @@ import onnx
 
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders, remove_own_temp_files
-from onnx_light_ref.commands.inspect import printable
+from onnx_light_ref.commands.text import printable
 from onnx_light_ref.io.locations import FileIdentity, is_external
 from onnx_light_ref.io.model_file import load_model_metadata
 from onnx_light_ref.io.publish import StagedFile, publish_all, staged_files
@@ -321,7 +321,7 @@ def run_command(args: argparse.Namespace) -> int:
         return _evaluate(args)
     except _RunError as exc:
         # Messages quote the model's names with repr, but errors from onnx's evaluator may carry them raw.
-        return error_exit(printable(str(exc)))
+        return error_exit(exc)  # escaped there
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 
 from onnx_light_ref.commands.errors import error_exit
-from onnx_light_ref.commands.inspect import printable
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import size_argument
+from onnx_light_ref.commands.text import printable
 
 __all__ = ["register", "verify_command"]
 

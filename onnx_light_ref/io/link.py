@@ -6,9 +6,13 @@ model: a tensor whose (mapped) name is a checkpoint key with the same data type 
 enough) gets ``external_data`` pointing into the checkpoint file (``offset`` = the data section's start + the
 tensor's begin); every other external tensor, and every inline one of at least ``size_threshold`` bytes, is written
 to the model's own weights file, copied file to file by the copy engine (inline ones from memory). The checkpoint
-must resolve inside the destination model's folder under the location rule (relative, no ``..``, no symlink, one
-hard link), since loaders read external data only there. Nothing is written before every check has passed; the
-weights file and the ``.onnx`` are published as one :class:`~onnx_light_ref.io.publish.OutputTransaction`.
+must resolve inside the destination model's folder under the location rule (relative, no ``..``, no symlink unless
+``allow_outside_folder``, one hard link), since loaders read external data only there: the index and every checkpoint
+file are read through that folder's descriptor (:class:`~onnx_light_ref.io.folder.ModelFolder`), held from the plan to
+the publication, and each checkpoint file's device, inode and size are checked again right before the ``.onnx`` is
+published (a checkpoint replaced meanwhile: typed error, nothing published). Nothing is written before every check
+has passed; the weights file and the ``.onnx`` are published as one
+:class:`~onnx_light_ref.io.publish.OutputTransaction`.
 
 This module never writes to the checkpoint (a destination that is a checkpoint file is refused), never reads a
 checkpoint tensor's bytes, and never modifies the caller's ``ModelProto`` (it works on a copy).
@@ -16,10 +20,13 @@ checkpoint tensor's bytes, and never modifies the caller's ``ModelProto`` (it wo
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import onnx
@@ -29,7 +36,9 @@ from onnx_light_ref.io.alignment import validate_alignment
 from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
 from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, RangeCopier
 from onnx_light_ref.io.destinations import check_outputs, weights_location
+from onnx_light_ref.io.dtype_sizes import packed_nbytes
 from onnx_light_ref.io.entries import is_external, write_entries
+from onnx_light_ref.io.folder import ModelFolder
 from onnx_light_ref.io.locations import (
     TYPED_VALUE_FIELDS,
     FileIdentity,
@@ -38,15 +47,13 @@ from onnx_light_ref.io.locations import (
     expected_nbytes,
     file_identity,
     parse_external_data,
-    resolve_location,
 )
-from onnx_light_ref.io.model_file import load_model_metadata, serialize_model
+from onnx_light_ref.io.model_file import load_model_metadata, open_model_folder, serialize_model
 from onnx_light_ref.io.placement import ShardedLayout
-from onnx_light_ref.io.posix import check_single_link
 from onnx_light_ref.io.publish import OutputTransaction
 from onnx_light_ref.io.results import LinkResult
 from onnx_light_ref.io.safetensors_header import SafetensorsEntry, read_header, require_covered
-from onnx_light_ref.io.safetensors_layout import safetensors_dtype, storage_shape
+from onnx_light_ref.io.safetensors_layout import is_packed, safetensors_dtype
 from onnx_light_ref.io.space import reserve_space
 from onnx_light_ref.io.walker import iter_tensors
 
@@ -60,6 +67,16 @@ _DEFAULT_SIZE_THRESHOLD = 1024  # onnx.save's default: smaller inline tensors st
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointFile:
+    """One checkpoint file as its header was parsed: its location in the destination folder and what it was then."""
+
+    location: str
+    path: str  # the destination folder's path joined with the location: for messages, never reopened by it
+    identity: FileIdentity
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointTensor:
     """One checkpoint key: the file's location (relative to the destination folder) and the tensor's header entry."""
 
@@ -67,14 +84,23 @@ class CheckpointTensor:
     path: str
     data_start: int
     entry: SafetensorsEntry
+    file: CheckpointFile
 
 
-def read_checkpoint(checkpoint: PathLike, dst_onnx: str) -> dict[str, CheckpointTensor]:
+def read_checkpoint(
+    checkpoint: PathLike, dst_onnx: str, *, folder: ModelFolder | None = None, allow_outside_folder: bool = False
+) -> dict[str, CheckpointTensor]:
     """Every tensor of a ``.safetensors`` file or of a sharded set's ``*.safetensors.index.json``, by key.
+
+    The index and every checkpoint file are opened relative to the destination folder's descriptor
+    (:class:`~onnx_light_ref.io.folder.ModelFolder`), never by an absolute path: a folder or file swapped for a
+    symbolic link cannot redirect the read.
 
     Args:
         checkpoint: the ``.safetensors`` file, or the index naming the shard files (relative to its folder).
         dst_onnx: the destination model: every checkpoint file must resolve inside its folder.
+        folder: the destination folder, already held (opened and closed here otherwise).
+        allow_outside_folder: when ``folder`` is not given: follow symbolic links (the Hugging Face cache).
 
     Returns:
         Key -> :class:`CheckpointTensor`.
@@ -85,12 +111,16 @@ def read_checkpoint(checkpoint: PathLike, dst_onnx: str) -> dict[str, Checkpoint
         UnsafeLocationError: a checkpoint file outside ``dst_folder``, through a symlink, or hard-linked.
         FileNotFoundError: a checkpoint file does not exist.
     """
+    dst = os.path.abspath(os.fspath(dst_onnx))
+    if folder is None:
+        with ModelFolder.open(os.path.dirname(dst), allow_outside_folder=allow_outside_folder) as held:
+            return read_checkpoint(checkpoint, dst, folder=held)
     path = os.path.abspath(os.fspath(checkpoint))
-    files = _read_index(path) if path.endswith(".json") else {os.path.basename(path): None}
-    folder = os.path.dirname(path)
+    files = _read_index(path, dst, folder) if path.endswith(".json") else {os.path.basename(path): None}
+    base = os.path.dirname(path)
     tensors: dict[str, CheckpointTensor] = {}
-    for name in sorted({os.path.join(folder, f) for f in files}):
-        for key, tensor in _read_file(name, dst_onnx).items():
+    for name in sorted({os.path.join(base, f) for f in files}):
+        for key, tensor in _read_file(name, dst, folder).items():
             if key in tensors:
                 raise SafetensorsError(
                     f"checkpoint key {key!r} is in both {tensors[key].path!r} and {tensor.path!r}; which one to link "
@@ -99,21 +129,31 @@ def read_checkpoint(checkpoint: PathLike, dst_onnx: str) -> dict[str, Checkpoint
             tensors[key] = tensor
     for file, keys in files.items():
         for key in keys or ():
-            if key not in tensors or tensors[key].path != os.path.join(folder, file):
+            if key not in tensors or tensors[key].path != os.path.join(base, file):
                 raise SafetensorsError(f"checkpoint index {path!r} maps {key!r} to {file!r}, whose header lacks it.")
     return tensors
 
 
-def _read_index(path: str) -> dict[str, list[str] | None]:
-    """Shard file name -> keys the index maps to it, from ``{"weight_map": {key: file}}``."""
+def _location(path: str, dst_onnx: str, what: str) -> str:
+    """``path``'s location relative to the destination folder (by name: the folder then opens it, confined)."""
     try:
-        size = os.stat(path).st_size
-    except FileNotFoundError:
-        raise FileNotFoundError(f"checkpoint index {path!r} does not exist.") from None
-    if size > _MAX_INDEX_SIZE:
-        raise SafetensorsError(f"checkpoint index {path!r} holds {size} bytes, above the {_MAX_INDEX_SIZE} limit.")
-    with open(path, "rb") as file:
-        text = file.read(_MAX_INDEX_SIZE + 1)
+        return weights_location(dst_onnx, path)
+    except UnsafeLocationError as exc:
+        raise UnsafeLocationError(
+            f"{what} {path!r} cannot be linked from {dst_onnx!r}: loaders read external data only inside the "
+            f"model's folder ({exc})"
+        ) from None
+
+
+def _read_index(path: str, dst_onnx: str, folder: ModelFolder) -> dict[str, list[str] | None]:
+    """Shard file name -> keys the index maps to it, from ``{"weight_map": {key: file}}``."""
+    location = _location(path, dst_onnx, "checkpoint index")
+    with folder.open_file(location, subject=f"checkpoint index {path!r}") as opened:
+        if opened.size > _MAX_INDEX_SIZE:
+            raise SafetensorsError(
+                f"checkpoint index {path!r} holds {opened.size} bytes, above the {_MAX_INDEX_SIZE} limit."
+            )
+        text = _read_all(opened.fd, opened.size)
     try:
         document = json.loads(text.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -127,6 +167,19 @@ def _read_index(path: str) -> dict[str, list[str] | None]:
     return files
 
 
+def _read_all(fd: int, size: int) -> bytes:
+    """The first ``size`` bytes of ``fd`` (fewer if it shrank: the JSON parser then reports it)."""
+    chunks: list[bytes] = []
+    done = 0
+    while done < size:
+        chunk = os.pread(fd, size - done, done)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        done += len(chunk)
+    return b"".join(chunks)
+
+
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
     result: dict[str, object] = {}
     for key, value in pairs:
@@ -136,32 +189,45 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return result
 
 
-def _read_file(path: str, dst_onnx: str) -> dict[str, CheckpointTensor]:
-    try:
-        location = weights_location(dst_onnx, path)
-    except UnsafeLocationError as exc:
-        raise UnsafeLocationError(
-            f"checkpoint {path!r} cannot be linked from {dst_onnx!r}: loaders read external data only inside the "
-            f"model's folder ({exc})"
-        ) from None
-    real = resolve_location(os.path.dirname(dst_onnx), location, tensor_name=f"<checkpoint {path}>")
-    fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        check_single_link(st, what=f"checkpoint file {path!r}")
-        header = read_header(fd, path, st.st_size)
-    finally:
-        os.close(fd)
+def _read_file(path: str, dst_onnx: str, folder: ModelFolder) -> dict[str, CheckpointTensor]:
+    location = _location(path, dst_onnx, "checkpoint")
+    with folder.open_file(location, subject=f"checkpoint file {path!r}") as opened:
+        header = read_header(opened.fd, path, opened.size)
+        file = CheckpointFile(location, path, opened.identity, opened.size)
     require_covered(header)
-    return {key: CheckpointTensor(location, path, header.data_start, entry) for key, entry in header.entries.items()}
+    return {
+        key: CheckpointTensor(location, path, header.data_start, entry, file) for key, entry in header.entries.items()
+    }
+
+
+def _check_unchanged(files: Collection[CheckpointFile], folder: ModelFolder) -> None:
+    """Refuse to publish when a checkpoint file is no longer the one whose header was parsed (device, inode, size)."""
+    for file in files:
+        try:
+            with folder.open_file(file.location, subject=f"checkpoint file {file.path!r}") as opened:
+                now = (opened.identity, opened.size)
+        except (OSError, ExternalDataError) as exc:
+            raise ExternalDataError(
+                f"checkpoint file {file.path!r} changed after its header was read ({exc}); nothing was published."
+            ) from exc
+        if now != (file.identity, file.size):
+            raise ExternalDataError(
+                f"checkpoint file {file.path!r} was replaced or resized after its header was read (device/inode "
+                f"{file.identity.device}/{file.identity.inode}, {file.size} bytes then; {now[0].device}/"
+                f"{now[0].inode}, {now[1]} bytes now); the model would point at other bytes: nothing was published."
+            )
 
 
 def _matches(tensor: onnx.TensorProto, entry: SafetensorsEntry) -> bool:
     """Same data type and shape (a packed sub-byte tensor: U8 of exactly its packed bytes)."""
-    nbytes = expected_nbytes(tensor)
-    if safetensors_dtype(tensor.data_type) != entry.dtype or nbytes is None or nbytes != entry.nbytes:
+    data_type = tensor.data_type
+    if safetensors_dtype(data_type) != entry.dtype:
         return False
-    return storage_shape(tensor.data_type, tuple(tensor.dims), nbytes) == entry.shape
+    dims = tuple(tensor.dims)
+    if not is_packed(data_type):  # the stored shape is the dims (never negative: a safetensors shape is not)
+        return dims == entry.shape and packed_nbytes(data_type, math.prod(dims)) == entry.nbytes
+    nbytes = expected_nbytes(tensor)
+    return nbytes is not None and nbytes == entry.nbytes and (nbytes,) == entry.shape
 
 
 def link_external_data(
@@ -176,6 +242,7 @@ def link_external_data(
     chunk_size: int = 4 * 1024 * 1024,
     durable: bool = True,
     progress: ProgressCallback | None = None,
+    allow_outside_folder: bool = False,
 ) -> LinkResult:
     """Write ``dst_onnx_path`` so that every tensor found in ``checkpoint`` points at the checkpoint's bytes.
 
@@ -198,6 +265,9 @@ def link_external_data(
         chunk_size: at most this many bytes per copy system call.
         durable: fsync outputs and their folder (default); ``False`` skips every fsync.
         progress: called as ``progress(done_bytes, total_bytes)`` while the written tensors' bytes move.
+        allow_outside_folder: trust the layout: follow symbolic links to the checkpoint and the model's data files
+            (the Hugging Face cache: ``snapshots/<rev>/model.safetensors`` -> ``../../blobs/<sha>``). onnx's loader
+            refuses such a link (onnxruntime follows it); refused by default.
 
     Returns:
         A :class:`~onnx_light_ref.io.results.LinkResult`: an ``int``, the bytes of the model's weights file
@@ -207,98 +277,110 @@ def link_external_data(
     Raises:
         ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
         SafetensorsError: a malformed checkpoint header or index (hostile input refused before anything is written).
-        UnsafeLocationError: the checkpoint is outside the destination folder, through a symlink, or hard-linked.
+        UnsafeLocationError: the checkpoint is outside the destination folder, through a symlink (without
+            ``allow_outside_folder``), or hard-linked.
         DestinationConflictError: an output is a checkpoint file or a source.
         ExternalDataError: a malformed or out-of-bounds reference in the model.
         FileNotFoundError: the model, the checkpoint or a referenced file does not exist.
+        ExternalDataError: a checkpoint file was replaced or resized between its header's parse and the publication
+            (nothing published).
         OSError: the copy or the publication failed; the destinations are then unchanged.
     """
     step = validate_alignment(alignment)
     threshold = check_int("size_threshold", size_threshold)
     check_int("chunk_size", chunk_size, minimum=1)
     check_bool("durable", durable)
+    trusted = check_bool("allow_outside_folder", allow_outside_folder)
     mapping = _check_name_map(name_map)
     dst_onnx = os.path.abspath(os.fspath(dst_onnx_path))
-    dst_folder = os.path.dirname(dst_onnx)
     dst_weights = os.path.abspath(os.fspath(dst_weights_path) if dst_weights_path is not None else dst_onnx + ".data")
     weights_loc = weights_location(dst_onnx, dst_weights)
-    checkpoint_tensors = read_checkpoint(checkpoint, dst_onnx)
-    if isinstance(model, onnx.ModelProto):
-        proto = onnx.ModelProto()
-        proto.CopyFrom(model)
-        src_folder = dst_folder
-    else:
-        src = os.path.abspath(os.fspath(model))
-        proto = load_model_metadata(src)
-        src_folder = os.path.dirname(src)
-    resolver = LocationResolver(src_folder)
+    # Held from the plan to the publication: every checkpoint read goes through it, and the re-check before the
+    # commit opens the same names in the same folder.
+    with contextlib.ExitStack() as held:
+        dst_folder = held.enter_context(ModelFolder.open(os.path.dirname(dst_onnx), allow_outside_folder=trusted))
+        checkpoint_tensors = read_checkpoint(checkpoint, dst_onnx, folder=dst_folder)
+        checkpoint_files = {tensor.file.location: tensor.file for tensor in checkpoint_tensors.values()}
+        if isinstance(model, onnx.ModelProto):
+            proto = onnx.ModelProto()
+            proto.CopyFrom(model)
+            src_folder = dst_folder
+        else:
+            src = os.path.abspath(os.fspath(model))
+            src_folder = held.enter_context(open_model_folder(src, allow_outside_folder=trusted))
+            proto = load_model_metadata(src, folder=src_folder)
+        resolver = LocationResolver(src_folder)
 
-    sources: dict[FileIdentity, str] = {}
-    if not isinstance(model, onnx.ModelProto):
-        src_identity = file_identity(src)
-        if src_identity is not None and src_identity != file_identity(dst_onnx):
-            sources[src_identity] = src  # may be replaced by DST.onnx, never overwritten by the weights file
-    for checkpoint_file in {tensor.path for tensor in checkpoint_tensors.values()}:
-        identity = file_identity(checkpoint_file)
-        if identity is not None:
-            sources[identity] = checkpoint_file
-    links: list[tuple[onnx.TensorProto, CheckpointTensor]] = []
-    copies: list[tuple[onnx.TensorProto, CopyRange | bytes]] = []
-    mismatched: list[str] = []
-    for site in iter_tensors(proto):
-        tensor = site.tensor
-        if site.sparse is not None:  # onnx's loader never loads sparse tensors' external data: left as they are
-            continue
-        key = mapping.get(tensor.name, tensor.name)
-        found = checkpoint_tensors.get(key) if key else None
-        if found is not None and _matches(tensor, found.entry):
-            links.append((tensor, found))
-            continue
-        if found is not None:
-            mismatched.append(site.label)
-        if is_external(tensor):
-            ref = parse_external_data(tensor, resolver, label=site.label)
-            check_not_hard_linked(ref)
-            sources[ref.identity] = ref.path
-            copies.append((tensor, CopyRange(ref.path, ref.offset, 0, ref.length, ref.identity)))
-        elif tensor.HasField("raw_data"):
-            data = tensor.raw_data  # protobuf copies the bytes on each access: once
-            if len(data) < max(threshold, 1):
+        sources: dict[FileIdentity, str] = {}
+        if not isinstance(model, onnx.ModelProto):
+            src_identity = file_identity(src)
+            if src_identity is not None and src_identity != file_identity(dst_onnx):
+                sources[src_identity] = src  # may be replaced by DST.onnx, never overwritten by the weights file
+        for file in checkpoint_files.values():
+            sources[file.identity] = file.path
+        links: list[tuple[onnx.TensorProto, CheckpointTensor]] = []
+        copies: list[tuple[onnx.TensorProto, CopyRange | bytes]] = []
+        mismatched: list[str] = []
+        for site in iter_tensors(proto):
+            tensor = site.tensor
+            if site.sparse is not None:  # onnx's loader never loads sparse tensors' external data: left as they are
                 continue
-            if len(data) != expected_nbytes(tensor, label=site.label):
-                raise ExternalDataError(
-                    f"tensor {site.label!r}: inline raw_data holds {len(data)} bytes, which its dims "
-                    f"{list(tensor.dims)} and data type do not match; refusing to write it."
+            key = mapping.get(tensor.name, tensor.name)
+            found = checkpoint_tensors.get(key) if key else None
+            if found is not None and _matches(tensor, found.entry):
+                links.append((tensor, found))
+                continue
+            if found is not None:
+                mismatched.append(site.label)
+            if is_external(tensor):
+                ref = parse_external_data(tensor, resolver, label=site.label)
+                check_not_hard_linked(ref)
+                sources[ref.identity] = ref.path
+                copies.append(
+                    (tensor, CopyRange(ref.path, ref.offset, 0, ref.length, ref.identity, ref.folder, ref.location))
                 )
-            copies.append((tensor, data))
-    layout = ShardedLayout(step)
-    placed = [(tensor, item, layout.place(_length(item))) for tensor, item in copies]
-    size = layout.total_size if copies else 0
-    check_outputs(dst_onnx, [dst_weights] if copies else [], sources)
+            elif tensor.HasField("raw_data"):
+                data = tensor.raw_data  # protobuf copies the bytes on each access: once
+                if len(data) < max(threshold, 1):
+                    continue
+                if len(data) != expected_nbytes(tensor, label=site.label):
+                    raise ExternalDataError(
+                        f"tensor {site.label!r}: inline raw_data holds {len(data)} bytes, which its dims "
+                        f"{list(tensor.dims)} and data type do not match; refusing to write it."
+                    )
+                copies.append((tensor, data))
+        layout = ShardedLayout(step)
+        placed = [(tensor, item, layout.place(_length(item))) for tensor, item in copies]
+        size = layout.total_size if copies else 0
+        check_outputs(dst_onnx, [dst_weights] if copies else [], sources)
 
-    written_bytes = 0
-    with OutputTransaction(durable=durable, keep=frozenset(sources)) as outputs:
-        if copies:
-            weights = outputs.stage(dst_weights)
-            assert weights.fd is not None
-            reserve_space(weights.fd, size, path=dst_weights)
-            ranges = [
-                CopyRange(item.src_path, item.src_offset, where.offset, item.length, item.src_identity)
-                for _, item, where in placed
-                if isinstance(item, CopyRange) and item.length
-            ]
-            with RangeCopier(weights.fd, chunk_size, durable=durable) as copier:
-                written_bytes += copier.copy(ranges, progress)
-            for _, item, where in placed:
-                if isinstance(item, bytes):
-                    weights.write_all(item, where.offset)
-                    written_bytes += len(item)
-            weights.set_size(size)
-        for tensor, item, where in placed:
-            _point(tensor, weights_loc, where.offset, _length(item))
-        for tensor, found in links:
-            _point(tensor, found.location, found.data_start + found.entry.begin, found.entry.nbytes)
-        outputs.publish(dst_onnx, serialize_model(proto))
+        written_bytes = 0
+        with OutputTransaction(durable=durable, keep=frozenset(sources)) as outputs:
+            if copies:
+                weights = outputs.stage(dst_weights)
+                assert weights.fd is not None
+                reserve_space(weights.fd, size, path=dst_weights)
+                ranges = [
+                    dataclasses.replace(item, dst_offset=where.offset)
+                    for _, item, where in placed
+                    if isinstance(item, CopyRange) and item.length
+                ]
+                with RangeCopier(weights.fd, chunk_size, durable=durable) as copier:
+                    written_bytes += copier.copy(ranges, progress)
+                for _, item, where in placed:
+                    if isinstance(item, bytes):
+                        weights.write_all(item, where.offset)
+                        written_bytes += len(item)
+                weights.set_size(size)
+            for tensor, item, where in placed:
+                _point(tensor, weights_loc, where.offset, _length(item))
+            for tensor, found in links:
+                _point(tensor, found.location, found.data_start + found.entry.begin, found.entry.nbytes)
+            outputs.publish(
+                dst_onnx,
+                serialize_model(proto),
+                before_commit=lambda: _check_unchanged(checkpoint_files.values(), dst_folder),
+            )
     result = LinkResult(
         size,
         linked_tensors=len(links),

@@ -421,8 +421,14 @@ class OutputTransaction:
         self.files.append(staged)
         return staged
 
-    def publish(self, model_path: str, model_bytes: bytes) -> StagedFile:
+    def publish(
+        self, model_path: str, model_bytes: bytes, *, before_commit: Callable[[], None] | None = None
+    ) -> StagedFile:
         """Write the ``.onnx`` under a temp name, then publish the staged weights and it, the ``.onnx`` rename last.
+
+        ``before_commit`` (when given) runs after every file is flushed, under the folder lock, right before the first
+        move: the last moment to re-check a source the ``.onnx`` will point at (``link``'s checkpoint); what it
+        raises leaves every destination as it was.
 
         Returns the ``.onnx``'s :class:`StagedFile` (committed). Raises what writing or moving raises, after
         undoing every move already done (the destinations are then as before the call).
@@ -433,6 +439,8 @@ class OutputTransaction:
         for staged in self.files:
             staged.flush()
         with folder_lock([os.path.dirname(staged.final_path) for staged in self.files]):
+            if before_commit is not None:
+                before_commit()
             _Publication(weights, model_file, model_bytes, self.keep).run()
         return model_file
 

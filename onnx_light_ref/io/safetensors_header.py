@@ -262,39 +262,56 @@ class _DuplicateKeyError(ValueError):
 
 
 def _refuse_duplicates(pairs: Sequence[tuple[str, object]]) -> dict[str, object]:
-    result: dict[str, object] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _DuplicateKeyError(key)
-        result[key] = value
+    result = dict(pairs)  # built in C; a repeated key makes it shorter than the pairs (checked once per object)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKeyError(key)
+            seen.add(key)
     return result
 
 
 def _parse_entry(path: str, name: str, value: object, data_size: int) -> SafetensorsEntry:
     # ``type(x) is int`` (not isinstance): JSON true/false parse as bool, a subclass of int, and are refused.
-    where = f"{path!r}: safetensors tensor {name!r}"
+    # The common case is checked with few calls (thousands of entries per header); messages are built on failure.
     if not name:
         raise SafetensorsError(f"{path!r}: safetensors header has a tensor with an empty name.")
-    if not isinstance(value, dict) or set(value) != _ENTRY_KEYS:
-        raise SafetensorsError(f"{where}: expected an object with exactly {sorted(_ENTRY_KEYS)}, got {value!r:.200}.")
+    if type(value) is not dict or value.keys() != _ENTRY_KEYS:
+        raise SafetensorsError(
+            f"{_where(path, name)}: expected an object with exactly {sorted(_ENTRY_KEYS)}, got {value!r:.200}."
+        )
     dtype, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
-    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
-        raise SafetensorsError(f"{where}: unknown dtype {dtype!r:.40} (known: {', '.join(DTYPE_BITS)}).")
+    if type(dtype) is not str or dtype not in DTYPE_BITS:
+        raise SafetensorsError(f"{_where(path, name)}: unknown dtype {dtype!r:.40} (known: {', '.join(DTYPE_BITS)}).")
     if type(shape) is not list or not all(type(dim) is int and dim >= 0 for dim in shape):
-        raise SafetensorsError(f"{where}: shape must be a list of non-negative integers, got {shape!r:.200}.")
-    if type(offsets) is not list or len(offsets) != 2 or not all(type(o) is int and o >= 0 for o in offsets):
-        raise SafetensorsError(f"{where}: data_offsets must be two non-negative integers, got {offsets!r:.200}.")
+        raise SafetensorsError(
+            f"{_where(path, name)}: shape must be a list of non-negative integers, got {shape!r:.200}."
+        )
+    if type(offsets) is not list or len(offsets) != 2:
+        raise SafetensorsError(
+            f"{_where(path, name)}: data_offsets must be two non-negative integers, got {offsets!r:.200}."
+        )
     begin, end = offsets
+    if type(begin) is not int or type(end) is not int or begin < 0 or end < 0:
+        raise SafetensorsError(
+            f"{_where(path, name)}: data_offsets must be two non-negative integers, got {offsets!r:.200}."
+        )
     if end < begin:
-        raise SafetensorsError(f"{where}: data_offsets [{begin}, {end}] end before they begin.")
+        raise SafetensorsError(f"{_where(path, name)}: data_offsets [{begin}, {end}] end before they begin.")
     if end > data_size:
         raise SafetensorsError(
-            f"{where}: data_offsets [{begin}, {end}] run past the end of the {data_size}-byte data section."
+            f"{_where(path, name)}: data_offsets [{begin}, {end}] run past the end of the {data_size}-byte data "
+            "section."
         )
     bits = math.prod(shape) * DTYPE_BITS[dtype]
     if bits % 8 or bits // 8 != end - begin:
         raise SafetensorsError(
-            f"{where}: dtype {dtype} and shape {shape} need {bits / 8:g} bytes but data_offsets [{begin}, {end}] "
-            f"hold {end - begin}."
+            f"{_where(path, name)}: dtype {dtype} and shape {shape} need {bits / 8:g} bytes but data_offsets "
+            f"[{begin}, {end}] hold {end - begin}."
         )
     return SafetensorsEntry(name, dtype, tuple(shape), begin, end)
+
+
+def _where(path: str, name: str) -> str:
+    return f"{path!r}: safetensors tensor {name!r}"

@@ -26,7 +26,14 @@ import onnx
 from onnx_light_ref.errors import SafetensorsError
 from onnx_light_ref.io.safetensors_header import SafetensorsEntry, encode_header
 
-__all__ = ["SafetensorsLayout", "SafetensorsTensor", "plan_safetensors", "safetensors_dtype", "storage_shape"]
+__all__ = [
+    "SafetensorsLayout",
+    "SafetensorsTensor",
+    "is_packed",
+    "plan_safetensors",
+    "safetensors_dtype",
+    "storage_shape",
+]
 
 _T = onnx.TensorProto
 
@@ -60,6 +67,11 @@ for _name, _code in (("FLOAT8E8M0", "F8_E8M0"),):
 for _name in ("FLOAT4E2M1", "INT2", "UINT2", "FLOAT6E2M3", "FLOAT6E3M2"):
     if hasattr(_T, _name):
         _PACKED.add(getattr(_T, _name))
+
+
+def is_packed(data_type: int) -> bool:
+    """Whether an ONNX data type packs several elements per byte (stored as ``U8`` of its bytes)."""
+    return data_type in _PACKED
 
 
 def safetensors_dtype(data_type: int) -> str | None:

@@ -15,7 +15,7 @@ import pytest
 import safetensors.numpy as st_numpy
 
 from onnx_light_ref import link_external_data, verify_models
-from onnx_light_ref.errors import DestinationConflictError, SafetensorsError, UnsafeLocationError
+from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, SafetensorsError, UnsafeLocationError
 from tests.checks import run_onnxruntime, sha256_of_tree
 from tests.models import mlp_model, save_external
 
@@ -205,3 +205,137 @@ def test_the_source_model_is_never_overwritten_by_the_weights_file(tmp_path: Pat
     with pytest.raises(DestinationConflictError):
         link_external_data(src, tmp_path / "ckpt.safetensors", tmp_path / "linked.onnx", dst_weights_path=src)
     assert sha256_of_tree(tmp_path) == before
+
+
+def _hf_cache(root: Path) -> tuple[Path, Path]:
+    """A Hugging Face cache layout: snapshots/<rev>/model.safetensors -> ../../blobs/<sha>; returns (snapshot, src)."""
+    blobs = root / "blobs"
+    snapshot = root / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    st_numpy.save_file({"w1": WEIGHTS["w1"], "w2": WEIGHTS["w2"]}, str(blobs / "5f3a9c"))
+    os.symlink("../../blobs/5f3a9c", snapshot / "model.safetensors")
+    return snapshot, _source(root)
+
+
+def test_a_hugging_face_cache_checkpoint_is_refused_by_default_and_linked_with_the_opt_in(tmp_path: Path) -> None:
+    snapshot, src = _hf_cache(tmp_path)
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(UnsafeLocationError, match=r"symbolic link.*allow_outside_folder=True"):
+        link_external_data(src, snapshot / "model.safetensors", snapshot / "linked.onnx")
+    assert sha256_of_tree(tmp_path) == before
+    result = link_external_data(
+        src, snapshot / "model.safetensors", snapshot / "linked.onnx", allow_outside_folder=True
+    )
+    assert (result.linked_tensors, result.written_tensors) == (2, 2)  # b1, b2 are not in the checkpoint
+    assert sha256_of_tree(tmp_path)["blobs/5f3a9c"] == before["blobs/5f3a9c"]
+    assert _offsets(snapshot / "linked.onnx")["w1"] == ("model.safetensors", *_offsets_in(tmp_path / "blobs/5f3a9c"))
+    # Our readers with the same opt-in read the original tensors back through the symlink.
+    assert verify_models(src, snapshot / "linked.onnx", allow_outside_folder=True).equal
+    # Neither onnx 1.23 (any symlink in a data path) nor onnxruntime 1.32 (a data path resolving outside the model's
+    # folder) loads such a model: the opt-in serves trusting readers only, which is why it is not the default.
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(str(snapshot / "linked.onnx"), full_check=True)
+    with pytest.raises(Exception, match="escapes model directory"):
+        run_onnxruntime(snapshot / "linked.onnx", FEEDS)
+
+
+def _offsets_in(checkpoint: Path) -> tuple[int, int]:
+    """``w1``'s absolute offset and length in a safetensors file."""
+    data = checkpoint.read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    begin, end = json.loads(data[8 : 8 + size])["w1"]["data_offsets"]
+    return 8 + size + begin, end - begin
+
+
+def test_cli_link_allow_outside_folder(tmp_path: Path) -> None:
+    snapshot, src = _hf_cache(tmp_path)
+    command = [sys.executable, "-m", "onnx_light_ref", "link", str(src), str(snapshot / "model.safetensors"),
+               str(snapshot / "linked.onnx"), "--no-progress"]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert out.returncode == 1 and "--allow-outside-folder" in out.stderr
+    assert not (snapshot / "linked.onnx").exists()
+    out = subprocess.run([*command, "--allow-outside-folder"], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "2 tensors linked to the checkpoint" in out.stdout
+    assert verify_models(src, snapshot / "linked.onnx", allow_outside_folder=True).equal
+
+
+def test_a_symlinked_index_or_shard_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "outside").mkdir()
+    src = _source(tmp_path)
+    st_numpy.save_file(WEIGHTS, str(tmp_path / "outside" / "real.safetensors"))
+    (tmp_path / "outside" / "index.json").write_text(json.dumps({"weight_map": {"w1": "shard.safetensors"}}))
+    os.symlink(tmp_path / "outside" / "index.json", tmp_path / "model.safetensors.index.json")
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(UnsafeLocationError, match=r"checkpoint index .*symbolic link"):
+        link_external_data(src, tmp_path / "model.safetensors.index.json", tmp_path / "linked.onnx")
+    assert sha256_of_tree(tmp_path) == before
+    os.unlink(tmp_path / "model.safetensors.index.json")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w1": "shard.safetensors"}}))
+    os.symlink(tmp_path / "outside" / "real.safetensors", tmp_path / "shard.safetensors")
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(UnsafeLocationError, match=r"checkpoint file .*symbolic link"):
+        link_external_data(src, tmp_path / "model.safetensors.index.json", tmp_path / "linked.onnx")
+    assert sha256_of_tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("swap", ["replaced", "symlink", "resized"])
+def test_a_checkpoint_changed_before_the_publication_is_refused_and_nothing_is_published(
+    tmp_path: Path, swap: str
+) -> None:
+    """The checkpoint is swapped while the tensors not in it are copied (the progress callback runs then)."""
+    src = _source(tmp_path)
+    checkpoint = tmp_path / "ckpt.safetensors"
+    st_numpy.save_file({"w1": WEIGHTS["w1"]}, str(checkpoint))
+    st_numpy.save_file({"w1": np.zeros_like(WEIGHTS["w1"])}, str(tmp_path / "other.safetensors"))
+    original = checkpoint.read_bytes()
+    swapped: list[bool] = []
+
+    def progress(done: int, total: int) -> None:
+        if swapped:
+            return
+        swapped.append(True)
+        if swap == "replaced":  # same bytes count, other inode: the model would point at other bytes
+            os.replace(tmp_path / "other.safetensors", checkpoint)
+        elif swap == "symlink":
+            (tmp_path / "outside").mkdir()
+            os.replace(tmp_path / "other.safetensors", tmp_path / "outside" / "x.safetensors")
+            os.unlink(checkpoint)
+            os.symlink(tmp_path / "outside" / "x.safetensors", checkpoint)
+        else:
+            with open(checkpoint, "ab") as handle:
+                handle.write(b"\0" * 16)
+
+    with pytest.raises(ExternalDataError, match=r"ckpt\.safetensors.*nothing was published") as caught:
+        link_external_data(src, checkpoint, tmp_path / "linked.onnx", progress=progress)
+    assert swapped
+    assert ("replaced or resized" in str(caught.value)) == (swap != "symlink")
+    assert not (tmp_path / "linked.onnx").exists() and not (tmp_path / "linked.onnx.data").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("linked")) == []
+    if swap == "resized":
+        assert checkpoint.read_bytes()[: len(original)] == original
+
+
+def test_a_packed_int4_tensor_links_to_u8_of_exactly_its_bytes(tmp_path: Path) -> None:
+    """INT4 with 5 elements is 3 packed bytes: linked to a U8 [3] key, not to U8 [1, 3] (same bytes, other shape)."""
+    packed = np.array([0x21, 0x43, 0x05], dtype=np.uint8)  # 1, 2, 3, 4, 5 packed low nibble first
+    tensors = [
+        onnx.helper.make_tensor(name, onnx.TensorProto.INT4, [5], packed.tobytes(), raw=True) for name in ("a", "b")
+    ]
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Cast", [name], [f"{name}_out"], to=onnx.TensorProto.INT8) for name in ("a", "b")],
+        "g",
+        [],
+        [onnx.helper.make_tensor_value_info(f"{name}_out", onnx.TensorProto.INT8, [5]) for name in ("a", "b")],
+        initializer=tensors,
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
+    st_numpy.save_file({"a": packed, "b": packed.reshape(1, 3)}, str(tmp_path / "ckpt.safetensors"))
+    result = link_external_data(model, tmp_path / "ckpt.safetensors", tmp_path / "linked.onnx", size_threshold=1)
+    assert (result.linked_tensors, tuple(result.mismatched_tensors)) == (1, ("b",))
+    assert _offsets(tmp_path / "linked.onnx")["a"][0] == "ckpt.safetensors"
+    onnx.save(model, tmp_path / "inline.onnx")
+    assert verify_models(tmp_path / "inline.onnx", tmp_path / "linked.onnx").equal
+    outputs = run_onnxruntime(tmp_path / "linked.onnx", {})
+    assert [list(out) for out in outputs] == [[1, 2, 3, 4, 5]] * 2
