@@ -47,7 +47,7 @@ from onnx_light_ref.io.locations import (
     parse_external_data,
 )
 from onnx_light_ref.io.model_file import check_model_strings, load_model_metadata, open_model_folder
-from onnx_light_ref.io.placement import ShardedLayout
+from onnx_light_ref.io.placement import Placement, ShardedLayout
 from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.safetensors_layout import SafetensorsTensor, plan_safetensors
 from onnx_light_ref.io.shard_names import (
@@ -432,17 +432,18 @@ def plan_alignment(
             sizes = []
     else:
         layout = ShardedLayout(step, threshold, shard_cap)
+        placed: list[Placement] = []
         for index, length in enumerate(payloads.lengths):
             representative = first[index]
             if representative != index:  # always an earlier tensor: its place is known
-                move_shards.append(move_shards[representative])
-                move_offsets.append(move_offsets[representative])
+                placed.append(placed[representative])
                 deduplicated_tensors += 1
                 deduplicated_bytes += length
                 continue
-            where = layout.place(length)
-            move_shards.append(where.shard)
-            move_offsets.append(where.offset)
+            placed.append(layout.place(length))
+        # Read once every blob is placed: a zero-length one's offset is the final end of its file.
+        move_shards.extend(where.shard for where in placed)
+        move_offsets.extend(where.offset for where in placed)
         sizes = layout.sizes
     paths = shard_paths(dst_weights, len(sizes), scheme)
     shards = [
