@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 from onnx.external_data_helper import _get_all_tensors
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming, errors
@@ -124,7 +124,15 @@ def test_onnx_loads_the_aligned_model_with_the_source_values(tmp_path, zoo_model
     pairs = list(zip(_get_all_tensors(source), _get_all_tensors(aligned), strict=True))
     assert pairs
     for src_tensor, dst_tensor in pairs:
-        np.testing.assert_array_equal(numpy_helper.to_array(dst_tensor), numpy_helper.to_array(src_tensor))
+        np.testing.assert_array_equal(numpy_helper.to_array(dst_tensor), _source_array(src_tensor))
+
+
+def _source_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """The source's value as onnx loads it; an empty tensor from its dims: the zoo's source puts one mid-file, which
+    onnx 1.17 loads as the rest of the file (the aligned model, with empty tensors at the end, loads everywhere)."""
+    if 0 in tensor.dims:
+        return np.zeros(tuple(tensor.dims), dtype=helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    return numpy_helper.to_array(tensor)
 
 
 def test_onnx_ir_loads_the_aligned_initializers(tmp_path, zoo_model):
@@ -229,7 +237,9 @@ def test_a_basepath_entry_is_refused_as_onnxruntime_refuses_it(tmp_path):
     model = onnx.load_model(str(src), load_external_data=False)
     model.graph.initializer[0].external_data.add(key="basepath", value="")
     onnx.save_model(model, str(src))
-    with pytest.raises(ort.capi.onnxruntime_pybind11_state.Fail, match="model format error"):
+    refused = ort.capi.onnxruntime_pybind11_state
+    # onnxruntime >= 1.21 raises Fail, 1.20 (the floor) RuntimeException: both say "model format error".
+    with pytest.raises((refused.Fail, refused.RuntimeException), match="model format error"):
         ort.InferenceSession(str(src))
 
     with pytest.raises(
