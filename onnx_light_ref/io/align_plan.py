@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict, overload
 
 import onnx
-from onnx import numpy_helper
 
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.alignment import validate_alignment
@@ -61,6 +60,7 @@ from onnx_light_ref.io.shard_names import (
 from onnx_light_ref.io.sharing import check_not_shared
 from onnx_light_ref.io.walker import inline_reason, iter_tensors
 from onnx_light_ref.io.wire import InlinePayload, StrippedModel, load_model_stripped
+from onnx_light_ref.onnx_compat import typed_raw_bytes
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -649,7 +649,7 @@ def _typed_bytes(tensor: onnx.TensorProto, label: str, expected: int) -> bytes:
     Holds the values twice for a moment (numpy array and bytes); typed fields hold small tensors in practice.
     """
     try:
-        data = numpy_helper.from_array(numpy_helper.to_array(tensor)).raw_data
+        data = typed_raw_bytes(tensor)
     except (ValueError, TypeError, KeyError) as exc:
         raise ExternalDataError(
             f"tensor {label!r}: its typed data does not fit its dims {list(tensor.dims)} and data type "
