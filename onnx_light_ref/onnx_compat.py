@@ -12,7 +12,7 @@ version string only appears in messages. What differs:
 * ``onnx.helper.tensor_dtype_to_np_dtype`` maps bfloat16 and the float8 types to float32 before onnx 1.19 (their
   numpy dtypes came with ml_dtypes), so an ``itemsize`` read from it is the wrong byte size in ``raw_data``:
   :func:`raw_element_size` gives the stored size of those types whatever onnx says.
-* ``numpy_helper.from_array`` refuses an odd number of INT4/UINT4 values before onnx 1.18 ("requires an even
+* ``numpy_helper.from_array`` refuses an odd number of INT4/UINT4 values on onnx 1.17 ("requires an even
   size"), although ``make_tensor`` writes them and ``to_array`` reads them: :func:`typed_raw_bytes` pads the values
   with zeros to whole bytes (onnx pads the last byte's unused bits with zeros) and keeps the bytes the tensor needs.
 
@@ -195,7 +195,7 @@ def typed_raw_bytes(tensor: TensorProto) -> bytes:
     """The ``raw_data`` bytes of a tensor held in typed fields, as onnx converts them (sub-byte packing included).
 
     ``numpy_helper.from_array(numpy_helper.to_array(tensor))``; where this onnx's ``from_array`` cannot pack an odd
-    count of sub-byte values (INT4/UINT4 before onnx 1.18), the values are padded with zeros (of their own numpy
+    count of sub-byte values (INT4/UINT4 on onnx 1.17), the values are padded with zeros (of their own numpy
     type) to whole bytes, packed by onnx, and cut to the bytes the tensor's count needs: the bytes newer onnx writes.
 
     Args:
