@@ -21,32 +21,37 @@ from tests.checks import run_onnxruntime, sha256_of_tree
 from tests.models import identity_model, make_external_model, make_model, save_external, value_info
 from tests.zoo import build_zoo_model
 
-# Every ONNX type safetensors can hold, with the code it is stored under (packed sub-byte types as U8).
+# Every ONNX type safetensors can hold that the installed onnx defines (FLOAT8E8M0, FLOAT4E2M1, INT2 and UINT2 came
+# after onnx 1.17), with the code it is stored under (packed sub-byte types as U8).
 DTYPES = {
-    TensorProto.BOOL: "BOOL",
-    TensorProto.UINT8: "U8",
-    TensorProto.INT8: "I8",
-    TensorProto.UINT16: "U16",
-    TensorProto.INT16: "I16",
-    TensorProto.UINT32: "U32",
-    TensorProto.INT32: "I32",
-    TensorProto.UINT64: "U64",
-    TensorProto.INT64: "I64",
-    TensorProto.FLOAT16: "F16",
-    TensorProto.BFLOAT16: "BF16",
-    TensorProto.FLOAT: "F32",
-    TensorProto.DOUBLE: "F64",
-    TensorProto.COMPLEX64: "C64",
-    TensorProto.FLOAT8E4M3FN: "F8_E4M3",
-    TensorProto.FLOAT8E5M2: "F8_E5M2",
-    TensorProto.FLOAT8E4M3FNUZ: "F8_E4M3FNUZ",
-    TensorProto.FLOAT8E5M2FNUZ: "F8_E5M2FNUZ",
-    TensorProto.FLOAT8E8M0: "F8_E8M0",
-    TensorProto.INT4: "U8",
-    TensorProto.UINT4: "U8",
-    TensorProto.FLOAT4E2M1: "U8",
-    TensorProto.INT2: "U8",
-    TensorProto.UINT2: "U8",
+    getattr(TensorProto, name): code
+    for name, code in {
+        "BOOL": "BOOL",
+        "UINT8": "U8",
+        "INT8": "I8",
+        "UINT16": "U16",
+        "INT16": "I16",
+        "UINT32": "U32",
+        "INT32": "I32",
+        "UINT64": "U64",
+        "INT64": "I64",
+        "FLOAT16": "F16",
+        "BFLOAT16": "BF16",
+        "FLOAT": "F32",
+        "DOUBLE": "F64",
+        "COMPLEX64": "C64",
+        "FLOAT8E4M3FN": "F8_E4M3",
+        "FLOAT8E5M2": "F8_E5M2",
+        "FLOAT8E4M3FNUZ": "F8_E4M3FNUZ",
+        "FLOAT8E5M2FNUZ": "F8_E5M2FNUZ",
+        "FLOAT8E8M0": "F8_E8M0",
+        "INT4": "U8",
+        "UINT4": "U8",
+        "FLOAT4E2M1": "U8",
+        "INT2": "U8",
+        "UINT2": "U8",
+    }.items()
+    if hasattr(TensorProto, name)
 }
 NUMPY = {"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "F32", "F64", "C64"}
 
