@@ -12,6 +12,9 @@ version string only appears in messages. What differs:
 * ``onnx.helper.tensor_dtype_to_np_dtype`` maps bfloat16 and the float8 types to float32 before onnx 1.19 (their
   numpy dtypes came with ml_dtypes), so an ``itemsize`` read from it is the wrong byte size in ``raw_data``:
   :func:`raw_element_size` gives the stored size of those types whatever onnx says.
+* ``numpy_helper.from_array`` refuses an odd number of INT4/UINT4 values on onnx 1.17 ("requires an even
+  size"), although ``make_tensor`` writes them and ``to_array`` reads them: :func:`typed_raw_bytes` pads the values
+  with zeros to whole bytes (onnx pads the last byte's unused bits with zeros) and keeps the bytes the tensor needs.
 
 This module must never change onnx's behaviour for the newest onnx (on it every shim is a pass-through), and must
 never import ``onnx.reference`` at import time (the io tools import this module; the evaluator's signature is
@@ -28,9 +31,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import onnx
 import onnx.defs
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 from onnx.defs import OpSchema
 
 __all__ = [
@@ -43,6 +47,7 @@ __all__ = [
     "raw_element_size",
     "refuse_unsupported_evaluator_options",
     "register_schema_until_exit",
+    "typed_raw_bytes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -184,3 +189,40 @@ def raw_element_size(data_type: int) -> int | None:
         2 for bfloat16, 1 for the float8 types, None for any other type (ask onnx's numpy mapping).
     """
     return _FIXED_RAW_SIZES.get(data_type)
+
+
+def typed_raw_bytes(tensor: TensorProto) -> bytes:
+    """The ``raw_data`` bytes of a tensor held in typed fields, as onnx converts them (sub-byte packing included).
+
+    ``numpy_helper.from_array(numpy_helper.to_array(tensor))``; where this onnx's ``from_array`` cannot pack an odd
+    count of sub-byte values (INT4/UINT4 on onnx 1.17), the values are padded with zeros (of their own numpy
+    type) to whole bytes, packed by onnx, and cut to the bytes the tensor's count needs: the bytes newer onnx writes.
+
+    Args:
+        tensor: a tensor whose values are in its typed fields (``float_data``, ``int32_data``...).
+
+    Returns:
+        Its little-endian raw bytes.
+
+    Raises:
+        ValueError: the typed data do not fit the dims and data type (also ``TypeError`` or ``KeyError``, as onnx
+            raises them for an unknown or unconvertible type).
+    """
+    array = numpy_helper.to_array(tensor)
+    try:
+        return numpy_helper.from_array(array).raw_data
+    except ValueError:
+        # Imported here: onnx_light_ref.io's package imports modules that import this one (an import cycle).
+        from onnx_light_ref.io.dtype_sizes import element_bits, packed_nbytes
+
+        bits = element_bits(tensor.data_type)
+        if bits is None or bits >= 8 or (array.size * bits) % 8 == 0:
+            raise  # not the odd-count packing refusal: a real mismatch
+        count = array.size
+        while (count * bits) % 8:
+            count += 1
+        padded = np.zeros(count, dtype=array.dtype)  # keeps onnx's custom sub-byte dtype, which from_array packs
+        padded[: array.size] = array.ravel()
+        needed = packed_nbytes(tensor.data_type, array.size)
+        assert needed is not None
+        return numpy_helper.from_array(padded).raw_data[:needed]

@@ -32,6 +32,7 @@ from onnx_light_ref.onnx_compat import (
     evaluator_checks_shapes,
     evaluator_shape_checks,
     raw_element_size,
+    typed_raw_bytes,
 )
 from onnx_light_ref.ops import reference_evaluator
 from onnx_light_ref.ops.schema import make_delayed_initializer_node, register_schemas
@@ -196,3 +197,31 @@ def test_raw_sizes_of_other_types_come_from_onnx() -> None:
     assert raw_element_size(TensorProto.FLOAT) is None
     assert raw_element_size(TensorProto.INT4) is None
     assert expected_nbytes(TensorProto(name="t", data_type=TensorProto.DOUBLE, dims=[3])) == 24
+
+
+@pytest.mark.parametrize(
+    ("data_type", "values", "packed"),
+    [
+        (TensorProto.INT4, [1, -2, 3, -4, 5], "e1c305"),  # odd count: onnx 1.17's from_array refuses it
+        (TensorProto.UINT4, [1, 2, 15], "210f"),
+        (TensorProto.INT4, [7, -8], "87"),  # even count: onnx packs it on every release
+        (TensorProto.UINT4, [], ""),
+    ],
+)
+def test_typed_sub_byte_values_convert_to_the_bytes_make_tensor_packs(
+    data_type: int, values: list[int], packed: str
+) -> None:
+    tensor = oh.make_tensor("t", data_type, [len(values)], values)  # int32_data: one packed byte per entry
+    assert bytes(v & 0xFF for v in tensor.int32_data).hex() == packed
+    raw = typed_raw_bytes(tensor)
+    assert raw.hex() == packed
+    assert len(raw) == expected_nbytes(tensor)
+
+
+def test_typed_bytes_still_refuse_values_that_do_not_fit_the_dims() -> None:
+    short = TensorProto(name="t", data_type=TensorProto.INT4, dims=[5], int32_data=[0x21, 0x43])  # 4 values of 5
+    with pytest.raises(ValueError):
+        typed_raw_bytes(short)
+    floats = TensorProto(name="f", data_type=TensorProto.FLOAT, dims=[3], float_data=[1.0, 2.0])
+    with pytest.raises(ValueError):
+        typed_raw_bytes(floats)

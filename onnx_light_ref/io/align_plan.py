@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict, overload
 
 import onnx
-from onnx import numpy_helper
 
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.alignment import validate_alignment
@@ -47,7 +46,7 @@ from onnx_light_ref.io.locations import (
     parse_external_data,
 )
 from onnx_light_ref.io.model_file import check_model_strings, load_model_metadata, open_model_folder
-from onnx_light_ref.io.placement import ShardedLayout
+from onnx_light_ref.io.placement import Placement, ShardedLayout
 from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.safetensors_layout import SafetensorsTensor, plan_safetensors
 from onnx_light_ref.io.shard_names import (
@@ -61,6 +60,7 @@ from onnx_light_ref.io.shard_names import (
 from onnx_light_ref.io.sharing import check_not_shared
 from onnx_light_ref.io.walker import inline_reason, iter_tensors
 from onnx_light_ref.io.wire import InlinePayload, StrippedModel, load_model_stripped
+from onnx_light_ref.onnx_compat import typed_raw_bytes
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -438,17 +438,18 @@ def plan_alignment(
             sizes = []
     else:
         layout = ShardedLayout(step, threshold, shard_cap)
+        placed: list[Placement] = []
         for index, length in enumerate(payloads.lengths):
             representative = first[index]
             if representative != index:  # always an earlier tensor: its place is known
-                move_shards.append(move_shards[representative])
-                move_offsets.append(move_offsets[representative])
+                placed.append(placed[representative])
                 deduplicated_tensors += 1
                 deduplicated_bytes += length
                 continue
-            where = layout.place(length)
-            move_shards.append(where.shard)
-            move_offsets.append(where.offset)
+            placed.append(layout.place(length))
+        # Read once every blob is placed: a zero-length one's offset is the final end of its file.
+        move_shards.extend(where.shard for where in placed)
+        move_offsets.extend(where.offset for where in placed)
         sizes = layout.sizes
     paths = shard_paths(dst_weights, len(sizes), scheme)
     shards = [
@@ -654,7 +655,7 @@ def _typed_bytes(tensor: onnx.TensorProto, label: str, expected: int) -> bytes:
     Holds the values twice for a moment (numpy array and bytes); typed fields hold small tensors in practice.
     """
     try:
-        data = numpy_helper.from_array(numpy_helper.to_array(tensor)).raw_data
+        data = typed_raw_bytes(tensor)
     except (ValueError, TypeError, KeyError) as exc:
         raise ExternalDataError(
             f"tensor {label!r}: its typed data does not fit its dims {list(tensor.dims)} and data type "

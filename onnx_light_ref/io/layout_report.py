@@ -166,8 +166,12 @@ class LayoutReport:
 
     @property
     def common_alignment(self) -> int | None:
-        """Largest power of two every known offset is a multiple of; 0 when all offsets are 0; None: no offsets."""
-        alignments = [t.alignment for t in self.tensors if t.alignment is not None]
+        """Largest power of two every known offset is a multiple of; 0 when all offsets are 0; None: no offsets.
+
+        Zero-length tensors do not count: they hold no byte to align, and this package's writers put them at the end
+        of their file (``docs/align.md``), wherever that is.
+        """
+        alignments = [t.alignment for t in self.tensors if t.alignment is not None and t.length != 0]
         if not alignments:
             return None
         nonzero = [a for a in alignments if a > 0]

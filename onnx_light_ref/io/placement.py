@@ -8,8 +8,12 @@ file. Rules (issue 11, and ``spec/002`` for the shard names):
 * with ``max_shard_size``, a blob is never split: when it does not fit in the current file it starts the next file
   at offset 0; a blob larger than the cap gets a file of its own; so every file is at most ``max_shard_size`` bytes
   unless it holds a single blob larger than the cap;
-* a file's size is the end of its last blob (no trailing padding). A zero-length blob still gets an offset inside
-  its file (the file is extended to it if needed) so no entry ever points past the end of a file.
+* a file's size is the end of its last blob (no trailing padding);
+* a zero-length blob sits at the END of its file: its offset is the file's final size, known once every blob is
+  placed (:attr:`Placement.offset` reads it then). onnx 1.17's loader reads a zero-length reference as "the rest of
+  the file" (it treats length 0 as no length), so only the end of the file gives it zero bytes on every onnx; the
+  offset is never past the end (onnx >= 1.23's checks), and the blob neither pads nor extends its file nor opens a
+  new one.
 """
 
 from __future__ import annotations
@@ -26,12 +30,35 @@ def shard_path(base_path: str, index: int) -> str:
     return base_path if index == 0 else f"{base_path}.{index}"
 
 
-@dataclass(frozen=True, slots=True)
 class Placement:
-    """Where one blob lands: file index (0 = the main weights file) and offset in that file."""
+    """Where one blob lands: file index (0 = the main weights file) and offset in that file.
 
-    shard: int
-    offset: int
+    A zero-length blob's offset is the final size of its file (``at_end_of`` is the layout's live list of file
+    sizes): read :attr:`offset` after every blob is placed.
+    """
+
+    __slots__ = ("_offset", "_sizes", "shard")
+
+    def __init__(self, shard: int, offset: int, *, at_end_of: list[int] | None = None) -> None:
+        self.shard = shard
+        self._offset = offset
+        self._sizes = at_end_of
+
+    @property
+    def offset(self) -> int:
+        """Offset in the file: for a zero-length blob, the end of its file as placed so far (final once done)."""
+        return self._offset if self._sizes is None else self._sizes[self.shard]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Placement):
+            return NotImplemented
+        return (self.shard, self.offset) == (other.shard, other.offset)
+
+    # Unhashable: a zero-length blob's offset moves with its file's end until every blob is placed.
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Placement(shard={self.shard}, offset={self.offset}{', at end' if self._sizes is not None else ''})"
 
 
 @dataclass
@@ -47,9 +74,11 @@ class ShardedLayout:
     _full: bool = False  # the current file holds one oversized blob: nothing else goes there
 
     def place(self, length: int) -> Placement:
-        """Choose the file and offset of the next blob of ``length`` bytes."""
+        """Choose the file and offset of the next blob of ``length`` bytes (a zero-length one: its file's end)."""
         if not self.sizes:
             self.sizes.append(0)
+        if length == 0:
+            return Placement(len(self.sizes) - 1, 0, at_end_of=self.sizes)
         offset = self._offset_in_current(length)
         cap = self.max_shard_size
         if cap is not None and self._blobs > 0 and (self._full or length > cap or offset + length > cap):

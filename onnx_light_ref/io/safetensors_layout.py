@@ -209,7 +209,16 @@ def _split(tensors: Sequence[SafetensorsTensor], cap: int | None) -> list[list[i
 
 
 def _order(tensors: Sequence[SafetensorsTensor], members: list[int], step: int, threshold: int) -> list[int]:
-    """Order of a file's tensors so that as many large ones as possible start at a multiple of ``step``."""
+    """Order of a file's tensors so that as many large ones as possible start at a multiple of ``step``.
+
+    Zero-byte tensors always come last (``data_offsets`` ``[n, n]`` at the end of the data section, still covering
+    it exactly): their ONNX offset is then the file's size, the one place onnx 1.17's loader, which reads a
+    zero-length reference as the rest of the file, finds zero bytes.
+    """
+    empty = [i for i in members if tensors[i].length == 0]
+    if empty:
+        empty_set = set(empty)
+        return _order(tensors, [i for i in members if i not in empty_set], step, threshold) + empty
     if step <= 1:
         return members
     large = [i for i in members if tensors[i].length >= max(threshold, 1)]

@@ -2,7 +2,8 @@
 
 A tensor that is already EXTERNAL is *reused*: its ``external_data`` entries go verbatim into the new ``.onnx`` and
 no byte of its file is read or written. A tensor carrying inline ``raw_data`` (at least ``size_threshold`` bytes) is
-*new*: its bytes go to one secondary weights file at ``alignment``-multiple offsets and its proto is pointed there.
+*new*: its bytes go to one secondary weights file at ``alignment``-multiple offsets (a zero-length one at the end of
+the file, see :mod:`~onnx_light_ref.io.placement`) and its proto is pointed there.
 
 Guarantees: every check (reused references resolvable, secondary file not a reused file, no tensor both inline and
 external) happens before the first byte is written; files are published as one
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from onnx_light_ref.errors import DanglingReferenceError, DestinationConflictError, ExternalDataError
-from onnx_light_ref.io.alignment import align_up, validate_alignment
+from onnx_light_ref.io.alignment import validate_alignment
 from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
 from onnx_light_ref.io.copy_engine import ProgressCallback
 from onnx_light_ref.io.destinations import DestinationKey, check_outputs, destination_key, weights_location
@@ -38,6 +39,7 @@ from onnx_light_ref.io.locations import (
     typed_value_fields,
 )
 from onnx_light_ref.io.model_file import check_model_strings, serialize_model
+from onnx_light_ref.io.placement import Placement, ShardedLayout
 from onnx_light_ref.io.publish import OutputTransaction, StagedFile
 from onnx_light_ref.io.results import SaveResult
 from onnx_light_ref.io.sharing import check_not_shared
@@ -219,7 +221,8 @@ def _plan(
     reused = _Reused()
     new: list[_NewTensor] = []
     kept_inline: dict[str, int] = {}
-    cursor = total = 0
+    layout = ShardedLayout(step)  # every new blob aligned; a zero-length one at the end of the file (placement.py)
+    placed: list[Placement] = []
     for site in iter_tensors(model):
         tensor = site.tensor
         if is_external(tensor):
@@ -232,10 +235,11 @@ def _plan(
                 kept_inline[reason] = kept_inline.get(reason, 0) + 1
         else:
             _check_raw_only(tensor, site.label)
-            offset = align_up(cursor, step)
-            new.append(_NewTensor(site, offset, length))
-            cursor = offset + length
-            total = max(total, cursor)
+            placed.append(layout.place(length))
+            new.append(_NewTensor(site, 0, length))
+    for item, where in zip(new, placed, strict=True):  # once all are placed: the end of the file is known
+        item.offset = where.offset
+    total = layout.total_size if new else 0
 
     outputs = [secondary_path] if new else []
     if new:

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
@@ -56,6 +55,7 @@ from onnx_light_ref.io.model_file import (
 from onnx_light_ref.io.posix import check_single_link, pread_exact
 from onnx_light_ref.io.walker import TensorSite, describe_place, iter_tensors
 from onnx_light_ref.io.wire import InlinePayload, StrippedModel, load_model_stripped
+from onnx_light_ref.onnx_compat import typed_raw_bytes
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "ProgressCallback", "VerifyResult", "verify_models"]
 
@@ -497,7 +497,7 @@ def _inline_bytes(site: TensorSite, side: str) -> bytes:
         return raw
     try:
         # Typed fields hold small tensors only; this is the conversion onnx itself uses, sub-byte packing included.
-        return numpy_helper.from_array(numpy_helper.to_array(tensor)).raw_data
+        return typed_raw_bytes(tensor)
     except (ValueError, TypeError, KeyError) as exc:
         raise InvalidModelError(
             f"model {side}: tensor {site.label!r} ({site.where}) has typed data that does not fit its dims "

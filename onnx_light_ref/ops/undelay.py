@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
-from onnx_light_ref.io.alignment import align_up, validate_alignment
+from onnx_light_ref.io.alignment import validate_alignment
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
 from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, RangeCopier
 from onnx_light_ref.io.destinations import check_outputs, weights_location
@@ -47,6 +47,7 @@ from onnx_light_ref.io.locations import (
     parse_external_data,
 )
 from onnx_light_ref.io.model_file import load_model_metadata, open_model_folder, serialize_model
+from onnx_light_ref.io.placement import ShardedLayout
 from onnx_light_ref.io.publish import OutputTransaction
 from onnx_light_ref.io.sharing import check_not_shared
 from onnx_light_ref.io.space import reserve_space
@@ -341,16 +342,14 @@ def _check_destinations(src_path: str, dst_path: str, weights_path: str | None, 
 
 
 def _layout(items: list[tuple[onnx.TensorProto, _Payload | None]], location: str, alignment: int) -> int:
-    offset = 0
-    for tensor, payload in items:
-        if payload is None:
-            continue
-        offset = align_up(offset, alignment)
-        payload.dst_offset = offset
+    """Place every payload (all aligned, a zero-length one at the end of the file) and point its tensor there."""
+    layout = ShardedLayout(alignment)
+    placed = [(tensor, payload, layout.place(payload.length)) for tensor, payload in items if payload is not None]
+    for tensor, payload, where in placed:  # once all are placed: the end of the file is known
+        payload.dst_offset = where.offset
         tensor.ClearField("raw_data")
-        write_entries(tensor, location, offset, payload.length)
-        offset += payload.length
-    return offset
+        write_entries(tensor, location, where.offset, payload.length)
+    return layout.total_size if placed else 0
 
 
 def undelay_initializers(

@@ -19,33 +19,39 @@ from onnx_light_ref.errors import SafetensorsError
 from onnx_light_ref.io.locations import expected_nbytes
 from tests.checks import run_onnxruntime, sha256_of_tree
 from tests.models import identity_model, make_external_model, make_model, save_external, value_info
+from tests.zoo import build_zoo_model
 
-# Every ONNX type safetensors can hold, with the code it is stored under (packed sub-byte types as U8).
+# Every ONNX type safetensors can hold that the installed onnx defines (FLOAT8E8M0, FLOAT4E2M1, INT2 and UINT2 came
+# after onnx 1.17), with the code it is stored under (packed sub-byte types as U8).
 DTYPES = {
-    TensorProto.BOOL: "BOOL",
-    TensorProto.UINT8: "U8",
-    TensorProto.INT8: "I8",
-    TensorProto.UINT16: "U16",
-    TensorProto.INT16: "I16",
-    TensorProto.UINT32: "U32",
-    TensorProto.INT32: "I32",
-    TensorProto.UINT64: "U64",
-    TensorProto.INT64: "I64",
-    TensorProto.FLOAT16: "F16",
-    TensorProto.BFLOAT16: "BF16",
-    TensorProto.FLOAT: "F32",
-    TensorProto.DOUBLE: "F64",
-    TensorProto.COMPLEX64: "C64",
-    TensorProto.FLOAT8E4M3FN: "F8_E4M3",
-    TensorProto.FLOAT8E5M2: "F8_E5M2",
-    TensorProto.FLOAT8E4M3FNUZ: "F8_E4M3FNUZ",
-    TensorProto.FLOAT8E5M2FNUZ: "F8_E5M2FNUZ",
-    TensorProto.FLOAT8E8M0: "F8_E8M0",
-    TensorProto.INT4: "U8",
-    TensorProto.UINT4: "U8",
-    TensorProto.FLOAT4E2M1: "U8",
-    TensorProto.INT2: "U8",
-    TensorProto.UINT2: "U8",
+    getattr(TensorProto, name): code
+    for name, code in {
+        "BOOL": "BOOL",
+        "UINT8": "U8",
+        "INT8": "I8",
+        "UINT16": "U16",
+        "INT16": "I16",
+        "UINT32": "U32",
+        "INT32": "I32",
+        "UINT64": "U64",
+        "INT64": "I64",
+        "FLOAT16": "F16",
+        "BFLOAT16": "BF16",
+        "FLOAT": "F32",
+        "DOUBLE": "F64",
+        "COMPLEX64": "C64",
+        "FLOAT8E4M3FN": "F8_E4M3",
+        "FLOAT8E5M2": "F8_E5M2",
+        "FLOAT8E4M3FNUZ": "F8_E4M3FNUZ",
+        "FLOAT8E5M2FNUZ": "F8_E5M2FNUZ",
+        "FLOAT8E8M0": "F8_E8M0",
+        "INT4": "U8",
+        "UINT4": "U8",
+        "FLOAT4E2M1": "U8",
+        "INT2": "U8",
+        "UINT2": "U8",
+    }.items()
+    if hasattr(TensorProto, name)
 }
 NUMPY = {"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "F32", "F64", "C64"}
 
@@ -311,3 +317,29 @@ def test_an_index_in_a_weights_subfolder_names_files_relative_to_itself(tmp_path
     assert locations == {"weights/model-00001-of-00002.safetensors", "weights/model-00002-of-00002.safetensors"}
     for array, output in zip(arrays.values(), run_onnxruntime(tmp_path / "model.onnx", {}), strict=True):
         assert np.array_equal(array, output)
+
+
+@pytest.mark.parametrize("alignment", [0, 64])
+def test_zero_byte_tensors_go_last_at_the_end_of_the_file(tmp_path: Path, alignment: int) -> None:
+    """onnx 1.17 reads a zero-length reference as "the rest of the file": only the file's end holds zero bytes."""
+    src = build_zoo_model("zero_length", tmp_path).path  # a (40 B), empty_mid, b (12 B), empty_last, external
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+
+    align_external_data_streaming(src, out, alignment=alignment, weights_format="safetensors")
+
+    data = out.parent / "model.safetensors"
+    start, header = _header(data)
+    assert header["empty_mid"]["data_offsets"] == header["empty_last"]["data_offsets"] == [52, 52]
+    assert sorted(tuple(v["data_offsets"]) for k, v in header.items() if k != "__metadata__")[-1] == (52, 52)
+    model = onnx.load_model(str(out), load_external_data=False)
+    entries = {t.name: {e.key: e.value for e in t.external_data} for t in model.graph.initializer}
+    for name in ("empty_mid", "empty_last"):
+        assert entries[name] == {"location": "model.safetensors", "offset": str(start + 52), "length": "0"}
+    assert start + 52 == data.stat().st_size
+    loaded = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load_model(str(out)).graph.initializer}
+    assert loaded["empty_last"].shape == (0, 4) and loaded["empty_mid"].shape == (0,)
+    with safe_open(str(data), framework="numpy") as opened:
+        assert opened.get_tensor("empty_last").shape == (0, 4)
+        np.testing.assert_array_equal(opened.get_tensor("b"), loaded["b"])
+    assert verify_models(src, out).equal

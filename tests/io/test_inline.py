@@ -374,3 +374,24 @@ def test_a_symlinked_source_model_is_copied_from_the_file_it_names(tmp_path, bui
     assert blob.read_bytes() == before and (snapshot / "model.onnx").is_symlink()
     for x, y in zip(run(blob), run(tmp_path / "out" / "s" / "model.onnx"), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+def test_an_odd_count_of_typed_int4_values_moves_out_as_their_packed_bytes(tmp_path):
+    """onnx 1.17's from_array refuses an odd INT4/UINT4 count; the aligners still write the bytes make_tensor packs."""
+    tensors = [
+        helper.make_tensor("i4", onnx.TensorProto.INT4, [5], [1, -2, 3, -4, 5]),
+        helper.make_tensor("u4", onnx.TensorProto.UINT4, [3], [1, 2, 15]),
+    ]
+    graph = helper.make_graph([], "g", [], [], initializer=tensors)
+    src = save_inline(helper.make_model(graph, ir_version=10), tmp_path / "src")
+
+    result = both(src, tmp_path, size_threshold=0, alignment=4)
+
+    assert result.externalized_tensors == 2
+    model = onnx.load_model(str(tmp_path / "s" / "model.onnx"), load_external_data=False)
+    entries = {t.name: {e.key: e.value for e in t.external_data} for t in model.graph.initializer}
+    offsets = {name: int(e["offset"]) for name, e in entries.items()}
+    data = (tmp_path / "s" / "model.onnx.data").read_bytes()
+    assert data[offsets["i4"] : offsets["i4"] + 3].hex() == "e1c305"
+    assert data[offsets["u4"] : offsets["u4"] + 2].hex() == "210f"
+    assert verify_models(src, tmp_path / "s" / "model.onnx").equal

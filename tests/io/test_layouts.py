@@ -312,11 +312,14 @@ def test_generated_models_with_every_option_stream_exactly_like_in_memory(
     for entry in entries.values():
         size = (folder / "s" / entry["location"]).stat().st_size
         assert int(entry["offset"]) + int(entry["length"]) <= size
-        if int(entry["length"]) >= align_threshold:
+        if int(entry["length"]) == 0:  # at the end of its file (onnx 1.17 reads length 0 as the rest of the file)
+            assert int(entry["offset"]) == size
+        elif int(entry["length"]) >= align_threshold:
             assert int(entry["offset"]) % step == 0
     if max_shard_size is not None:
         for path in result.weights_files:
-            held = [e for e in entries.values() if e["location"] == Path(path).name]
+            # An oversized blob has a file of its own, but for zero-length blobs at its end (they add no byte).
+            held = [e for e in entries.values() if e["location"] == Path(path).name and int(e["length"])]
             assert Path(path).stat().st_size <= max_shard_size or len({e["offset"] for e in held}) == 1
 
 

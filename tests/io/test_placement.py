@@ -43,11 +43,30 @@ def test_a_blob_larger_than_the_cap_gets_a_file_of_its_own():
     assert layout.sizes == [10, 500, 10, 600]
 
 
-def test_zero_length_blobs_stay_inside_their_file():
+def test_zero_length_blobs_sit_at_the_final_end_of_their_file():
+    # onnx 1.17 reads a zero-length reference as "the rest of the file": only the end gives zero bytes everywhere.
     layout = ShardedLayout(step=64, max_shard_size=100)
-    placed = place_all(layout, [90, 0])
-    assert placed == [Placement(0, 0), Placement(1, 0)]  # offset 128 would point past a 100-byte cap
-    assert layout.sizes == [90, 0]
+    placed = place_all(layout, [0, 30, 0, 40, 0, 50, 0])
+    # 0..30, 64..104 does not fit: file 1 at 0..40, 64..114 does not fit: file 2 at 0..50.
+    assert [(p.shard, p.offset) for p in placed] == [(0, 30), (0, 0), (0, 30), (1, 0), (1, 40), (2, 0), (2, 50)]
+    assert layout.sizes == [30, 40, 50]  # no padding, no extra file for a zero-length blob
+
+
+def test_zero_length_blob_offsets_follow_their_file_until_placement_ends():
+    layout = ShardedLayout(step=16)
+    empty = layout.place(0)
+    assert empty.offset == 0
+    layout.place(10)
+    layout.place(20)
+    assert empty == Placement(0, 36) and layout.sizes == [36]
+    with pytest.raises(TypeError):
+        hash(empty)  # its offset moves: never a dict key
+
+
+def test_only_zero_length_blobs_make_one_empty_file():
+    layout = ShardedLayout(step=4096)
+    assert place_all(layout, [0, 0]) == [Placement(0, 0), Placement(0, 0)]
+    assert layout.sizes == [0]
 
 
 def test_shard_names_follow_onnx_light():
@@ -66,10 +85,14 @@ def test_layout_invariants(lengths, step, threshold, cap):
     placed = place_all(layout, lengths)
     per_file: dict[int, list[tuple[int, int]]] = {}
     for length, where in zip(lengths, placed, strict=True):
+        if length == 0:
+            assert where.offset == layout.sizes[where.shard]  # the end of its file, never inside or past it
+            continue
         if length >= threshold:
             assert where.offset % step == 0
         per_file.setdefault(where.shard, []).append((where.offset, length))
-    assert sorted(per_file) == list(range(len(layout.sizes)))
+    files = set(per_file) | {where.shard for where in placed}
+    assert sorted(files) == list(range(len(layout.sizes)))
     for shard, items in per_file.items():
         ends = [offset + length for offset, length in items]
         assert layout.sizes[shard] == max(ends)  # no trailing padding
