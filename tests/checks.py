@@ -140,3 +140,22 @@ def onnxruntime_session(path: str | os.PathLike[str]) -> Any:
     if _external_sparse(model.graph) and not _onnxruntime_reads_external_sparse():
         pytest.skip(f"onnxruntime {ort.__version__} cannot read external sparse indices (CopySparseData)")
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+@functools.cache
+def onnx_loader_refuses_symlinks() -> bool:
+    """Whether the installed onnx's loader refuses a data file that is a symbolic link inside the model's folder.
+
+    onnx 1.23 does (``RESOLVE_NO_SYMLINKS``), onnx 1.17 follows it. Our rule is the stricter, newer one on every
+    onnx; tests that check onnx itself agrees ask this first.
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "real.bin").write_bytes(b"\0" * 4)
+        os.symlink("real.bin", os.path.join(folder, "alias.bin"))
+        probe = onnx.TensorProto(name="probe", data_type=onnx.TensorProto.UINT8, dims=[4], raw_data=b"")
+        onnx.external_data_helper.set_external_data(probe, "alias.bin", length=4)
+        try:
+            onnx.external_data_helper.load_external_data_for_tensor(probe, folder)
+        except (onnx.checker.ValidationError, OSError, ValueError):
+            return True
+        return False

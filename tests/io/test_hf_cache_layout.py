@@ -22,6 +22,7 @@ from onnx_light_ref.errors import UnsafeLocationError
 from onnx_light_ref.io.layout_report import build_layout_report
 from onnx_light_ref.io.verify import verify_models
 from onnx_light_ref.ops import reference_evaluator
+from tests.checks import onnx_loader_refuses_symlinks
 from tests.models import identity_model, save_external
 
 VALUES = np.arange(64, dtype=np.float32) * 0.5
@@ -50,7 +51,9 @@ def _tree_digest(root: Path) -> dict[str, bytes]:
 
 
 def test_onnx_itself_refuses_the_layout(tmp_path: Path) -> None:
-    """The rule we follow: onnx's loader refuses a data file that is a symbolic link."""
+    """The rule we follow: onnx's loader refuses a data file that is a symbolic link (onnx 1.17 still followed it)."""
+    if not onnx_loader_refuses_symlinks():
+        pytest.skip(f"onnx {onnx.__version__} follows symbolic links in data paths; our rule is the newer onnx's")
     model = _hf_cache(tmp_path)
     with pytest.raises(onnx.checker.ValidationError, match="symbolic link"):
         onnx.load(str(model))

@@ -18,6 +18,7 @@ from onnx_light_ref.io.locations import (
     parse_external_data,
     resolve_location,
 )
+from tests.checks import onnx_loader_refuses_symlinks
 
 
 def external_tensor(entries: dict[str, str], dims=(4,), data_type=onnx.TensorProto.FLOAT) -> onnx.TensorProto:
@@ -70,8 +71,9 @@ def test_a_symlink_inside_the_folder_is_refused_as_onnx_refuses_it(tmp_path):
 
     with pytest.raises(UnsafeLocationError, match="symbolic link"):
         resolve_location(str(tmp_path), "alias.bin", tensor_name="w")
-    with pytest.raises(onnx.checker.ValidationError, match="symbolic link"):
-        onnx.external_data_helper.load_external_data_for_tensor(tensor, str(tmp_path))
+    if onnx_loader_refuses_symlinks():  # onnx >= 1.18; 1.17 follows the link (our rule is the newer one)
+        with pytest.raises(onnx.checker.ValidationError, match="symbolic link"):
+            onnx.external_data_helper.load_external_data_for_tensor(tensor, str(tmp_path))
 
 
 def test_a_symlink_inside_the_folder_is_followed_with_the_opt_in(tmp_path):
