@@ -16,6 +16,7 @@ import pytest
 
 from onnx_light_ref.cli import main
 from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
+from tests.checks import needs_onnx_with_the_newer_loader_rule
 from tests.models import identity_model, save_external
 
 
@@ -58,6 +59,7 @@ def _relocate(path: Path, location: str, extra: tuple[str, str] | None = None) -
     path.write_bytes(proto.SerializeToString())
 
 
+@needs_onnx_with_the_newer_loader_rule
 def test_a_symlinked_subfolder_inside_the_folder_is_refused_by_onnx_only(model, tmp_path, capsys):
     (tmp_path / "real").mkdir()
     (tmp_path / "w.bin").rename(tmp_path / "real" / "w.bin")
@@ -72,6 +74,7 @@ def test_a_symlinked_subfolder_inside_the_folder_is_refused_by_onnx_only(model, 
     assert _accepts(model) == {"onnx.load": False, "check_model": True, "onnxruntime": True}
 
 
+@needs_onnx_with_the_newer_loader_rule
 def test_a_symlinked_data_file_is_refused_by_onnx_and_its_checker(model, tmp_path, capsys):
     (tmp_path / "w.bin").rename(tmp_path / "real.bin")
     (tmp_path / "w.bin").symlink_to("real.bin")
@@ -126,6 +129,7 @@ def test_inspect_a_folder_with_a_broken_model_exits_1(tmp_path, capsys):
     assert status == 1 and "  a.onnx: OK" in out and "  broken.onnx: not readable" in out
 
 
+@needs_onnx_with_the_newer_loader_rule
 def test_the_hugging_face_cache_layout_is_accepted_by_onnxruntime_only(tmp_path, capsys):
     """``snapshots/<rev>/model.onnx`` and ``model.onnx.data`` are symlinks into ``../../blobs/``."""
     (tmp_path / "build").mkdir()

@@ -132,7 +132,9 @@ def interrupt(child: subprocess.Popen[str], signum: int, still_working: Callable
 
 def assert_interrupted(child: subprocess.Popen[str], signum: int, out: str, err: str) -> None:
     assert child.returncode == 128 + signum == (130 if signum == signal.SIGINT else 143), (out, err)
-    assert err == "error: interrupted\n"  # one line, no traceback
+    # One line, no traceback; on onnx < 1.19 register_schemas() logs one WARNING first (no shape inference there).
+    lines = [line for line in err.splitlines() if not line.startswith("WARNING ")]
+    assert lines == ["error: interrupted"], err
     assert "Traceback" not in out
 
 

@@ -16,7 +16,7 @@ import safetensors.numpy as st_numpy
 
 from onnx_light_ref import link_external_data, verify_models
 from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, SafetensorsError, UnsafeLocationError
-from tests.checks import run_onnxruntime, sha256_of_tree
+from tests.checks import needs_onnx_with_the_newer_loader_rule, run_onnxruntime, sha256_of_tree
 from tests.models import mlp_model, save_external
 
 RNG = np.random.default_rng(7)
@@ -218,6 +218,7 @@ def _hf_cache(root: Path) -> tuple[Path, Path]:
     return snapshot, _source(root)
 
 
+@needs_onnx_with_the_newer_loader_rule
 def test_a_hugging_face_cache_checkpoint_is_refused_by_default_and_linked_with_the_opt_in(tmp_path: Path) -> None:
     snapshot, src = _hf_cache(tmp_path)
     before = sha256_of_tree(tmp_path)
@@ -337,5 +338,10 @@ def test_a_packed_int4_tensor_links_to_u8_of_exactly_its_bytes(tmp_path: Path) -
     assert _offsets(tmp_path / "linked.onnx")["a"][0] == "ckpt.safetensors"
     onnx.save(model, tmp_path / "inline.onnx")
     assert verify_models(tmp_path / "inline.onnx", tmp_path / "linked.onnx").equal
-    outputs = run_onnxruntime(tmp_path / "linked.onnx", {})
+    try:
+        outputs = run_onnxruntime(tmp_path / "linked.onnx", {})
+    except Exception as exc:  # onnxruntime < 1.2x has no int4 Cast kernel (NOT_IMPLEMENTED)
+        if "NOT_IMPLEMENTED" not in str(exc):
+            raise
+        pytest.skip(f"this onnxruntime cannot run an int4 Cast: {exc}")
     assert [list(out) for out in outputs] == [[1, 2, 3, 4, 5]] * 2

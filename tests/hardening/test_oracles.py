@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
@@ -37,6 +37,7 @@ from onnx_light_ref.io.layout_report import build_layout_report
 from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
 from onnx_light_ref.io.verify import verify_models
 from onnx_light_ref.io.walker import iter_tensors
+from tests.checks import needs_onnx_with_the_newer_loader_rule
 from tests.models import OPSET, identity_model, write_model
 from tests.zoo import ZOO, build_zoo_model
 
@@ -118,6 +119,9 @@ def test_every_writer_output_loads_in_the_three_loaders_and_verifies_equal(
         }
         if writer == "shared_saver":
             loaded = onnx.load(str(src), load_external_data=True)  # what a user holds: onnx's own loader's view
+            # onnx 1.17 loads a zero-length tensor placed before the end of its file as the rest of the file: the
+            # user's model is already wrong there, before any writer of ours runs.
+            assume(all(_holds_its_dims(t) for t in (s.tensor for s in iter_tensors(loaded))))
             dst = src.parent / "variant.onnx"
             save_model_with_shared_external_data(
                 loaded, dst, alignment, location="variant.bin", size_threshold=size_threshold or 0
@@ -307,6 +311,7 @@ def _hostile_model(
     return path, patched
 
 
+@needs_onnx_with_the_newer_loader_rule
 @settings(_SETTINGS, max_examples=150)
 @given(
     tensors=st.lists(
@@ -356,3 +361,8 @@ def test_inspect_says_ok_iff_the_three_loaders_accept(tmp_path, tensors):
                 if not ok
             }
             assert claimed == observed, facts
+
+
+def _holds_its_dims(tensor: TensorProto) -> bool:
+    """A zero-element raw tensor holds no byte (onnx 1.17's loader can give it the rest of its file)."""
+    return not (tensor.HasField("raw_data") and 0 in tensor.dims and len(tensor.raw_data) > 0)
