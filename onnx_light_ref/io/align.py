@@ -301,6 +301,7 @@ def _align(
     The transaction never sweeps away a file this job reads (``keep``): a source may be named like a dead writer's
     temp file of a destination.
     """
+    check_bool("allow_outside_folder", allow_outside_folder)
     plan = plan_alignment(
         src_onnx_path,
         dst_onnx_path,
@@ -422,7 +423,6 @@ def align_external_data_streaming(
             the destinations are then unchanged.
     """
     check_int("chunk_size", chunk_size, minimum=1)
-    check_bool("allow_outside_folder", allow_outside_folder)
     layout = check_layout_options(
         align_threshold,
         max_shard_size,
@@ -498,7 +498,6 @@ def align_external_data_in_memory(
         FileNotFoundError: the source model, a referenced file or the destination folder does not exist.
         OSError: reading or publishing failed; the destinations are then unchanged.
     """
-    check_bool("allow_outside_folder", allow_outside_folder)
     layout = check_layout_options(
         align_threshold,
         max_shard_size,
