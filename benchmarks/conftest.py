@@ -77,8 +77,21 @@ def pytest_configure(config: pytest.Config) -> None:
     """
     if not config.pluginmanager.hasplugin("benchmark"):
         return
-    if not any(config.getoption(dest, None) for dest in _TIMING_OPTIONS):
+    if not _timing_requested(config):
         config.option.benchmark_disable = True
+
+
+def _timing_requested(config: pytest.Config) -> bool:
+    return any(config.getoption(dest, None) for dest in _TIMING_OPTIONS)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """No worker processes when timings are asked for: ``-n auto`` (in ``addopts``) would disable pytest-benchmark.
+
+    pytest-benchmark refuses to time under xdist (its figures would share the two cores); the default untimed run
+    keeps ``-n auto``. Returning None leaves the choice to xdist.
+    """
+    return 0 if _timing_requested(config) else None
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ from tqdm import tqdm
 
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.io import align_external_data_streaming, save_model_with_shared_external_data
-from onnx_light_ref.io.entries import write_entries
 from onnx_light_ref.io.layout_report import build_layout_report
+from onnx_light_ref.io.read.entries import write_entries
 from onnx_light_ref.io.verify import verify_models
 from onnx_light_ref.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.ops import reference_evaluator

@@ -213,7 +213,7 @@ def typed_raw_bytes(tensor: TensorProto) -> bytes:
         return numpy_helper.from_array(array).raw_data
     except ValueError:
         # Imported here: onnx_light_ref.io's package imports modules that import this one (an import cycle).
-        from onnx_light_ref.io.dtype_sizes import element_bits, packed_nbytes
+        from onnx_light_ref.io.read.dtype_sizes import element_bits, packed_nbytes
 
         bits = element_bits(tensor.data_type)
         if bits is None or bits >= 8 or (array.size * bits) % 8 == 0:

@@ -7,6 +7,7 @@ whether pytest-benchmark's session ended up disabled. The children run side by s
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,9 @@ CASES = {
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str]]:
     tmp = tmp_path_factory.mktemp("benchmark-flags")
+    # A child of an xdist worker inherits PYTEST_XDIST_WORKER, which pytest-benchmark reads as "running under xdist"
+    # (it then disables timing): the children are started as a user would start pytest, without it.
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_XDIST")}
     children = {
         name: subprocess.Popen(
             [
@@ -51,6 +55,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, s
                 *(flag.format(tmp=tmp) for flag in flags),
             ],
             cwd=ROOT,
+            env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -267,7 +267,7 @@ def test_generate_tests_interrupted_removes_the_cases_it_wrote(tmp_path: Path, s
 
 def test_remove_own_temp_files_removes_only_this_process_temp_files(tmp_path: Path) -> None:
     from onnx_light_ref.commands.folders import remove_own_temp_files
-    from onnx_light_ref.io.publish import StagedFile
+    from onnx_light_ref.io.write.publish import StagedFile
 
     staged = StagedFile(str(tmp_path / "m.onnx"), durable=False)  # a real temp name of this process
     other = tmp_path / f".olr~0123456789ab~{os.getpid() + 1}~0123456789abcdef.tmp"

@@ -24,7 +24,7 @@ from onnx.defs import OpSchema
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light_ref.backend.backend import DelayedInitializerBackend
-from onnx_light_ref.io.locations import expected_nbytes
+from onnx_light_ref.io.read.locations import expected_nbytes
 from onnx_light_ref.onnx_compat import (
     HAS_PYTHON_SHAPE_INFERENCE,
     ONNX_VERSION,

@@ -24,7 +24,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_light_ref
-from onnx_light_ref.io.publish import StagedFile
+from onnx_light_ref.io.write.publish import StagedFile
 from tests.checks import run_onnxruntime
 from tests.models import IR_VERSION, OPSET
 

@@ -33,7 +33,7 @@ from onnx import numpy_helper
 from onnx_light_ref.backend.cases import build_cases
 from onnx_light_ref.backend.expect import CaseRegistry, NodeCase, SideFile
 from onnx_light_ref.io.arguments import check_bool
-from onnx_light_ref.io.locations import check_location_syntax
+from onnx_light_ref.io.read.locations import check_location_syntax
 from onnx_light_ref.onnx_compat import HAS_PYTHON_SHAPE_INFERENCE
 from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE, check_delayed_initializer_node, register_schemas
 

@@ -21,7 +21,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 
-from onnx_light_ref.io.publish import _TEMP_PREFIX, _TEMP_SUFFIX
+from onnx_light_ref.io.write.publish import _TEMP_PREFIX, _TEMP_SUFFIX
 
 __all__ = [
     "FolderError",

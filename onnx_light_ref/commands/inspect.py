@@ -140,7 +140,7 @@ def format_folder(folder: str, *, allow_outside_folder: bool = False) -> tuple[s
     Returns:
         The text (newline-terminated) and whether every model is OK.
     """
-    from onnx_light_ref.io.sharing import folder_sharing
+    from onnx_light_ref.io.read.sharing import folder_sharing
 
     lines = [f"folder: {printable(folder)}"]
     names = sorted(name for name in os.listdir(folder) if name.endswith(".onnx"))

@@ -36,10 +36,10 @@ import onnx
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders, remove_own_temp_files
 from onnx_light_ref.commands.text import printable
-from onnx_light_ref.io.locations import FileIdentity, is_external
-from onnx_light_ref.io.model_file import load_model_metadata
-from onnx_light_ref.io.publish import StagedFile, publish_all, staged_files
-from onnx_light_ref.io.walker import iter_graphs, iter_tensors
+from onnx_light_ref.io.read.locations import FileIdentity, is_external
+from onnx_light_ref.io.read.model_file import load_model_metadata
+from onnx_light_ref.io.read.walker import iter_graphs, iter_tensors
+from onnx_light_ref.io.write.publish import StagedFile, publish_all, staged_files
 from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE
 
 __all__ = ["output_file_name", "parse_input_spec", "register", "run_command"]

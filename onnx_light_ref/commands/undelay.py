@@ -34,11 +34,11 @@ def count_delayed_nodes(model_path: str) -> int:
         How many nodes ``undelay`` turns into initializers.
 
     Raises:
-        FileNotFoundError, InvalidModelError: as :func:`onnx_light_ref.io.model_file.load_model_metadata`.
+        FileNotFoundError, InvalidModelError: as :func:`onnx_light_ref.io.read.model_file.load_model_metadata`.
     """
     import onnx
 
-    from onnx_light_ref.io.model_file import load_model_metadata
+    from onnx_light_ref.io.read.model_file import load_model_metadata
     from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE
 
     def count(graph: onnx.GraphProto) -> int:

@@ -1,25 +1,16 @@
 """External-data tools: re-align weights without loading them, save variants that share weights, verify rewrites.
 
-Modules, one concept each:
+The folders are the stages of every writer's pipeline (data flows one way, no module imports a later stage):
 
-* the public writers: ``align`` (re-align into one weights file, streaming or in memory), ``shared_save`` (save a
-  variant writing only its new weights), ``link`` (point a model at a safetensors checkpoint's bytes), and what they
-  return, ``results`` (``AlignResult``, ``SaveResult``, ``LinkResult``);
-* formats: ``safetensors_header`` (write and parse safetensors headers), ``safetensors_layout`` (keys, dtypes and
-  order of tensors in safetensors files), ``shard_names`` (ours, Hugging Face's and transformers.js's file names);
-* reading models: ``model_file`` (metadata-only parsing), ``wire`` (parsing without inline payloads), ``walker``
-  (every tensor of a model), ``entries`` (the one reader and writer of ``external_data`` entries), ``locations``
-  (safe resolution and validation of external references), ``layout_report`` (how a model's weights are laid out),
-  ``loader_rule`` (which of onnx.load, check_model and onnxruntime refuses a reference, and why), ``sharing``
-  (which models of a folder use which weights files: the guard before replacing one), ``verify`` (two models hold
-  the same tensors);
-* laying out: ``alignment`` (offset arithmetic), ``placement`` (alignment threshold and shards), ``dedup``
-  (identical blobs stored once);
-* writing: ``copy_engine`` (kernel file-to-file copies), ``writeback`` (overlap writeback with copying), ``space``
-  (free space and preallocation), ``posix`` (exact positional reads and writes, hard-link check), ``destinations``
-  (where outputs land: inside the folder, through no symlink, never a source), ``publish`` (one transaction for
-  every output: temp files, fsync, name exchanges with the ``.onnx`` as the commit point, rollback);
-* ``arguments``: the argument types and checks every public function shares.
+* ``read/``: what a model names, opened safely through the held folder, parsed without its weights;
+* ``plan/``: where each byte goes (alignment, thresholds, shards, dedup, safetensors layout, file names);
+* ``write/``: the checks on destinations, the copy engine and the publisher (one transaction for every output).
+
+On top, the public functions: the writers ``align`` (re-align, streaming or in memory), ``shared_save`` (a variant
+writing only its new weights), ``link`` (point a model at a safetensors checkpoint's bytes), the readers ``verify``
+(two models hold the same tensors) and ``layout_report`` (``inspect``), what they return (``results``), and the two
+modules every stage shares: ``arguments`` (argument types and checks) and ``posix`` (exact positional reads and
+writes, the checks made on an open file).
 
 Nothing here imports ``onnx_light_ref.ops``.
 """

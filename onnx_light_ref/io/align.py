@@ -1,6 +1,6 @@
 """Re-align a model's weights into aligned external data files: one streaming pass for every layout.
 
-Two executions of one plan (:func:`~onnx_light_ref.io.align_plan.plan_alignment`):
+Two executions of one plan (:func:`~onnx_light_ref.io.plan.align_plan.plan_alignment`):
 
 * :func:`align_external_data_streaming` copies byte ranges file-to-file through the copy engine (in-kernel when
   possible), inline payloads included (copied straight out of the source ``.onnx``); Python never holds weight bytes
@@ -16,8 +16,8 @@ tensors stored once) and ``size_threshold`` (inline tensors of at least that man
 written at offset 0 before its payloads are copied the same way (``docs/safetensors.md``).
 Each public function reads plan → reserve space → copy → publish: nothing is written before the plan is complete, a
 too-small disk fails before the first byte, and every weights file and the ``.onnx`` are published as one
-:class:`~onnx_light_ref.io.publish.OutputTransaction` (weights first, ``.onnx`` last). This module never modifies a
-source file, and never serializes a model that still holds a payload placeholder.
+:class:`~onnx_light_ref.io.write.publish.OutputTransaction` (weights first, ``.onnx`` last). This module never modifies
+a source file, and never serializes a model that still holds a payload placeholder.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import logging
 import os
 
 from onnx_light_ref.errors import ExternalDataError
-from onnx_light_ref.io.align_plan import (
+from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
+from onnx_light_ref.io.plan.align_plan import (
     SITE_INLINE,
     SITE_KEPT,
     AlignPlan,
@@ -37,17 +38,23 @@ from onnx_light_ref.io.align_plan import (
     check_layout_options,
     plan_alignment,
 )
-from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
-from onnx_light_ref.io.copy_engine import CopyMethod, CopyRange, CopyStats, ProgressCallback, RangeCopier, open_source
-from onnx_light_ref.io.entries import write_entries
-from onnx_light_ref.io.locations import TYPED_VALUE_FIELDS
-from onnx_light_ref.io.model_file import serialize_model
+from onnx_light_ref.io.plan.shard_names import ShardNames
 from onnx_light_ref.io.posix import pread_exact
-from onnx_light_ref.io.publish import OutputTransaction, StagedFile
+from onnx_light_ref.io.read.entries import write_entries
+from onnx_light_ref.io.read.locations import TYPED_VALUE_FIELDS
+from onnx_light_ref.io.read.model_file import serialize_model
+from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.results import AlignResult
-from onnx_light_ref.io.shard_names import ShardNames
-from onnx_light_ref.io.space import SpaceRequest, reserve_space_for_all
-from onnx_light_ref.io.walker import iter_tensors
+from onnx_light_ref.io.write.copy_engine import (
+    CopyMethod,
+    CopyRange,
+    CopyStats,
+    ProgressCallback,
+    RangeCopier,
+    open_source,
+)
+from onnx_light_ref.io.write.publish import OutputTransaction, StagedFile
+from onnx_light_ref.io.write.space import SpaceRequest, reserve_space_for_all
 
 __all__ = [
     "AlignPlan",
@@ -393,7 +400,7 @@ def align_external_data_streaming(
             ``max_shard_size``, ``model-00001-of-0000N.safetensors`` files plus ``model.safetensors.index.json``,
             published in the same transaction. ``dedup=True`` is refused (the format forbids shared bytes).
             See ``docs/safetensors.md``.
-        shard_names: how weights files are named (:mod:`onnx_light_ref.io.shard_names`): None (ours: ``W``,
+        shard_names: how weights files are named (:mod:`onnx_light_ref.io.plan.shard_names`): None (ours: ``W``,
             ``W.1``...; ``"hf"`` for safetensors), ``"hf"`` (``model-00001-of-0000N.data``) or
             ``"transformers.js"`` (``model.onnx_data``, ``model.onnx_data_1``...; at most 100 files).
         replace_shared: replace an existing weights file even when another ``.onnx`` of the destination folder

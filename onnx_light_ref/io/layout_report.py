@@ -1,10 +1,10 @@
 """Describe how a model's external tensors are laid out in their files: offsets, alignment, gaps, overlaps, errors.
 
-:func:`build_layout_report` walks every tensor with :func:`~onnx_light_ref.io.walker.iter_tensors` (function default
-attributes and training graphs included), reads its entries with :mod:`onnx_light_ref.io.entries`, validates the
-reference with :func:`~onnx_light_ref.io.locations.parse_external_data` (the same checks every io function applies)
-and, instead of stopping at the first problem, records it on that tensor. It then looks at each file: which byte
-ranges are used, which are gaps (padding or orphaned bytes), which tensors share one identical range (normal:
+:func:`build_layout_report` walks every tensor with :func:`~onnx_light_ref.io.read.walker.iter_tensors` (function
+default attributes and training graphs included), reads its entries with :mod:`onnx_light_ref.io.read.entries`,
+validates the reference with :func:`~onnx_light_ref.io.read.locations.parse_external_data` (the same checks every io
+function applies) and, instead of stopping at the first problem, records it on that tensor. It then looks at each file:
+which byte ranges are used, which are gaps (padding or orphaned bytes), which tensors share one identical range (normal:
 deduplicated or tied weights) and which ranges partially overlap (an error: two tensors would see each other's
 bytes). Overlaps are found with one sort and binary searches, O(n log n): thousands of mutually overlapping ranges
 (a hostile or broken model) must not make ``inspect`` quadratic.
@@ -17,7 +17,7 @@ ASCII digits, a length that disagrees with dims, negative dims) are errors; so i
 is fine by the checks above, but ``onnx.load``, ``check_model(full_check=True)`` or onnxruntime refuses it (a
 symlink on the data path even inside the folder, a ``basepath`` key, a non-UTF-8 name, a place onnx does not load
 external data from). Every external tensor also carries :attr:`TensorLayout.refusals`: which loader refuses what
-(:func:`~onnx_light_ref.io.loader_rule.loader_refusals`), whatever its status. A non-UTF-8 string elsewhere in the
+(:func:`~onnx_light_ref.io.read.loader_rule.loader_refusals`), whatever its status. A non-UTF-8 string elsewhere in the
 model (a node name...) is noted in :attr:`LayoutReport.notes` (the loaders accept it; this package's writers refuse
 it). ``ok`` means all three loaders accept the model's external data.
 
@@ -38,16 +38,16 @@ from typing import Literal
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError, SafetensorsError, UnsafeLocationError
-from onnx_light_ref.io.alignment import offset_alignment
 from onnx_light_ref.io.arguments import PathLike, check_bool
-from onnx_light_ref.io.entries import is_external, parse_entry_int, read_entries
-from onnx_light_ref.io.folder import ModelFolder
-from onnx_light_ref.io.loader_rule import Refusal, loader_refusals
-from onnx_light_ref.io.locations import LocationResolver, expected_nbytes, parse_external_data
-from onnx_light_ref.io.model_file import check_model_strings, load_model_metadata, open_model_folder
+from onnx_light_ref.io.plan.alignment import offset_alignment
 from onnx_light_ref.io.posix import check_single_link
-from onnx_light_ref.io.safetensors_header import read_header
-from onnx_light_ref.io.walker import iter_tensors
+from onnx_light_ref.io.read.entries import is_external, parse_entry_int, read_entries
+from onnx_light_ref.io.read.folder import ModelFolder
+from onnx_light_ref.io.read.loader_rule import Refusal, loader_refusals
+from onnx_light_ref.io.read.locations import LocationResolver, expected_nbytes, parse_external_data
+from onnx_light_ref.io.read.model_file import check_model_strings, load_model_metadata, open_model_folder
+from onnx_light_ref.io.read.safetensors_header import read_header
+from onnx_light_ref.io.read.walker import iter_tensors
 
 __all__ = [
     "ERROR_STATUSES",

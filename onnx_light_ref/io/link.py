@@ -1,18 +1,18 @@
 """Link an ONNX model to an existing safetensors checkpoint: matching tensors point at its bytes, none copied.
 
 :func:`link_external_data` reads the checkpoint's header(s) as hostile input
-(:mod:`~onnx_light_ref.io.safetensors_header`: size caps, overflow, overlaps, holes, duplicate keys), then walks the
-model: a tensor whose (mapped) name is a checkpoint key with the same data type *and* shape (byte size alone is not
+(:mod:`~onnx_light_ref.io.read.safetensors_header`: size caps, overflow, overlaps, holes, duplicate keys), then walks
+the model: a tensor whose (mapped) name is a checkpoint key with the same data type *and* shape (byte size alone is not
 enough) gets ``external_data`` pointing into the checkpoint file (``offset`` = the data section's start + the
 tensor's begin); every other external tensor, and every inline one of at least ``size_threshold`` bytes, is written
 to the model's own weights file, copied file to file by the copy engine (inline ones from memory). The checkpoint
 must resolve inside the destination model's folder under the location rule (relative, no ``..``, no symlink unless
 ``allow_outside_folder``, one hard link), since loaders read external data only there: the index and every checkpoint
-file are read through that folder's descriptor (:class:`~onnx_light_ref.io.folder.ModelFolder`), held from the plan to
-the publication, and each checkpoint file's device, inode and size are checked again right before the ``.onnx`` is
-published (a checkpoint replaced meanwhile: typed error, nothing published). Nothing is written before every check
+file are read through that folder's descriptor (:class:`~onnx_light_ref.io.read.folder.ModelFolder`), held from the
+plan to the publication, and each checkpoint file's device, inode and size are checked again right before the ``.onnx``
+is published (a checkpoint replaced meanwhile: typed error, nothing published). Nothing is written before every check
 has passed; the weights file and the ``.onnx`` are published as one
-:class:`~onnx_light_ref.io.publish.OutputTransaction`.
+:class:`~onnx_light_ref.io.write.publish.OutputTransaction`.
 
 This module never writes to the checkpoint (a destination that is a checkpoint file is refused), never reads a
 checkpoint tensor's bytes, and never modifies the caller's ``ModelProto`` (it works on a copy).
@@ -32,14 +32,14 @@ from dataclasses import dataclass
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError, SafetensorsError, UnsafeLocationError
-from onnx_light_ref.io.alignment import validate_alignment
 from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
-from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, RangeCopier
-from onnx_light_ref.io.destinations import check_outputs, weights_location
-from onnx_light_ref.io.dtype_sizes import packed_nbytes
-from onnx_light_ref.io.entries import is_external, write_entries
-from onnx_light_ref.io.folder import ModelFolder
-from onnx_light_ref.io.locations import (
+from onnx_light_ref.io.plan.alignment import validate_alignment
+from onnx_light_ref.io.plan.placement import ShardedLayout
+from onnx_light_ref.io.plan.safetensors_layout import is_packed, safetensors_dtype
+from onnx_light_ref.io.read.dtype_sizes import packed_nbytes
+from onnx_light_ref.io.read.entries import is_external, write_entries
+from onnx_light_ref.io.read.folder import ModelFolder
+from onnx_light_ref.io.read.locations import (
     TYPED_VALUE_FIELDS,
     FileIdentity,
     LocationResolver,
@@ -48,14 +48,14 @@ from onnx_light_ref.io.locations import (
     file_identity,
     parse_external_data,
 )
-from onnx_light_ref.io.model_file import load_model_metadata, open_model_folder, serialize_model
-from onnx_light_ref.io.placement import ShardedLayout
-from onnx_light_ref.io.publish import OutputTransaction
+from onnx_light_ref.io.read.model_file import load_model_metadata, open_model_folder, serialize_model
+from onnx_light_ref.io.read.safetensors_header import SafetensorsEntry, read_header, require_covered
+from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.results import LinkResult
-from onnx_light_ref.io.safetensors_header import SafetensorsEntry, read_header, require_covered
-from onnx_light_ref.io.safetensors_layout import is_packed, safetensors_dtype
-from onnx_light_ref.io.space import reserve_space
-from onnx_light_ref.io.walker import iter_tensors
+from onnx_light_ref.io.write.copy_engine import CopyRange, ProgressCallback, RangeCopier
+from onnx_light_ref.io.write.destinations import check_outputs, weights_location
+from onnx_light_ref.io.write.publish import OutputTransaction
+from onnx_light_ref.io.write.space import reserve_space
 
 __all__ = ["LinkResult", "link_external_data", "read_checkpoint"]
 
@@ -93,7 +93,7 @@ def read_checkpoint(
     """Every tensor of a ``.safetensors`` file or of a sharded set's ``*.safetensors.index.json``, by key.
 
     The index and every checkpoint file are opened relative to the destination folder's descriptor
-    (:class:`~onnx_light_ref.io.folder.ModelFolder`), never by an absolute path: a folder or file swapped for a
+    (:class:`~onnx_light_ref.io.read.folder.ModelFolder`), never by an absolute path: a folder or file swapped for a
     symbolic link cannot redirect the read.
 
     Args:

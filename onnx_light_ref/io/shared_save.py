@@ -3,12 +3,12 @@
 A tensor that is already EXTERNAL is *reused*: its ``external_data`` entries go verbatim into the new ``.onnx`` and
 no byte of its file is read or written. A tensor carrying inline ``raw_data`` (at least ``size_threshold`` bytes) is
 *new*: its bytes go to one secondary weights file at ``alignment``-multiple offsets (a zero-length one at the end of
-the file, see :mod:`~onnx_light_ref.io.placement`) and its proto is pointed there.
+the file, see :mod:`~onnx_light_ref.io.plan.placement`) and its proto is pointed there.
 
 Guarantees: every check (reused references resolvable, secondary file not a reused file, no tensor both inline and
 external) happens before the first byte is written; files are published as one
-:class:`~onnx_light_ref.io.publish.OutputTransaction` (weights, then ``.onnx``); the caller's model is mutated only
-once everything is written. If publication fails after the mutation, the new tensors are restored from the weights
+:class:`~onnx_light_ref.io.write.publish.OutputTransaction` (weights, then ``.onnx``); the caller's model is mutated
+only once everything is written. If publication fails after the mutation, the new tensors are restored from the weights
 file, so on any error the model is exactly as it was (and the transaction undoes the weights rename when the
 ``.onnx`` rename fails). The new weights are never copied as a whole in memory: each tensor's bytes are written, then
 released. This module never writes to a reused file.
@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 import onnx
 
 from onnx_light_ref.errors import DanglingReferenceError, DestinationConflictError, ExternalDataError
-from onnx_light_ref.io.alignment import validate_alignment
 from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
-from onnx_light_ref.io.copy_engine import ProgressCallback
-from onnx_light_ref.io.destinations import DestinationKey, check_outputs, destination_key, weights_location
-from onnx_light_ref.io.entries import is_external, parse_entry_int, read_entries, write_entries
-from onnx_light_ref.io.locations import (
+from onnx_light_ref.io.plan.alignment import validate_alignment
+from onnx_light_ref.io.plan.placement import Placement, ShardedLayout
+from onnx_light_ref.io.read.entries import is_external, parse_entry_int, read_entries, write_entries
+from onnx_light_ref.io.read.locations import (
     FileIdentity,
     LocationResolver,
     check_external_structure,
@@ -38,13 +37,14 @@ from onnx_light_ref.io.locations import (
     parse_external_data,
     typed_value_fields,
 )
-from onnx_light_ref.io.model_file import check_model_strings, serialize_model
-from onnx_light_ref.io.placement import Placement, ShardedLayout
-from onnx_light_ref.io.publish import OutputTransaction, StagedFile
+from onnx_light_ref.io.read.model_file import check_model_strings, serialize_model
+from onnx_light_ref.io.read.sharing import check_not_shared
+from onnx_light_ref.io.read.walker import TensorSite, inline_reason, iter_tensors
 from onnx_light_ref.io.results import SaveResult
-from onnx_light_ref.io.sharing import check_not_shared
-from onnx_light_ref.io.space import reserve_space
-from onnx_light_ref.io.walker import TensorSite, inline_reason, iter_tensors
+from onnx_light_ref.io.write.copy_engine import ProgressCallback
+from onnx_light_ref.io.write.destinations import DestinationKey, check_outputs, destination_key, weights_location
+from onnx_light_ref.io.write.publish import OutputTransaction, StagedFile
+from onnx_light_ref.io.write.space import reserve_space
 
 __all__ = ["SaveResult", "save_model_with_shared_external_data"]
 

@@ -1,6 +1,6 @@
 """Prove that two models hold the same tensors: names, data types, dims and bytes, however each side stores them.
 
-Every tensor the walker (:func:`onnx_light_ref.io.walker.iter_tensors`) finds is paired with the tensor at the same
+Every tensor the walker (:func:`onnx_light_ref.io.read.walker.iter_tensors`) finds is paired with the tensor at the same
 position of the other model: initializers, sparse initializers (values and indices), node attribute tensors
 (``t``/``tensors``/sparse), subgraphs and functions. A different count or order of tensors is a difference. With
 ``by_name=True`` tensors are paired by their key instead (see :func:`verify_models`), so a model whose tensors a tool
@@ -9,8 +9,8 @@ typed field (``float_data``, ``int64_data``...) or external, in one data file or
 little-endian bytes.
 
 The run is: parse both ``.onnx`` files without their weights (a ``.onnx`` larger than protobuf's 2 GiB limit
-through the wire-format scan of :mod:`onnx_light_ref.io.wire`, its inline payloads left in the file) → walk both and
-validate every external reference as the rest of the package does (inside the model's folder, in bounds, hard links
+through the wire-format scan of :mod:`onnx_light_ref.io.read.wire`, its inline payloads left in the file) → walk both
+and validate every external reference as the rest of the package does (inside the model's folder, in bounds, hard links
 refused) → pair the tensors (by position, or by key) → compare names, places, data types and dims of every pair →
 only then compare bytes, stopping at the first difference.
 
@@ -36,9 +36,9 @@ import onnx
 
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
-from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, open_source
-from onnx_light_ref.io.folder import ModelFolder, open_model_file
-from onnx_light_ref.io.locations import (
+from onnx_light_ref.io.posix import check_single_link, pread_exact
+from onnx_light_ref.io.read.folder import ModelFolder, open_model_file
+from onnx_light_ref.io.read.locations import (
     FileIdentity,
     LocationResolver,
     check_not_hard_linked,
@@ -46,15 +46,15 @@ from onnx_light_ref.io.locations import (
     is_external,
     parse_external_data,
 )
-from onnx_light_ref.io.model_file import (
+from onnx_light_ref.io.read.model_file import (
     PROTOBUF_LIMIT,
     check_model_strings,
     load_model_metadata,
     open_model_folder,
 )
-from onnx_light_ref.io.posix import check_single_link, pread_exact
-from onnx_light_ref.io.walker import TensorSite, describe_place, iter_tensors
-from onnx_light_ref.io.wire import InlinePayload, StrippedModel, load_model_stripped
+from onnx_light_ref.io.read.walker import TensorSite, describe_place, iter_tensors
+from onnx_light_ref.io.read.wire import InlinePayload, StrippedModel, load_model_stripped
+from onnx_light_ref.io.write.copy_engine import CopyRange, ProgressCallback, open_source
 from onnx_light_ref.onnx_compat import typed_raw_bytes
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "ProgressCallback", "VerifyResult", "verify_models"]
@@ -226,10 +226,10 @@ def verify_models(
 ) -> VerifyResult:
     """Compare every tensor of two models, streaming external bytes; report the first difference.
 
-    Tensors are paired by position in :func:`~onnx_light_ref.io.walker.iter_tensors` order; a pair is equal when
+    Tensors are paired by position in :func:`~onnx_light_ref.io.read.walker.iter_tensors` order; a pair is equal when
     its name, kind and place, data type, dims and little-endian bytes are equal. The place is structural
-    (:attr:`~onnx_light_ref.io.walker.TensorSite.place`: the index of every node, attribute, ``graphs`` entry, model
-    function and slot on the way, and a function's domain, name and overload), so a tensor moved between
+    (:attr:`~onnx_light_ref.io.read.walker.TensorSite.place`: the index of every node, attribute, ``graphs`` entry,
+    model function and slot on the way, and a function's domain, name and overload), so a tensor moved between
     ``graphs[0]`` and ``graphs[1]`` of one attribute, between two nodes of the same name or between two overloads of
     a function is a difference. How each side stores a
     tensor does not matter: ``raw_data``, typed fields (``float_data``, ``int32_data``...: converted to their raw
@@ -260,7 +260,7 @@ def verify_models(
 
     A ``.onnx`` up to protobuf's 2 GiB limit is parsed whole, its inline tensors in memory. A larger one (inline
     weights written by a protobuf-free writer) is parsed by the wire-format scan
-    (:func:`~onnx_light_ref.io.wire.load_model_stripped`): only its metadata is parsed, and each inline payload is
+    (:func:`~onnx_light_ref.io.read.wire.load_model_stripped`): only its metadata is parsed, and each inline payload is
     read from the ``.onnx`` through the same two buffers, like an external range; the ``.onnx`` is then opened once
     more and must be the very file scanned (device, inode, size and modification time).
 

@@ -24,7 +24,7 @@ import onnx
 from onnx import AttributeProto
 
 from onnx_light_ref.io.arguments import INT64_MAX
-from onnx_light_ref.io.dtype_sizes import packed_nbytes
+from onnx_light_ref.io.read.dtype_sizes import packed_nbytes
 from onnx_light_ref.ops.dtypes import describe_allowed, dtype_name, is_allowed_dtype, np_dtype_for
 
 __all__ = [

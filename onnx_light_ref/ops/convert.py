@@ -32,7 +32,7 @@ Model-local functions are inlined first (``onnx.inliner.inline_local_functions``
 onnx's evaluator does not hand ``new_ops`` to the evaluators it builds for functions.
 
 This module must never read weight bytes: every reference is validated with
-:func:`onnx_light_ref.io.locations.parse_external_data`, which resolves the location and ``stat``s the file only.
+:func:`onnx_light_ref.io.read.locations.parse_external_data`, which resolves the location and ``stat``s the file only.
 It never mutates the model it is given.
 """
 
@@ -47,8 +47,8 @@ import onnx
 import onnx.inliner
 
 from onnx_light_ref.io.arguments import PathLike, check_int
-from onnx_light_ref.io.folder import ModelFolder
-from onnx_light_ref.io.locations import (
+from onnx_light_ref.io.read.folder import ModelFolder
+from onnx_light_ref.io.read.locations import (
     ExternalRef,
     LocationResolver,
     check_not_hard_linked,
@@ -56,8 +56,8 @@ from onnx_light_ref.io.locations import (
     is_external,
     parse_external_data,
 )
-from onnx_light_ref.io.model_file import load_model_metadata
-from onnx_light_ref.io.walker import defined_names, iter_graphs, iter_tensors
+from onnx_light_ref.io.read.model_file import load_model_metadata
+from onnx_light_ref.io.read.walker import defined_names, iter_graphs, iter_tensors
 from onnx_light_ref.ops.attributes import LOAD_DEVICES
 from onnx_light_ref.ops.dtypes import describe_allowed, dtype_name, is_allowed_dtype
 from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE, SINCE_VERSION, make_delayed_initializer_node
@@ -129,7 +129,7 @@ def plan_delayed_initializers(
     Args:
         model_or_path: A ``.onnx`` path or a ModelProto (copied).
         base_dir: Folder the locations are relative to (default: the model's folder for a path), or a held
-            :class:`~onnx_light_ref.io.folder.ModelFolder` to validate through.
+            :class:`~onnx_light_ref.io.read.folder.ModelFolder` to validate through.
         min_size: Initializers smaller than this many bytes are kept.
 
     Returns:

@@ -9,7 +9,7 @@ Where a ``filename`` may point depends on how the class is made:
 
 * **bound** (``DelayedInitializer.bind(folder)``, what :func:`~onnx_light_ref.ops.reference_evaluator` and the
   ``run`` command use): the folder is opened once, at ``bind()``, and held
-  (:class:`~onnx_light_ref.io.folder.ModelFolder`); every filename is opened relative to that descriptor with no
+  (:class:`~onnx_light_ref.io.read.folder.ModelFolder`); every filename is opened relative to that descriptor with no
   symbolic link on the way and must have one hard link (onnx's loader rule, ``docs/safety.md``); an absolute
   filename must name a file below the folder. A model downloaded from anywhere cannot read ``/etc/passwd`` or
   ``~/.ssh/id_rsa`` through the op (the same concern as onnx's CVE-2022-25882 and CVE-2024-27318 for external
@@ -47,9 +47,9 @@ from onnx.reference.op_run import OpRun
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.arguments import check_bool
-from onnx_light_ref.io.folder import FileIdentity, ModelFolder, relative_below
-from onnx_light_ref.io.locations import check_location_syntax
 from onnx_light_ref.io.posix import pread_exact
+from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder, relative_below
+from onnx_light_ref.io.read.locations import check_location_syntax
 from onnx_light_ref.ops.allocation import allocate_tensor
 from onnx_light_ref.ops.attributes import (
     ATTRIBUTE_TYPES,
@@ -189,7 +189,7 @@ class DelayedInitializer(OpRun):
 
         Args:
             base_dir: the model's folder, made absolute now (a later ``os.chdir`` changes nothing), or a held
-                :class:`~onnx_light_ref.io.folder.ModelFolder`. A folder that does not exist yet is opened at the
+                :class:`~onnx_light_ref.io.read.folder.ModelFolder`. A folder that does not exist yet is opened at the
                 first construction.
             allow_outside_folder: trust the model: absolute filenames are used as they are (the spec's behaviour,
                 needed for models like the spec's examples, whose files are in ``/tmp``), and symbolic links are

@@ -8,8 +8,8 @@ weight and each run reads the weights it uses, straight into the arrays it retur
 reads each weight once.
 
 Confinement: the model's folder is opened once, when the evaluator is built, and held
-(:class:`~onnx_light_ref.io.folder.ModelFolder`); the bound op opens every file relative to that descriptor, with no
-symbolic link on the way and one hard link (onnx's loader rule), so a ``DelayedInitializer`` node already in the
+(:class:`~onnx_light_ref.io.read.folder.ModelFolder`); the bound op opens every file relative to that descriptor, with
+no symbolic link on the way and one hard link (onnx's loader rule), so a ``DelayedInitializer`` node already in the
 model with ``filename="/etc/passwd"`` raises :class:`~onnx_light_ref.errors.UnsafeLocationError` when the evaluator
 is built, before any byte is read, and a folder renamed away and replaced by a symbolic link to ``/etc`` after
 construction changes nothing: the held folder is still read. A file-mode run refuses a weights file replaced or
@@ -38,16 +38,16 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.arguments import check_bool
-from onnx_light_ref.io.locations import (
+from onnx_light_ref.io.posix import pread_exact
+from onnx_light_ref.io.read.locations import (
     ExternalRef,
     LocationResolver,
     check_not_hard_linked,
     is_external,
     parse_external_data,
 )
-from onnx_light_ref.io.model_file import open_model_folder
-from onnx_light_ref.io.posix import pread_exact
-from onnx_light_ref.io.walker import iter_tensors
+from onnx_light_ref.io.read.model_file import open_model_folder
+from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.onnx_compat import refuse_unsupported_evaluator_options
 from onnx_light_ref.ops.convert import delay_initializers
 from onnx_light_ref.ops.delayed_initializer import DelayedInitializer

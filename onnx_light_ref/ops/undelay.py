@@ -32,13 +32,12 @@ from dataclasses import dataclass
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
-from onnx_light_ref.io.alignment import validate_alignment
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
-from onnx_light_ref.io.copy_engine import CopyRange, ProgressCallback, RangeCopier
-from onnx_light_ref.io.destinations import check_outputs, weights_location
-from onnx_light_ref.io.entries import write_entries
-from onnx_light_ref.io.folder import FileIdentity, ModelFolder, relative_below
-from onnx_light_ref.io.locations import (
+from onnx_light_ref.io.plan.alignment import validate_alignment
+from onnx_light_ref.io.plan.placement import ShardedLayout
+from onnx_light_ref.io.read.entries import write_entries
+from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder, relative_below
+from onnx_light_ref.io.read.locations import (
     LocationResolver,
     check_location_syntax,
     check_not_hard_linked,
@@ -46,12 +45,13 @@ from onnx_light_ref.io.locations import (
     is_external,
     parse_external_data,
 )
-from onnx_light_ref.io.model_file import load_model_metadata, open_model_folder, serialize_model
-from onnx_light_ref.io.placement import ShardedLayout
-from onnx_light_ref.io.publish import OutputTransaction
-from onnx_light_ref.io.sharing import check_not_shared
-from onnx_light_ref.io.space import reserve_space
-from onnx_light_ref.io.walker import defined_names, iter_graphs, iter_tensors
+from onnx_light_ref.io.read.model_file import load_model_metadata, open_model_folder, serialize_model
+from onnx_light_ref.io.read.sharing import check_not_shared
+from onnx_light_ref.io.read.walker import defined_names, iter_graphs, iter_tensors
+from onnx_light_ref.io.write.copy_engine import CopyRange, ProgressCallback, RangeCopier
+from onnx_light_ref.io.write.destinations import check_outputs, weights_location
+from onnx_light_ref.io.write.publish import OutputTransaction
+from onnx_light_ref.io.write.space import reserve_space
 from onnx_light_ref.ops.attributes import (
     ATTRIBUTE_TYPES,
     DelayedInitializerParams,

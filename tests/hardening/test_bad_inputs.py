@@ -694,7 +694,7 @@ def failing_move(*, after: int) -> Callable[[Scene], None]:
     """
 
     def setup(scene: Scene) -> None:
-        import onnx_light_ref.io.publish as publish
+        import onnx_light_ref.io.write.publish as publish
 
         real = publish._move
         calls = []

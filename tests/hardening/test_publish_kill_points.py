@@ -1,6 +1,6 @@
 """Deterministic crash tests: SIGKILL every writer at each system call of its publication step, in turn.
 
-``onnx_light_ref.io.publish.before_syscall`` is called before every system call the publication makes (the test
+``onnx_light_ref.io.write.publish.before_syscall`` is called before every system call the publication makes (the test
 seam of that module). A forked child runs one writer with a hook that counts those calls during
 :meth:`OutputTransaction.publish` and SIGKILLs the child at the k-th; a first child, never killed, counts them. For
 every k the destination left behind must be the previous model or the new one, *without any recovery*: it loads in
@@ -41,7 +41,7 @@ from onnx_light_ref import (
     align_external_data_streaming,
     save_model_with_shared_external_data,
 )
-from onnx_light_ref.io import publish
+from onnx_light_ref.io.write import publish
 from onnx_light_ref.ops.convert import delay_initializers
 from onnx_light_ref.ops.undelay import undelay_initializers
 from tests.checks import assert_no_temp_files

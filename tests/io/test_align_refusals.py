@@ -21,8 +21,8 @@ from onnx import numpy_helper
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming
 from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, InvalidModelError, UnsafeLocationError
-from onnx_light_ref.io import publish
 from onnx_light_ref.io.arguments import ArgumentTypeError
+from onnx_light_ref.io.write import publish
 
 WEIGHTS = np.arange(16, dtype=np.float32)  # 64 bytes in model/w.bin
 

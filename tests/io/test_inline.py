@@ -16,8 +16,8 @@ from onnx import helper, numpy_helper
 
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
+from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.verify import verify_models
-from onnx_light_ref.io.walker import iter_tensors
 from tests.checks import onnxruntime_session
 
 OPSET = 18

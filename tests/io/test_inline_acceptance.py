@@ -253,7 +253,7 @@ def test_typed_field_tensors_come_out_as_raw_bytes_with_the_same_values(source: 
 
 
 def _all_tensors(model: onnx.ModelProto) -> list[TensorProto]:
-    from onnx_light_ref.io.walker import iter_tensors
+    from onnx_light_ref.io.read.walker import iter_tensors
 
     return [site.tensor for site in iter_tensors(model)]
 

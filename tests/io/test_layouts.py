@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
+from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.results import AlignResult
 from onnx_light_ref.io.verify import verify_models
-from onnx_light_ref.io.walker import iter_tensors
 from tests.checks import onnxruntime_session
 
 

@@ -10,7 +10,7 @@ import pytest
 from onnx import numpy_helper
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
-from onnx_light_ref.io.locations import (
+from onnx_light_ref.io.read.locations import (
     LocationResolver,
     check_location_syntax,
     check_not_hard_linked,

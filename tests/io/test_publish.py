@@ -18,11 +18,11 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-import onnx_light_ref.io.publish as publish
+import onnx_light_ref.io.write.publish as publish
 from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.io.arguments import ArgumentTypeError
-from onnx_light_ref.io.locations import FileIdentity
-from onnx_light_ref.io.publish import OutputTransaction, StagedFile, publish_all, staged_files
+from onnx_light_ref.io.read.locations import FileIdentity
+from onnx_light_ref.io.write.publish import OutputTransaction, StagedFile, publish_all, staged_files
 from tests.checks import assert_no_temp_files, sha256_of_tree
 from tests.models import write_external_model
 

@@ -21,8 +21,8 @@ from onnx import numpy_helper
 
 from onnx_light_ref.errors import DestinationConflictError, SharedWeightsError
 from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
+from onnx_light_ref.io.read.sharing import folder_sharing
 from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
-from onnx_light_ref.io.sharing import folder_sharing
 from tests.checks import sha256_of_tree
 from tests.models import identity_model, save_external, write_model
 

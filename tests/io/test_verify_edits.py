@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.verify import VerifyResult, verify_models
-from onnx_light_ref.io.walker import iter_tensors
 from tests.checks import sha256_of_tree
 
 OPSET = [helper.make_opsetid("", 21), helper.make_opsetid("ai.test", 1)]

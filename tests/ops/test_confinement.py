@@ -20,7 +20,7 @@ from onnx.reference import ReferenceEvaluator
 
 import onnx_light_ref.ops.delayed_initializer as kernel_module
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
-from onnx_light_ref.io import folder as folder_module
+from onnx_light_ref.io.read import folder as folder_module
 from onnx_light_ref.ops import DelayedInitializer, reference_evaluator
 
 OPSETS = [oh.make_opsetid("", 18), oh.make_opsetid("ai.rt", 1)]

@@ -21,7 +21,7 @@ from onnx.external_data_helper import set_external_data
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
-from onnx_light_ref.io.walker import iter_graphs
+from onnx_light_ref.io.read.walker import iter_graphs
 from onnx_light_ref.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.ops import (
     ALLOWED_DTYPES,

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-from onnx_light_ref.io import folder as folder_module
+from onnx_light_ref.io.read import folder as folder_module
 from onnx_light_ref.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.ops import evaluate as evaluate_module
 from onnx_light_ref.ops import reference_evaluator

@@ -69,13 +69,13 @@ def delayed_copy(source: Path, load_device: str = "file") -> Path:
 
 
 def delayed_nodes(model: onnx.ModelProto) -> int:
-    from onnx_light_ref.io.walker import iter_graphs
+    from onnx_light_ref.io.read.walker import iter_graphs
 
     return sum(node.op_type == "DelayedInitializer" for g in iter_graphs(model.graph) for node in g.node)
 
 
 def external_offsets(model: onnx.ModelProto) -> dict[str, int]:
-    from onnx_light_ref.io.walker import iter_tensors
+    from onnx_light_ref.io.read.walker import iter_tensors
 
     offsets = {}
     for site in iter_tensors(model):

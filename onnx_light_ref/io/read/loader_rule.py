@@ -19,7 +19,7 @@ tree property test, ``tests/hardening/test_oracles.py``, keeps it honest):
   as ``str``: ``TypeError``); ``check_model`` and onnxruntime accept it (as they accept non-UTF-8 names elsewhere,
   as long as the graph is consistent);
 - an EXTERNAL tensor where ``onnx.load`` does not load external data (sparse tensors, function default attributes,
-  ``training_info``: :attr:`~onnx_light_ref.io.walker.TensorSite.onnx_loads`): ``onnx.load`` leaves it EXTERNAL.
+  ``training_info``: :attr:`~onnx_light_ref.io.read.walker.TensorSite.onnx_loads`): ``onnx.load`` leaves it EXTERNAL.
 
 Each rule applies only for the loaders that open the tensor's data (:func:`readers_of`): ``check_model`` and
 onnxruntime never look at ``training_info`` nor at function default attributes (a symlink or an unknown key there
@@ -39,7 +39,7 @@ from typing import Literal
 
 import onnx
 
-from onnx_light_ref.io.walker import TensorSite, inline_reason
+from onnx_light_ref.io.read.walker import TensorSite, inline_reason
 
 __all__ = ["LOADERS", "ORT_KEYS", "Loader", "Refusal", "loader_refusals", "readers_of"]
 
@@ -119,7 +119,7 @@ def loader_refusals(site: TensorSite, base_dir: str, real_model_dir: str | None 
 
 def readers_of(site: TensorSite) -> frozenset[Loader]:
     """The loaders that open this tensor's external data (measured): ``onnx.load`` where it loads it back
-    (:attr:`~onnx_light_ref.io.walker.TensorSite.onnx_loads`); ``check_model`` and onnxruntime everywhere but in
+    (:attr:`~onnx_light_ref.io.read.walker.TensorSite.onnx_loads`); ``check_model`` and onnxruntime everywhere but in
     ``training_info`` and function default attributes, which neither looks at.
 
     Args:

@@ -6,7 +6,8 @@ of a parsed model must be UTF-8 (:func:`check_model_strings`): protobuf hands ba
 code expecting ``str`` (onnx's helpers among them) would fail with a ``TypeError`` or ``UnicodeDecodeError`` far
 from the cause.
 
-This module never reads external weights and never writes a file: publication is :mod:`onnx_light_ref.io.publish`'s.
+This module never reads external weights and never writes a file: publication is
+:mod:`onnx_light_ref.io.write.publish`'s.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any
 import onnx
 
 from onnx_light_ref.errors import InvalidModelError
-from onnx_light_ref.io.folder import ModelFolder, open_model_file
 from onnx_light_ref.io.posix import pread_exact
+from onnx_light_ref.io.read.folder import ModelFolder, open_model_file
 
 __all__ = ["PROTOBUF_LIMIT", "check_model_strings", "load_model_metadata", "not_a_model_file", "serialize_model"]
 

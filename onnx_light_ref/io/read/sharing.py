@@ -24,8 +24,8 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from onnx_light_ref.errors import SharedWeightsError
-from onnx_light_ref.io.entries import is_external
-from onnx_light_ref.io.locations import FileIdentity
+from onnx_light_ref.io.read.entries import is_external
+from onnx_light_ref.io.read.locations import FileIdentity
 
 __all__ = ["ModelReference", "SharedFile", "check_not_shared", "folder_sharing", "model_references"]
 
@@ -64,14 +64,14 @@ def model_references(model_path: str) -> dict[FileIdentity | str, ModelReference
     Returns:
         One :class:`ModelReference` per referenced file; empty when the file is not a parsable model.
     """
-    from onnx_light_ref.io.wire import load_model_stripped  # the wire reader imports much; only writers need it
+    from onnx_light_ref.io.read.wire import load_model_stripped  # the wire reader imports much; only writers need it
 
     try:
         model = load_model_stripped(model_path, min_length=_SKIP_PAYLOADS).model
     except (OSError, ValueError) as exc:  # InvalidModelError is a ValueError
         logger.debug("not a model, skipped: %s (%s)", model_path, exc)
         return {}
-    from onnx_light_ref.io.walker import iter_tensors
+    from onnx_light_ref.io.read.walker import iter_tensors
 
     folder = os.path.dirname(os.path.abspath(model_path))
     found: dict[FileIdentity | str, ModelReference] = {}

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from onnx_light_ref.errors import DestinationConflictError, UnsafeLocationError
-from onnx_light_ref.io.locations import FileIdentity, check_location_syntax, is_inside
+from onnx_light_ref.io.read.locations import FileIdentity, check_location_syntax, is_inside
 
 __all__ = ["DestinationKey", "check_outputs", "destination_key", "weights_location"]
 
@@ -53,7 +53,7 @@ def weights_location(dst_onnx: str, dst_weights: str) -> str:
         dst_weights: its weights file.
 
     Returns:
-        The location, valid for :func:`~onnx_light_ref.io.locations.check_location_syntax` (the rule every reader
+        The location, valid for :func:`~onnx_light_ref.io.read.locations.check_location_syntax` (the rule every reader
         applies).
 
     Raises:

@@ -217,7 +217,7 @@ class ModelFolder:
 
         Args:
             location: the name as the model wrote it (already through
-                :func:`~onnx_light_ref.io.locations.check_location_syntax` for external data).
+                :func:`~onnx_light_ref.io.read.locations.check_location_syntax` for external data).
             tensor_name: the tensor the file is for; messages start ``tensor '<name>': external data file ...``.
             subject: the start of every message instead (a kernel names its node), e.g. ``"node 'w': file 'x'"``.
             check_links: refuse several hard links here (False: the caller checks ``stat.st_nlink`` itself, after

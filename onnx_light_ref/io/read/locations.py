@@ -3,7 +3,7 @@
 Everything the package reads or writes through a ``location`` goes through this module, and every check happens
 here, before any byte is copied: the location is relative, free of ``..`` (the ONNX spec forbids them), of NUL bytes
 and backslashes; the file is opened through the model's folder held by a
-:class:`~onnx_light_ref.io.folder.ModelFolder` (no symbolic link anywhere on the way unless the caller opted in, a
+:class:`~onnx_light_ref.io.read.folder.ModelFolder` (no symbolic link anywhere on the way unless the caller opted in, a
 regular file with one hard link: onnx's loader rule, see ``docs/safety.md``); ``offset + length`` fits in it;
 ``length`` agrees with the tensor's dims and dtype. A validated :class:`ExternalRef` carries the folder, the
 location and the identity of the file, so that whoever reads it later opens it through the same held folder and
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
-from onnx_light_ref.io.dtype_sizes import packed_nbytes
-from onnx_light_ref.io.entries import is_external, parse_entry_int, read_entries
-from onnx_light_ref.io.folder import FileIdentity, ModelFolder
 from onnx_light_ref.io.posix import check_single_link
+from onnx_light_ref.io.read.dtype_sizes import packed_nbytes
+from onnx_light_ref.io.read.entries import is_external, parse_entry_int, read_entries
+from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder
 
 __all__ = [
     "TYPED_VALUE_FIELDS",
@@ -39,7 +39,7 @@ __all__ = [
     "check_not_hard_linked",
     "expected_nbytes",
     "file_identity",
-    "is_external",  # re-exported from onnx_light_ref.io.entries, where it lives
+    "is_external",  # re-exported from onnx_light_ref.io.read.entries, where it lives
     "is_inside",
     "parse_external_data",
     "resolve_location",
@@ -137,7 +137,7 @@ def resolve_location(base_dir: str, location: str, *, tensor_name: str) -> str:
     """Check that ``location`` names a regular file inside ``base_dir`` reachable without a symbolic link.
 
     Checks the syntax (:func:`check_location_syntax`), then opens the file through the folder
-    (:class:`~onnx_light_ref.io.folder.ModelFolder`) and closes it. Hard links are left to
+    (:class:`~onnx_light_ref.io.read.folder.ModelFolder`) and closes it. Hard links are left to
     :func:`check_not_hard_linked`.
 
     Returns:
@@ -197,7 +197,7 @@ def is_inside(real_base: str, real: str) -> bool:
     """Whether the real path ``real`` is ``real_base`` or below it (both already resolved by ``realpath``).
 
     For writers' destination checks only: no reader decides what it may read with it (readers open through
-    :class:`~onnx_light_ref.io.folder.ModelFolder`)."""
+    :class:`~onnx_light_ref.io.read.folder.ModelFolder`)."""
     return os.path.commonpath([real_base, real]) == real_base
 
 
@@ -240,7 +240,7 @@ def expected_nbytes(tensor: onnx.TensorProto, *, label: str | None = None) -> in
     """Byte size of the tensor's raw data from its dims and data type, or None if the type has no fixed size.
 
     The size per element, packing included (FLOAT6: 4 elements in 3 bytes), is
-    :func:`onnx_light_ref.io.dtype_sizes.packed_nbytes`'s, the one place the package computes it.
+    :func:`onnx_light_ref.io.read.dtype_sizes.packed_nbytes`'s, the one place the package computes it.
 
     Never negative: a negative dim makes the size undefined.
 
@@ -296,9 +296,9 @@ def parse_external_data(
 
     ``base_dir`` is the model's folder, or a :class:`LocationResolver` for it when validating many tensors.
 
-    Entries are read by :func:`~onnx_light_ref.io.entries.read_entries` (unknown or duplicated keys are an error
+    Entries are read by :func:`~onnx_light_ref.io.read.entries.read_entries` (unknown or duplicated keys are an error
     here, not a warning: a writer that adds keys we would silently drop is better told) and numbers by
-    :func:`~onnx_light_ref.io.entries.parse_entry_int` (ASCII digits only, within int64). ``length`` is required
+    :func:`~onnx_light_ref.io.read.entries.parse_entry_int` (ASCII digits only, within int64). ``length`` is required
     unless dims and dtype give it; when both exist they must agree. ``offset + length`` must fit in the file.
     """
     name = label or _text(tensor.name)

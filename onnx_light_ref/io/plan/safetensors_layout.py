@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from onnx_light_ref.errors import SafetensorsError
-from onnx_light_ref.io.safetensors_header import SafetensorsEntry, encode_header
+from onnx_light_ref.io.read.safetensors_header import SafetensorsEntry, encode_header
 
 __all__ = [
     "SafetensorsLayout",

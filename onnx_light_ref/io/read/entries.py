@@ -9,7 +9,7 @@ Writing always produces the canonical entries ``location``, ``offset``, ``length
 kept), in that order, and marks the tensor EXTERNAL. Entries that already have those keys in that order only get new
 values: protobuf arenas never give a deleted entry back, so rebuilding every entry grew memory for nothing.
 
-This module never touches the file system; where a location leads is :mod:`onnx_light_ref.io.locations`' business.
+This module never touches the file system; where a location leads is :mod:`onnx_light_ref.io.read.locations`' business.
 """
 
 from __future__ import annotations

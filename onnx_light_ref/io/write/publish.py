@@ -50,11 +50,11 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from onnx_light_ref.io.arguments import check_bool
-from onnx_light_ref.io.locations import FileIdentity
-from onnx_light_ref.io.model_file import serialize_model
 from onnx_light_ref.io.posix import pread_exact, pwrite_all
-from onnx_light_ref.io.space import reserve_space
-from onnx_light_ref.io.walker import iter_tensors
+from onnx_light_ref.io.read.locations import FileIdentity
+from onnx_light_ref.io.read.model_file import serialize_model
+from onnx_light_ref.io.read.walker import iter_tensors
+from onnx_light_ref.io.write.space import reserve_space
 
 __all__ = [
     "OutputTransaction",

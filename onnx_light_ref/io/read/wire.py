@@ -28,9 +28,9 @@ from google.protobuf.message import DecodeError
 
 from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io.arguments import PathLike, check_int
-from onnx_light_ref.io.folder import ModelFolder, open_model_file
-from onnx_light_ref.io.model_file import not_a_model_file
 from onnx_light_ref.io.posix import pread_exact
+from onnx_light_ref.io.read.folder import ModelFolder, open_model_file
+from onnx_light_ref.io.read.model_file import not_a_model_file
 
 __all__ = [
     "MAX_NESTING_DEPTH",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from onnx_light_ref.io.alignment import align_up
+from onnx_light_ref.io.plan.alignment import align_up
 
 __all__ = ["Placement", "ShardedLayout", "shard_path"]
 

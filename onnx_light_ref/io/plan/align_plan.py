@@ -3,14 +3,14 @@
 :func:`plan_alignment` is shared by the streaming and the in-memory aligner (:mod:`onnx_light_ref.io.align`), so their
 outputs are byte-identical by construction. It validates every argument, parses the source ``.onnx`` (without its
 large inline payloads when the streaming aligner externalizes inline tensors), walks every tensor in
-:func:`~onnx_light_ref.io.walker.iter_tensors` order, validates every external reference, picks the inline tensors
+:func:`~onnx_light_ref.io.read.walker.iter_tensors` order, validates every external reference, picks the inline tensors
 to externalize (``size_threshold``), merges identical payloads (identical source ranges always; identical bytes with
-``dedup``), places them with :class:`~onnx_light_ref.io.placement.ShardedLayout` (``alignment``,
-``align_threshold``, ``max_shard_size``), or with :func:`~onnx_light_ref.io.safetensors_layout.plan_safetensors` for
-``weights_format="safetensors"`` (keys, dtypes, order, headers, the index), names the files with
-:mod:`~onnx_light_ref.io.shard_names` once their count is known, and checks that no output is a source.
+``dedup``), places them with :class:`~onnx_light_ref.io.plan.placement.ShardedLayout` (``alignment``,
+``align_threshold``, ``max_shard_size``), or with :func:`~onnx_light_ref.io.plan.safetensors_layout.plan_safetensors`
+for ``weights_format="safetensors"`` (keys, dtypes, order, headers, the index), names the files with
+:mod:`~onnx_light_ref.io.plan.shard_names` once their count is known, and checks that no output is a source.
 
-The only bytes this module reads are those :func:`~onnx_light_ref.io.dedup.find_duplicates` compares (two chunk
+The only bytes this module reads are those :func:`~onnx_light_ref.io.plan.dedup.find_duplicates` compares (two chunk
 buffers) and typed-field tensors converted to raw bytes (small; see ``docs/align.md``). It never writes a file and
 never modifies a source.
 """
@@ -29,14 +29,23 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict, overload
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError
-from onnx_light_ref.io.alignment import validate_alignment
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int, check_optional_int
-from onnx_light_ref.io.copy_engine import CopyRange, open_source
-from onnx_light_ref.io.dedup import BlobSource, find_duplicates
-from onnx_light_ref.io.destinations import check_outputs, weights_location
-from onnx_light_ref.io.entries import is_external
-from onnx_light_ref.io.folder import ModelFolder
-from onnx_light_ref.io.locations import (
+from onnx_light_ref.io.plan.alignment import validate_alignment
+from onnx_light_ref.io.plan.dedup import BlobSource, find_duplicates
+from onnx_light_ref.io.plan.placement import Placement, ShardedLayout
+from onnx_light_ref.io.plan.safetensors_layout import SafetensorsTensor, plan_safetensors
+from onnx_light_ref.io.plan.shard_names import (
+    ShardNames,
+    check_shard_names,
+    default_weights_path,
+    index_path,
+    shard_paths,
+    stale_candidates,
+)
+from onnx_light_ref.io.posix import pread_exact
+from onnx_light_ref.io.read.entries import is_external
+from onnx_light_ref.io.read.folder import ModelFolder
+from onnx_light_ref.io.read.locations import (
     ExternalRef,
     FileIdentity,
     LocationResolver,
@@ -45,21 +54,12 @@ from onnx_light_ref.io.locations import (
     file_identity,
     parse_external_data,
 )
-from onnx_light_ref.io.model_file import check_model_strings, load_model_metadata, open_model_folder
-from onnx_light_ref.io.placement import Placement, ShardedLayout
-from onnx_light_ref.io.posix import pread_exact
-from onnx_light_ref.io.safetensors_layout import SafetensorsTensor, plan_safetensors
-from onnx_light_ref.io.shard_names import (
-    ShardNames,
-    check_shard_names,
-    default_weights_path,
-    index_path,
-    shard_paths,
-    stale_candidates,
-)
-from onnx_light_ref.io.sharing import check_not_shared
-from onnx_light_ref.io.walker import inline_reason, iter_tensors
-from onnx_light_ref.io.wire import InlinePayload, StrippedModel, load_model_stripped
+from onnx_light_ref.io.read.model_file import check_model_strings, load_model_metadata, open_model_folder
+from onnx_light_ref.io.read.sharing import check_not_shared
+from onnx_light_ref.io.read.walker import inline_reason, iter_tensors
+from onnx_light_ref.io.read.wire import InlinePayload, StrippedModel, load_model_stripped
+from onnx_light_ref.io.write.copy_engine import CopyRange, open_source
+from onnx_light_ref.io.write.destinations import check_outputs, weights_location
 from onnx_light_ref.onnx_compat import typed_raw_bytes
 
 if TYPE_CHECKING:
@@ -313,7 +313,7 @@ def plan_alignment(
         chunk_size: size of each of the two buffers used to compare candidate duplicates (None: 1 MiB).
         allow_outside_folder: follow symbolic links in the source's data paths (trusted layouts only).
         replace_shared: replace a weights file that another model of the destination folder references
-            (:func:`~onnx_light_ref.io.sharing.check_not_shared`); False (default) refuses.
+            (:func:`~onnx_light_ref.io.read.sharing.check_not_shared`); False (default) refuses.
         options: ``align_threshold``, ``max_shard_size``, ``dedup``, ``size_threshold``, ``weights_format``,
             ``shard_names`` (:class:`LayoutOptions`), as documented on
             :func:`~onnx_light_ref.io.align.align_external_data_streaming`.

@@ -22,8 +22,8 @@ other system call moves at most ``chunk_size`` bytes. :class:`CopyStats` reports
 :meth:`RangeCopier.cloned_bytes` what the filesystem actually shares.
 
 Durability: with ``durable=True`` the copier starts writeback of each finished stretch of the destination while the
-next is copied (:mod:`onnx_light_ref.io.writeback`), so the caller's final ``fsync`` has little left. The copier
-never fsyncs: that stays with publication. Free space is the caller's too (:mod:`onnx_light_ref.io.space`).
+next is copied (:mod:`onnx_light_ref.io.write.writeback`), so the caller's final ``fsync`` has little left. The copier
+never fsyncs: that stays with publication. Free space is the caller's too (:mod:`onnx_light_ref.io.write.space`).
 
 This module never reads weight bytes into Python objects except through the one bounded buffer of the last
 fallback, and it never writes padding: gaps are left as holes, which read as zeros (the caller sets the final size).
@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
-from onnx_light_ref.io.folder import FileIdentity, ModelFolder
 from onnx_light_ref.io.posix import pread_exact, pwrite_all
-from onnx_light_ref.io.space import shared_extent_bytes
-from onnx_light_ref.io.writeback import DEFAULT_STRETCH, WritebackPacer
+from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder
+from onnx_light_ref.io.write.space import shared_extent_bytes
+from onnx_light_ref.io.write.writeback import DEFAULT_STRETCH, WritebackPacer
 
 __all__ = [
     "CopyMethod",
@@ -158,10 +158,10 @@ def open_source(item: CopyRange) -> int:
     """Open ``item``'s source read-only, refusing a file that is no longer the one that was validated.
 
     A model-relative source (``src_folder`` set) is opened through the folder descriptor held since validation
-    (:meth:`~onnx_light_ref.io.folder.ModelFolder.open_file`: no symbolic link, no escape, one hard link), so a folder
-    or subfolder swapped meanwhile cannot redirect the read. Any other source (the ``.onnx`` the user named, for its
-    inline payloads) is opened by its path with ``O_NOFOLLOW``. Either way the device and inode must be the validated
-    ones: a file replaced since then raises :class:`ExternalDataError` and nothing is read from it.
+    (:meth:`~onnx_light_ref.io.read.folder.ModelFolder.open_file`: no symbolic link, no escape, one hard link), so a
+    folder or subfolder swapped meanwhile cannot redirect the read. Any other source (the ``.onnx`` the user named, for
+    its inline payloads) is opened by its path with ``O_NOFOLLOW``. Either way the device and inode must be the
+    validated ones: a file replaced since then raises :class:`ExternalDataError` and nothing is read from it.
 
     Raises:
         ExternalDataError: the file was replaced (or became a symbolic link, or cannot be opened).

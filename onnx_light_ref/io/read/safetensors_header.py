@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from onnx_light_ref.errors import SafetensorsError
-from onnx_light_ref.io.alignment import align_up
+from onnx_light_ref.io.plan.alignment import align_up
 
 __all__ = [
     "DTYPE_BITS",
