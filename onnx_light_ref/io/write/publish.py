@@ -53,10 +53,12 @@ from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.posix import pread_exact, pwrite_all
 from onnx_light_ref.io.read.locations import FileIdentity
 from onnx_light_ref.io.read.model_file import serialize_model
+from onnx_light_ref.io.read.sharing import model_references
 from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.write.space import reserve_space
 
 __all__ = [
+    "FamilyTransaction",
     "OutputTransaction",
     "StagedFile",
     "folder_lock",
@@ -760,5 +762,217 @@ class _Publication:
         if not previous.known:
             return
         keep = set(self.keep) | set(previous.identities)
+        for staged in self.weights:
+            _remove_stale(staged.final_path, _BRIDGE_SUFFIX, keep, ours_too=True)
+
+
+# ------------------------------------------------------------------------------------- a family of models
+
+
+class FamilyTransaction(OutputTransaction):
+    """The outputs of a family of models, published together: shared weights files, then every member's ``.onnx``.
+
+    Stage the weights files with :meth:`stage` as for :class:`OutputTransaction`, then call :meth:`publish_models`
+    once with every member's path and serialized bytes. A process killed at *any* system call leaves every member
+    loadable, computing its previous or its new values (members are committed one after the other, so some may be
+    new and others previous); a failure that raises undoes every move, leaving the whole family as it was.
+
+    The order of the moves (under the lock of every destination folder):
+
+    * weights names that no previous member references are moved into place first (no previous member reads them);
+    * when a previous member references a weights name the family writes again (re-running over the same folder),
+      that name cannot change while any previous member may still read it. Each such new file is first renamed to a
+      bridge name; every member is then swapped in as a *bridge* ``.onnx`` referencing the bridge files (commit A of
+      each member: it computes its new values); once no model references the final names any more, a copy of each
+      bridge file (a reflink clone where the filesystem can) takes its final name, then each member's final
+      ``.onnx`` is swapped in (commit B) and the bridge files are deleted;
+    * otherwise each member's ``.onnx`` is swapped in: its one commit.
+
+    Bridge files of dead runs are swept unless a model of the destination folders still references them; those the
+    replaced members referenced are deleted after the last commit (see the module docstring for the single model).
+    """
+
+    def publish_models(
+        self, models: Sequence[tuple[str, bytes]], *, before_commit: Callable[[], None] | None = None
+    ) -> list[StagedFile]:
+        """Write each member's ``.onnx`` under a temp name, then publish the staged weights and every member.
+
+        ``before_commit`` (when given) runs after every file is flushed, under the folder locks, right before the
+        first move (the writer's checks, again); what it raises leaves every destination as it was.
+
+        Returns the members' :class:`StagedFile` objects (committed), in the order given. Raises what writing or
+        moving raises, after undoing every move already done.
+        """
+        weights = list(self.files)
+        staged: list[StagedFile] = []
+        for path, data in models:
+            member = self.stage(path)
+            member.write_all(data, 0)
+            staged.append(member)
+        for item in self.files:
+            item.flush()
+        with folder_lock([os.path.dirname(item.final_path) for item in self.files]):
+            if before_commit is not None:
+                before_commit()
+            _FamilyPublication(weights, staged, [data for _, data in models], self.keep).run()
+        return staged
+
+
+def _model_files_in(folders: Collection[str]) -> list[str]:
+    """Every ``.onnx`` (any case) directly in ``folders``: the models that may reference a file there."""
+    found: list[str] = []
+    for folder in dict.fromkeys(folders):
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            found.extend(
+                entry.path
+                for entry in entries
+                if entry.name.lower().endswith(".onnx") and entry.is_file(follow_symlinks=False)
+            )
+    return sorted(found)
+
+
+def _referenced_by_others(folders: Collection[str], members: Collection[str]) -> frozenset[FileIdentity]:
+    """Identities of the files that the models of ``folders`` other than ``members`` reference (metadata only)."""
+    own = {os.path.normpath(path) for path in members}
+    found: set[FileIdentity] = set()
+    for model_path in _model_files_in(folders):
+        if os.path.normpath(model_path) in own:
+            continue
+        found.update(key for key in model_references(model_path) if isinstance(key, FileIdentity))
+    return frozenset(found)
+
+
+class _FamilyPublication:
+    """One family publication, run under the folder locks (see :class:`FamilyTransaction` for the order)."""
+
+    def __init__(
+        self,
+        weights: Sequence[StagedFile],
+        models: Sequence[StagedFile],
+        model_bytes: Sequence[bytes],
+        keep: Collection[FileIdentity],
+    ) -> None:
+        self.weights = weights
+        self.models = models
+        self.model_bytes = model_bytes
+        self.keep = frozenset(keep)
+        self.durable = models[0].durable if models else True
+        self.moves: list[_Move] = []
+        self.extra: list[StagedFile] = []  # bridge models and final-name copies
+        self.bridges: list[str] = []
+        self.previous: list[_References] = []
+        self.first_bridge_commit: int | None = None  # index in `moves` of the first member's commit A
+        self.folders = sorted({os.path.dirname(staged.final_path) for staged in [*weights, *models]})
+        self.in_use: frozenset[FileIdentity] = frozenset()
+
+    def run(self) -> None:
+        self.previous = [_read_references(model.final_path) for model in self.models]
+        self.in_use = _referenced_by_others(self.folders, [model.final_path for model in self.models])
+        self._sweep_bridges()
+        clashing = [staged for staged in self.weights if any(p.has(staged.final_path) for p in self.previous)]
+        try:
+            for staged in self.weights:
+                if staged not in clashing:
+                    self.moves.append(_move(staged.temp_path, staged.final_path))
+            if clashing:
+                self._publish_bridged(clashing)
+            else:
+                _fsync_folders([staged.final_path for staged in self.weights], self.durable)
+                for model in self.models:
+                    self.moves.append(_move(model.temp_path, model.final_path))  # the member's commit
+        except BaseException:
+            kept = _undo_all(self.moves)
+            if self.first_bridge_commit is not None and kept > self.first_bridge_commit:
+                # A bridge commit could not be undone (no RENAME_EXCHANGE): that member references its bridge files,
+                # which must stay; the next publication to it removes them.
+                for staged in self.weights:
+                    staged.keep_temp = True
+            _discard_all(self.extra)
+            raise
+        self._finish()
+
+    def _publish_bridged(self, clashing: Sequence[StagedFile]) -> None:
+        """Commit A of every member (bridge names), the final weights names, then commit B of every member."""
+        mapping: dict[str, str] = {}
+        for staged in clashing:
+            bridge = _own_name(staged.final_path, _BRIDGE_SUFFIX)
+            _syscall("rename")
+            os.rename(staged.temp_path, bridge)
+            self.bridges.append(bridge)
+            staged.temp_path = bridge  # after a failure the caller's cleanup deletes it (unless a model uses it)
+            mapping[os.path.normpath(staged.final_path)] = bridge
+        bridge_models = []
+        for model, model_bytes in zip(self.models, self.model_bytes, strict=True):
+            bridge_model = StagedFile(model.final_path, durable=self.durable, keep=self.keep)
+            self.extra.append(bridge_model)
+            bridge_model.write_all(_bridge_model(model_bytes, model.final_path, mapping), 0)
+            bridge_model.flush()
+            bridge_models.append(bridge_model)
+        _fsync_folders([*self.bridges, *(staged.final_path for staged in self.weights)], self.durable)
+        self.first_bridge_commit = len(self.moves)
+        for model, bridge_model in zip(self.models, bridge_models, strict=True):
+            self.moves.append(_move(bridge_model.temp_path, model.final_path))  # commit A of this member
+        _fsync_folders([model.final_path for model in self.models], self.durable)
+        # No model references a final name of `clashing` any more: the previous members are replaced, the others
+        # never did (the writer's sharing check, again under this lock).
+        for staged, bridge in zip(clashing, self.bridges, strict=True):
+            copy = StagedFile(staged.final_path, durable=self.durable, keep=self.keep)
+            self.extra.append(copy)
+            assert copy.fd is not None
+            _copy_file(bridge, copy.fd, os.stat(bridge).st_size, staged.final_path)
+            copy.flush()
+            self.moves.append(_move(copy.temp_path, staged.final_path))  # its temp name now holds the previous file
+        _fsync_folders([staged.final_path for staged in clashing], self.durable)
+        for model in self.models:
+            self.moves.append(_move(model.temp_path, model.final_path))  # commit B of this member
+
+    def _finish(self) -> None:
+        """After the last commit: delete the previous versions, the bridges, and release every lock."""
+        for staged in [*self.weights, *self.models]:
+            staged.committed = True
+        _fsync_folders([model.final_path for model in self.models], self.durable)
+        _delete_previous(self.moves)
+        for path in [*self.bridges, *self._previous_bridges()]:
+            with contextlib.suppress(FileNotFoundError):
+                _syscall("unlink")
+                os.unlink(path)
+        for staged in [*self.weights, *self.models, *self.extra]:
+            staged._release_lock()
+        if self.bridges:
+            _fsync_folders(self.bridges, self.durable)
+
+    def _previous_bridges(self) -> list[str]:
+        """Bridge files the replaced members referenced (a family run killed between its commits), now unused.
+
+        Only those in a locked folder, whose writer is dead (or is this process), whose lock is free and that no
+        other model of the folders references.
+        """
+        locked = set(self.folders)
+        found = []
+        for path in sorted({path for previous in self.previous for path in previous.paths}):
+            match = _ANY_BRIDGE.match(os.path.basename(path))
+            if not match or os.path.dirname(path) not in locked or not _writer_gone(int(match.group(1)), ours_too=True):
+                continue
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            identity = FileIdentity(st.st_dev, st.st_ino)
+            if (
+                stat.S_ISREG(st.st_mode)
+                and identity not in self.keep
+                and identity not in self.in_use
+                and _lock_free(path, st)
+            ):
+                found.append(path)
+        return found
+
+    def _sweep_bridges(self) -> None:
+        """Delete bridge files of this family's weights names left by a dead run, unless some model uses them."""
+        if not all(previous.known for previous in self.previous):
+            return
+        keep = set(self.keep) | set(self.in_use)
+        for previous in self.previous:
+            keep |= previous.identities
         for staged in self.weights:
             _remove_stale(staged.final_path, _BRIDGE_SUFFIX, keep, ours_too=True)

@@ -1,0 +1,424 @@
+"""Align a family of models into one folder over one set of weights files, each distinct payload stored once.
+
+Exporters write families that hold the same weights under different names: a decoder and a decoder-with-past, an
+encoder-decoder pair sharing embeddings, task heads over one backbone. :func:`align_models` writes
+``<folder>/<basename of each source>`` and one set of aligned (optionally sharded, safetensors) weights files that
+every member points into: each distinct payload once, found by comparing bytes as ``dedup=True`` does inside one
+model (tensor names and owning model do not matter).
+
+It reads plan → check → copy → publish, like the aligner it is built from: :mod:`~onnx_light_ref.io.plan.family_plan`
+walks every source (metadata only) and lays the payloads out with the aligner's own planning functions; every check
+on destinations lives in :func:`_check_family_plan`, run before any weight byte is read, again once the layout is
+known, and once more under the folder lock right before the first move; bytes go file to file through the aligner's
+copy engine (reflinks kept, memory bounded by one chunk); the weights files and every member are published as one
+:class:`~onnx_light_ref.io.write.publish.FamilyTransaction`. This module never modifies a source file and never
+deletes a file it did not create.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+from collections.abc import Iterable, Sequence
+
+import onnx
+
+from onnx_light_ref.errors import DestinationConflictError, ExternalDataError
+from onnx_light_ref.io.align import _copy_streaming, _rewrite_entries
+from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
+from onnx_light_ref.io.plan.align_plan import SITE_INLINE, SITE_KEPT, LayoutOptions, WeightsFormat, check_layout_options
+from onnx_light_ref.io.plan.family_plan import FamilyPlan, default_family_weights, lay_out_family, walk_family
+from onnx_light_ref.io.plan.shard_names import ShardNames
+from onnx_light_ref.io.read.locations import FileIdentity, file_identity
+from onnx_light_ref.io.read.model_file import serialize_model
+from onnx_light_ref.io.read.sharing import check_not_shared, model_references
+from onnx_light_ref.io.read.walker import inline_reason, iter_tensors
+from onnx_light_ref.io.results import FamilyMember, FamilyResult, SharedTensor
+from onnx_light_ref.io.write.copy_engine import CopyStats, ProgressCallback
+from onnx_light_ref.io.write.destinations import check_outputs, weights_location
+from onnx_light_ref.io.write.publish import FamilyTransaction
+
+__all__ = ["FamilyResult", "align_models"]
+
+logger = logging.getLogger(__name__)
+
+_DEFAULT_CHUNK = 4 * 1024 * 1024  # as the streaming aligner: bytes per copy call, and each dedup compare buffer
+_INDEX_MAX_BYTES = 64 * 1024 * 1024  # an existing index.json larger than this is not read to decide who owns it
+
+
+def align_models(
+    src_onnx_paths: Iterable[PathLike],
+    dst_folder: PathLike,
+    *,
+    weights_name: PathLike | None = None,
+    alignment: int = 4096,
+    align_threshold: int = 0,
+    max_shard_size: int | None = None,
+    shard_names: ShardNames = None,
+    weights_format: WeightsFormat = "onnx",
+    size_threshold: int | None = None,
+    durable: bool = True,
+    progress: ProgressCallback | None = None,
+    allow_outside_folder: bool = False,
+    overwrite: bool = False,
+    chunk_size: int = _DEFAULT_CHUNK,
+) -> FamilyResult:
+    """Write a family of models into ``dst_folder`` over one set of weights files, each distinct payload once.
+
+    Each source becomes ``<dst_folder>/<its basename>``; all of them point into the same aligned weights files,
+    which hold every distinct payload of the family once: payloads are compared byte for byte (equal lengths, then
+    samples, digests and the bytes themselves, as ``dedup=True`` does inside one model), whatever the tensors'
+    names and whichever member owns them. Sources may live in different folders and share nothing on disk. Weight
+    bytes go file to file through the kernel (reflinks kept), never through memory beyond one ``chunk_size``
+    buffer; every check passes and free space is reserved before the first byte is written.
+
+    The family is one transaction: the weights files, then every member, are published under the folder's lock;
+    a process killed at any system call leaves every member loadable and computing its previous or its new values,
+    and a failure that raises leaves the folder as it was. Re-running over the same folder with the same member
+    names replaces the family as a whole (shared weights names the previous members use are bridged, see
+    ``docs/align_models.md``).
+
+    Args:
+        src_onnx_paths: the members' source models (at least one; no two with the same basename). Their files
+            are read, never modified.
+        dst_folder: the folder to write; it must exist. A source inside it that the run would replace is refused.
+        weights_name: the (first) weights file, relative to ``dst_folder`` (or an absolute path inside it);
+            default ``weights.data`` (``weights.onnx_data`` with ``shard_names="transformers.js"``,
+            ``model.safetensors`` for safetensors). Shards are named from it as for the aligners.
+        alignment: tensor offsets are multiples of it: a power of two, or 0/1 for packed (no padding).
+        align_threshold: only payloads of at least this many bytes start aligned; smaller ones are packed. 0
+            (default) aligns every payload.
+        max_shard_size: at most this many bytes per weights file (a payload is never split). None: one file.
+        shard_names: how the weights files are named: None (``W``, ``W.1``...), ``"hf"`` or ``"transformers.js"``.
+        weights_format: ``"onnx"`` (raw files, default) or ``"safetensors"`` (each distinct payload under the name
+            of its first tensor; a name another payload already took becomes ``<member file name>/<name>``).
+        size_threshold: None (default) keeps inline tensors inline; an int moves every inline tensor of at least
+            that many bytes that onnx's loader reads back into the shared weights (keep it at 1024 or more so that
+            shape tensors stay inline: onnxruntime cannot read them from external data).
+        durable: fsync every output and the folder (default); ``False``: same bytes, same atomic moves, no fsync.
+        progress: called as ``progress(done_bytes, total_bytes)`` while bytes move.
+        allow_outside_folder: follow symbolic links in the sources' data paths (trusted layouts only).
+        overwrite: replace an existing file of ``dst_folder`` that a weights file of the run would land on even
+            when no member being replaced references it. False (default) refuses, naming the file. A member's
+            ``.onnx`` and the files the previous members reference are always replaced.
+        chunk_size: at most this many bytes per system call (an int >= 1); also each of the two buffers dedup
+            compares with.
+
+    Returns:
+        A :class:`~onnx_light_ref.io.results.FamilyResult`: an ``int`` equal to the bytes of all weights files
+        (padding included) carrying each member's path and tensors, the weights files, the unique bytes, the bytes
+        saved against storing each member separately, the shared tensors and the stale files left in the folder.
+
+    Raises:
+        ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type), no source,
+            more than 100 files with ``shard_names="transformers.js"``.
+        InvalidModelError: a source is not an ONNX model, or a result cannot be serialized.
+        ExternalDataError: a malformed or out-of-bounds reference in a source (``UnsafeLocationError`` for an
+            unsafe location or hard-linked source file; ``SafetensorsError`` for keys or data types safetensors
+            refuses); ``DestinationConflictError`` for two sources with one basename, an output that is a source
+            (a source inside ``dst_folder`` that the run would replace) or another output, or an existing file the
+            run would replace without ``overwrite``; ``SharedWeightsError`` for a weights file another model of the
+            folder (not a member) uses, named in the message.
+        FileNotFoundError: a source, a referenced file or ``dst_folder`` does not exist.
+        OSError: the copy or the publication failed (``ENOSPC`` before the first byte when the disk is too small).
+    """
+    sources = _source_paths(src_onnx_paths)
+    check_bool("overwrite", overwrite)
+    check_bool("allow_outside_folder", allow_outside_folder)
+    check_int("chunk_size", chunk_size, minimum=1)
+    layout = check_layout_options(
+        align_threshold,
+        max_shard_size,
+        False,
+        size_threshold,
+        durable,
+        weights_format=weights_format,
+        shard_names=shard_names,
+    )
+    folder = _destination_folder(dst_folder)
+    weights = _weights_path(folder, weights_name, layout)
+    plan = walk_family(
+        sources, folder, weights, alignment=alignment, layout=layout, allow_outside_folder=allow_outside_folder
+    )
+    _check_family_plan(plan, overwrite=overwrite)  # before any weight byte is read
+    lay_out_family(plan, chunk_size)
+    _check_family_plan(plan, overwrite=overwrite)  # every output named
+    previous = _previous_files(plan)
+    outputs = FamilyTransaction(durable=durable, keep=plan.keep)
+    with outputs:
+        stats = _copy_streaming(plan.members[0], outputs, chunk_size, durable, progress)
+        for member in plan.members:
+            _rewrite_entries(member)
+        if plan.index is not None:  # a sharded safetensors set's index.json, in the same transaction
+            index_path, index_bytes = plan.index
+            staged = outputs.stage(index_path)
+            staged.write_all(index_bytes, 0)
+            staged.set_size(len(index_bytes))
+        outputs.publish_models(
+            [(member.dst_onnx_path, serialize_model(member.model)) for member in plan.members],
+            before_commit=lambda: _check_family_plan(plan, overwrite=overwrite),
+        )
+    result = _result(plan, stats, previous)
+    _log(result)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------- arguments
+
+
+def _source_paths(src_onnx_paths: object) -> list[str]:
+    if isinstance(src_onnx_paths, (str, bytes, os.PathLike)) or not isinstance(src_onnx_paths, Iterable):
+        raise ArgumentTypeError(
+            f"src_onnx_paths must be a list of model paths, got {type(src_onnx_paths).__name__} {src_onnx_paths!r}."
+        )
+    paths = []
+    for path in src_onnx_paths:
+        if not isinstance(path, (str, os.PathLike)):
+            raise ArgumentTypeError(f"src_onnx_paths must hold paths, got {type(path).__name__} {path!r}.")
+        paths.append(os.path.abspath(os.fspath(path)))
+    if not paths:
+        raise ValueError("src_onnx_paths is empty: align_models needs at least one source model.")
+    return paths
+
+
+def _destination_folder(dst_folder: object) -> str:
+    if not isinstance(dst_folder, (str, os.PathLike)):
+        raise ArgumentTypeError(f"dst_folder must be a path, got {type(dst_folder).__name__} {dst_folder!r}.")
+    folder = os.path.abspath(os.fspath(dst_folder))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(
+            errno.ENOENT, f"destination folder does not exist (or is not a folder): {folder!r}", folder
+        )
+    return folder
+
+
+def _weights_path(folder: str, weights_name: object, layout: LayoutOptions) -> str:
+    if weights_name is None:
+        return os.path.join(folder, default_family_weights(layout.weights_format, layout.shard_names))
+    if not isinstance(weights_name, (str, os.PathLike)):
+        raise ArgumentTypeError(f"weights_name must be a path, got {type(weights_name).__name__} {weights_name!r}.")
+    return os.path.abspath(os.path.join(folder, os.fspath(weights_name)))
+
+
+# ---------------------------------------------------------------------------------------------------- checks
+
+
+def _check_family_plan(plan: FamilyPlan, *, overwrite: bool) -> None:
+    """Every check on what the family writes, in one place: run before reading, after the layout, under the lock.
+
+    Raises:
+        DestinationConflictError: two sources with one basename, an output that is a source or another output, an
+            existing file the run would replace without ``overwrite`` (``SharedWeightsError``: a weights file
+            another model of the folder uses).
+        UnsafeLocationError: a weights file outside the folder or reached through a symlink.
+        ExternalDataError: a tensor the plan externalizes where onnx's loader would not read it back.
+        FileNotFoundError: the folder is gone.
+    """
+    _refuse_shared_basenames(plan.sources)
+    anchor = plan.destinations[0]
+    for path in plan.weights_outputs:
+        weights_location(anchor, path)
+    check_outputs(anchor, [*plan.destinations[1:], *plan.weights_outputs], plan.source_files)
+    check_not_shared(plan.weights_outputs, anchor, replace_shared=False, writer_models=plan.destinations)
+    _check_tensor_sites(plan)
+    if not overwrite:
+        _refuse_foreign_files(plan)
+
+
+def _refuse_shared_basenames(sources: Sequence[str]) -> None:
+    seen: dict[str, str] = {}
+    for source in sources:
+        name = os.path.basename(source)
+        if name in seen:
+            raise DestinationConflictError(
+                f"sources {seen[name]!r} and {source!r} have the same file name {name!r}: align_models writes "
+                "each member as <folder>/<its file name>, so one would overwrite the other. Rename one of them; "
+                "nothing was written."
+            )
+        seen[name] = source
+
+
+def _check_tensor_sites(plan: FamilyPlan) -> None:
+    """Every tensor the plan moves out of a ``.onnx`` is one onnx's loader reads back from external data."""
+    for walk in plan.walks:
+        for site, kind in zip(iter_tensors(walk.model), walk.sites, strict=False):
+            reason = inline_reason(site) if kind == SITE_INLINE else None
+            if reason is not None:
+                raise ExternalDataError(
+                    f"tensor {site.label!r} ({site.where}) of {walk.src_onnx!r} would move to external data, but "
+                    f"onnx's loader does not read it back from there ({reason}); nothing was written."
+                )
+
+
+def _refuse_foreign_files(plan: FamilyPlan) -> None:
+    """Refuse to replace an existing file that no member being replaced references (``overwrite`` opts in)."""
+    owned = _owned_identities(plan)
+    for path in plan.weights_outputs:
+        if not os.path.lexists(path):
+            continue
+        identity = _lstat_identity(path)
+        if identity in owned or (plan.index is not None and path == plan.index[0] and _index_owned(path, owned)):
+            continue
+        raise DestinationConflictError(
+            f"{path!r} exists and no model this run replaces uses it ({', '.join(map(repr, plan.destinations))}): "
+            "align_models replaces only the members' .onnx files and the files their previous versions reference. "
+            "Pass overwrite=True (--overwrite) to replace it, or choose another weights name; nothing was written."
+        )
+
+
+def _owned_identities(plan: FamilyPlan) -> set[FileIdentity]:
+    """Identities of the files the existing versions of the members reference (replaced by this run)."""
+    owned: set[FileIdentity] = set()
+    for destination in plan.destinations:
+        if os.path.isfile(destination):
+            owned.update(key for key in model_references(destination) if isinstance(key, FileIdentity))
+    return owned
+
+
+def _lstat_identity(path: str) -> FileIdentity | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return FileIdentity(st.st_dev, st.st_ino)
+
+
+def _index_owned(index_path: str, owned: set[FileIdentity]) -> bool:
+    """An existing safetensors index is the family's when it lists a file a replaced member references."""
+    try:
+        if os.path.getsize(index_path) > _INDEX_MAX_BYTES:
+            return False
+        with open(index_path, encoding="utf-8") as handle:
+            weight_map = json.load(handle).get("weight_map", {})
+    except (OSError, ValueError, AttributeError):
+        return False
+    folder = os.path.dirname(index_path)
+    files = {value for value in weight_map.values() if isinstance(value, str)} if isinstance(weight_map, dict) else ()
+    return any(file_identity(os.path.join(folder, name)) in owned for name in files)
+
+
+# -------------------------------------------------------------------------------------------------- results
+
+
+def _previous_files(plan: FamilyPlan) -> set[str]:
+    """Files the existing versions of the members reference: stale after the run if no model uses them any more."""
+    found: set[str] = set()
+    for destination in plan.destinations:
+        if os.path.isfile(destination):
+            for reference in model_references(destination).values():
+                found.add(os.path.normpath(os.path.join(plan.dst_folder, reference.location)))
+    return found
+
+
+def _unused(paths: Iterable[str], plan: FamilyPlan) -> list[str]:
+    """Those of ``paths`` that exist and that no ``.onnx`` of their folder references (after the publication)."""
+    candidates = [path for path in sorted(set(paths)) if os.path.isfile(path)]
+    if not candidates:
+        return []
+    used: set[FileIdentity | str] = set()
+    for folder in {os.path.dirname(path) for path in candidates}:
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.lower().endswith(".onnx") and entry.is_file(follow_symlinks=False):
+                    used.update(model_references(entry.path))
+    return [path for path in candidates if file_identity(path) not in used and path not in plan.weights_outputs]
+
+
+def _result(plan: FamilyPlan, stats: CopyStats, previous: set[str]) -> FamilyResult:
+    placement = plan.placement
+    assert placement is not None
+    owners: dict[int, set[int]] = {}
+    for index in range(len(plan.walks)):
+        for payload in plan.member_range(index):
+            owners.setdefault(plan.first[payload], set()).add(index)
+    shared = {payload for payload, members in owners.items() if len(members) > 1}
+    users: dict[int, list[tuple[str, str]]] = {payload: [] for payload in sorted(shared)}
+    members = []
+    for index, (walk, member) in enumerate(zip(plan.walks, plan.members, strict=True)):
+        labels = _moved_labels(walk.model, walk.sites)
+        span = plan.member_range(index)
+        for payload, label in zip(span, labels, strict=True):
+            if plan.first[payload] in shared:
+                users[plan.first[payload]].append((member.dst_onnx_path, label))
+        distinct = {plan.first[payload] for payload in span}
+        members.append(
+            FamilyMember(
+                walk.src_onnx,
+                member.dst_onnx_path,
+                walk.moved,
+                sum(plan.payloads.lengths[payload] for payload in distinct),
+                sum(1 for payload in span if plan.first[payload] in shared),
+                walk.externalized,
+                dict(walk.kept_inline),
+            )
+        )
+    shared_tensors = [
+        SharedTensor(
+            plan.shards[placement.shards[payload]].path,
+            placement.offsets[payload],
+            plan.payloads.lengths[payload],
+            tuple(found),
+        )
+        for payload, found in users.items()
+    ]
+    kept: dict[str, int] = {}
+    for walk in plan.walks:
+        for reason, count in walk.kept_inline.items():
+            kept[reason] = kept.get(reason, 0) + count
+    bytes_by_method: dict[str, int] = {method: count for method, count in stats.bytes_by_method.items() if count}
+    stale = sorted({*plan.stale_weights_files, *_unused(previous, plan)})
+    return FamilyResult(
+        plan.total_size,
+        members=members,
+        weights_files=[shard.path for shard in plan.shards],
+        unique_bytes=plan.unique_bytes,
+        separate_bytes=sum(plan.separate_bytes(index) for index in range(len(plan.walks))),
+        shared_tensors=shared_tensors,
+        tensors=len(plan.payloads),
+        deduplicated_tensors=placement.deduplicated_tensors,
+        deduplicated_bytes=placement.deduplicated_bytes,
+        externalized_tensors=sum(walk.externalized for walk in plan.walks),
+        copy_methods=bytes_by_method,
+        bytes_by_method=bytes_by_method,
+        clone_eligible_bytes=stats.clone_eligible_bytes,
+        stale_weights_files=[path for path in stale if os.path.lexists(path)],
+        weights_format=plan.layout.weights_format,
+        index_file=plan.index[0] if plan.index is not None else None,
+        unaligned_tensors=placement.unaligned,
+        kept_inline_reasons=kept,
+    )
+
+
+def _moved_labels(model: onnx.ModelProto, sites: bytearray) -> list[str]:
+    """The walker label of every moved tensor of ``model``, in walk order."""
+    return [site.label for site, kind in zip(iter_tensors(model), sites, strict=True) if kind != SITE_KEPT]
+
+
+def _log(result: FamilyResult) -> None:
+    logger.info(
+        "wrote %d member(s) over %d weights file(s) %s: %d bytes (%d unique, %d saved against separate copies, "
+        "%d shared tensors)",
+        len(result.members),
+        len(result.weights_files),
+        ", ".join(result.weights_files),
+        result,
+        result.unique_bytes,
+        result.saved_bytes,
+        len(result.shared_tensors),
+    )
+    if result.unaligned_tensors:
+        logger.warning(
+            "%d tensor(s) of at least align_threshold bytes could not start aligned in the safetensors data "
+            "section: %s",
+            len(result.unaligned_tensors),
+            ", ".join(result.unaligned_tensors),
+        )
+    if result.stale_weights_files:
+        logger.warning(
+            "%d file(s) of the folder are used by no model any more (an earlier run's), not deleted: %s",
+            len(result.stale_weights_files),
+            ", ".join(result.stale_weights_files),
+        )
