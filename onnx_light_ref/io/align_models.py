@@ -232,6 +232,11 @@ def _refuse_shared_basenames(sources: Sequence[str]) -> None:
     seen: dict[str, str] = {}
     for source in sources:
         name = os.path.basename(source)
+        if name in seen and seen[name] == source:
+            raise DestinationConflictError(
+                f"source {source!r} is given twice: each member is written once, as <folder>/{name}; nothing was "
+                "written."
+            )
         if name in seen:
             raise DestinationConflictError(
                 f"sources {seen[name]!r} and {source!r} have the same file name {name!r}: align_models writes "
