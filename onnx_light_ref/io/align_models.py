@@ -39,7 +39,7 @@ from onnx_light_ref.io.read.walker import inline_reason, iter_tensors
 from onnx_light_ref.io.results import FamilyMember, FamilyResult, SharedTensor
 from onnx_light_ref.io.write.copy_engine import CopyStats, ProgressCallback
 from onnx_light_ref.io.write.destinations import check_outputs, weights_location
-from onnx_light_ref.io.write.publish import FamilyTransaction
+from onnx_light_ref.io.write.publish import FamilyTransaction, family_leftovers
 
 __all__ = ["FamilyResult", "align_models"]
 
@@ -160,6 +160,7 @@ def align_models(
         outputs.publish_models(
             [(member.dst_onnx_path, serialize_model(member.model)) for member in plan.members],
             before_commit=lambda: _check_family_plan(plan, overwrite=overwrite),
+            journal=plan.weights_base if plan.shards else None,
         )
     result = _result(plan, stats, previous)
     _log(result)
@@ -259,10 +260,14 @@ def _check_tensor_sites(plan: FamilyPlan) -> None:
 
 
 def _refuse_foreign_files(plan: FamilyPlan) -> None:
-    """Refuse to replace an existing file that no member being replaced references (``overwrite`` opts in)."""
+    """Refuse to replace an existing file that no member being replaced references (``overwrite`` opts in).
+
+    A file a killed run of this family left at one of its names (named by the dead run's journal) is the family's.
+    """
     owned = _owned_identities(plan)
+    leftovers = family_leftovers(plan.weights_base)
     for path in plan.weights_outputs:
-        if not os.path.lexists(path):
+        if not os.path.lexists(path) or path in leftovers:
             continue
         identity = _lstat_identity(path)
         if identity in owned or (plan.index is not None and path == plan.index[0] and _index_owned(path, owned)):

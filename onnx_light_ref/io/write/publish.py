@@ -37,6 +37,7 @@ import ctypes
 import errno
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import re
@@ -61,6 +62,7 @@ __all__ = [
     "FamilyTransaction",
     "OutputTransaction",
     "StagedFile",
+    "family_leftovers",
     "folder_lock",
     "publish_all",
     "remove_stale_temp_files",
@@ -793,12 +795,21 @@ class FamilyTransaction(OutputTransaction):
     """
 
     def publish_models(
-        self, models: Sequence[tuple[str, bytes]], *, before_commit: Callable[[], None] | None = None
+        self,
+        models: Sequence[tuple[str, bytes]],
+        *,
+        before_commit: Callable[[], None] | None = None,
+        journal: str | None = None,
     ) -> list[StagedFile]:
         """Write each member's ``.onnx`` under a temp name, then publish the staged weights and every member.
 
         ``before_commit`` (when given) runs after every file is flushed, under the folder locks, right before the
         first move (the writer's checks, again); what it raises leaves every destination as it was.
+
+        ``journal`` (when given: the first weights file's path) records, before the first move, the names of the
+        staged weights files in a hidden file next to it, deleted after the last commit: a run killed in between
+        leaves it, and :func:`family_leftovers` tells the next run which files at those names a dead run of this
+        family wrote (they are the family's, even though no member references them yet).
 
         Returns the members' :class:`StagedFile` objects (committed), in the order given. Raises what writing or
         moving raises, after undoing every move already done.
@@ -814,8 +825,71 @@ class FamilyTransaction(OutputTransaction):
         with folder_lock([os.path.dirname(item.final_path) for item in self.files]):
             if before_commit is not None:
                 before_commit()
-            _FamilyPublication(weights, staged, [data for _, data in models], self.keep).run()
+            record = _write_journal(journal, weights, self.durable, self.keep) if journal is not None else None
+            publication = _FamilyPublication(weights, staged, [data for _, data in models], self.keep)
+            try:
+                publication.run()
+            except BaseException:
+                if record is not None and publication.kept_moves == 0:
+                    record.discard()  # every move was undone: nothing of this run is left to account for
+                raise
+            if record is not None:
+                record.discard()
+                _fsync_folders([record.final_path], self.durable)
         return staged
+
+
+_JOURNAL_SUFFIX = "~family"
+_JOURNAL_MAX_BYTES = 1024 * 1024  # a journal lists a few file names; a larger file at that name is not ours
+
+
+def _write_journal(
+    weights_path: str, weights: Sequence[StagedFile], durable: bool, keep: Collection[FileIdentity]
+) -> StagedFile:
+    """The journal of a family publication: the names of its weights files, durable before the first move."""
+    record = StagedFile(weights_path + _JOURNAL_SUFFIX, durable=durable, keep=keep)
+    folder = os.path.dirname(record.final_path)
+    names = [os.path.relpath(item.final_path, folder) for item in weights]
+    content = json.dumps({"files": names}).encode("utf-8")
+    record.write_all(content, 0)
+    record.set_size(len(content))
+    record.flush()
+    _fsync_folders([record.final_path], durable)
+    return record
+
+
+def family_leftovers(weights_path: str) -> frozenset[str]:
+    """Files a family publication to ``weights_path`` was writing when its process died (its journal is left).
+
+    Only journals of this module's temp-name pattern for ``weights_path``, whose writer is gone (pid dead, lock
+    free), naming files of their own folder. Reads, never deletes (the next publication's staging sweeps them).
+
+    Args:
+        weights_path: the first weights file of the family.
+
+    Returns:
+        Absolute paths of the files those journals name (existing or not).
+    """
+    folder, name = os.path.split(os.path.abspath(weights_path))
+    pattern = _temp_pattern(name + _JOURNAL_SUFFIX)
+    found: set[str] = set()
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(folder) as entries:
+        for entry in entries:
+            match = pattern.match(entry.name)
+            if not match or not entry.is_file(follow_symlinks=False) or not _writer_gone(int(match.group(1))):
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                st = entry.stat(follow_symlinks=False)
+                if st.st_size > _JOURNAL_MAX_BYTES or not _lock_free(entry.path, st):
+                    continue
+                with open(entry.path, encoding="utf-8") as handle:
+                    listed = json.load(handle).get("files", [])
+                found.update(
+                    os.path.join(folder, item)
+                    for item in listed
+                    if isinstance(item, str) and item == os.path.basename(item)
+                )
+    return frozenset(found)
 
 
 def _model_files_in(folders: Collection[str]) -> list[str]:
@@ -862,6 +936,7 @@ class _FamilyPublication:
         self.bridges: list[str] = []
         self.previous: list[_References] = []
         self.first_bridge_commit: int | None = None  # index in `moves` of the first member's commit A
+        self.kept_moves = 0  # after a failure: the moves that could not be undone (no RENAME_EXCHANGE)
         self.folders = sorted({os.path.dirname(staged.final_path) for staged in [*weights, *models]})
         self.in_use: frozenset[FileIdentity] = frozenset()
 
@@ -881,7 +956,7 @@ class _FamilyPublication:
                 for model in self.models:
                     self.moves.append(_move(model.temp_path, model.final_path))  # the member's commit
         except BaseException:
-            kept = _undo_all(self.moves)
+            kept = self.kept_moves = _undo_all(self.moves)
             if self.first_bridge_commit is not None and kept > self.first_bridge_commit:
                 # A bridge commit could not be undone (no RENAME_EXCHANGE): that member references its bridge files,
                 # which must stay; the next publication to it removes them.
