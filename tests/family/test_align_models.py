@@ -456,3 +456,51 @@ def test_a_copy_of_the_family_folder_elsewhere_loads_as_it_is(family: Family, ou
 
     for source in family.sources:
         assert_computes_as_its_source(source, moved / source.name)
+
+
+def _journal(out: Path, pid: int, files: list[str]) -> Path:
+    """A family journal of ``weights.data`` as a writer of ``pid`` leaves it (the name pattern of the publisher)."""
+    import json
+
+    from onnx_light_ref.io.write import publish
+
+    ours = Path(publish._own_name(str(out / "weights.data~family"), ".tmp"))
+    path = ours.with_name(ours.name.replace(f"~{os.getpid()}~", f"~{pid}~"))
+    path.write_text(json.dumps({"files": files}))
+    return path
+
+
+def _dead_pid() -> int:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def test_a_file_a_killed_run_left_at_the_weights_name_is_the_familys_without_overwrite(
+    family: Family, out: Path
+) -> None:
+    (out / "weights.data").write_bytes(b"the killed run's half-published weights")
+    journal = _journal(out, _dead_pid(), ["weights.data"])
+
+    align_models(family.sources, out)
+
+    assert not journal.exists()  # swept by the next publication
+    assert_no_temp_files(out)
+    for source in family.sources:
+        assert_computes_as_its_source(source, out / source.name)
+
+
+@pytest.mark.parametrize("case", ["live-writer", "another-name", "a-path-outside"])
+def test_a_journal_grants_nothing_unless_a_dead_writer_named_the_file(family: Family, out: Path, case: str) -> None:
+    (out / "weights.data").write_bytes(b"a file of the user's")
+    pid = os.getpid() if case == "live-writer" else _dead_pid()
+    files = {"live-writer": ["weights.data"], "another-name": ["other.data"], "a-path-outside": ["../weights.data"]}
+    _journal(out, pid, files[case])
+    before = sha256_of_tree(out)
+
+    with pytest.raises(ValueError, match="exists and no model this run replaces uses it"):
+        align_models(family.sources, out)
+
+    assert sha256_of_tree(out) == before

@@ -848,13 +848,17 @@ def _write_journal(
 ) -> StagedFile:
     """The journal of a family publication: the names of its weights files, durable before the first move."""
     record = StagedFile(weights_path + _JOURNAL_SUFFIX, durable=durable, keep=keep)
-    folder = os.path.dirname(record.final_path)
-    names = [os.path.relpath(item.final_path, folder) for item in weights]
-    content = json.dumps({"files": names}).encode("utf-8")
-    record.write_all(content, 0)
-    record.set_size(len(content))
-    record.flush()
-    _fsync_folders([record.final_path], durable)
+    try:
+        folder = os.path.dirname(record.final_path)
+        names = [os.path.relpath(item.final_path, folder) for item in weights]
+        content = json.dumps({"files": names}).encode("utf-8")
+        record.write_all(content, 0)
+        record.set_size(len(content))
+        record.flush()
+        _fsync_folders([record.final_path], durable)
+    except BaseException:
+        record.discard()
+        raise
     return record
 
 
@@ -890,6 +894,22 @@ def family_leftovers(weights_path: str) -> frozenset[str]:
                     if isinstance(item, str) and item == os.path.basename(item)
                 )
     return frozenset(found)
+
+
+def _rename_to_bridges(clashing: Sequence[StagedFile], bridges: list[str]) -> dict[str, str]:
+    """Give each staged file of ``clashing`` a bridge name (appended to ``bridges``); return final -> bridge path.
+
+    The staged file's temp path becomes its bridge: after a failure its cleanup deletes it, unless a model uses it.
+    """
+    mapping: dict[str, str] = {}
+    for staged in clashing:
+        bridge = _own_name(staged.final_path, _BRIDGE_SUFFIX)
+        _syscall("rename")
+        os.rename(staged.temp_path, bridge)
+        bridges.append(bridge)
+        staged.temp_path = bridge
+        mapping[os.path.normpath(staged.final_path)] = bridge
+    return mapping
 
 
 def _model_files_in(folders: Collection[str]) -> list[str]:
@@ -968,14 +988,7 @@ class _FamilyPublication:
 
     def _publish_bridged(self, clashing: Sequence[StagedFile]) -> None:
         """Commit A of every member (bridge names), the final weights names, then commit B of every member."""
-        mapping: dict[str, str] = {}
-        for staged in clashing:
-            bridge = _own_name(staged.final_path, _BRIDGE_SUFFIX)
-            _syscall("rename")
-            os.rename(staged.temp_path, bridge)
-            self.bridges.append(bridge)
-            staged.temp_path = bridge  # after a failure the caller's cleanup deletes it (unless a model uses it)
-            mapping[os.path.normpath(staged.final_path)] = bridge
+        mapping = _rename_to_bridges(clashing, self.bridges)
         bridge_models = []
         for model, model_bytes in zip(self.models, self.model_bytes, strict=True):
             bridge_model = StagedFile(model.final_path, durable=self.durable, keep=self.keep)
