@@ -912,6 +912,24 @@ def _rename_to_bridges(clashing: Sequence[StagedFile], bridges: list[str]) -> di
     return mapping
 
 
+def _copy_to_final_names(
+    clashing: Sequence[StagedFile],
+    bridges: Sequence[str],
+    extra: list[StagedFile],
+    moves: list[_Move],
+    keep: Collection[FileIdentity],
+) -> None:
+    """Give each bridge file's final name a copy of it (a reflink clone where possible), once nothing references
+    the final names; the staged copies go to ``extra`` and the moves (previous file to a temp name) to ``moves``."""
+    for staged, bridge in zip(clashing, bridges, strict=True):
+        copy = StagedFile(staged.final_path, durable=staged.durable, keep=keep)
+        extra.append(copy)
+        assert copy.fd is not None
+        _copy_file(bridge, copy.fd, os.stat(bridge).st_size, staged.final_path)
+        copy.flush()
+        moves.append(_move(copy.temp_path, staged.final_path))
+
+
 def _model_files_in(folders: Collection[str]) -> list[str]:
     """Every ``.onnx`` (any case) directly in ``folders``: the models that may reference a file there."""
     found: list[str] = []
@@ -1003,13 +1021,7 @@ class _FamilyPublication:
         _fsync_folders([model.final_path for model in self.models], self.durable)
         # No model references a final name of `clashing` any more: the previous members are replaced, the others
         # never did (the writer's sharing check, again under this lock).
-        for staged, bridge in zip(clashing, self.bridges, strict=True):
-            copy = StagedFile(staged.final_path, durable=self.durable, keep=self.keep)
-            self.extra.append(copy)
-            assert copy.fd is not None
-            _copy_file(bridge, copy.fd, os.stat(bridge).st_size, staged.final_path)
-            copy.flush()
-            self.moves.append(_move(copy.temp_path, staged.final_path))  # its temp name now holds the previous file
+        _copy_to_final_names(clashing, self.bridges, self.extra, self.moves, self.keep)
         _fsync_folders([staged.final_path for staged in clashing], self.durable)
         for model in self.models:
             self.moves.append(_move(model.temp_path, model.final_path))  # commit B of this member
