@@ -76,9 +76,9 @@ def test_stale_shards_are_reported_for_each_scheme_and_never_deleted(
 def test_stale_candidates_ignore_unrelated_names(tmp_path: Path) -> None:
     for name in ["model-00001-of-00002.data", "model-x-of-00002.data", "model.data.bak", "model.onnx_data_01"]:
         (tmp_path / name).write_bytes(b"")
-    base = str(tmp_path / "model.data")
-    assert stale_candidates(base, [], "hf") == [str(tmp_path / "model-00001-of-00002.data")]
-    assert stale_candidates(str(tmp_path / "model.onnx_data"), [], "transformers.js") == []
+    dst = str(tmp_path / "model.onnx")
+    assert stale_candidates(dst, str(tmp_path / "model.data"), []) == [str(tmp_path / "model-00001-of-00002.data")]
+    assert stale_candidates(dst, str(tmp_path / "model.onnx_data"), [str(tmp_path / "model-00001-of-00002.data")]) == []
 
 
 def test_more_than_100_transformers_js_chunks_is_refused_before_anything_is_written(tmp_path: Path) -> None:
