@@ -356,15 +356,24 @@ class StagedFile:
         publish_all([self])
 
     def discard(self) -> None:
-        """Close and delete the temp file (no-op after commit)."""
-        if self.fd is not None:
-            fd, self.fd = self.fd, None
-            os.close(fd)
-        if not self.committed and not self.keep_temp:
-            with contextlib.suppress(FileNotFoundError):
-                _syscall("unlink")
-                os.unlink(self.temp_path)
-        self._release_lock()
+        """Close and delete the temp file (no-op after commit); never raises ``OSError``.
+
+        It runs while another error propagates (the one the caller must see): a removal the filesystem refuses
+        (remounted read-only, EIO) is logged and the file left to a later sweep.
+        """
+        try:
+            if self.fd is not None:
+                fd, self.fd = self.fd, None
+                os.close(fd)
+            if not self.committed and not self.keep_temp:
+                with contextlib.suppress(FileNotFoundError):
+                    _syscall("unlink")
+                    os.unlink(self.temp_path)
+        except OSError as exc:
+            logger.warning("could not remove the temp file %s (%s); a later run sweeps it", self.temp_path, exc)
+        finally:
+            with contextlib.suppress(OSError):
+                self._release_lock()
 
 
 def fsync_or_raise(fd: int, what: str) -> None:
@@ -441,7 +450,7 @@ class AfterCommit:
     def _record(self, exc: OSError, problem: str) -> None:
         self.errors.append(exc)
         self.problems.append(problem)
-        logger.warning("%s is published, but %s", self.what, problem)
+        logger.info("%s is published, but %s", self.what, problem)  # the error raised by finish() says it too
 
     def fsync_folders(self, paths: Collection[str], durable: bool) -> None:
         """fsync the folders of ``paths`` (when ``durable``), every one even when one fails."""
@@ -806,7 +815,7 @@ def publish_all(files: Sequence[StagedFile]) -> None:
 
 
 def _describe(paths: Sequence[str]) -> str:
-    return repr(paths[0]) + (f" and {len(paths) - 1} more file(s)" if len(paths) > 1 else "")
+    return repr(paths[0]) + (f" (and {len(paths) - 1} more output(s))" if len(paths) > 1 else "")
 
 
 # ------------------------------------------------------------------------------------- what a model references
