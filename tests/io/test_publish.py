@@ -25,7 +25,7 @@ from onnx_light_ref.io.arguments import ArgumentTypeError
 from onnx_light_ref.io.read.locations import FileIdentity
 from onnx_light_ref.io.write.publish import OutputTransaction, StagedFile, publish_all, staged_files
 from tests.checks import assert_no_temp_files, sha256_of_tree
-from tests.models import write_external_model
+from tests.models import identity_model, write_external_model
 
 WEIGHTS = ["shard-1.bin", "shard-2.bin", "shard-3.bin"]
 
@@ -432,3 +432,54 @@ def test_a_previous_onnx_that_cannot_be_read_counts_as_referencing_every_existin
     assert _same(_loaded(tmp_path / "out" / "m.onnx"), _arrays(2))
     assert (tmp_path / "old" / "m.onnx").read_bytes() == target_before
     assert_no_temp_files(tmp_path / "out")
+
+
+# --------------------------------------------------------- what the previous .onnx references: its metadata only
+
+
+def _previous_with_huge_inline_payload(folder: Path) -> Path:
+    """``m.onnx`` of 2.25 GiB (one inline payload, a hole of a sparse file) that also references ``m.onnx.data``."""
+    from tests import wire_writer
+
+    (folder / "m.onnx.data").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    external = onnx.TensorProto(name="e", data_type=onnx.TensorProto.FLOAT, dims=[4])
+    external.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", "m.onnx.data"), ("offset", "0"), ("length", "16")):
+        external.external_data.add(key=key, value=value)
+    huge = onnx.TensorProto(name="inline", data_type=onnx.TensorProto.UINT8, dims=[9 * 2**28])
+    model = identity_model([external, huge])
+    wire_writer.write_model(folder / "m.onnx", model, {"inline": wire_writer.Hole(9 * 2**28)})
+    return folder / "m.onnx"
+
+
+def test_the_previous_onnx_is_read_without_its_inline_payloads_even_past_protobufs_2_gib(tmp_path):
+    """It used to be read whole (three copies: +1151 MiB for a 384 MiB model), and one past 2 GiB did not parse, so
+    the weights name it references counted as unreferenced and was swapped under it without the bridge step."""
+    previous = _previous_with_huge_inline_payload(tmp_path)
+    assert previous.stat().st_size > 2**31
+
+    references = publish._read_references(str(previous))
+
+    assert references.known and references.paths == {str(tmp_path / "m.onnx.data")}
+    assert references.has(str(tmp_path / "m.onnx.data")) and not references.has(str(tmp_path / "other.data"))
+
+
+def test_a_previous_onnx_swapped_for_a_symlink_or_a_folder_references_the_unknown(tmp_path, monkeypatch):
+    previous = tmp_path / "m.onnx"
+    previous.write_bytes(identity_model({"a": np.zeros(4, np.float32)}).SerializeToString())
+    real_load = publish.load_model_stripped
+
+    def swapped(path, *args, **kwargs):  # between the lstat and the parse, another file takes the name
+        (tmp_path / "other.onnx").write_bytes(previous.read_bytes())
+        os.replace(tmp_path / "other.onnx", path)
+        return real_load(path, *args, **kwargs)
+
+    monkeypatch.setattr(publish, "load_model_stripped", swapped)
+    assert not publish._read_references(str(previous)).known
+    monkeypatch.undo()
+    previous.unlink()
+    previous.mkdir()
+    assert not publish._read_references(str(previous)).known
+    previous.rmdir()
+    previous.write_bytes(b"not a model")
+    assert publish._read_references(str(previous)) == publish._References(known=True)
