@@ -13,7 +13,9 @@ interrupted; see :mod:`onnx_light_ref.commands.folders`). A relative ``--weights
 (:func:`weights_path`). A problem
 with the input (bad argument, unsafe or out-of-bounds reference, destination that is a source, missing file, I/O
 error) prints one ``error: ...`` line on stderr and exits with status 1, without a traceback; the library has then
-written nothing.
+written nothing. A failure after the commit (the model is published; the fsync that makes it durable, or removing
+the previous versions, failed) prints one ``error: 'DST' is published ..., but ...`` line instead and exits with
+status 3.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import size_argument
+from onnx_light_ref.errors import PublishedWithErrorsError
 
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
     from onnx_light_ref.io.results import AlignResult
@@ -161,6 +164,8 @@ def align_command(args: argparse.Namespace) -> int:
                 shard_names=args.shard_names,
                 replace_shared=args.replace_shared,
             )
+    except PublishedWithErrorsError as exc:  # before OSError's clause: the model is written, exit status 3
+        return published_exit(exc)
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         return error_exit(exc)  # created_folders removed the folders it made; an interrupt propagates to the CLI
     elapsed = time.perf_counter() - started

@@ -4,7 +4,8 @@ A thin front end of :func:`onnx_light_ref.io.link.link_external_data`: ``CHECKPO
 sharded set's ``*.safetensors.index.json`` inside DST.onnx's folder; ``--map names.json`` maps model tensor names to
 checkpoint keys (a JSON object of strings). Prints one summary line (tensors and bytes linked and written) on
 stdout; a problem prints one ``error: ...`` line on stderr and exits with status 1, without a traceback, having
-written nothing. Never writes to the checkpoint.
+written nothing. A failure after the commit (the model is published) is one ``error: 'DST' is published ..., but
+...`` line and exit status 3. Never writes to the checkpoint.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import size_argument
+from onnx_light_ref.errors import PublishedWithErrorsError
 
 __all__ = ["link_command", "register"]
 
@@ -94,6 +96,8 @@ def link_command(args: argparse.Namespace) -> int:
                 progress=progress,
                 allow_outside_folder=args.allow_outside_folder,
             )
+    except PublishedWithErrorsError as exc:  # the model is written, but a step after the commit failed
+        return published_exit(exc)
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         return error_exit(exc)
     line = (

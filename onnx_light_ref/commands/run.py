@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders, remove_own_temp_files
 from onnx_light_ref.commands.text import printable
+from onnx_light_ref.errors import PublishedWithErrorsError
 from onnx_light_ref.io.read.locations import FileIdentity, is_external
 from onnx_light_ref.io.read.model_file import load_model_metadata
 from onnx_light_ref.io.read.walker import iter_graphs, iter_tensors
@@ -322,6 +323,8 @@ def run_command(args: argparse.Namespace) -> int:
     except _RunError as exc:
         # Messages quote the model's names with repr, but errors from onnx's evaluator may carry them raw.
         return error_exit(exc)  # escaped there
+    except PublishedWithErrorsError as exc:  # every output is written; a step after the last move failed
+        return published_exit(exc)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

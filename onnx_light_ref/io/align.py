@@ -240,7 +240,6 @@ def _publish(plan: AlignPlan, outputs: OutputTransaction, stats: CopyStats) -> A
         staged = outputs.stage(index_path)
         staged.write_all(index_bytes, 0)
         staged.set_size(len(index_bytes))
-    outputs.publish(plan.dst_onnx_path, serialize_model(plan.model))
     bytes_by_method: dict[str, int] = {method: count for method, count in stats.bytes_by_method.items() if count}
     result = AlignResult(
         plan.total_size,
@@ -259,6 +258,7 @@ def _publish(plan: AlignPlan, outputs: OutputTransaction, stats: CopyStats) -> A
         unaligned_tensors=plan.unaligned_tensors,
         kept_inline_reasons=plan.kept_inline,
     )
+    outputs.publish(plan.dst_onnx_path, serialize_model(plan.model), result=result)
     logger.info(
         "wrote %d weights file(s) %s (%d tensors, %d externalized, %d deduplicated, %d bytes, %d padding) and %s",
         len(result.weights_files),
@@ -426,8 +426,12 @@ def align_external_data_streaming(
             ``DestinationConflictError`` for a destination that is a source or another destination,
             ``SharedWeightsError`` for a weights file another model of the folder uses, without ``replace_shared``).
         FileNotFoundError: the source model, a referenced file or the destination folder does not exist.
-        OSError: the copy or the publication failed (``ENOSPC`` before the first byte when the disk is too small);
-            the destinations are then unchanged.
+        OSError: the copy or the publication failed before the commit (``ENOSPC`` before the first byte when the
+            disk is too small; with ``durable``, an fsync error such as EIO); the destination is then the previous
+            model, nothing is published.
+        PublishedWithErrorsError: the new model is published (it loads, its ``result`` attribute is the
+            ``AlignResult``), but a step after the commit failed: the fsync that makes it durable, or removing the
+            previous versions (hidden files a later run sweeps). Never an ``OSError``: see ``docs/durability.md``.
     """
     check_int("chunk_size", chunk_size, minimum=1)
     layout = check_layout_options(
@@ -503,7 +507,8 @@ def align_external_data_in_memory(
         InvalidModelError: ``src_onnx_path`` is not an ONNX model, or the result cannot be serialized.
         ExternalDataError: as for :func:`align_external_data_streaming`, or a source truncated while read.
         FileNotFoundError: the source model, a referenced file or the destination folder does not exist.
-        OSError: reading or publishing failed; the destinations are then unchanged.
+        OSError: reading or publishing failed before the commit; the destination is then the previous model.
+        PublishedWithErrorsError: as for :func:`align_external_data_streaming` (published; a later step failed).
     """
     layout = check_layout_options(
         align_threshold,

@@ -284,7 +284,11 @@ def link_external_data(
         FileNotFoundError: the model, the checkpoint or a referenced file does not exist.
         ExternalDataError: a checkpoint file was replaced or resized between its header's parse and the publication
             (nothing published).
-        OSError: the copy or the publication failed; the destinations are then unchanged.
+        OSError: the copy or the publication failed before the commit (with ``durable``, an fsync error such as
+            EIO); the destination is then the previous model.
+        PublishedWithErrorsError: the linked model is published (its ``result`` attribute is the ``LinkResult``),
+            but a step after the commit failed: the fsync that makes it durable, or removing the previous versions
+            (see ``docs/durability.md``).
     """
     step = validate_alignment(alignment)
     threshold = check_int("size_threshold", size_threshold)
@@ -376,21 +380,22 @@ def link_external_data(
                 _point(tensor, weights_loc, where.offset, _length(item))
             for tensor, found in links:
                 _point(tensor, found.location, found.data_start + found.entry.begin, found.entry.nbytes)
+            result = LinkResult(
+                size,
+                linked_tensors=len(links),
+                linked_bytes=sum(found.entry.nbytes for _, found in links),
+                written_tensors=len(copies),
+                written_bytes=written_bytes,
+                mismatched_tensors=mismatched,
+                checkpoint_files=sorted({found.path for found in checkpoint_tensors.values()}),
+                weights_files=[dst_weights] if copies else [],
+            )
             outputs.publish(
                 dst_onnx,
                 serialize_model(proto),
                 before_commit=lambda: _check_unchanged(checkpoint_files.values(), dst_folder),
+                result=result,
             )
-    result = LinkResult(
-        size,
-        linked_tensors=len(links),
-        linked_bytes=sum(found.entry.nbytes for _, found in links),
-        written_tensors=len(copies),
-        written_bytes=written_bytes,
-        mismatched_tensors=mismatched,
-        checkpoint_files=sorted({found.path for found in checkpoint_tensors.values()}),
-        weights_files=[dst_weights] if copies else [],
-    )
     if mismatched:
         logger.warning(
             "%d tensor(s) named like a checkpoint key but of another data type or shape were written, not linked: %s",

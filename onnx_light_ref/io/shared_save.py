@@ -8,10 +8,11 @@ the file, see :mod:`~onnx_light_ref.io.plan.placement`) and its proto is pointed
 Guarantees: every check (reused references resolvable, secondary file not a reused file, no tensor both inline and
 external) happens before the first byte is written; files are published as one
 :class:`~onnx_light_ref.io.write.publish.OutputTransaction` (weights, then ``.onnx``); the caller's model is mutated
-only once everything is written. If publication fails after the mutation, the new tensors are restored from the weights
-file, so on any error the model is exactly as it was (and the transaction undoes the weights rename when the
-``.onnx`` rename fails). The new weights are never copied as a whole in memory: each tensor's bytes are written, then
-released. This module never writes to a reused file.
+only once everything is written. If publication fails after the mutation and before the commit, the new tensors are
+restored from the weights file, so on such an error the model is exactly as it was (and the transaction undoes the
+weights rename when the ``.onnx`` rename fails); after the commit the model stays as published. The new weights are
+never copied as a whole in memory: each tensor's bytes are written, then released. This module never writes to a
+reused file.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def save_model_with_shared_external_data(
     tensor of at least ``size_threshold`` bytes moves to the secondary file at an ``alignment``-multiple offset.
     Every check happens before the first byte is written; the secondary file and then the ``.onnx`` appear
     atomically. ``model`` is mutated in place (new tensors become EXTERNAL) only after every file is written, and is
-    restored if publication fails.
+    restored if publication fails before the commit.
 
     Args:
         model: the variant to save; its EXTERNAL tensors must resolve from the destination folder.
@@ -144,7 +145,11 @@ def save_model_with_shared_external_data(
         InvalidModelError: a string field (a tensor name, a location...) is not UTF-8; the model cannot be
             serialized (over protobuf's 2 GiB limit).
         FileNotFoundError: the destination folder does not exist.
-        OSError: writing or publishing failed; the destinations and ``model`` are then unchanged.
+        OSError: writing or publishing failed before the commit (with ``durable``, an fsync error such as EIO); the
+            destination is then the previous model and ``model`` is unchanged.
+        PublishedWithErrorsError: the variant is published (its ``result`` attribute is the ``SaveResult``) and
+            ``model`` points at the new secondary file as on success, but a step after the commit failed: the fsync
+            that makes it durable, or removing the previous versions (see ``docs/durability.md``).
     """
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"model must be an onnx.ModelProto, got {type(model).__name__}.")
@@ -166,17 +171,17 @@ def save_model_with_shared_external_data(
     )
     if plan.new:
         check_not_shared([plan.secondary_path], plan.dst_onnx, replace_shared=replace_shared)
-    with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
-        weights = _write_new_tensors(outputs, plan, progress)
-        _publish(model, plan, outputs, weights)
     result = SaveResult(
         plan.total_size,
         new_tensors=len(plan.new),
         reused_tensors=plan.reused,
         payload_bytes=plan.payload_bytes,
-        weights_files=[plan.secondary_path] if weights is not None else [],
+        weights_files=[plan.secondary_path] if plan.new else [],
         kept_inline_reasons=plan.kept_inline,
     )
+    with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
+        weights = _write_new_tensors(outputs, plan, progress)
+        _publish(model, plan, outputs, weights, result)
     logger.info(
         "saved %s: %d reused tensors, %d new tensors in %s (%d bytes)",
         plan.dst_onnx,
@@ -188,13 +193,20 @@ def save_model_with_shared_external_data(
     return result
 
 
-def _publish(model: onnx.ModelProto, plan: _SavePlan, outputs: OutputTransaction, weights: StagedFile | None) -> None:
-    """Point the new tensors at the secondary file, then publish; on failure, give ``model`` its inline bytes back."""
+def _publish(
+    model: onnx.ModelProto, plan: _SavePlan, outputs: OutputTransaction, weights: StagedFile | None, result: SaveResult
+) -> None:
+    """Point the new tensors at the secondary file, then publish; on failure, give ``model`` its inline bytes back.
+
+    Only when nothing is published: after the commit (a later step failing, an interrupt) ``model`` is what the
+    destination holds, EXTERNAL tensors in the published secondary file, and stays so.
+    """
     _externalize(plan)
     try:
-        outputs.publish(plan.dst_onnx, serialize_model(model))
+        outputs.publish(plan.dst_onnx, serialize_model(model), result=result)
     except BaseException:
-        _restore(plan, weights)
+        if not outputs.committed:
+            _restore(plan, weights)
         raise
 
 

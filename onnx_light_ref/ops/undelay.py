@@ -398,6 +398,11 @@ def undelay_initializers(
             ``SharedWeightsError``: the weights file exists and another model of the folder uses it.
         ExternalDataError: a data file too short for its node, not a regular file, or not accessible.
         InvalidModelError: the source is not an ONNX model.
+        OSError: the copy or the publication failed before the commit (with ``durable``, an fsync error such as
+            EIO); the destination is then the previous model.
+        PublishedWithErrorsError: the new model is published (its ``result`` attribute is the size written), but a
+            step after the commit failed: the fsync that makes it durable, or removing the previous versions (see
+            ``docs/durability.md``).
         ValueError: a bad argument, a node with bad attributes or structure, a function-linked node, a node inside
             a model function or a subgraph of one, an output name already used by an initializer or input of its
             graph or (in a subgraph) by a value of an enclosing graph.
@@ -439,7 +444,7 @@ def undelay_initializers(
                 reserve_space(staged.fd, plan.total, path=weights_written, clone_bytes=copier.plan_clone_bytes(ranges))
                 copier.copy(ranges, progress)
             staged.set_size(plan.total)
-        outputs.publish(dst, serialize_model(plan.model))
+        outputs.publish(dst, serialize_model(plan.model), result=plan.total)
     logger.info("undelayed %s -> %s (%d tensors, %d bytes)", src, dst, len(plan.payloads), plan.total)
     return plan.total
 

@@ -476,7 +476,7 @@ def plan_alignment(
     if outputs and outputs != [dst_weights]:
         check_outputs(dst_onnx, outputs, sources)
     check_not_shared(outputs, dst_onnx, replace_shared=replace_shared)
-    stale = _stale_shards(dst_weights, [s.path for s in shards], scheme, safetensors, {dst_onnx}, set(sources))
+    stale = _stale_shards(dst_onnx, dst_weights, outputs, set(sources))
     return AlignPlan(
         model,
         stripped,
@@ -737,19 +737,13 @@ def _open_files(files: Sequence[SourceFile]) -> Iterator[list[int]]:
             os.close(fd)
 
 
-def _stale_shards(
-    base: str, written: list[str], scheme: ShardNames, safetensors: bool, outputs: set[str], sources: set[FileIdentity]
-) -> list[str]:
-    """Files named like shards of ``base`` (under ``scheme``) that this run does not write, left by an earlier run.
+def _stale_shards(dst_onnx: str, base: str, written: list[str], sources: set[FileIdentity]) -> list[str]:
+    """Files named like weights files of this destination (any scheme or format) that this run does not write.
 
-    A source of this run, or the ``.onnx`` being written, is not listed. They are never deleted (this job did not
-    create them); the aligners name them so the user can.
+    A source of this run is not listed. They are never deleted (this job did not create them); the aligners name
+    them so the user can (:func:`~onnx_light_ref.io.plan.shard_names.stale_candidates`).
     """
-    return [
-        path
-        for path in stale_candidates(base, written, scheme, safetensors=safetensors)
-        if path not in outputs and not _is_source(path, sources)
-    ]
+    return [path for path in stale_candidates(dst_onnx, base, written) if not _is_source(path, sources)]
 
 
 def _safetensors_index(

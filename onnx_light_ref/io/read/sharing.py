@@ -27,7 +27,14 @@ from onnx_light_ref.errors import SharedWeightsError
 from onnx_light_ref.io.read.entries import is_external
 from onnx_light_ref.io.read.locations import FileIdentity
 
-__all__ = ["ModelReference", "SharedFile", "check_not_shared", "folder_sharing", "model_references"]
+__all__ = [
+    "ModelReference",
+    "SharedFile",
+    "check_not_shared",
+    "files_referenced_near",
+    "folder_sharing",
+    "model_references",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +162,30 @@ def folder_sharing(folder: str) -> list[SharedFile]:
             files.setdefault(key, []).append(reference)
             paths.setdefault(key, os.path.normpath(os.path.join(os.path.dirname(model_path), reference.location)))
     return [SharedFile(paths[key], tuple(users)) for key, users in files.items()]
+
+
+def files_referenced_near(folder: str) -> set[FileIdentity | str]:
+    """Every file that a model able to reach ``folder`` references (keys as in :func:`model_references`).
+
+    Those models are the ``.onnx`` files directly in ``folder`` and in each of its ancestors: a location has no
+    ``..``, so no other model can name a file of ``folder``. The publisher asks this before sweeping a dead writer's
+    temp or bridge file, so that a file some model loads is never deleted.
+
+    Args:
+        folder: the folder whose files are about to be removed.
+
+    Returns:
+        Identities of the referenced files that exist, absolute normalized paths of those that do not.
+    """
+    current = os.path.abspath(folder)
+    folders = [current]
+    while os.path.dirname(current) != current:
+        current = os.path.dirname(current)
+        folders.append(current)
+    found: set[FileIdentity | str] = set()
+    for model_path in _models_in(folders):
+        found.update(model_references(model_path))
+    return found
 
 
 def _message(users: dict[str, list[ModelReference]]) -> str:

@@ -18,13 +18,22 @@ process killed at *any* system call leaves the destination ``.onnx`` describing 
   new model that references its bridge file; the next publication to that destination deletes it.
 
 Temp names are ``.olr~<hash of the final name>~<pid>~<random>.tmp`` (at most 50 bytes whatever the final name) and
-their writer holds an ``flock`` on them until they are published or deleted. A later run removes such a file only
-when it is one of ours for the same destination (the name pattern), its writer is gone (pid dead *and* the lock
-free: a writer in another pid namespace still holds its lock), and it is not one of the current job's sources.
-Bridge files are removed only under the destination folder's lock, by a publication to a ``.onnx`` that does not
-reference them. All moves of one publication happen under an exclusive ``flock`` on each destination folder, so two
-jobs writing the same destination publish one after the other. ``durable=False`` skips every ``fsync`` (files and
-folders) but keeps the temp files, the lock and the atomic moves: same bytes, no power-loss durability.
+their writer holds an ``flock`` on them until they are published or deleted. :func:`sweep_dead_writers` removes such
+files (every final name's, so a killed sharded run's shards do not stay when later runs write fewer) only when the
+name is one of ours, the writer is gone (pid dead *and* the lock free: a writer in another pid namespace still holds
+its lock), it is not one of the current job's sources, and no model that can reach the folder references it. Temp
+files are swept when a job stages its first file in a folder (before space is reserved, so their disk is free
+again); bridge files only under the destination folder's lock, before the first move and again after the commit.
+All moves of one publication happen under an exclusive ``flock`` on each destination folder, so two jobs writing
+the same destination publish one after the other. ``durable=False`` skips every ``fsync`` (files and folders) but
+keeps the temp files, the lock and the atomic moves: same bytes, no power-loss durability.
+
+What a publication reports (``docs/durability.md``, "Outcomes"): an ``OSError`` only while nothing is published
+(every move undone: the destination is the previous model); after the commit, the steps that follow (the ``fsync``
+making it durable, removing previous versions and bridge files) all run even when one fails, and their failures
+are raised together as :class:`~onnx_light_ref.errors.PublishedWithErrorsError` (:class:`AfterCommit`). With
+``durable=True`` an ``fsync`` error (EIO, ENOSPC, EROFS...) of a file or folder is an error (:func:`fsync_or_raise`);
+only "not supported" answers (EINVAL, ENOTSUP) are ignored.
 
 This module never writes outside the destination folders, never creates a hard link, and never deletes a file that
 is not one of its own temp or bridge files.
@@ -47,22 +56,28 @@ from dataclasses import dataclass
 from types import TracebackType
 
 import onnx
-from google.protobuf.message import DecodeError
 
+from onnx_light_ref.errors import InvalidModelError, PublishedWithErrorsError
 from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.posix import pread_exact, pwrite_all
 from onnx_light_ref.io.read.locations import FileIdentity
 from onnx_light_ref.io.read.model_file import serialize_model
+from onnx_light_ref.io.read.sharing import files_referenced_near
 from onnx_light_ref.io.read.walker import iter_tensors
+from onnx_light_ref.io.read.wire import load_model_stripped
 from onnx_light_ref.io.write.space import reserve_space
 
 __all__ = [
+    "AfterCommit",
     "OutputTransaction",
     "StagedFile",
     "folder_lock",
+    "fsync_folder",
+    "fsync_or_raise",
     "publish_all",
     "remove_stale_temp_files",
     "staged_files",
+    "sweep_dead_writers",
 ]
 
 logger = logging.getLogger(__name__)
@@ -70,9 +85,22 @@ logger = logging.getLogger(__name__)
 _TEMP_PREFIX = ".olr~"
 _TEMP_SUFFIX = ".tmp"
 _BRIDGE_SUFFIX = ".bridge"
-_ANY_BRIDGE = re.compile(
-    re.escape(_TEMP_PREFIX) + r"[0-9a-f]{12}~(\d{1,10})~[0-9a-f]{16}" + re.escape(_BRIDGE_SUFFIX) + "$"
+# Any temp or bridge name of this module, whatever final name it was made for: group 1 the pid, group 2 the suffix.
+_ANY_OWN_NAME = re.compile(
+    re.escape(_TEMP_PREFIX)
+    + r"[0-9a-f]{12}~(\d{1,10})~[0-9a-f]{16}("
+    + re.escape(_TEMP_SUFFIX)
+    + "|"
+    + re.escape(_BRIDGE_SUFFIX)
+    + ")$"
 )
+
+# fsync answers meaning "this file or filesystem does not fsync" (some FUSE and special filesystems), as opposed to
+# an I/O error: ignored. Anything else (EIO, ENOSPC, EROFS, EDQUOT...) means the data may not be on disk.
+_FSYNC_UNSUPPORTED = frozenset((errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)))
+
+# unlink answers that mean "not ours to remove" (another user's file in a sticky folder): a sweep skips the file.
+_NOT_OURS = frozenset((errno.EPERM, errno.EACCES))
 
 # Test seam for deterministic fault injection: when set, called with a short name of every system call the
 # publication is about to make (tests/hardening/test_publish_kill_points.py kills the process at the k-th one).
@@ -88,12 +116,6 @@ def _syscall(name: str) -> None:
 def _name_tag(final_name: str) -> str:
     """A short, stable tag of the final name: temp names stay short and a sweep only sees its own destination's."""
     return hashlib.sha256(os.fsencode(final_name)).hexdigest()[:12]
-
-
-def _temp_pattern(final_name: str, suffix: str = _TEMP_SUFFIX) -> re.Pattern[str]:
-    return re.compile(
-        re.escape(f"{_TEMP_PREFIX}{_name_tag(final_name)}~") + r"(\d{1,10})~[0-9a-f]{16}" + re.escape(suffix) + "$"
-    )
 
 
 def _own_name(final_path: str, suffix: str) -> str:
@@ -132,46 +154,128 @@ def _lock_free(path: str, expected: os.stat_result) -> bool:
         os.close(fd)
 
 
-def _writer_gone(pid: int, *, ours_too: bool = False) -> bool:
-    """The pid of a temp or bridge name is not running (``ours_too``: or is this process, see :class:`_Publication`)."""
-    return (ours_too and pid == os.getpid()) or not _pid_alive(pid)
+# Base names of the temp and bridge files this process's StagedFile objects own right now (registered before the file
+# is created, dropped when it is published or deleted). A name of this pid that is not here is a leftover (a removal
+# that failed after a commit): a long-running process must be able to sweep its own, not only a dead one's.
+_LIVE_TEMPS: set[str] = set()
 
 
-def _remove_stale(final_path: str, suffix: str, keep: Collection[FileIdentity], *, ours_too: bool = False) -> list[str]:
-    folder, name = os.path.split(os.path.abspath(final_path))
-    pattern = _temp_pattern(name, suffix)
+def _writer_gone(pid: int, name: str) -> bool:
+    """The writer of the temp or bridge file ``name`` (its pid) is gone, or is this process and no longer owns it."""
+    if pid == os.getpid():
+        return name not in _LIVE_TEMPS
+    return not _pid_alive(pid)
+
+
+@dataclass(frozen=True)
+class SweepFailure:
+    """A dead writer's file that :func:`sweep_dead_writers` could not remove, and why."""
+
+    path: str
+    error: OSError
+
+
+def _dead_writer_files(folder: str, suffixes: Collection[str], keep: Collection[FileIdentity]) -> list[str]:
+    """Temp/bridge files of ``folder`` with one of ``suffixes`` whose writer is gone and whose lock is free."""
     kept = set(keep)
-    removed = []
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        for entry in os.scandir(folder):
-            match = pattern.match(entry.name)
-            if not match or not entry.is_file(follow_symlinks=False):
+    found = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(folder) as entries:
+        for entry in entries:
+            match = _ANY_OWN_NAME.match(entry.name)
+            if not match or match.group(2) not in suffixes or not entry.is_file(follow_symlinks=False):
                 continue
-            if not _writer_gone(int(match.group(1)), ours_too=ours_too):
+            if not _writer_gone(int(match.group(1)), entry.name):
                 continue
             try:
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            if FileIdentity(st.st_dev, st.st_ino) in kept or not _lock_free(entry.path, st):
+            if FileIdentity(st.st_dev, st.st_ino) not in kept and _lock_free(entry.path, st):
+                found.append(entry.path)
+    return sorted(found)
+
+
+def _identity_of(path: str) -> FileIdentity | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return FileIdentity(st.st_dev, st.st_ino)
+
+
+def _referenced(path: str, references: Collection[FileIdentity | str]) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return True  # gone or unreadable: nothing to remove
+    return FileIdentity(st.st_dev, st.st_ino) in references or os.path.normpath(path) in references
+
+
+def sweep_dead_writers(
+    folder: str,
+    *,
+    keep: Collection[FileIdentity] = (),
+    bridges: bool = False,
+    failures: list[SweepFailure] | None = None,
+) -> list[str]:
+    """Delete the temp files (and, with ``bridges``, the bridge files) that dead writers left in ``folder``.
+
+    Every final name's files are candidates (a killed sharded run leaves one temp file per shard, each a shard of
+    disk, whatever the later runs write). A file is removed only when its name is one of this module's, it is a
+    regular file, its writer is gone (pid dead and lock free, see :func:`_dead_writer_files`), its identity is not in
+    ``keep`` (the current job's sources) and no model that can reach ``folder`` references it (the ``.onnx`` files
+    in ``folder`` and its ancestors: a run killed between its two commits leaves a model on bridge names, and a
+    variant saved from it references them too). Bridge files are only swept under the folder lock (by a
+    publication); temp files are protected by their writer's pid and lock alone.
+
+    Args:
+        folder: the destination folder.
+        keep: identities never removed.
+        bridges: also sweep bridge files (only under :func:`folder_lock` of ``folder``).
+        failures: when given, a removal that fails is recorded there and the sweep goes on; else it raises.
+
+    Returns:
+        The paths removed, sorted.
+
+    Raises:
+        OSError: a removal failed (without ``failures``). A file another user owns in a sticky folder (EPERM,
+            EACCES) is skipped with a warning, never an error: it is not ours to remove.
+    """
+    suffixes = (_TEMP_SUFFIX, _BRIDGE_SUFFIX) if bridges else (_TEMP_SUFFIX,)
+    candidates = _dead_writer_files(folder, suffixes, keep)
+    if not candidates:
+        return []
+    references = files_referenced_near(folder)  # read only when there is something to remove
+    removed = []
+    for path in candidates:
+        if _referenced(path, references):
+            logger.info("kept %s left by a killed run: a model references it", path)
+            continue
+        try:
+            _syscall("unlink")
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            if exc.errno in _NOT_OURS:
+                logger.warning("cannot remove %s left by a killed run (%s); skipped", path, exc.strerror)
                 continue
-            with contextlib.suppress(FileNotFoundError):
-                _syscall("unlink")
-                os.unlink(entry.path)
-                removed.append(entry.name)
-                logger.info("removed %s left by a killed run", entry.path)
+            if failures is None:
+                raise
+            failures.append(SweepFailure(path, exc))
+            continue
+        removed.append(path)
+        logger.info("removed %s left by a killed run", path)
     return removed
 
 
 def remove_stale_temp_files(final_path: str, *, keep: Collection[FileIdentity] = ()) -> list[str]:
-    """Delete temp files of ``final_path`` left by dead writers; return the names removed.
+    """Delete the temp files dead writers left in the folder of ``final_path``; return the names removed.
 
-    A file is removed only when its name is one of this module's temp names for ``final_path``, it is a regular
-    file, its writer's pid is dead and its lock is free, and its identity is not in ``keep`` (the current job's
-    sources: a source that happens to be named like a temp file is never touched). Bridge files are not temp files:
-    a published model may reference one (see the module docstring); only a publication removes them.
+    :func:`sweep_dead_writers` without bridge files (those are swept under the folder lock by a publication).
     """
-    return _remove_stale(final_path, _TEMP_SUFFIX, keep)
+    folder = os.path.dirname(os.path.abspath(final_path))
+    return [os.path.basename(path) for path in sweep_dead_writers(folder, keep=keep)]
 
 
 class StagedFile:
@@ -189,9 +293,14 @@ class StagedFile:
             raise FileNotFoundError(errno.ENOENT, f"destination folder does not exist: {folder!r}", folder)
         remove_stale_temp_files(self.final_path, keep=keep)
         self.temp_path = _own_name(self.final_path, _TEMP_SUFFIX)
+        _LIVE_TEMPS.add(os.path.basename(self.temp_path))  # before it exists: a sweep in another thread skips it
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-        _syscall("open")
-        self.fd: int | None = os.open(self.temp_path, flags, 0o666)
+        try:
+            _syscall("open")
+            self.fd: int | None = os.open(self.temp_path, flags, 0o666)
+        except BaseException:
+            _LIVE_TEMPS.discard(os.path.basename(self.temp_path))
+            raise
         self.committed = False
         self.keep_temp = False  # set when a published model references the temp name (see _Publication)
         # A second descriptor of the same open file holds the temp file's lock until it is renamed or deleted, so
@@ -204,7 +313,17 @@ class StagedFile:
         except OSError as exc:  # a filesystem without flock: the pid in the name still protects the file
             logger.debug("cannot lock temp file %s: %s", self.temp_path, exc)
 
+    def rename_temp(self, new_temp_path: str) -> None:
+        """Move the temp file to ``new_temp_path`` (a bridge name), still owned by this object."""
+        _LIVE_TEMPS.add(os.path.basename(new_temp_path))
+        _syscall("rename")
+        os.rename(self.temp_path, new_temp_path)
+        _LIVE_TEMPS.discard(os.path.basename(self.temp_path))
+        self.temp_path = new_temp_path
+
     def _release_lock(self) -> None:
+        """Release the lock and the ownership of the temp name (published or deleted: what is left is not ours)."""
+        _LIVE_TEMPS.discard(os.path.basename(self.temp_path))
         if self._lock_fd is not None:
             fd, self._lock_fd = self._lock_fd, None
             _syscall("close")
@@ -227,8 +346,7 @@ class StagedFile:
             fd, self.fd = self.fd, None
             try:
                 if self.durable:
-                    _syscall("fsync")
-                    os.fsync(fd)
+                    fsync_or_raise(fd, f"{self.final_path!r} (staged as {os.path.basename(self.temp_path)!r})")
             finally:
                 _syscall("close")
                 os.close(fd)
@@ -238,37 +356,175 @@ class StagedFile:
         publish_all([self])
 
     def discard(self) -> None:
-        """Close and delete the temp file (no-op after commit)."""
-        if self.fd is not None:
-            fd, self.fd = self.fd, None
-            os.close(fd)
-        if not self.committed and not self.keep_temp:
-            with contextlib.suppress(FileNotFoundError):
-                _syscall("unlink")
-                os.unlink(self.temp_path)
-        self._release_lock()
+        """Close and delete the temp file (no-op after commit); never raises ``OSError``.
+
+        It runs while another error propagates (the one the caller must see): a removal the filesystem refuses
+        (remounted read-only, EIO) is logged and the file left to a later sweep.
+        """
+        try:
+            if self.fd is not None:
+                fd, self.fd = self.fd, None
+                os.close(fd)
+            if not self.committed and not self.keep_temp:
+                with contextlib.suppress(FileNotFoundError):
+                    _syscall("unlink")
+                    os.unlink(self.temp_path)
+        except OSError as exc:
+            logger.warning("could not remove the temp file %s (%s); a later run sweeps it", self.temp_path, exc)
+        finally:
+            with contextlib.suppress(OSError):
+                self._release_lock()
 
 
-def _fsync_folder(folder: str) -> None:
-    try:
-        _syscall("open")
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError:  # e.g. a folder we may not open; the moves are still atomic
-        return
+def fsync_or_raise(fd: int, what: str) -> None:
+    """``fsync(fd)`` for ``durable=True``: an I/O error raises, naming ``what``; "not supported" is ignored.
+
+    EIO, ENOSPC, EROFS, EDQUOT... mean the bytes or the names may not be on disk: the publication must not report
+    a durable result. EINVAL and ENOTSUP/EOPNOTSUPP mean the file or filesystem does not fsync (some FUSE and
+    special filesystems): nothing more can be done there, and the moves stay atomic.
+
+    Raises:
+        OSError: the same ``errno``, with a message naming ``what``.
+    """
     try:
         _syscall("fsync")
         os.fsync(fd)
-    except OSError as exc:  # some filesystems refuse fsync on folders
-        logger.debug("fsync of folder %s failed: %s", folder, exc)
+    except OSError as exc:
+        if exc.errno in _FSYNC_UNSUPPORTED:
+            logger.debug("fsync of %s is not supported here: %s", what, exc)
+            return
+        raise OSError(
+            exc.errno,
+            f"fsync of {what} failed ({exc.strerror or exc}): its data may not be on disk (durable=False, "
+            "--no-fsync, skips every fsync)",
+        ) from exc
+
+
+def fsync_folder(folder: str) -> None:
+    """fsync a folder (its names: the moves of a publication), raising on I/O errors as :func:`fsync_or_raise`.
+
+    Raises:
+        OSError: the folder cannot be opened (it must be, to be fsynced), or its fsync failed.
+    """
+    try:
+        _syscall("open")
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot open the folder {folder!r} to fsync it ({exc.strerror or exc})") from exc
+    try:
+        fsync_or_raise(fd, f"the folder {folder!r}")
     finally:
         _syscall("close")
         os.close(fd)
 
 
+def _folders_of(paths: Collection[str]) -> list[str]:
+    return list(dict.fromkeys(os.path.dirname(path) for path in paths))
+
+
 def _fsync_folders(paths: Collection[str], durable: bool) -> None:
     if durable:
-        for folder in dict.fromkeys(os.path.dirname(path) for path in paths):
-            _fsync_folder(folder)
+        for folder in _folders_of(paths):
+            fsync_folder(folder)
+
+
+class AfterCommit:
+    """The steps after a commit point: each runs even when an earlier one fails, and no failure is an ``OSError``.
+
+    Once the new model is in place, an ``OSError`` (which means "destination unchanged") would be a lie, and a
+    caller restoring its state on it would undo a published model. Each step's ``OSError`` is recorded instead;
+    :meth:`finish` raises them together as :class:`~onnx_light_ref.errors.PublishedWithErrorsError`, naming what is
+    published, which fsync failed (the commit may not survive a power loss) and which hidden files are left (a later
+    publication into the folder sweeps them). Used by every publication of this module, and meant for any other
+    (e.g. one publishing several models).
+    """
+
+    def __init__(self, published: str, *, what: str | None = None) -> None:
+        self.published = published  # the .onnx (or first file) that is now in place
+        self.what = what if what is not None else repr(published)
+        self.errors: list[OSError] = []
+        self.problems: list[str] = []
+        self.leftover_files: list[str] = []
+        self.sync_failed = False
+
+    def _record(self, exc: OSError, problem: str) -> None:
+        self.errors.append(exc)
+        self.problems.append(problem)
+        logger.info("%s is published, but %s", self.what, problem)  # the error raised by finish() says it too
+
+    def fsync_folders(self, paths: Collection[str], durable: bool) -> None:
+        """fsync the folders of ``paths`` (when ``durable``), every one even when one fails."""
+        if not durable:
+            return
+        for folder in _folders_of(paths):
+            try:
+                fsync_folder(folder)
+            except OSError as exc:
+                self.sync_failed = True
+                reason = os.strerror(exc.errno) if exc.errno else str(exc)
+                self._record(exc, f"the fsync of the folder {folder!r} that makes it durable failed ({reason})")
+
+    def remove(self, path: str) -> None:
+        """Delete one hidden file of the publication (a previous version, a bridge file); absent is fine."""
+        try:
+            _syscall("unlink")
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self.leftover_files.append(path)
+            self._record(exc, f"removing the hidden file {path!r} failed ({exc.strerror or exc})")
+
+    def sweep(self, folders: Collection[str], keep: Collection[FileIdentity]) -> None:
+        """:func:`sweep_dead_writers` (bridge files included) of each folder, under the caller's folder lock."""
+        # A removal that just failed is reported as left over, not retried here (the report must stay true).
+        keep = set(keep) | {identity for path in self.leftover_files if (identity := _identity_of(path)) is not None}
+        for folder in dict.fromkeys(folders):
+            failures: list[SweepFailure] = []
+            try:
+                sweep_dead_writers(folder, keep=keep, bridges=True, failures=failures)
+            except OSError as exc:  # listing the folder or reading a model failed
+                self._record(exc, f"sweeping the files killed runs left in {folder!r} failed ({exc.strerror or exc})")
+            for failure in failures:
+                self.leftover_files.append(failure.path)
+                reason = failure.error.strerror or failure.error
+                self._record(failure.error, f"removing {failure.path!r}, left by a killed run, failed ({reason})")
+
+    def attempt(self, call: Callable[[], None], problem: str) -> None:
+        """Run ``call``; an ``OSError`` is recorded as ``problem`` (e.g. closing a lock descriptor)."""
+        try:
+            call()
+        except OSError as exc:
+            self._record(exc, f"{problem} ({exc.strerror or exc})")
+
+    def finish(self) -> None:
+        """Raise :class:`~onnx_light_ref.errors.PublishedWithErrorsError` when any step failed; else nothing.
+
+        Raises:
+            PublishedWithErrorsError: with every failure, the first one as ``__cause__``.
+        """
+        if not self.errors:
+            return
+        hint = []
+        if self.sync_failed:
+            hint.append("the new model is in place but may not survive a power loss: run the job again or sync")
+        if self.leftover_files:
+            hint.append(
+                f"{len(self.leftover_files)} hidden file(s) are left; the next publication into this folder removes "
+                "them"
+            )
+        message = (
+            f"{self.what} is published (the new model is in place and loads), but "
+            + "; ".join(self.problems)
+            + (f" ({'; '.join(hint)})" if hint else "")
+        )
+        raise PublishedWithErrorsError(
+            message,
+            model_path=self.published,
+            errors=self.errors,
+            leftover_files=self.leftover_files,
+            sync_failed=self.sync_failed,
+        ) from self.errors[0]
 
 
 # ------------------------------------------------------------------------------------------------- atomic moves
@@ -367,13 +623,11 @@ def _undo_all(moves: Sequence[_Move]) -> int:
     return 0
 
 
-def _delete_previous(moves: Sequence[_Move]) -> None:
+def _delete_previous(moves: Sequence[_Move], after: AfterCommit) -> None:
     """After the commit: delete the previous versions the exchanges left under temp names."""
     for move in moves:
         if move.kind == "exchanged":
-            with contextlib.suppress(FileNotFoundError):
-                _syscall("unlink")
-                os.unlink(move.temp)
+            after.remove(move.temp)
 
 
 # ------------------------------------------------------------------------------------------- the transaction
@@ -405,6 +659,12 @@ class OutputTransaction:
         self.durable = check_bool("durable", durable)
         self.keep = frozenset(keep)
         self.files: list[StagedFile] = []
+        self._published = False
+
+    @property
+    def committed(self) -> bool:
+        """True once the new model is in place (even when a later step failed or was interrupted)."""
+        return self._published
 
     def __enter__(self) -> OutputTransaction:
         return self
@@ -422,26 +682,46 @@ class OutputTransaction:
         return staged
 
     def publish(
-        self, model_path: str, model_bytes: bytes, *, before_commit: Callable[[], None] | None = None
+        self,
+        model_path: str,
+        model_bytes: bytes,
+        *,
+        before_commit: Callable[[], None] | None = None,
+        result: object = None,
     ) -> StagedFile:
         """Write the ``.onnx`` under a temp name, then publish the staged weights and it, the ``.onnx`` rename last.
 
         ``before_commit`` (when given) runs after every file is flushed, under the folder lock, right before the first
         move: the last moment to re-check a source the ``.onnx`` will point at (``link``'s checkpoint); what it
-        raises leaves every destination as it was.
+        raises leaves every destination as it was. ``result`` (the writer's return value) is attached to a
+        :class:`~onnx_light_ref.errors.PublishedWithErrorsError`, so its caller still learns what was written.
 
-        Returns the ``.onnx``'s :class:`StagedFile` (committed). Raises what writing or moving raises, after
-        undoing every move already done (the destinations are then as before the call).
+        Returns the ``.onnx``'s :class:`StagedFile` (committed).
+
+        Raises:
+            OSError: writing, an fsync or a move failed before the commit; every move is undone (the destination is
+                the previous model).
+            PublishedWithErrorsError: the new model is published, but a step after the commit failed (or the final
+                names failed and the new model stays published on bridge names); see :class:`AfterCommit`.
         """
         model_file = self.stage(model_path)
         model_file.write_all(model_bytes, 0)
         weights = self.files[:-1]
         for staged in self.files:
             staged.flush()
-        with folder_lock([os.path.dirname(staged.final_path) for staged in self.files]):
-            if before_commit is not None:
-                before_commit()
-            _Publication(weights, model_file, model_bytes, self.keep).run()
+        try:
+            with folder_lock([os.path.dirname(staged.final_path) for staged in self.files]):
+                if before_commit is not None:
+                    before_commit()
+                publication = _Publication(weights, model_file, model_bytes, self.keep)
+                try:
+                    publication.run()
+                finally:
+                    self._published = publication.published
+        except PublishedWithErrorsError as exc:
+            if exc.result is None:
+                exc.result = result
+            raise
         return model_file
 
 
@@ -505,7 +785,14 @@ def publish_all(files: Sequence[StagedFile]) -> None:
     previous version or the new file. A failure part-way (a move raising) swaps back every file already moved, so
     the destinations are exactly as before the call; the previous versions are deleted only after the last move. A
     model (an ``.onnx`` and the weights it references) is published by :meth:`OutputTransaction.publish` instead.
+
+    Raises:
+        OSError: an fsync or a move failed; every move is undone (the destinations are as before).
+        PublishedWithErrorsError: every file is published, but the folder fsync or removing a previous version
+            failed (:class:`AfterCommit`).
     """
+    if not files:
+        return
     for staged in files:
         staged.flush()
     with folder_lock([os.path.dirname(staged.final_path) for staged in files]):
@@ -519,10 +806,16 @@ def publish_all(files: Sequence[StagedFile]) -> None:
             for staged in files[kept:]:
                 staged.committed = False
             raise
-        _fsync_folders([staged.final_path for staged in files if staged.durable], True)
-        _delete_previous(moves)
+        after = AfterCommit(files[0].final_path, what=_describe([staged.final_path for staged in files]))
+        after.fsync_folders([staged.final_path for staged in files if staged.durable], True)
+        _delete_previous(moves, after)
         for staged in files:
-            staged._release_lock()
+            after.attempt(staged._release_lock, f"releasing the lock of {staged.final_path!r} failed")
+        after.finish()
+
+
+def _describe(paths: Sequence[str]) -> str:
+    return repr(paths[0]) + (f" (and {len(paths) - 1} more output(s))" if len(paths) > 1 else "")
 
 
 # ------------------------------------------------------------------------------------- what a model references
@@ -565,33 +858,32 @@ def _locations(model: onnx.ModelProto) -> Iterator[tuple[onnx.StringStringEntryP
 
 
 def _read_references(model_path: str) -> _References:
-    """What the ``.onnx`` now at ``model_path`` references (reads it, writes nothing)."""
+    """What the ``.onnx`` now at ``model_path`` references (reads its metadata, writes nothing).
+
+    Through the wire reader with every inline payload skipped: a previous ``.onnx`` holding 384 MiB inline (an
+    in-place externalization) costs its metadata in memory, not three copies of the file. The file parsed must be
+    the regular file ``lstat`` saw (a symlink, or a name swapped meanwhile, is "unknown": the safe side).
+    """
     try:
-        _syscall("open")
-        fd = os.open(model_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        _syscall("lstat")
+        st = os.lstat(model_path)
     except FileNotFoundError:
         return _References(known=True)
-    except OSError:  # a symlink (ELOOP), no permission...: what it references is unknown
+    except OSError:  # no permission on the folder...: what it references is unknown
+        return _References(known=False)
+    if not stat.S_ISREG(st.st_mode):  # a symlink, a folder...
         return _References(known=False)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return _References(known=False)
-        size = st.st_size
-        buffer = bytearray(size)
         _syscall("read")
-        if pread_exact(fd, memoryview(buffer), 0) < size:
-            return _References(known=False)
-    finally:
-        os.close(fd)
-    model = onnx.ModelProto()
-    try:
-        model.ParseFromString(bytes(buffer))
-        found = list(_locations(model))
-    except (DecodeError, ValueError, RuntimeError):
+        stripped = load_model_stripped(model_path, 0)
+    except InvalidModelError:
         return _References(known=True)  # not a model any loader reads: nothing of it to keep loadable
+    except OSError:  # gone or swapped for a non-file meanwhile, unreadable: unknown
+        return _References(known=False)
+    if (stripped.device, stripped.inode) != (st.st_dev, st.st_ino):
+        return _References(known=False)
     folder = os.path.dirname(model_path)
-    paths = frozenset(os.path.normpath(os.path.join(folder, location)) for _, location in found)
+    paths = frozenset(os.path.normpath(os.path.join(folder, location)) for _, location in _locations(stripped.model))
     identities = set()
     for path in paths:
         with contextlib.suppress(OSError):
@@ -667,13 +959,15 @@ class _Publication:
         self.bridges: list[str] = []
         self.previous = _References(known=False)
         self.bridge_commit: int | None = None  # index of commit A in `moves`
+        self.bridge_synced = False  # the folder fsync after commit A succeeded
+        self.published = False  # a new model is in place (the final commit, or commit A that could not be undone)
 
     def run(self) -> None:
         previous = _read_references(self.model.final_path)
         self.previous = previous
-        self._sweep_bridges(previous)
         clashing = [staged for staged in self.weights if previous.has(staged.final_path)]
         try:
+            self._sweep_before()
             for staged in self.weights:
                 if staged not in clashing:
                     self.moves.append(_move(staged.temp_path, staged.final_path))
@@ -681,39 +975,75 @@ class _Publication:
                 self._bridge(clashing)
             _fsync_folders([staged.final_path for staged in self.weights], self.durable)
             self.moves.append(_move(self.model.temp_path, self.model.final_path))  # the commit
-        except BaseException:
+            self.published = True
+        except BaseException as exc:
             kept = _undo_all(self.moves)
-            if kept and self.bridge_commit is not None and kept > self.bridge_commit:
-                # Commit A could not be undone (no RENAME_EXCHANGE): the destination is the new model through its
-                # bridge files, which must stay; the next publication to it removes them.
+            bridged = bool(kept) and self.bridge_commit is not None and kept > self.bridge_commit
+            if bridged:
+                # Commit A could not be undone (no RENAME_EXCHANGE, or the undo failed): the destination is the new
+                # model through its bridge files, which must stay; the next publication to it removes them.
                 for staged in self.weights:
                     staged.keep_temp = True
             _discard_all(self.extra)
             # A bridge file is its weights file's temp name now (the caller may still read it back; its cleanup
             # deletes it unless kept above).
+            if bridged:
+                self.published = True  # the caller must not restore its state: a new model is in place
+            if bridged and isinstance(exc, Exception):
+                raise self._published_on_bridges(exc) from exc
             raise
+        self._after_commit()
+
+    def _published_on_bridges(self, exc: Exception) -> PublishedWithErrorsError:
+        """Commit A stands and the final names failed: the new model is published, its weights on bridge names."""
+        return PublishedWithErrorsError(
+            f"{self.model.final_path!r} is published (the new model is in place and loads), but on hidden bridge "
+            f"names ({', '.join(repr(os.path.basename(b)) for b in self.bridges)}): moving its weights to their final "
+            f"names failed ({exc}) and could not be undone. The next publication to this destination removes them.",
+            model_path=self.model.final_path,
+            errors=[exc] if isinstance(exc, OSError) else [],
+            sync_failed=self.durable and not self.bridge_synced,
+        )
+
+    def _sweep_before(self) -> None:
+        """Under the lock, before the first move: what dead writers left in the destination folders (bridges too).
+
+        Frees their disk before the bridge copies; a file the previous ``.onnx`` (or any model that can reach the
+        folder) references is kept. A removal that fails raises: nothing is moved yet.
+        """
+        keep = set(self.keep) | set(self.previous.identities)
+        if not self.previous.known:
+            return  # what the destination uses is unknown: sweep nothing it might reference
+        for folder in _folders_of([staged.final_path for staged in [*self.weights, self.model]]):
+            sweep_dead_writers(folder, keep=keep, bridges=True)
+
+    def _after_commit(self) -> None:
+        """Every step after the commit, each run even when one fails; failures raised together (:class:`AfterCommit`).
+
+        The bridge files of the replaced ``.onnx`` (a run killed between its two commits) are unreferenced now: the
+        sweep removes them with every other dead writer's file, unless another model references them.
+        """
         for staged in [*self.weights, self.model]:
             staged.committed = True
-        _fsync_folders([self.model.final_path], self.durable)
-        _delete_previous(self.moves)
-        for path in [*self.bridges, *self._previous_bridges()]:
-            with contextlib.suppress(FileNotFoundError):
-                _syscall("unlink")
-                os.unlink(path)
+        after = AfterCommit(self.model.final_path)
+        after.fsync_folders([self.model.final_path], self.durable)
+        _delete_previous(self.moves, after)
+        for path in self.bridges:
+            after.remove(path)
         for staged in [*self.weights, self.model, *self.extra]:
-            staged._release_lock()
+            after.attempt(staged._release_lock, f"releasing the lock of {staged.final_path!r} failed")
+        after.sweep(_folders_of([staged.final_path for staged in [*self.weights, self.model]]), self.keep)
         if self.bridges:
-            _fsync_folders(self.bridges, self.durable)
+            after.fsync_folders(self.bridges, self.durable)
+        after.finish()
 
     def _bridge(self, clashing: Sequence[StagedFile]) -> None:
         """Commit A (a bridge ``.onnx`` referencing the new files under bridge names), then the final names."""
         mapping = {}
         for staged in clashing:
             bridge = _own_name(staged.final_path, _BRIDGE_SUFFIX)
-            _syscall("rename")
-            os.rename(staged.temp_path, bridge)
+            staged.rename_temp(bridge)  # after a failure the caller's cleanup deletes it (unless a model uses it)
             self.bridges.append(bridge)
-            staged.temp_path = bridge  # after a failure the caller's cleanup deletes it (unless a model uses it)
             mapping[os.path.normpath(staged.final_path)] = bridge
         bridge_model = StagedFile(self.model.final_path, durable=self.durable, keep=self.keep)
         self.extra.append(bridge_model)
@@ -723,6 +1053,7 @@ class _Publication:
         self.bridge_commit = len(self.moves)
         self.moves.append(_move(bridge_model.temp_path, self.model.final_path))  # commit A
         _fsync_folders([self.model.final_path], self.durable)
+        self.bridge_synced = True
         for staged, bridge in zip(clashing, self.bridges, strict=True):
             copy = StagedFile(staged.final_path, durable=self.durable, keep=self.keep)
             self.extra.append(copy)
@@ -730,35 +1061,3 @@ class _Publication:
             _copy_file(bridge, copy.fd, os.stat(bridge).st_size, staged.final_path)
             copy.flush()
             self.moves.append(_move(copy.temp_path, staged.final_path))  # its temp name now holds the previous file
-
-    def _previous_bridges(self) -> list[str]:
-        """Bridge files the replaced ``.onnx`` referenced (a run killed between its two commits), now unreferenced.
-
-        Only those in a folder this publication holds locked, whose writer is dead (or is this process: every
-        publication of ours holds the folder lock, so none of ours is in flight there) and whose lock is free.
-        """
-        locked = {os.path.dirname(staged.final_path) for staged in [*self.weights, self.model]}
-        found = []
-        for path in sorted(self.previous.paths):
-            match = _ANY_BRIDGE.match(os.path.basename(path))
-            if not match or os.path.dirname(path) not in locked or not _writer_gone(int(match.group(1)), ours_too=True):
-                continue
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            if (
-                stat.S_ISREG(st.st_mode)
-                and FileIdentity(st.st_dev, st.st_ino) not in self.keep
-                and _lock_free(path, st)
-            ):
-                found.append(path)
-        return found
-
-    def _sweep_bridges(self, previous: _References) -> None:
-        """Delete bridge files of this job's weights names left by a dead run, unless the current model uses them."""
-        if not previous.known:
-            return
-        keep = set(self.keep) | set(previous.identities)
-        for staged in self.weights:
-            _remove_stale(staged.final_path, _BRIDGE_SUFFIX, keep, ours_too=True)
