@@ -45,9 +45,10 @@ from onnx_light_ref.io.read.entries import is_external, parse_entry_int, read_en
 from onnx_light_ref.io.read.folder import ModelFolder
 from onnx_light_ref.io.read.loader_rule import Refusal, loader_refusals
 from onnx_light_ref.io.read.locations import LocationResolver, expected_nbytes, parse_external_data
-from onnx_light_ref.io.read.model_file import check_model_strings, load_model_metadata, open_model_folder
+from onnx_light_ref.io.read.model_file import check_model_strings, open_model_folder
 from onnx_light_ref.io.read.safetensors_header import read_header
 from onnx_light_ref.io.read.walker import iter_tensors
+from onnx_light_ref.io.read.wire import load_model_lean
 
 __all__ = [
     "ERROR_STATUSES",
@@ -335,7 +336,8 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
     path = os.path.abspath(os.fspath(model_path))
     # Names that are not UTF-8 are reported per tensor below, instead of refusing the whole model.
     folder = open_model_folder(path, allow_outside_folder=allow_outside_folder)  # held: parse and open through it
-    model = load_model_metadata(path, check_strings=False, folder=folder)
+    # Inline payloads of a large .onnx stay in the file: only the metadata is parsed, whatever the inline weights.
+    model, _ = load_model_lean(path, check_strings=False, folder=folder)
     check_bool("allow_outside_folder", allow_outside_folder)
     resolver = LocationResolver(folder)
     try:  # for the per-loader diagnosis only (what path-resolving loaders would see), never to decide a read
