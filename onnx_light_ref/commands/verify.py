@@ -64,14 +64,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="trust the model's data layout: follow symbolic links in data paths, e.g. the Hugging Face cache "
         "(snapshots/<rev>/model.onnx.data -> ../../blobs/<sha>); refused by default, as onnx's loader refuses them",
     )
+    parser.add_argument(
+        "--max-differences",
+        metavar="N",
+        type=_count,
+        default=1,
+        help="go on after the first difference and report up to N of them, one 'different:' line each "
+        "(0: every difference; default: 1, stop at the first)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document on stdout instead of the text (schema: docs/json.md, "
+        "onnx_light_ref/schemas/verify-1.json); same exit status",
+    )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=verify_command)
 
 
+def _count(text: str) -> int:
+    """``--max-differences``: a whole number, 0 or more (else a usage error, exit 2)."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = -1
+    if value < 0 or not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number (0 for every difference), got {text!r}")
+    return value
+
+
 def verify_command(args: argparse.Namespace) -> int:
-    """Run the command; return the exit status."""
+    """Run the command; return the exit status.
+
+    Text: one ``checksum mismatch:`` line per wrong checksum entry, one ``different:`` line per difference found,
+    or the ``equal:`` line. With ``--json``: one JSON document on stdout instead (``docs/json.md``); an error is then
+    both a JSON document with an ``error`` member on stdout and the usual ``error:`` line on stderr.
+    """
     from onnx_light_ref.io.verify import verify_models
 
+    as_json = getattr(args, "json", False)
+    max_differences = getattr(args, "max_differences", 1)
     try:
         with byte_progress("verify", hidden=args.no_progress) as progress:
             result = verify_models(
@@ -83,14 +115,36 @@ def verify_command(args: argparse.Namespace) -> int:
                 by_name=args.by_name,
                 progress=progress,
                 allow_outside_folder=args.allow_outside_folder,
+                max_differences=max_differences,
             )
     except (ValueError, OSError) as exc:  # ExternalDataError/InvalidModelError are ValueErrors
+        if as_json:
+            from onnx_light_ref.commands.json_output import error_document, write_document
+
+            write_document(error_document("verify", exc))
         return error_exit(exc)
+    status = 1 if not result.equal or result.checksum_mismatches else 0
+    if as_json:
+        from onnx_light_ref.commands.json_output import write_document
+        from onnx_light_ref.commands.verify_json import verify_document
+
+        write_document(
+            verify_document(
+                result,
+                args.a,
+                args.b,
+                max_differences=max_differences,
+                check_checksums=args.check_checksums,
+                chunk_size=args.chunk_size,
+            )
+        )
+        return status
     # Messages quote names with repr, but a place also shows op types and function domains as they are: escaped here.
     for mismatch in result.checksum_mismatches:
         print(f"checksum mismatch: {printable(mismatch)}")
     if not result.equal:
-        print(f"different: {printable(result.first_difference or '')}")
-        return 1
+        for difference in result.differences:
+            print(f"different: {printable(difference.message)}")
+        return status
     print(f"equal: {result.tensors} tensors, {result.bytes_compared} bytes compared")
-    return 1 if result.checksum_mismatches else 0
+    return status

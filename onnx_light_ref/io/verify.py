@@ -8,12 +8,13 @@ reordered compares equal to its source. Storage does not matter: a tensor inline
 typed field (``float_data``, ``int64_data``...) or external, in one data file or many, compares by its
 little-endian bytes.
 
-The run is: parse both ``.onnx`` files without their weights (a ``.onnx`` larger than 16 MiB, also one over
-protobuf's 2 GiB limit, through the wire-format scan of :mod:`onnx_light_ref.io.read.wire`, its inline payloads left in the file) → walk both
-and validate every external reference as the rest of the package does (inside the model's folder, in bounds, hard links
-refused) → pair the tensors (by position, or by key) → compare names, places, data types and dims of every pair →
-only then compare bytes, stopping at the first difference (or after ``max_differences`` of them). Each difference
-is a :class:`~onnx_light_ref.io.differences.Difference` record (kind, both tensors, both values) and a sentence.
+The run is: parse both ``.onnx`` files without their weights (a ``.onnx`` larger than 16 MiB, also one over protobuf's
+2 GiB limit, through the wire-format scan of :mod:`onnx_light_ref.io.read.wire`, its inline payloads left in the file)
+→ walk both and validate every external reference as the rest of the package does (inside the model's folder, in
+bounds, hard links refused) → pair the tensors (by position, or by key) → compare names, places, data types and dims
+of every pair → only then compare bytes, stopping at the first difference (or after ``max_differences`` of them). Each
+difference is a :class:`~onnx_light_ref.io.differences.Difference` record (kind, both tensors, both values) and a
+sentence.
 
 This module never writes a file and never holds more weight bytes than two ``chunk_size`` buffers (plus a bounded
 scratch block when comparing the tail of a tensor), each grown on demand up to ``chunk_size`` (itself at most
