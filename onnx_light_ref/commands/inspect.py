@@ -7,7 +7,10 @@ tensor is in error (partial overlap, out of bounds, missing file, unsafe locatio
 entry, a reference ``onnx.load``, ``check_model(full_check=True)`` or onnxruntime refuses: which loader refuses
 what is printed per tensor), 0 otherwise: ``status: OK`` means the three loaders accept the model's external data.
 The table is printed either way. ``inspect FOLDER`` prints each model's status and which models use which data
-files (a file used by several models is shared: see ``replace_shared``). Never reads weight bytes.
+files (a file used by several models is shared: see ``replace_shared``). Never reads external weights (data files
+are ``stat``ed, safetensors headers read); a ``.onnx`` over 16 MiB is parsed without reading its inline payloads
+(:func:`~onnx_light_ref.io.read.wire.load_model_lean`). ``--json`` prints the same report as one JSON document
+(:mod:`~onnx_light_ref.commands.inspect_json`, ``docs/json.md``).
 
 Names and locations come from the model, which may be hostile: every printed field goes through
 :func:`~onnx_light_ref.commands.text.printable`, so a terminal escape sequence or a bidirectional override in a tensor
@@ -295,7 +298,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "inspect",
         help="show the layout of a model's external tensors (offsets, alignment, gaps, overlaps, errors)",
         description="Print one row per external tensor, the problems found, totals per data file and the largest "
-        "alignment every tensor satisfies. Exit status 1 if any reference is broken. Reads no weight bytes.",
+        "alignment every tensor satisfies. Exit status 1 if any reference is broken. Reads no external weight, and no "
+        "inline payload of a .onnx over 16 MiB.",
     )
     parser.add_argument(
         "model",

@@ -1,12 +1,14 @@
 """``onnx-light-ref verify A.onnx B.onnx``: prove that two models hold the same tensors, whatever their layout.
 
 A thin front end of :func:`onnx_light_ref.io.verify.verify_models`: the byte progress bar shared by the commands
-(:func:`onnx_light_ref.commands.progress.byte_progress`, shown on a terminal only), then one line on stdout. Exit
-status 0 when every tensor is equal (``equal: N tensors, M bytes compared``); 1 with ``different: <the first
-differing tensor and what differs>`` otherwise; 1 with a single ``error: ...`` line on stderr, and no traceback, when
+(:func:`onnx_light_ref.commands.progress.byte_progress`, shown on a terminal only), then the verdict on stdout. Exit
+status 0 when every tensor is equal (``equal: N tensors, M bytes compared``); 1 with ``different: <the differing
+tensor and what differs>`` otherwise (one line per difference: the first, or up to ``--max-differences``); 1 with a
+single ``error: ...`` line on stderr, and no traceback, when
 a model cannot be read or a reference is unsafe, malformed or out of bounds (or, with ``--by-name``, a model has
 two tensors of one name in one graph). With ``--check-checksums``, ``checksum`` entries that match neither their
-tensor's bytes nor their file are listed and also give status 1. Never writes a file.
+tensor's bytes nor their file are listed and also give status 1. ``--json`` prints one JSON document instead
+(:mod:`~onnx_light_ref.commands.verify_json`, ``docs/json.md``), same statuses. Never writes a file.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Compare every tensor of A.onnx and B.onnx (initializers, subgraphs, attribute and sparse "
         "tensors, functions) in model order (with --by-name: by graph and name): names, data types, dims and bytes "
         "must be equal, however each side stores them (inline, external, one file or many). External bytes, and "
-        "the inline weights of a .onnx over protobuf's 2 GiB limit, are streamed in chunks, never loaded whole. Exit "
-        "status 0 when equal, 1 on the first difference or an unreadable model.",
+        "the inline weights of a .onnx over 16 MiB, are streamed in chunks, never loaded whole. Exit status 0 when "
+        "equal, 1 on a difference or an unreadable model.",
     )
     parser.add_argument("a", metavar="A.onnx", help="first model")
     parser.add_argument("b", metavar="B.onnx", help="second model")

@@ -952,8 +952,8 @@ def test_a_model_over_2_gib_with_a_byte_difference_deep_inside_a_payload(tmp_pat
             False,
             index,
             done_before + DEEP[1] // chunk * chunk,
-            f"tensor #{index} '{large_inline.large_name(DEEP[0])}' (initializer in graph '{large_inline.GRAPH}'): bytes "
-            f"differ at offset {DEEP[1]} of {large_inline.LENGTH} (A: 0x00, B: 0x01)",
+            f"tensor #{index} '{large_inline.large_name(DEEP[0])}' (initializer in graph '{large_inline.GRAPH}'): "
+            f"bytes differ at offset {DEEP[1]} of {large_inline.LENGTH} (A: 0x00, B: 0x01)",
         )
     )
     assert (files_state(b.parent), files_state(large_a.parent)) == before
