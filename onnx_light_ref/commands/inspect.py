@@ -308,15 +308,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "files",
     )
     parser.add_argument(
-        "--json",
-        action="store_true",
-        help="print one JSON document on stdout instead of the text (schema: docs/json.md, "
-        "onnx_light_ref/schemas/inspect-1.json); same exit status",
-    )
-    parser.add_argument(
         "--allow-outside-folder",
         action="store_true",
         help="trust the model's data layout: follow symbolic links in data paths, e.g. the Hugging Face cache "
         "(snapshots/<rev>/model.onnx.data -> ../../blobs/<sha>); refused by default, as onnx's loader refuses them",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document on stdout instead of the text (schema: docs/json.md, "
+        "onnx_light_ref/schemas/inspect-1.json); same exit status",
     )
     parser.set_defaults(func=inspect_command)
