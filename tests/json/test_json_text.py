@@ -62,3 +62,22 @@ def test_an_error_document_names_the_exception_class_and_message():
         "ok": False,
         "error": {"type": "FileNotFoundError", "message": "gone"},
     }
+
+
+def test_a_real_process_with_an_ascii_locale_writes_a_parsable_document(tmp_path):
+    """stdout is ASCII whatever the names: a C locale (ASCII stdout encoding) cannot make the writer fail."""
+    import subprocess
+    import sys
+
+    from tests.json.corpus import INSPECT_CASES
+
+    (argv,) = INSPECT_CASES["hostile-not-utf8"](tmp_path)
+    environment = {key: value for key, value in os.environ.items() if not key.startswith(("LC_", "LANG", "PYTHONIO"))}
+    environment.update(LC_ALL="C", PYTHONUTF8="0")
+    completed = subprocess.run(
+        [sys.executable, "-m", "onnx_light_ref", *argv, "--json"], capture_output=True, env=environment, check=False
+    )
+    assert completed.returncode == 1
+    assert completed.stdout.isascii()
+    document = json.loads(completed.stdout)
+    assert bytes.fromhex(document["tensors"][0]["name"]["hex"]) == b"n\xff\x1bme!"
