@@ -457,6 +457,17 @@ def _verify(args: dict[str, Any]) -> list[Phase]:
     return [("verify", run)]
 
 
+def _inspect(args: dict[str, Any]) -> list[Phase]:
+    """``build_layout_report`` of one model (what ``onnx-light-ref inspect`` prints), metadata only."""
+    from onnx_light_ref.io.layout_report import build_layout_report
+
+    def run(_: Any) -> dict[str, Any]:
+        report = build_layout_report(args["model"])
+        return {"ok": bool(report.ok), "inline_tensors": int(report.inline_tensors)}
+
+    return [("inspect", run)]
+
+
 def _read_ranges(args: dict[str, Any]) -> list[Phase]:
     """The limit for verify: read every tensor of both models once, ``chunk_size`` bytes per ``preadv``, one buffer.
 
@@ -648,6 +659,7 @@ _SCENARIOS: dict[str, Callable[[dict[str, Any]], list[Phase]]] = {
     "copy_file_range": _copy_file_range,
     "copy_file_range_ranges": _copy_file_range_ranges,
     "verify": _verify,
+    "inspect": _inspect,
     "read_ranges": _read_ranges,
     "shared_save": _shared_save,
     "write_alone": _write_alone,

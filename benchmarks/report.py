@@ -119,6 +119,11 @@ _LABELS: dict[str, dict[str, str]] = {
         "link_no_fsync": "ours: link_external_data, durable=False",
         "copy_safetensors": "writing the same safetensors file again (streaming)",
     },
+    "inline-readers": {
+        "verify": "ours: verify_models of two inline models (4 MiB chunks)",
+        "inspect": "ours: the layout report of one (inspect)",
+        "externalize": "reference: align size_threshold=1024 of one (streaming reader of issue 12)",
+    },
     "evaluator": {
         "plain": "onnx ReferenceEvaluator(path)",
         "lazy_file": "reference_evaluator(path, 'file')",
@@ -129,7 +134,7 @@ _REFERENCE_METHOD = {"align": "streaming", "chunk-sizes": "chunk_4MiB", "shared-
                      "delayed": "np_fromfile", "evaluator": "plain", "dedup": "streaming", "shards": "one_file",
                      "verify": "read_both", "externalize": "cfr_ranges_fsync", "in-place": "fresh_folder",
                      "reflink": "unaligned", "node-count": "delay", "safetensors": "onnx_ir_fsync",
-                     "link": "copy_safetensors"}  # fmt: skip
+                     "link": "copy_safetensors", "inline-readers": "externalize"}  # fmt: skip
 # Families whose groups move or read ``payload_bytes``: their tables show a throughput column.
 _THROUGHPUT_FAMILIES = (
     "align", "chunk-sizes", "delayed", "dedup", "shards", "verify", "externalize", "in-place", "reflink", "safetensors"
@@ -353,6 +358,13 @@ def _layout_targets(groups: dict[str, dict[str, Any]], size: str) -> list[Target
         label = _fmt_bytes(huge["file_bytes"]) + (" (> 2 GiB)" if huge.get("over_2gib") else " (small run)")
         targets.append(_rss_target(f"#12 single-file {label} externalize, streaming peak RSS Δ / (64 MiB + chunk)",
                                    size, huge, "streaming", 64 + _chunk_mib(huge)))  # fmt: skip
+    readers = groups.get("inline-readers")
+    if readers is not None:
+        label = _fmt_bytes(readers["file_bytes"])
+        targets.append(_rss_target(f"#29 verify of two {label} inline models, peak RSS Δ / (2 chunks + 32 MiB)",
+                                   size, readers, "verify", 2 * _chunk_mib(readers) + 32))  # fmt: skip
+        targets.append(_rss_target(f"#29 inspect of a {label} inline model, peak RSS Δ / 32 MiB", size, readers,
+                                   "inspect", 32))  # fmt: skip
     return targets
 
 
@@ -556,6 +568,9 @@ def _group_title(group: str, info: dict[str, Any]) -> str:
         return f"Safetensors output at 4096, {info['shape']} tensors: {_shape_label(info)} (issue 21)"
     if family == "link":
         return f"link_external_data to a safetensors checkpoint of {_shape_label(info)} (issue 21)"
+    if family == "inline-readers":
+        return (f"verify and inspect of inline single-file models ({info['file_bytes'] / MIB:,.0f} MiB .onnx, "
+                f"{_shape_label(info)} inline) (issue 29)")  # fmt: skip
     return (f"Lazy evaluation: MLP of {info['layers']} x (MatMul {info['width']}x{info['width']} + Add), "
             f"{info['weight_bytes'] / MIB:,.0f} MiB of weights (construct + first run)")  # fmt: skip
 

@@ -45,9 +45,10 @@ from onnx_light_ref.io.read.entries import is_external, parse_entry_int, read_en
 from onnx_light_ref.io.read.folder import ModelFolder
 from onnx_light_ref.io.read.loader_rule import Refusal, loader_refusals
 from onnx_light_ref.io.read.locations import LocationResolver, expected_nbytes, parse_external_data
-from onnx_light_ref.io.read.model_file import check_model_strings, load_model_metadata, open_model_folder
-from onnx_light_ref.io.read.safetensors_header import read_header
-from onnx_light_ref.io.read.walker import iter_tensors
+from onnx_light_ref.io.read.model_file import check_model_strings, open_model_folder
+from onnx_light_ref.io.read.safetensors_header import SafetensorsHeader, read_header
+from onnx_light_ref.io.read.walker import SitePlace, TensorKind, TensorSite, iter_tensors
+from onnx_light_ref.io.read.wire import load_model_lean
 
 __all__ = [
     "ERROR_STATUSES",
@@ -55,6 +56,7 @@ __all__ = [
     "Gap",
     "LayoutReport",
     "LayoutStatus",
+    "Overlap",
     "TensorLayout",
     "build_layout_report",
 ]
@@ -96,6 +98,16 @@ class TensorLayout:
     shared_range: list[str] = field(default_factory=list)
     # Which loader (onnx.load, check_model, onnxruntime) refuses what about this reference; empty: none of these rules.
     refusals: list[Refusal] = field(default_factory=list)
+    # What the tensor is, from the walker and the proto (for exports such as ``inspect --json``): its index in the
+    # walker order of the whole model (inline tensors counted), kind, structural place, data type and dims, and its
+    # name and location entry exactly as stored (``bytes`` when not UTF-8; ``name`` and ``location`` are for display).
+    index: int = -1
+    kind: TensorKind = "initializer"
+    place: SitePlace = ()
+    data_type: int = 0
+    dims: tuple[int, ...] = ()
+    raw_name: str | bytes = ""
+    raw_location: str | bytes = ""
 
     @property
     def shared_with(self) -> list[str]:
@@ -124,6 +136,18 @@ class Gap:
     length: int
 
 
+@dataclass(frozen=True)
+class Overlap:
+    """A tensor's range that partially overlaps other ranges of its file: ``partner`` is one of them (the one the
+    message names), ``ranges`` how many distinct ranges it overlaps."""
+
+    tensor: str
+    offset: int
+    length: int
+    partner: Gap
+    ranges: int
+
+
 @dataclass
 class FileLayout:
     """Totals for one data file, from the tensors whose references are valid."""
@@ -136,6 +160,8 @@ class FileLayout:
     gaps: list[Gap] = field(default_factory=list)
     safetensors: str | None = None  # a ``*.safetensors`` file: what its header says (see _describe_safetensors)
     safetensors_ok: bool = True  # False: the header is malformed or leaves the data section not fully covered
+    safetensors_header: SafetensorsHeader | None = None  # the parsed header (None: not safetensors, or malformed)
+    overlaps: list[Overlap] = field(default_factory=list)  # tensors partially overlapping others, in offset order
 
     @property
     def gap_bytes(self) -> int:
@@ -269,6 +295,7 @@ def _mark_overlaps(file: FileLayout, by_range: dict[tuple[int, int], list[Tensor
             names = _some_names(by_range[partner])
             more = f" and {count - 1} other range{'s' if count > 2 else ''}" if count > 1 else ""
             for tensor in by_range[(start, length)]:
+                file.overlaps.append(Overlap(tensor.name, start, length, Gap(*partner), count))
                 tensor.status = "overlap"
                 tensor.message = (
                     f"tensor {tensor.name!r}: range [{start}, +{length} bytes) of {file.location!r} partially "
@@ -335,7 +362,8 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
     path = os.path.abspath(os.fspath(model_path))
     # Names that are not UTF-8 are reported per tensor below, instead of refusing the whole model.
     folder = open_model_folder(path, allow_outside_folder=allow_outside_folder)  # held: parse and open through it
-    model = load_model_metadata(path, check_strings=False, folder=folder)
+    # Inline payloads of a large .onnx stay in the file: only the metadata is parsed, whatever the inline weights.
+    model, _ = load_model_lean(path, check_strings=False, folder=folder)
     check_bool("allow_outside_folder", allow_outside_folder)
     resolver = LocationResolver(folder)
     try:  # for the per-loader diagnosis only (what path-resolving loaders would see), never to decide a read
@@ -346,12 +374,13 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
     files: dict[str, FileLayout] = {}  # keyed by normalized path (two spellings of one file are one file)
     members: dict[str, list[TensorLayout]] = {}
     inline = 0
-    for site in iter_tensors(model):
+    for index, site in enumerate(iter_tensors(model)):
         if not is_external(site.tensor):
             inline += 1
             continue
         layout, resolved, size = _check_tensor(site.tensor, site.label, site.where, resolver)
         layout.refusals = loader_refusals(site, os.path.dirname(path), real_model_dir)
+        _describe_site(layout, site, index)
         tensors.append(layout)
         if resolved is None and layout.status != "missing file":
             continue  # an unsafe or unreadable location names no file we may look at
@@ -365,7 +394,9 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
             continue
         _analyse_file(file, members[key])
         if file.path.endswith(".safetensors"):
-            file.safetensors, file.safetensors_ok = _describe_safetensors(resolver.folder, file.location)
+            file.safetensors, file.safetensors_ok, file.safetensors_header = _describe_safetensors(
+                resolver.folder, file.location
+            )
     for layout in tensors:
         # With the opt-in the caller trusts symbolic links (the Hugging Face cache): still listed, not an error.
         blocking = [r for r in layout.refusals if not (allow_outside_folder and r.symlink)]
@@ -381,22 +412,34 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
     return LayoutReport(path, tensors, list(files.values()), inline, notes)
 
 
-def _describe_safetensors(folder: ModelFolder, location: str) -> tuple[str, bool]:
+def _describe_site(layout: TensorLayout, site: TensorSite, index: int) -> None:
+    """Copy onto ``layout`` what the walker and the proto say the tensor is (see the fields of TensorLayout)."""
+    tensor = site.tensor
+    layout.index, layout.kind, layout.place = index, site.kind, site.place
+    layout.data_type, layout.dims, layout.raw_name = tensor.data_type, tuple(tensor.dims), tensor.name
+    layout.raw_location = next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
+
+
+def _describe_safetensors(folder: ModelFolder, location: str) -> tuple[str, bool, SafetensorsHeader | None]:
     """One line on a safetensors file's header (read through the held folder, parsed as hostile input; no tensor
-    byte is read)."""
+    byte is read), whether it is fine, and the parsed header."""
     try:
         with folder.open_file(location, subject=f"safetensors file {location!r}") as opened:
             header = read_header(opened.fd, opened.path, opened.size)
     except (SafetensorsError, ExternalDataError, OSError) as exc:
-        return f"safetensors header INVALID: {exc}", False
+        return f"safetensors header INVALID: {exc}", False, None
     text = f"safetensors header {header.data_start} bytes (data section starts there), {len(header.entries)} tensors"
     if header.metadata:
         text += f", metadata {header.metadata}"
     if header.covered:
-        return text + ", data section fully covered", True
+        return text + ", data section fully covered", True, header
     begin, end = header.holes[0]
     uncovered = sum(e - b for b, e in header.holes)
     return (
-        text + f", data section NOT fully covered: {uncovered} bytes in {len(header.holes)} range(s), the first at "
-        f"file offsets [{header.data_start + begin}, {header.data_start + end}) (safetensors loaders refuse it)"
-    ), False
+        (
+            text + f", data section NOT fully covered: {uncovered} bytes in {len(header.holes)} range(s), the first at "
+            f"file offsets [{header.data_start + begin}, {header.data_start + end}) (safetensors loaders refuse it)"
+        ),
+        False,
+        header,
+    )
