@@ -118,7 +118,8 @@ def format_report(report: LayoutReport) -> str:
             f"{file.gap_bytes} gap bytes in {gap_count} gap{'s' if gap_count != 1 else ''}"
         )
         if file.safetensors is not None:
-            lines.append(f"    {'' if file.safetensors_ok else 'WARNING: '}{printable(file.safetensors)}")
+            verdict = "" if file.safetensors_ok else "REFUSED by the safetensors library: "
+            lines.append(f"    {verdict}{printable(file.safetensors)}")
     lines.append("")
     common = report.common_alignment
     lines.append(
