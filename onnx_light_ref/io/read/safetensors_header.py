@@ -26,11 +26,12 @@ import json
 import math
 import os
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from onnx_light_ref.errors import SafetensorsError
 from onnx_light_ref.io.plan.alignment import align_up
+from onnx_light_ref.io.read.strict_json import RepeatedKeyError, loads_strict
 
 __all__ = [
     "DTYPE_BITS",
@@ -342,13 +343,10 @@ def _load_json(path: str, text: bytes) -> object:
     :func:`_parse_entry` or the surrogate check of :func:`parse_header`.
     """
     try:
-        decoded = text.decode("utf-8")
-        if b"-0" in text:
-            return json.loads(decoded, object_pairs_hook=_refuse_duplicates, parse_int=_parse_int)
-        return json.loads(decoded, object_pairs_hook=_refuse_duplicates)
-    except _DuplicateKeyError as exc:
+        return loads_strict(text, parse_int=_parse_int if b"-0" in text else None)
+    except RepeatedKeyError as exc:
         raise SafetensorsError(f"{path!r}: safetensors header repeats the key {exc.key!r}.") from None
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except ValueError as exc:  # UnicodeDecodeError is one
         raise SafetensorsError(f"{path!r}: safetensors header is not UTF-8 JSON: {exc}") from None
 
 
@@ -376,23 +374,6 @@ def require_covered(header: SafetensorsHeader) -> None:
             f"{header.path!r}: safetensors data section has {len(header.holes)} uncovered range(s), the first at "
             f"file offsets [{start + begin}, {start + end}); safetensors requires the tensors to cover it exactly."
         )
-
-
-class _DuplicateKeyError(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _refuse_duplicates(pairs: Sequence[tuple[str, object]]) -> dict[str, object]:
-    result = dict(pairs)  # built in C; a repeated key makes it shorter than the pairs (checked once per object)
-    if len(result) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _DuplicateKeyError(key)
-            seen.add(key)
-    return result
 
 
 def _parse_entry(path: str, name: str, value: object, data_size: int) -> SafetensorsEntry:
