@@ -5,7 +5,9 @@ A thin presentation of :func:`onnx_light_ref.io.layout_report.build_layout_repor
 (tensors, bytes used, file size, gaps) and the largest alignment every tensor satisfies. Exit status 1 when any
 tensor is in error (partial overlap, out of bounds, missing file, unsafe location, hard-linked file, malformed
 entry, a reference ``onnx.load``, ``check_model(full_check=True)`` or onnxruntime refuses: which loader refuses
-what is printed per tensor), 0 otherwise: ``status: OK`` means the three loaders accept the model's external data.
+what is printed per tensor; a ``*.safetensors`` data file the safetensors library refuses, a reference that overlaps
+its header or is not exactly the bytes of its key), 0 otherwise: ``status: OK`` means the three loaders accept the
+model's external data and every safetensors data file agrees with the references into it.
 The table is printed either way. ``inspect FOLDER`` prints each model's status and which models use which data
 files (a file used by several models is shared: see ``replace_shared``). Never reads weight bytes.
 
