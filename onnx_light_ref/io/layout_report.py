@@ -38,7 +38,7 @@ from __future__ import annotations
 import bisect
 import os
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import onnx
 
@@ -83,18 +83,9 @@ LayoutStatus = Literal[
 _NAMES_SHOWN = 3
 
 ERROR_STATUSES: frozenset[LayoutStatus] = frozenset(
-    {
-        "overlap",
-        "out of bounds",
-        "missing file",
-        "unsafe location",
-        "hard-linked",
-        "invalid",
-        "loader refuses",
-        "safetensors refuses",
-        "header mismatch",
-    }
+    status for status in get_args(LayoutStatus) if status not in ("ok", "shared")
 )
+"""Every status but ``ok`` and ``shared``."""
 
 
 @dataclass

@@ -91,9 +91,9 @@ HOSTILE = {
     "product overflowing before a 0": (
         {"a": _entry(shape=[2**32, 2**32, 0], offsets=[0, 0])},
         b"",
-        "u64 element count",
+        "u64 element or bit count",
     ),
-    "bit count overflowing": ({"a": _entry("F64", [2**61], [0, 0])}, b"", "u64 bit count"),
+    "bit count overflowing": ({"a": _entry("F64", [2**61], [0, 0])}, b"", "u64 element or bit count"),
     "minus zero": (b'{"a": {"dtype": "U8", "shape": [-0], "data_offsets": [0, 0]}}', b"", "shape must be"),
     "lone surrogate": (b'{"\\ud800": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}', b"", "surrogate"),
     "overlap": ({"a": _entry(offsets=[0, 4]), "b": _entry(offsets=[2, 6])}, b"\0" * 6, "overlap"),

@@ -388,7 +388,7 @@ def _parse_entry(path: str, name: str, value: object, data_size: int) -> Safeten
     dtype, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
     if type(dtype) is not str or dtype not in DTYPE_BITS:
         raise SafetensorsError(f"{_where(path, name)}: unknown dtype {dtype!r:.40} (known: {', '.join(DTYPE_BITS)}).")
-    if type(shape) is not list or not all(type(dim) is int and 0 <= dim <= _U64_MAX for dim in shape):
+    if type(shape) is not list or not all(type(dim) is int and dim >= 0 for dim in shape):
         raise SafetensorsError(
             f"{_where(path, name)}: shape must be a list of integers in [0, 2**64), got {shape!r:.200}."
         )
@@ -408,7 +408,10 @@ def _parse_entry(path: str, name: str, value: object, data_size: int) -> Safeten
             f"{_where(path, name)}: data_offsets [{begin}, {end}] run past the end of the {data_size}-byte data "
             "section."
         )
-    bits = _checked_bits(path, name, dtype, shape)
+    count = math.prod(shape)
+    bits = count * DTYPE_BITS[dtype]
+    if bits > _U64_MAX or (not count and shape and _overflows_before_zero(shape)):
+        _refuse_overflow(path, name, dtype, shape)
     if bits % 8 or bits // 8 != end - begin:
         raise SafetensorsError(
             f"{_where(path, name)}: dtype {dtype} and shape {shape} need {bits / 8:g} bytes but data_offsets "
@@ -417,22 +420,28 @@ def _parse_entry(path: str, name: str, value: object, data_size: int) -> Safeten
     return SafetensorsEntry(name, dtype, tuple(shape), begin, end)
 
 
-def _checked_bits(path: str, name: str, dtype: str, shape: list[int]) -> int:
-    """``numel x bits``, refused where the library's checked u64 arithmetic overflows.
+def _overflows_before_zero(shape: list[int]) -> bool:
+    """For a shape holding a 0: whether a dim is above u64, or the product of the dims before the first 0 is.
 
     The library folds the shape left to right with ``checked_mul``: a prefix that overflows is refused even when a
-    later dimension is 0. Dimensions are >= 1 before the first 0, so the prefix products only grow: checking the
-    product of the dimensions before the first 0 is checking every prefix.
+    later dimension is 0 (``[2**32, 2**32, 0]``). Dimensions are >= 1 before the first 0, so the prefix products only
+    grow: checking the product before the first 0 checks every prefix. Without a 0, a dim above u64 or an overflowing
+    prefix makes the whole product, so the bit count, overflow: the caller's one comparison catches it.
     """
-    count = math.prod(shape)
-    prefix = count if count else math.prod(shape[: shape.index(0)])
-    bits = count * DTYPE_BITS[dtype]
-    if prefix > _U64_MAX or bits > _U64_MAX:
+    return max(shape) > _U64_MAX or math.prod(shape[: shape.index(0)]) > _U64_MAX
+
+
+def _refuse_overflow(path: str, name: str, dtype: str, shape: list[int]) -> None:
+    """Refuse a shape the library's checked u64 arithmetic refuses, saying which check."""
+    if max(shape) > _U64_MAX:
         raise SafetensorsError(
-            f"{_where(path, name)}: dtype {dtype} and shape {shape!r:.200} overflow the safetensors library's u64 "
-            f"{'element' if prefix > _U64_MAX else 'bit'} count (its checked product, left to right, refuses it)."
+            f"{_where(path, name)}: shape must be a list of integers in [0, 2**64) (the library's dims are u64), got "
+            f"{shape!r:.200}."
         )
-    return bits
+    raise SafetensorsError(
+        f"{_where(path, name)}: dtype {dtype} and shape {shape!r:.200} overflow the safetensors library's u64 "
+        "element or bit count (its checked product, left to right, refuses it)."
+    )
 
 
 def _where(path: str, name: str) -> str:
