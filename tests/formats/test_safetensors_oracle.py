@@ -108,7 +108,9 @@ DIMS = st.one_of(
     st.sampled_from([-1, Raw("-0"), Raw("4.0"), Raw("1e0"), Raw("NaN"), True, None, "4"]),
 )
 GOOD_DTYPES = st.sampled_from(sorted(DTYPE_BITS))
-BAD_DTYPES = st.sampled_from(["u8", "F8_E4M3FN", "C128", "I4", "", 8, None, Raw('"\\ud800"')])
+# Codes no safetensors release can take (not plausible future dtypes: a newer library knowing one would make this
+# test report a difference that is not ours).
+BAD_DTYPES = st.sampled_from(["u8", "f32", "F32 ", "", 8, None, Raw('"\\ud800"')])
 
 
 def twist(draw: st.DrawFn, options: int, one_in: int) -> int | None:
