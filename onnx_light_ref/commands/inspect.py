@@ -5,7 +5,9 @@ A thin presentation of :func:`onnx_light_ref.io.layout_report.build_layout_repor
 (tensors, bytes used, file size, gaps) and the largest alignment every tensor satisfies. Exit status 1 when any
 tensor is in error (partial overlap, out of bounds, missing file, unsafe location, hard-linked file, malformed
 entry, a reference ``onnx.load``, ``check_model(full_check=True)`` or onnxruntime refuses: which loader refuses
-what is printed per tensor), 0 otherwise: ``status: OK`` means the three loaders accept the model's external data.
+what is printed per tensor; a ``*.safetensors`` data file the safetensors library refuses, a reference that overlaps
+its header or is not exactly the bytes of its key), 0 otherwise: ``status: OK`` means the three loaders accept the
+model's external data and every safetensors data file agrees with the references into it.
 The table is printed either way. ``inspect FOLDER`` prints each model's status and which models use which data
 files (a file used by several models is shared: see ``replace_shared``). Never reads external weights (data files
 are ``stat``ed, safetensors headers read); a ``.onnx`` over 16 MiB is parsed without reading its inline payloads
@@ -136,7 +138,8 @@ def format_report(report: LayoutReport) -> str:
             f"{file.gap_bytes} gap bytes in {gap_count} gap{'s' if gap_count != 1 else ''}"
         )
         if file.safetensors is not None:
-            lines.append(f"    {'' if file.safetensors_ok else 'WARNING: '}{printable(file.safetensors)}")
+            verdict = "" if file.safetensors_ok else "REFUSED by the safetensors library: "
+            lines.append(f"    {verdict}{printable(file.safetensors)}")
     lines.append("")
     common = report.common_alignment
     lines.append(

@@ -2,16 +2,16 @@
 
 A thin front end of :func:`onnx_light_ref.io.link.link_external_data`: ``CHECKPOINT`` is a ``.safetensors`` file or a
 sharded set's ``*.safetensors.index.json`` inside DST.onnx's folder; ``--map names.json`` maps model tensor names to
-checkpoint keys (a JSON object of strings). Prints one summary line (tensors and bytes linked and written) on
-stdout; a problem prints one ``error: ...`` line on stderr and exits with status 1, without a traceback, having
-written nothing. A failure after the commit (the model is published) is one ``error: 'DST' is published ..., but
-...`` line and exit status 3. Never writes to the checkpoint.
+checkpoint keys (one flat JSON object of strings; a repeated name, nesting, a name the model lacks, a key the
+checkpoint lacks, or two tensors sent to one key are refused before anything is written). Prints one summary line
+(tensors and bytes linked and written) on stdout; a problem prints one ``error: ...`` line on stderr and exits with
+status 1, without a traceback, having written nothing. A failure after the commit (the model is published) is one
+``error: 'DST' is published ..., but ...`` line and exit status 3. Never writes to the checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.progress import byte_progress
@@ -19,8 +19,6 @@ from onnx_light_ref.commands.sizes import size_argument
 from onnx_light_ref.errors import PublishedWithErrorsError
 
 __all__ = ["link_command", "register"]
-
-_MAX_MAP_SIZE = 64 * 1024 * 1024  # a name map is names only
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -65,17 +63,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _read_map(path: str) -> dict[str, str]:
+    from onnx_light_ref.io.plan.name_map import MAX_NAME_MAP_SIZE, parse_name_map
+
     with open(path, "rb") as file:
-        text = file.read(_MAX_MAP_SIZE + 1)
-    if len(text) > _MAX_MAP_SIZE:
-        raise ValueError(f"--map {path!r} is larger than {_MAX_MAP_SIZE} bytes; a name map holds names only.")
-    try:
-        names = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"--map {path!r} is not UTF-8 JSON: {exc}") from None
-    if not isinstance(names, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in names.items()):
-        raise ValueError(f"--map {path!r} must be a JSON object mapping model tensor names to checkpoint keys.")
-    return names
+        text = file.read(MAX_NAME_MAP_SIZE + 1)
+    return parse_name_map(text, f"--map {path!r}")
 
 
 def link_command(args: argparse.Namespace) -> int:

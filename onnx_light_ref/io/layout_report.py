@@ -21,8 +21,13 @@ external data from). Every external tensor also carries :attr:`TensorLayout.refu
 model (a node name...) is noted in :attr:`LayoutReport.notes` (the loaders accept it; this package's writers refuse
 it). ``ok`` means all three loaders accept the model's external data.
 
-A data file named ``*.safetensors`` also gets its header read and described (:attr:`FileLayout.safetensors`), and a
-data section the tensors do not cover exactly is flagged.
+A data file named ``*.safetensors`` also gets its header read and described (:attr:`FileLayout.safetensors`,
+:mod:`~onnx_light_ref.io.read.safetensors_refs`). Two more error statuses come from it: ``safetensors refuses`` (the
+tensor's file is one the ``safetensors`` library refuses to open: a malformed header, one above its 100,000,000-byte
+limit, a data section the tensors do not cover exactly) and ``header mismatch`` (the reference overlaps the file's
+header, or is not exactly the bytes of the key of its name, or of any key of its dtype and shape: what a model linked
+to a checkpoint reads after the checkpoint was re-saved). So ``ok`` also means that every ``*.safetensors`` data file
+opens in the safetensors library and that each reference into one reads exactly one of its keys.
 
 This module must never read weight bytes (it only ``stat``s files and reads safetensors headers) and never writes
 anything; it returns plain dataclasses and leaves presentation to the caller (``onnx-light-ref inspect``).
@@ -33,11 +38,11 @@ from __future__ import annotations
 import bisect
 import os
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import onnx
 
-from onnx_light_ref.errors import ExternalDataError, InvalidModelError, SafetensorsError, UnsafeLocationError
+from onnx_light_ref.errors import ExternalDataError, InvalidModelError, UnsafeLocationError
 from onnx_light_ref.io.arguments import PathLike, check_bool
 from onnx_light_ref.io.plan.alignment import offset_alignment
 from onnx_light_ref.io.posix import check_single_link
@@ -46,7 +51,8 @@ from onnx_light_ref.io.read.folder import ModelFolder
 from onnx_light_ref.io.read.loader_rule import Refusal, loader_refusals
 from onnx_light_ref.io.read.locations import LocationResolver, expected_nbytes, parse_external_data
 from onnx_light_ref.io.read.model_file import check_model_strings, open_model_folder
-from onnx_light_ref.io.read.safetensors_header import SafetensorsHeader, read_header
+from onnx_light_ref.io.read.safetensors_header import SafetensorsHeader
+from onnx_light_ref.io.read.safetensors_refs import check_reference, read_safetensors_file
 from onnx_light_ref.io.read.walker import SitePlace, TensorKind, TensorSite, iter_tensors
 from onnx_light_ref.io.read.wire import load_model_lean
 
@@ -71,6 +77,8 @@ LayoutStatus = Literal[
     "hard-linked",
     "invalid",
     "loader refuses",
+    "safetensors refuses",
+    "header mismatch",
 ]
 """What was found checking one tensor's reference; see the module docstring for each value."""
 
@@ -78,8 +86,9 @@ LayoutStatus = Literal[
 _NAMES_SHOWN = 3
 
 ERROR_STATUSES: frozenset[LayoutStatus] = frozenset(
-    {"overlap", "out of bounds", "missing file", "unsafe location", "hard-linked", "invalid", "loader refuses"}
+    status for status in get_args(LayoutStatus) if status not in ("ok", "shared")
 )
+"""Every status but ``ok`` and ``shared``."""
 
 
 @dataclass
@@ -158,8 +167,8 @@ class FileLayout:
     tensors: int = 0
     bytes_used: int = 0  # union of the valid ranges: shared bytes count once
     gaps: list[Gap] = field(default_factory=list)
-    safetensors: str | None = None  # a ``*.safetensors`` file: what its header says (see _describe_safetensors)
-    safetensors_ok: bool = True  # False: the header is malformed or leaves the data section not fully covered
+    safetensors: str | None = None  # a ``*.safetensors`` file: what its header says (see read_safetensors_file)
+    safetensors_ok: bool = True  # False: the safetensors library refuses the file (malformed, too large, not covered)
     safetensors_header: SafetensorsHeader | None = None  # the parsed header (None: not safetensors, or malformed)
     overlaps: list[Overlap] = field(default_factory=list)  # tensors partially overlapping others, in offset order
 
@@ -373,6 +382,7 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
     tensors: list[TensorLayout] = []
     files: dict[str, FileLayout] = {}  # keyed by normalized path (two spellings of one file are one file)
     members: dict[str, list[TensorLayout]] = {}
+    protos: dict[int, onnx.TensorProto] = {}  # id(layout) -> its tensor, for the safetensors header checks
     inline = 0
     for index, site in enumerate(iter_tensors(model)):
         if not is_external(site.tensor):
@@ -382,6 +392,7 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
         layout.refusals = loader_refusals(site, os.path.dirname(path), real_model_dir)
         _describe_site(layout, site, index)
         tensors.append(layout)
+        protos[id(layout)] = site.tensor
         if resolved is None and layout.status != "missing file":
             continue  # an unsafe or unreadable location names no file we may look at
         key = resolved if resolved is not None else f"\0{layout.location}"
@@ -394,9 +405,7 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
             continue
         _analyse_file(file, members[key])
         if file.path.endswith(".safetensors"):
-            file.safetensors, file.safetensors_ok, file.safetensors_header = _describe_safetensors(
-                resolver.folder, file.location
-            )
+            _check_safetensors(resolver.folder, file, members[key], protos)
     for layout in tensors:
         # With the opt-in the caller trusts symbolic links (the Hugging Face cache): still listed, not an error.
         blocking = [r for r in layout.refusals if not (allow_outside_folder and r.symlink)]
@@ -420,26 +429,27 @@ def _describe_site(layout: TensorLayout, site: TensorSite, index: int) -> None:
     layout.raw_location = next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
 
 
-def _describe_safetensors(folder: ModelFolder, location: str) -> tuple[str, bool, SafetensorsHeader | None]:
-    """One line on a safetensors file's header (read through the held folder, parsed as hostile input; no tensor
-    byte is read), whether it is fine, and the parsed header."""
-    try:
-        with folder.open_file(location, subject=f"safetensors file {location!r}") as opened:
-            header = read_header(opened.fd, opened.path, opened.size)
-    except (SafetensorsError, ExternalDataError, OSError) as exc:
-        return f"safetensors header INVALID: {exc}", False, None
-    text = f"safetensors header {header.data_start} bytes (data section starts there), {len(header.entries)} tensors"
-    if header.metadata:
-        text += f", metadata {header.metadata}"
-    if header.covered:
-        return text + ", data section fully covered", True, header
-    begin, end = header.holes[0]
-    uncovered = sum(e - b for b, e in header.holes)
-    return (
-        (
-            text + f", data section NOT fully covered: {uncovered} bytes in {len(header.holes)} range(s), the first at "
-            f"file offsets [{header.data_start + begin}, {header.data_start + end}) (safetensors loaders refuse it)"
-        ),
-        False,
-        header,
-    )
+def _check_safetensors(
+    folder: ModelFolder, file: FileLayout, members: list[TensorLayout], protos: dict[int, onnx.TensorProto]
+) -> None:
+    """Describe a ``*.safetensors`` file's header (no tensor byte read) and mark the tensors it makes wrong: every
+    reference that disagrees with the header, then every other tensor of a file the library refuses."""
+    checked = read_safetensors_file(folder, file.location)
+    file.safetensors, file.safetensors_ok = checked.description, checked.refusal is None
+    file.safetensors_header = checked.header
+    for tensor in members:
+        if tensor.is_error or tensor.offset is None or tensor.length is None:
+            continue
+        problem = None
+        if checked.header is not None:
+            proto = protos[id(tensor)]
+            key = proto.name if isinstance(proto.name, str) else ""  # a non-UTF-8 name is no safetensors key
+            problem = check_reference(checked, key, proto.data_type, proto.dims, tensor.offset, tensor.length)
+        if problem is not None:
+            tensor.status, tensor.message = "header mismatch", problem
+        elif checked.refusal is not None:
+            tensor.status = "safetensors refuses"
+            tensor.message = (
+                f"tensor {tensor.name!r}: its data file {file.location!r} is refused by the safetensors library: "
+                f"{checked.refusal}"
+            )

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError, SafetensorsError, UnsafeLocationError
-from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
+from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
 from onnx_light_ref.io.plan.alignment import validate_alignment
+from onnx_light_ref.io.plan.name_map import check_name_map, check_name_map_targets
 from onnx_light_ref.io.plan.placement import ShardedLayout
 from onnx_light_ref.io.plan.safetensors_layout import is_packed, safetensors_dtype
 from onnx_light_ref.io.read.dtype_sizes import packed_nbytes
@@ -259,6 +260,8 @@ def link_external_data(
             ``dst_onnx_path``.
         dst_onnx_path: the model to write; its folder must exist.
         name_map: model tensor name -> checkpoint key, for names that differ (others are looked up as they are).
+            Refused (``ValueError``, nothing written) when a name is no tensor of the model, a key is not in the
+            checkpoint, or two model tensors would read one key (see :mod:`~onnx_light_ref.io.plan.name_map`).
         dst_weights_path: the model's own weights file; default ``<dst_onnx_path>.data``.
         alignment: offsets of the tensors written to the model's weights file: a power of two, or 0/1 for packed.
         size_threshold: inline tensors with at least this many raw bytes (and not linked) move to the weights file.
@@ -275,7 +278,8 @@ def link_external_data(
         ``written_bytes``, ``mismatched_tensors``, ``checkpoint_files`` and ``weights_files``.
 
     Raises:
-        ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
+        ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type), or a
+            ``name_map`` that does not fit the model and the checkpoint.
         SafetensorsError: a malformed checkpoint header or index (hostile input refused before anything is written).
         UnsafeLocationError: the checkpoint is outside the destination folder, through a symlink (without
             ``allow_outside_folder``), or hard-linked.
@@ -295,7 +299,7 @@ def link_external_data(
     check_int("chunk_size", chunk_size, minimum=1)
     check_bool("durable", durable)
     trusted = check_bool("allow_outside_folder", allow_outside_folder)
-    mapping = _check_name_map(name_map)
+    mapping = check_name_map(name_map)
     dst_onnx = os.path.abspath(os.fspath(dst_onnx_path))
     dst_weights = os.path.abspath(os.fspath(dst_weights_path) if dst_weights_path is not None else dst_onnx + ".data")
     weights_loc = weights_location(dst_onnx, dst_weights)
@@ -313,6 +317,7 @@ def link_external_data(
             src = os.path.abspath(os.fspath(model))
             src_folder = held.enter_context(open_model_folder(src, allow_outside_folder=trusted))
             proto = load_model_metadata(src, folder=src_folder)
+        check_name_map_targets(mapping, iter_tensors(proto), checkpoint_tensors)
         resolver = LocationResolver(src_folder)
 
         sources: dict[FileIdentity, str] = {}
@@ -422,13 +427,3 @@ def _point(tensor: onnx.TensorProto, location: str, offset: int, length: int) ->
     for name in TYPED_VALUE_FIELDS:
         tensor.ClearField(name)
     write_entries(tensor, location, offset, length, None)
-
-
-def _check_name_map(name_map: Mapping[str, str] | None) -> dict[str, str]:
-    if name_map is None:
-        return {}
-    if not isinstance(name_map, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) and v for k, v in name_map.items()
-    ):
-        raise ArgumentTypeError("name_map must map model tensor names (str) to checkpoint keys (non-empty str).")
-    return dict(name_map)

@@ -16,6 +16,7 @@ import safetensors.numpy as st_numpy
 
 from onnx_light_ref import link_external_data, verify_models
 from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, SafetensorsError, UnsafeLocationError
+from onnx_light_ref.io.layout_report import build_layout_report
 from tests.checks import needs_onnx_with_the_newer_loader_rule, run_onnxruntime, sha256_of_tree
 from tests.models import mlp_model, save_external
 
@@ -338,6 +339,7 @@ def test_a_packed_int4_tensor_links_to_u8_of_exactly_its_bytes(tmp_path: Path) -
     assert _offsets(tmp_path / "linked.onnx")["a"][0] == "ckpt.safetensors"
     onnx.save(model, tmp_path / "inline.onnx")
     assert verify_models(tmp_path / "inline.onnx", tmp_path / "linked.onnx").equal
+    assert build_layout_report(tmp_path / "linked.onnx").ok  # INT4 [5] reading U8 [3] agrees with the header
     try:
         outputs = run_onnxruntime(tmp_path / "linked.onnx", {})
     except Exception as exc:  # onnxruntime < 1.2x has no int4 Cast kernel (NOT_IMPLEMENTED)

@@ -91,7 +91,7 @@ def _report_text(report: dict[str, Any]) -> str:
         )
         safetensors = file["safetensors"]
         if safetensors is not None:
-            warning = "" if safetensors["ok"] else "WARNING: "
+            warning = "" if safetensors["ok"] else "REFUSED by the safetensors library: "
             lines.append(f"    {warning}{printable(path_text(safetensors['summary']))}")
     common = report["common_alignment"]
     shown = format_alignment(common) if common != 0 else "any power of two (all offsets are 0)"
