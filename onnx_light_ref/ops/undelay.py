@@ -36,7 +36,7 @@ from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
 from onnx_light_ref.io.plan.alignment import validate_alignment
 from onnx_light_ref.io.plan.placement import ShardedLayout
 from onnx_light_ref.io.read.entries import write_entries
-from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder, relative_below
+from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder, check_file_name, relative_below
 from onnx_light_ref.io.read.locations import (
     LocationResolver,
     check_location_syntax,
@@ -113,15 +113,17 @@ class _SourceResolver:
 
     def _resolve(self, filename: str, where: str) -> _Source:
         name = filename
+        what = f"{where}: filename {filename!r}"
+        check_file_name(filename, what)  # the kernel's rule on the name as written: one answer for both
         if os.path.isabs(filename) and not self.allow_outside_folder:
-            relative = relative_below(self.folder.path, filename)
-            if relative is None:
-                raise UnsafeLocationError(
-                    f"{where}: filename {filename!r} resolves to {os.path.normpath(filename)!r}, outside the source "
-                    f"model's folder {self.folder.path!r}; nothing was written. Pass allow_outside_folder=True (CLI: "
-                    "--allow-outside-folder) to trust it."
-                )
-            name = relative
+            name = relative_below(
+                self.folder.path,
+                filename,
+                what=what,
+                outside=" Nothing was written. Pass allow_outside_folder=True (CLI: --allow-outside-folder) to trust "
+                "it.",
+                label="the source model's folder",
+            )
         if not os.path.isabs(name):
             try:
                 check_location_syntax(name, tensor_name=where)

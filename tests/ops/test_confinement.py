@@ -119,7 +119,8 @@ def test_names_escaping_through_links_or_dotdot(tree: Path, opened: list[str], l
         "absolute-file-link": str(model / "link.bin"),
         "dotdot-abs": f"{model}/../secret/key.bin",
     }[kind]
-    with pytest.raises(UnsafeLocationError, match="outside the model's folder") as info:
+    reason = "'..' component" if kind == "dotdot-abs" else "outside the model's folder|symbolic link"
+    with pytest.raises(UnsafeLocationError, match=reason) as info:
         build(make_node(filename, load_device), DelayedInitializer.bind(model))
     assert_refused_unread(info, filename, opened)
 

@@ -187,8 +187,9 @@ class LocationResolver:
         hit = self._resolved.get(location)
         if hit is None:
             check_location_syntax(location, tensor_name=tensor_name)
-            with self.folder.open_file(location, tensor_name=tensor_name, check_links=False) as opened:
-                hit = (opened.path, opened.stat)
+            # Looked at (O_PATH and fstat), never opened for reading: a plan reads no weight.
+            st = self.folder.stat_file(location, tensor_name=tensor_name, check_links=False)
+            hit = (self.folder.display_path(location), st)
             self._resolved[location] = hit
         return hit
 
