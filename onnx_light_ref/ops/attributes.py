@@ -160,18 +160,19 @@ def _shown_value(attribute: onnx.AttributeProto) -> str:
     kind = _type_name(attribute.type)
     if attribute.ref_attr_name:
         return f"an attribute of type {kind}"
-    values: dict[int, object] = {
-        AttributeProto.INT: attribute.i,
-        AttributeProto.FLOAT: np.float32(attribute.f),
-        AttributeProto.STRING: attribute.s.decode("utf-8", errors="replace"),
-        AttributeProto.INTS: list(attribute.ints),
-        AttributeProto.FLOATS: [float(v) for v in attribute.floats],
-        AttributeProto.STRINGS: [v.decode("utf-8", errors="replace") for v in attribute.strings],
+    # (what OpRun would hold it as, the value): FLOAT is a float32 there (shown as the float it is).
+    values: dict[int, tuple[str, object]] = {
+        AttributeProto.INT: ("int", attribute.i),
+        AttributeProto.FLOAT: ("float32", float(attribute.f)),
+        AttributeProto.STRING: ("str", attribute.s.decode("utf-8", errors="replace")),
+        AttributeProto.INTS: ("list", list(attribute.ints)),
+        AttributeProto.FLOATS: ("list", [float(v) for v in attribute.floats]),
+        AttributeProto.STRINGS: ("list", [v.decode("utf-8", errors="replace") for v in attribute.strings]),
     }
     if attribute.type not in values:
         return f"an attribute of type {kind}"
-    value = values[attribute.type]
-    return f"{_type_label(value)} {value!r} (an attribute of type {kind})"
+    label, value = values[attribute.type]
+    return f"{label} {value!r} (an attribute of type {kind})"
 
 
 def _type_name(attr_type: int) -> str:

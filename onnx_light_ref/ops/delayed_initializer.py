@@ -100,6 +100,7 @@ from onnx_light_ref.ops.attributes import (
     validate_attributes,
 )
 from onnx_light_ref.ops.dtypes import little_endian_dtype
+from onnx_light_ref.ops.evaluator_cycle import weaken_log_callback
 from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE
 
 __all__ = ["DelayedInitializer"]
@@ -360,6 +361,7 @@ class DelayedInitializer(OpRun, metaclass=_KernelClass):
         with state.holder_for().in_use(where):  # a closed class builds nothing
             super().__init__(onnx_node, run_params, schema=schema)
             _STATES[self] = state
+            weaken_log_callback(run_params)  # so the evaluator, and the files held for it, go when it is dropped
             if self.has_linked_attribute:
                 # One instance serves every call site; the filename is only known per call. Hold the directory a
                 # relative name would use now, as the spec says, but do not fail if there is none (absolute names).

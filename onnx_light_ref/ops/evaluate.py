@@ -54,6 +54,7 @@ from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.onnx_compat import refuse_unsupported_evaluator_options
 from onnx_light_ref.ops.convert import delay_initializers
 from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
+from onnx_light_ref.ops.evaluator_cycle import weaken_log_callback
 
 __all__ = ["LazyReferenceEvaluator", "reference_evaluator"]
 
@@ -76,7 +77,8 @@ class LazyReferenceEvaluator(ReferenceEvaluator):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._olr_closer: weakref.finalize | None = None
-        _weaken_log_callback(self)
+        for node in getattr(self, "rt_nodes_", ()):  # a graph without DelayedInitializer: no kernel did it
+            weaken_log_callback(getattr(node, "run_params", None), self)
 
     def own(self, op: Any) -> None:
         """Close ``op`` (a bound ``DelayedInitializer`` class) when this evaluator is closed or dropped."""
@@ -99,27 +101,6 @@ class LazyReferenceEvaluator(ReferenceEvaluator):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def _weaken_log_callback(evaluator: ReferenceEvaluator) -> None:
-    """Break the cycle evaluator -> nodes -> ``run_params["log"]`` -> evaluator (onnx's ``_init`` builds it).
-
-    ``run_params`` is the one dict every node of the evaluator shares (``OpRun.run_params``); its ``log`` entry is
-    replaced by a function that reaches the evaluator through a weak reference. An onnx without that structure is
-    left as it is (the descriptors are then released when the garbage collector frees the evaluator, or by
-    :meth:`LazyReferenceEvaluator.close`); ``tests/ops/test_descriptors.py`` checks the installed one.
-    """
-    params = next((getattr(node, "run_params", None) for node in getattr(evaluator, "rt_nodes_", ())), None)
-    if not isinstance(params, dict) or "log" not in params:
-        return
-    ref = weakref.ref(evaluator)
-
-    def log(pattern: str, *args: Any) -> None:
-        alive = ref()
-        if alive is not None:
-            alive._log(10, pattern, *args)
-
-    params["log"] = log
 
 
 def reference_evaluator(

@@ -258,11 +258,11 @@ def check_file_name(name: str, what: str) -> None:
         )
 
 
-def _check_regular(st: os.stat_result, what: str, shown: str) -> None:
+def _check_regular(st: os.stat_result, what: str, shown: str, expected: str = "a file of weights") -> None:
     if not stat.S_ISREG(st.st_mode):
         raise ExternalDataError(
             f"{what} ({shown!r}) is not a regular file: it is {describe_file_type(st)}, which was not opened; "
-            "expected a file of weights."
+            f"expected {expected}."
         )
 
 
@@ -286,9 +286,7 @@ def _map_open_error(err: int, what: str, shown: str, folder: str | None) -> Exce
     return ExternalDataError(f"{what} ({shown!r}) cannot be accessed: {os.strerror(err)}.")
 
 
-def _open_for_reading(
-    look_fd: int, st: os.stat_result, what: str, shown: str, folder: str | None, again: Callable[[], int]
-) -> int:
+def _open_for_reading(look_fd: int, st: os.stat_result, what: str, shown: str, again: Callable[[], int]) -> int:
     """A read descriptor of the file ``look_fd`` (``O_PATH``) designates, checked to be that file.
 
     Through ``/proc/self/fd`` (the inode itself); without ``/proc``, ``again()`` opens the name anew, and the result
@@ -463,7 +461,7 @@ class ModelFolder:
         look_fd, st = self._look(location, what, check_links)
         shown = self.display_path(location)
         try:
-            fd = _open_for_reading(look_fd, st, what, shown, self.path, lambda: self._opener(location, what, False))
+            fd = _open_for_reading(look_fd, st, what, shown, lambda: self._opener(location, what, False))
         finally:
             os.close(look_fd)
         return OpenedFile(fd, location, shown, st)
@@ -583,7 +581,7 @@ def _is_symlink(name: str, dir_fd: int) -> bool:
         return False
 
 
-def _look_unconfined(path: str, what: str, check_links: bool) -> tuple[int, os.stat_result]:
+def _look_unconfined(path: str, what: str, check_links: bool, expected: str) -> tuple[int, os.stat_result]:
     check_file_name(path, what)
     try:
         look_fd = os.open(path, _LOOK_FLAGS)
@@ -591,7 +589,7 @@ def _look_unconfined(path: str, what: str, check_links: bool) -> tuple[int, os.s
         raise _map_open_error(exc.errno or errno.EIO, what, path, None) from exc
     try:
         st = os.fstat(look_fd)
-        _check_regular(st, what, path)
+        _check_regular(st, what, path, expected)
         if check_links:
             check_single_link(st, what=f"{what} ({path!r})")
     except BaseException:
@@ -600,10 +598,13 @@ def _look_unconfined(path: str, what: str, check_links: bool) -> tuple[int, os.s
     return look_fd, st
 
 
-def open_unconfined(path: str, *, subject: str, check_links: bool = False) -> OpenedFile:
+def open_unconfined(
+    path: str, *, subject: str, check_links: bool = False, expected: str = "a file of weights"
+) -> OpenedFile:
     """Open a name the caller chose to trust as it is (an absolute ``filename`` of an unbound kernel, or of a bound
     one with ``allow_outside_folder``): symbolic links followed, the same look-before-opening and name rules as
-    :meth:`ModelFolder.open_file`.
+    :meth:`ModelFolder.open_file` (``expected`` says, in the message for a FIFO or a device, what the file should
+    have been).
 
     Raises:
         FileNotFoundError: missing (or a path through a file).
@@ -618,9 +619,9 @@ def open_unconfined(path: str, *, subject: str, check_links: bool = False) -> Op
         except OSError as exc:
             raise _map_open_error(exc.errno or errno.EIO, subject, path, None) from exc
 
-    look_fd, st = _look_unconfined(path, subject, check_links)
+    look_fd, st = _look_unconfined(path, subject, check_links, expected)
     try:
-        fd = _open_for_reading(look_fd, st, subject, path, None, again)
+        fd = _open_for_reading(look_fd, st, subject, path, again)
     finally:
         os.close(look_fd)
     return OpenedFile(fd, path, path, st)
@@ -628,7 +629,7 @@ def open_unconfined(path: str, *, subject: str, check_links: bool = False) -> Op
 
 def stat_unconfined(path: str, *, subject: str, check_links: bool = False) -> os.stat_result:
     """:func:`open_unconfined`'s checks without opening for reading: the checked ``stat`` of ``path`` now."""
-    look_fd, st = _look_unconfined(path, subject, check_links)
+    look_fd, st = _look_unconfined(path, subject, check_links, "a file of weights")
     os.close(look_fd)
     return st
 
