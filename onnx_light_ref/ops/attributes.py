@@ -6,7 +6,8 @@ accepts and both report the same message. Checks run in a fixed order, the first
 attribute, ``load_device``, ``runtime_device``, empty ``filename`` (then a NUL byte in it), negative ``offset``,
 negative dimension, more than 64 dimensions or a dimension above int64 (shapes numpy cannot build, even with zero
 elements), unsupported ``dtype``, then the byte size overflowing int64. :func:`check_node_structure` checks what
-the schema would (no input, exactly one output, each attribute once) for callers that cannot rely on the schema.
+the schema would (no input, exactly one output, exactly the six attributes, each once, with its type) for callers
+that cannot rely on the schema, on the ``NodeProto``, before onnx's ``OpRun`` stores any attribute on the kernel.
 
 This module must never touch the file system: it validates values only (where the file is, and whether it is
 there, is the kernel's business at read time).

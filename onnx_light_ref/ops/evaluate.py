@@ -12,9 +12,13 @@ Confinement: the model's folder is opened once, when the evaluator is built, and
 no symbolic link on the way and one hard link (onnx's loader rule), so a ``DelayedInitializer`` node already in the
 model with ``filename="/etc/passwd"`` raises :class:`~onnx_light_ref.errors.UnsafeLocationError` when the evaluator
 is built, before any byte is read, and a folder renamed away and replaced by a symbolic link to ``/etc`` after
-construction changes nothing: the held folder is still read. A file-mode run refuses a weights file replaced or
-modified since construction (typed error naming the file). ``allow_outside_folder=True`` trusts the model's
-absolute filenames (the spec's examples use ``/tmp`` paths) and symbolic links (the Hugging Face cache).
+construction changes nothing: the held folder is still read. In file mode each weights file is held open from
+construction and read from that descriptor; a run refuses a weights file replaced or modified since then (typed
+error naming the file). ``allow_outside_folder=True`` trusts the model's absolute filenames (the spec's examples use
+``/tmp`` paths) and symbolic links (the Hugging Face cache).
+
+Ownership: the evaluator returned (:class:`LazyReferenceEvaluator`) owns its kernel's descriptors and releases them
+on ``close()``, at the end of a ``with`` block, or when it is dropped.
 
 External tensors the converter leaves alone (initializers overridable by a graph input, tensors in node attributes
 such as ``Constant``'s value, dtypes the op cannot produce, subgraph initializers named like an outer value) are

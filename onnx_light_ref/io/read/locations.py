@@ -10,7 +10,7 @@ location and the identity of the file, so that whoever reads it later opens it t
 notices a file replaced meanwhile.
 
 This module never opens a file for writing, never reads weight bytes and never uses ``realpath`` to decide what may
-be read: it opens (to ``fstat``) and closes.
+be read: it looks at files (``O_PATH`` and ``fstat``, never opened for reading) and closes them.
 """
 
 from __future__ import annotations
