@@ -266,6 +266,24 @@ def _check_regular(st: os.stat_result, what: str, shown: str, expected: str = "a
         )
 
 
+def _check_looked(
+    look_fd: int, what: str, shown: str, folder: str | None, check_links: bool, expected: str = "a file of weights"
+) -> os.stat_result:
+    """The ``fstat`` of a looked-up (``O_PATH``) descriptor, checked: a regular file, one link if asked. Closes the
+    descriptor when it refuses."""
+    try:
+        st = os.fstat(look_fd)
+        if stat.S_ISLNK(st.st_mode):  # O_PATH | O_NOFOLLOW opens a symbolic link itself rather than failing
+            raise _map_open_error(errno.ELOOP, what, shown, folder)
+        _check_regular(st, what, shown, expected)
+        if check_links:
+            check_single_link(st, what=f"{what} ({shown!r})")
+    except BaseException:
+        os.close(look_fd)
+        raise
+    return st
+
+
 def _map_open_error(err: int, what: str, shown: str, folder: str | None) -> Exception:
     """The typed error for a failed open of ``shown`` (``folder``: the held folder it was opened through)."""
     if err in (errno.ENOENT, errno.ENOTDIR):
@@ -480,18 +498,7 @@ class ModelFolder:
         """``location`` opened ``O_PATH`` and checked (regular, one link); the caller closes the descriptor."""
         check_file_name(location, what)
         look_fd = self._opener(location, what, True)
-        try:
-            st = os.fstat(look_fd)
-            shown = self.display_path(location)
-            if stat.S_ISLNK(st.st_mode):  # O_PATH | O_NOFOLLOW opens a symbolic link itself rather than failing
-                raise _map_open_error(errno.ELOOP, what, shown, self.path)
-            _check_regular(st, what, shown)
-            if check_links:
-                check_single_link(st, what=f"{what} ({shown!r})")
-        except BaseException:
-            os.close(look_fd)
-            raise
-        return look_fd, st
+        return look_fd, _check_looked(look_fd, what, self.display_path(location), self.path, check_links)
 
     def _opener(self, location: str, what: str, look: bool) -> int:
         if self.allow_outside_folder:
@@ -587,15 +594,7 @@ def _look_unconfined(path: str, what: str, check_links: bool, expected: str) -> 
         look_fd = os.open(path, _LOOK_FLAGS)
     except OSError as exc:
         raise _map_open_error(exc.errno or errno.EIO, what, path, None) from exc
-    try:
-        st = os.fstat(look_fd)
-        _check_regular(st, what, path, expected)
-        if check_links:
-            check_single_link(st, what=f"{what} ({path!r})")
-    except BaseException:
-        os.close(look_fd)
-        raise
-    return look_fd, st
+    return look_fd, _check_looked(look_fd, what, path, None, check_links, expected)
 
 
 def open_unconfined(
