@@ -26,7 +26,6 @@ import io
 import math
 import os
 import re
-import stat
 import time
 from typing import Any
 
@@ -37,6 +36,7 @@ from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders, remove_own_temp_files
 from onnx_light_ref.commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
+from onnx_light_ref.io.read.folder import open_unconfined
 from onnx_light_ref.io.read.locations import FileIdentity, is_external
 from onnx_light_ref.io.read.model_file import load_model_metadata
 from onnx_light_ref.io.read.walker import iter_graphs, iter_tensors
@@ -77,6 +77,10 @@ def _load_feeds(specs: list[tuple[str, str]], read: dict[FileIdentity, str]) -> 
             raise _RunError(f"input {name!r} given twice.")
         try:
             feeds[name] = _load_array(name, path, read)
+        except EOFError as exc:  # numpy's answer for a file that ends inside the .npy header
+            raise _RunError(
+                f"cannot load input {name!r} from {path!r}: the file ends before a whole .npy header ({exc})."
+            ) from exc
         except (OSError, ValueError) as exc:
             raise _RunError(f"cannot load input {name!r} from {path!r}: {exc}") from exc
         if not isinstance(feeds[name], np.ndarray):  # an .npz archive
@@ -88,12 +92,13 @@ def _load_array(name: str, path: str, read: dict[FileIdentity, str]) -> Any:
     """``np.load`` without pickle, refusing first what it would choke on: a FIFO or device (it would block or read
     forever) and a ``.npy`` whose header announces more data than the file holds (numpy allocates the announced
     size before reading: a 40-byte file claiming 2**40 floats raised MemoryError)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _RunError(f"cannot load input {name!r} from {path!r}: not a regular file.")
+    # Looked at before it is opened: a FIFO or a device is refused saying what it is, and never opened.
+    opened = open_unconfined(os.path.abspath(path), subject="the file", expected="a .npy file")
+    with os.fdopen(opened.detach(), "rb") as f:
+        st = opened.stat
         read[FileIdentity(st.st_dev, st.st_ino)] = f"the file of --input {name!r}"
+        if st.st_size == 0:
+            raise _RunError(f"cannot load input {name!r} from {path!r}: the file is empty (0 bytes), not a .npy file.")
         if f.read(6) == b"\x93NUMPY":
             f.seek(0)
             version = np.lib.format.read_magic(f)
@@ -128,7 +133,7 @@ def _check_feed(name: str, value: np.ndarray, declared: Any) -> None:
         return
     tensor_type = declared.tensor_type
     if tensor_type.elem_type:
-        expected = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+        expected = _declared_dtype(name, tensor_type.elem_type)
         if value.dtype != expected:
             raise _RunError(f"input {name!r} has dtype {value.dtype}, the model expects {expected}.")
     if tensor_type.HasField("shape"):
@@ -139,15 +144,36 @@ def _check_feed(name: str, value: np.ndarray, declared: Any) -> None:
             raise _RunError(f"input {name!r} has shape {list(value.shape)}, the model expects {shown}.")
 
 
+def _declared_dtype(name: str, elem_type: int) -> np.dtype:
+    """The numpy dtype of a graph input's declared element type; one error line for a type onnx does not know."""
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise _RunError(
+            f"input {name!r} is declared with element type {elem_type}, which is not a TensorProto.DataType this "
+            "onnx knows; the model cannot be fed (nothing was run)."
+        ) from exc
+
+
+def _defaults(sess: Any) -> set[str]:
+    """Graph inputs that have an initializer: overridable defaults, which the evaluator uses when not fed."""
+    graph = getattr(getattr(sess, "proto_", None), "graph", None)
+    if graph is None:
+        return set()
+    return {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+
+
 def _check_feeds(sess: Any, feeds: dict[str, np.ndarray]) -> None:
     unknown = [name for name in feeds if name not in sess.input_names]
     if unknown:
         raise _RunError(f"the model has no input(s) {unknown}; its inputs are {sess.input_names}.")
-    missing = [name for name in sess.input_names if name not in feeds]
+    defaults = _defaults(sess)
+    missing = [name for name in sess.input_names if name not in feeds and name not in defaults]
     if missing:
         raise _RunError(f"missing --input for {missing} (the model's inputs are {sess.input_names}).")
     for name, declared in zip(sess.input_names, sess.input_types, strict=False):
-        _check_feed(name, feeds[name], declared)
+        if name in feeds:  # an input left out has its initializer as default value
+            _check_feed(name, feeds[name], declared)
 
 
 def _as_savable(name: str, value: object) -> np.ndarray:

@@ -1,8 +1,9 @@
 """Turn ``ai.rt::DelayedInitializer`` nodes back into external initializers: models for onnx-light, run anywhere.
 
 :func:`undelay_initializers` is the inverse of :func:`~onnx_light_ref.ops.convert.delay_initializers`. Every
-``DelayedInitializer`` node of the main graph and of every subgraph (If/Loop/Scan bodies), whatever its
-``load_device``, becomes an initializer of the graph that held it, named after the node's output, with the node's
+``DelayedInitializer`` node of the main graph, of every subgraph (If/Loop/Scan bodies) and of every
+``training_info`` graph (initialization, algorithm), whatever its ``load_device``, becomes an initializer of the
+graph that held it, named after the node's output, with the node's
 ``dtype`` and ``shape``, stored as external data in the destination's weights file at an aligned offset. The bytes
 are copied file to file by the streaming copy engine (in-kernel where possible), never loaded. The result runs in
 onnxruntime, onnx-ir, or any tool that reads standard external data.
@@ -36,7 +37,7 @@ from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
 from onnx_light_ref.io.plan.alignment import validate_alignment
 from onnx_light_ref.io.plan.placement import ShardedLayout
 from onnx_light_ref.io.read.entries import write_entries
-from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder, relative_below
+from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder, check_file_name, relative_below
 from onnx_light_ref.io.read.locations import (
     LocationResolver,
     check_location_syntax,
@@ -113,15 +114,17 @@ class _SourceResolver:
 
     def _resolve(self, filename: str, where: str) -> _Source:
         name = filename
+        what = f"{where}: filename {filename!r}"
+        check_file_name(filename, what)  # the kernel's rule on the name as written: one answer for both
         if os.path.isabs(filename) and not self.allow_outside_folder:
-            relative = relative_below(self.folder.path, filename)
-            if relative is None:
-                raise UnsafeLocationError(
-                    f"{where}: filename {filename!r} resolves to {os.path.normpath(filename)!r}, outside the source "
-                    f"model's folder {self.folder.path!r}; nothing was written. Pass allow_outside_folder=True (CLI: "
-                    "--allow-outside-folder) to trust it."
-                )
-            name = relative
+            name = relative_below(
+                self.folder.path,
+                filename,
+                what=what,
+                outside=" Nothing was written. Pass allow_outside_folder=True (CLI: --allow-outside-folder) to trust "
+                "it.",
+                label="the source model's folder",
+            )
         if not os.path.isabs(name):
             try:
                 check_location_syntax(name, tensor_name=where)
@@ -228,6 +231,28 @@ def _check_name(graph: onnx.GraphProto, name: str, taken: set[str], outer: froze
         )
 
 
+def _delayed_scopes(model: onnx.ModelProto) -> Iterator[tuple[onnx.GraphProto, frozenset[str], str]]:
+    """Every graph whose DelayedInitializer nodes become initializers, parents first, each with the names its
+    enclosing graphs define and how messages name where it is.
+
+    The main graph and its subgraphs; then each ``training_info`` graph (``initialization``, ``algorithm``) and its
+    subgraphs. A training graph runs combined with the main graph (ONNX's ``TrainingInfoProto``: the training graph
+    is the concatenation of ``ModelProto.graph`` and ``algorithm``), so the main graph's names are its enclosing
+    names: a node output there that is also a main-graph name would no longer be the same value once it is an
+    initializer. Converted like the main graph's nodes, a training graph's bytes move into the destination's weights
+    file too; left as they were, its relative filenames would resolve against the destination's folder.
+    """
+    for graph, outer in _scoped_graphs(model.graph, frozenset()):
+        yield graph, outer, ""
+    main_names = frozenset(defined_names(model.graph))
+    for index, training in enumerate(model.training_info):
+        for field_name in ("initialization", "algorithm"):
+            if training.HasField(field_name):
+                root = getattr(training, field_name)
+                for graph, outer in _scoped_graphs(root, main_names):
+                    yield graph, outer, f" (training_info[{index}].{field_name})"
+
+
 def _plan_delayed(
     model: onnx.ModelProto, resolver: _SourceResolver
 ) -> tuple[list[tuple[onnx.TensorProto, _Payload | None]], list[onnx.GraphProto]]:
@@ -238,14 +263,14 @@ def _plan_delayed(
     """
     placed: list[tuple[onnx.TensorProto, _Payload | None]] = []
     graphs: list[onnx.GraphProto] = []
-    for graph, outer in list(_scoped_graphs(model.graph, frozenset())):
+    for graph, outer, place in list(_delayed_scopes(model)):
         delayed = [node for node in graph.node if _is_delayed(node)]
         if not delayed:
             continue
         graphs.append(graph)
         taken = {t.name for t in graph.initializer} | {v.name for v in graph.input}
         for node in delayed:
-            where = describe_node(node)
+            where = describe_node(node) + place
             params = _node_params(node, where)
             name = node.output[0]
             _check_name(graph, name, taken, outer, where)
