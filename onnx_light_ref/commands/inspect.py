@@ -140,10 +140,11 @@ def format_folder(folder: str, *, allow_outside_folder: bool = False) -> tuple[s
     Returns:
         The text (newline-terminated) and whether every model is OK.
     """
-    from onnx_light_ref.io.read.sharing import folder_sharing
+    from onnx_light_ref.io.read.delayed_names import DELAYED_OP_TYPE
+    from onnx_light_ref.io.read.sharing import folder_sharing, is_model_name
 
     lines = [f"folder: {printable(folder)}"]
-    names = sorted(name for name in os.listdir(folder) if name.endswith(".onnx"))
+    names = sorted(name for name in os.listdir(folder) if is_model_name(name))
     ok = True
     for name in names:
         try:
@@ -157,7 +158,11 @@ def format_folder(folder: str, *, allow_outside_folder: bool = False) -> tuple[s
     lines.append("")
     lines.append("files:")
     for shared in folder_sharing(folder):
-        users = ", ".join(printable(os.path.basename(user.model)) for user in shared.users)
+        users = ", ".join(
+            printable(os.path.basename(user.model))
+            + (f" ({DELAYED_OP_TYPE})" if user.via == "delayed_initializer" else "")
+            for user in shared.users
+        )
         relative = os.path.relpath(shared.path, folder)
         note = f" (shared by {len(shared.users)} models)" if len(shared.users) > 1 else ""
         lines.append(f"  {printable(relative)}: used by {users}{note}")
@@ -176,7 +181,9 @@ def inspect_command(args: argparse.Namespace) -> int:
         The process exit status.
     """
     if os.path.isdir(args.model):
-        if not any(name.endswith(".onnx") for name in os.listdir(args.model)):
+        from onnx_light_ref.io.read.sharing import is_model_name
+
+        if not any(is_model_name(name) for name in os.listdir(args.model)):
             return error_exit(
                 f"{printable(args.model)!r} is a directory with no .onnx file; give a model, or a folder of models"
             )

@@ -57,6 +57,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Face cache (snapshots/<rev>/model.safetensors -> ../../blobs/<sha>); refused by default, as onnx's loader "
         "refuses them (onnxruntime follows them)",
     )
+    parser.add_argument(
+        "--replace-shared",
+        action="store_true",
+        help="replace DST.onnx.data even when another model uses it (a .onnx in its folder or above; that model then "
+        "computes with the new weights); without it, such a run is refused and names the other models",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing files DST.onnx does not own (e.g. a DST that is not an ONNX model); without it, such "
+        "a run is refused and names the files",
+    )
     parser.add_argument("--no-fsync", action="store_true", help="skip every fsync (outputs still appear atomically)")
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=link_command)
@@ -93,6 +105,8 @@ def link_command(args: argparse.Namespace) -> int:
                 durable=not args.no_fsync,
                 progress=progress,
                 allow_outside_folder=args.allow_outside_folder,
+                replace_shared=args.replace_shared,
+                overwrite=args.overwrite,
             )
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         return error_exit(exc)
@@ -105,6 +119,15 @@ def link_command(args: argparse.Namespace) -> int:
         line += (
             f"\nnote: {len(result.mismatched_tensors)} tensor(s) named like a checkpoint key have another data type "
             f"or shape and were written, not linked: {', '.join(result.mismatched_tensors)}"
+        )
+    if result.kept_inline_tensors:
+        reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(result.kept_inline_reasons.items()))
+        line += f"\nnote: {result.kept_inline_tensors} tensor(s) kept inline where onnx needs them inline: {reasons}"
+    if result.stale_weights_files:
+        line += (
+            f"\nnote: {len(result.stale_weights_files)} file(s) left by an earlier run at this destination are not "
+            f"used by {args.dst} and were not deleted: {', '.join(result.stale_weights_files)} (delete them if "
+            "nothing else uses them)"
         )
     print(line)
     return 0

@@ -112,10 +112,10 @@ def in_child(call: Callable[[], object], kill_at: int | None, *, exchange: bool 
 
             real_publish = publish.OutputTransaction.publish
 
-            def counted_publish(self: publish.OutputTransaction, *args: object) -> object:
+            def counted_publish(self: publish.OutputTransaction, *args: object, **kwargs: object) -> object:
                 publish.before_syscall = hook
                 try:
-                    return real_publish(self, *args)  # type: ignore[arg-type]
+                    return real_publish(self, *args, **kwargs)  # type: ignore[arg-type]
                 finally:
                     publish.before_syscall = None
 

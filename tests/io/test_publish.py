@@ -333,10 +333,10 @@ def test_a_reader_at_every_system_call_of_a_republication_sees_the_previous_or_t
 
     real_publish = publish.OutputTransaction.publish
 
-    def publish_with_reader(self, *args):
+    def publish_with_reader(self, *args, **kwargs):
         monkeypatch.setattr(publish, "before_syscall", reader)
         try:
-            return real_publish(self, *args)
+            return real_publish(self, *args, **kwargs)
         finally:
             monkeypatch.setattr(publish, "before_syscall", None)
 

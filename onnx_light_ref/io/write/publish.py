@@ -74,6 +74,9 @@ _ANY_BRIDGE = re.compile(
     re.escape(_TEMP_PREFIX) + r"[0-9a-f]{12}~(\d{1,10})~[0-9a-f]{16}" + re.escape(_BRIDGE_SUFFIX) + "$"
 )
 
+BeforeCommit = Callable[[], Collection[FileIdentity] | None]
+"""A re-check run under the folder lock right before the first move; returns identities never to delete."""
+
 # Test seam for deterministic fault injection: when set, called with a short name of every system call the
 # publication is about to make (tests/hardening/test_publish_kill_points.py kills the process at the k-th one).
 # Always None in production.
@@ -421,14 +424,14 @@ class OutputTransaction:
         self.files.append(staged)
         return staged
 
-    def publish(
-        self, model_path: str, model_bytes: bytes, *, before_commit: Callable[[], None] | None = None
-    ) -> StagedFile:
+    def publish(self, model_path: str, model_bytes: bytes, *, before_commit: BeforeCommit | None = None) -> StagedFile:
         """Write the ``.onnx`` under a temp name, then publish the staged weights and it, the ``.onnx`` rename last.
 
         ``before_commit`` (when given) runs after every file is flushed, under the folder lock, right before the first
-        move: the last moment to re-check a source the ``.onnx`` will point at (``link``'s checkpoint); what it
-        raises leaves every destination as it was.
+        move: the writer contract's re-check (:func:`~onnx_light_ref.io.write.contract.recheck_plan`: sharers saved
+        meanwhile, files that appeared at an output name, ``link``'s checkpoint). What it raises leaves every
+        destination as it was; the identities it returns are files other models reference, which this publication
+        never deletes (a bridge file a variant was saved against), on top of ``keep``.
 
         Returns the ``.onnx``'s :class:`StagedFile` (committed). Raises what writing or moving raises, after
         undoing every move already done (the destinations are then as before the call).
@@ -439,9 +442,8 @@ class OutputTransaction:
         for staged in self.files:
             staged.flush()
         with folder_lock([os.path.dirname(staged.final_path) for staged in self.files]):
-            if before_commit is not None:
-                before_commit()
-            _Publication(weights, model_file, model_bytes, self.keep).run()
+            protected = before_commit() if before_commit is not None else None
+            _Publication(weights, model_file, model_bytes, self.keep | frozenset(protected or ())).run()
         return model_file
 
 
@@ -498,8 +500,12 @@ def folder_lock(folders: Collection[str]) -> Iterator[None]:
             os.close(fd)  # releases the lock
 
 
-def publish_all(files: Sequence[StagedFile]) -> None:
+def publish_all(files: Sequence[StagedFile], *, before_commit: BeforeCommit | None = None) -> None:
     """Flush every file, then move each to its final name in order, under :func:`folder_lock`.
+
+    ``before_commit`` runs under the lock right before the first move, as for :meth:`OutputTransaction.publish`
+    (what it raises leaves every destination as it was; what it returns is not needed: nothing but the previous
+    versions is deleted here).
 
     For files that do not reference each other (e.g. ``.npy`` outputs): each destination is always absent, its
     previous version or the new file. A failure part-way (a move raising) swaps back every file already moved, so
@@ -509,6 +515,8 @@ def publish_all(files: Sequence[StagedFile]) -> None:
     for staged in files:
         staged.flush()
     with folder_lock([os.path.dirname(staged.final_path) for staged in files]):
+        if before_commit is not None:
+            before_commit()
         moves: list[_Move] = []
         try:
             for staged in files:
