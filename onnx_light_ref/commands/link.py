@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from onnx_light_ref.commands.align import weights_path
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import size_argument
@@ -36,6 +37,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a .safetensors file or a .safetensors.index.json")
     parser.add_argument("dst", metavar="DST.onnx", help="model to write, in the checkpoint's folder (or above it)")
     parser.add_argument("--map", metavar="NAMES.json", help="JSON object: model tensor name -> checkpoint key")
+    parser.add_argument(
+        "--weights",
+        metavar="PATH",
+        help="the model's own weights file (tensors not linked); a relative PATH is relative to DST.onnx's folder and "
+        "must stay inside it (default: DST.onnx.data)",
+    )
     parser.add_argument(
         "--alignment",
         metavar="N",
@@ -100,6 +107,7 @@ def link_command(args: argparse.Namespace) -> int:
                 args.checkpoint,
                 args.dst,
                 name_map=name_map,
+                dst_weights_path=weights_path(args.dst, args.weights),
                 alignment=args.alignment,
                 size_threshold=args.size_threshold,
                 durable=not args.no_fsync,
