@@ -260,7 +260,7 @@ def write_plan(plan: AlignPlan, options: WriteOptions, writer: str = "align") ->
     ]
     if plan.index is not None:
         files.append(PlannedFile(plan.index[0], "index", len(plan.index[1]), shard_set=shard_set, format="json"))
-    model = PlannedModel(plan.dst_onnx_path, plan.model, plan.site_columns(), plan.size_threshold)
+    model = PlannedModel(plan.dst_onnx_path, plan.model, plan.site_columns(), plan.size_threshold, plan.policy)
     return WritePlan(
         writer,
         [model],

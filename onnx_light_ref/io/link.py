@@ -471,7 +471,7 @@ def _plan_link(
         files.append(PlannedFile(dst_weights, "weights", size, shard_set=ShardSet(dst_weights)))
     contract = WritePlan(
         "link",
-        [PlannedModel(dst_onnx, proto, sites, threshold)],
+        [PlannedModel(dst_onnx, proto, sites, threshold, policy)],
         files,
         sources,
         options=options,

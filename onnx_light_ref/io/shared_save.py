@@ -271,7 +271,7 @@ def _plan(
     total = layout.total_size if new else 0
     contract = WritePlan(
         "save_model_with_shared_external_data",
-        [PlannedModel(dst_onnx, model, sites, size_threshold)],
+        [PlannedModel(dst_onnx, model, sites, size_threshold, policy)],
         [PlannedFile(dst_onnx, "model", format="onnx")]
         + ([PlannedFile(secondary_path, "weights", total)] if new else []),
         sources={

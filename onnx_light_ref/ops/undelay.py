@@ -43,7 +43,6 @@ from onnx_light_ref.io.plan.sites import (
     SiteColumns,
     SitePolicy,
 )
-from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.read.entries import read_entries, write_entries
 from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder, relative_below
 from onnx_light_ref.io.read.locations import (
@@ -66,7 +65,7 @@ from onnx_light_ref.io.write.contract import (
     location_for,
     recheck_plan,
 )
-from onnx_light_ref.io.write.copy_engine import CopyRange, ProgressCallback, RangeCopier, open_source
+from onnx_light_ref.io.write.copy_engine import CopyRange, ProgressCallback, RangeCopier, read_range
 from onnx_light_ref.io.write.publish import OutputTransaction
 from onnx_light_ref.io.write.space import reserve_space
 from onnx_light_ref.ops.attributes import (
@@ -551,20 +550,15 @@ def _read_inline(payload: _Payload) -> bytes:
             "nothing was written."
         )
     source = payload.source
-    fd = open_source(
+    data = read_range(
         CopyRange(source.path, payload.src_offset, 0, payload.length, source.identity, source.folder, source.location)
     )
-    try:
-        data = bytearray(payload.length)
-        got = pread_exact(fd, memoryview(data), payload.src_offset)
-    finally:
-        os.close(fd)
-    if got != payload.length:
+    if len(data) != payload.length:
         raise ExternalDataError(
             f"DelayedInitializer output {payload.label!r}: file {source.path!r} ended at offset "
-            f"{payload.src_offset + got}, {payload.length} bytes were expected at {payload.src_offset}."
+            f"{payload.src_offset + len(data)}, {payload.length} bytes were expected at {payload.src_offset}."
         )
-    return bytes(data)
+    return data
 
 
 def _site_columns(model: onnx.ModelProto, kinds: bytearray, weights: str) -> SiteColumns:

@@ -45,6 +45,17 @@ def main_output(tmp_path: Path, writer: Writer, weights_name: str | None) -> str
     return created[0]
 
 
+def scene_with_file_at_output(tmp_path: Path, writer: Writer, content: bytes) -> tuple[Scene, Path]:
+    """The writer's scene (main output not named after the destination) with ``content`` already at its main
+    output's name."""
+    name = foreign_name(writer)
+    target_name = main_output(tmp_path, writer, name)
+    scene = make_scene(tmp_path / "scene", writer, name)
+    target = scene.out / target_name
+    target.write_bytes(content)
+    return scene, target
+
+
 def assert_written(scene: Scene, writer: Writer) -> None:
     """The writer's output computes what its source holds (onnxruntime; ``run``: the saved array)."""
     if not writer.has_model:
@@ -66,11 +77,7 @@ def assert_unchanged(root: Path, before: dict[str, str]) -> None:
 
 @pytest.mark.parametrize("writer", WRITERS, ids=_ids)
 def test_a_foreign_file_at_an_output_name_is_refused_until_overwrite(tmp_path: Path, writer: Writer) -> None:
-    name = foreign_name(writer)
-    target_name = main_output(tmp_path, writer, name)
-    scene = make_scene(tmp_path / "scene", writer, name)
-    target = scene.out / target_name
-    target.write_bytes(b"a file this writer did not write")
+    scene, target = scene_with_file_at_output(tmp_path, writer, b"a file this writer did not write")
     before = snapshot_tree(scene.root)
     with pytest.raises(ExistingFileError) as raised:
         writer.call(scene)
@@ -86,17 +93,13 @@ def test_a_foreign_file_at_an_output_name_is_refused_until_overwrite(tmp_path: P
 def test_a_foreign_file_at_an_output_name_is_refused_by_the_command_until_overwrite(
     tmp_path: Path, writer: Writer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    name = foreign_name(writer)
-    target_name = main_output(tmp_path, writer, name)
-    scene = make_scene(tmp_path / "scene", writer, name)
-    target = scene.out / target_name
-    target.write_bytes(b"a file this writer did not write")
+    scene, target = scene_with_file_at_output(tmp_path, writer, b"a file this writer did not write")
     before = snapshot_tree(scene.root)
     assert writer.argv is not None
     capsys.readouterr()
     assert main(writer.argv(scene)) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1 and "--overwrite" in err and target_name in err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "--overwrite" in err and target.name in err
     assert_unchanged(scene.root, before)
     assert main([*writer.argv(scene), "--overwrite"]) == 0
     assert_written(scene, writer)
@@ -175,11 +178,7 @@ def test_an_output_that_is_a_source_is_refused_even_with_overwrite(tmp_path: Pat
 @pytest.mark.parametrize("sharer", SHARERS)
 @pytest.mark.parametrize("writer", WRITERS, ids=_ids)
 def test_a_file_another_model_uses_is_refused_until_replace_shared(tmp_path: Path, writer: Writer, sharer: str) -> None:
-    name = foreign_name(writer)
-    target_name = main_output(tmp_path, writer, name)
-    scene = make_scene(tmp_path / "scene", writer, name)
-    target = scene.out / target_name
-    target.write_bytes(shared_bytes())
+    scene, target = scene_with_file_at_output(tmp_path, writer, shared_bytes())
     other = make_sharer(sharer, target)
     computed = computes(other)
     before = snapshot_tree(scene.root)
@@ -198,11 +197,7 @@ def test_a_file_another_model_uses_is_refused_until_replace_shared(tmp_path: Pat
 def test_a_file_another_model_uses_is_refused_by_the_command_until_replace_shared(
     tmp_path: Path, writer: Writer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    name = foreign_name(writer)
-    target_name = main_output(tmp_path, writer, name)
-    scene = make_scene(tmp_path / "scene", writer, name)
-    target = scene.out / target_name
-    target.write_bytes(shared_bytes())
+    scene, target = scene_with_file_at_output(tmp_path, writer, shared_bytes())
     other = make_sharer("parent-folder", target)
     before = snapshot_tree(scene.root)
     assert writer.argv is not None

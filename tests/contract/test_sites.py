@@ -100,6 +100,11 @@ def _latest_schemas() -> list[defs.OpSchema]:
     return sorted(latest.values(), key=lambda s: (s.domain, s.name))
 
 
+@pytest.mark.skipif(
+    tuple(int(part) for part in onnx.__version__.split(".")[:2]) < (1, 23),
+    reason=f"the table was derived with onnx 1.23; onnx {onnx.__version__}'s infer_node_outputs crashes (segfault) on "
+    "some of the probe's inputs (seen with 1.17)",
+)
 def test_every_input_the_installed_onnx_reads_as_data_is_in_the_table() -> None:
     """A probe of every op's latest schema: an input its inference parses from an external tensor is listed (the
     table may list more: the probe cannot reach every input, and older onnx versions)."""

@@ -44,7 +44,6 @@ from onnx_light_ref.io.plan.shard_names import (
 )
 from onnx_light_ref.io.plan.sites import SITE_EXTERNALIZED, SITE_MOVED, SiteColumns, SitePolicy
 from onnx_light_ref.io.plan.sites import SITE_INLINE as SITE_STAYS_INLINE
-from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.read.entries import is_external
 from onnx_light_ref.io.read.folder import ModelFolder
 from onnx_light_ref.io.read.locations import (
@@ -59,7 +58,7 @@ from onnx_light_ref.io.read.locations import (
 from onnx_light_ref.io.read.model_file import check_model_strings, load_model_metadata, open_model_folder
 from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.read.wire import InlinePayload, StrippedModel, load_model_stripped
-from onnx_light_ref.io.write.copy_engine import CopyRange, open_source
+from onnx_light_ref.io.write.copy_engine import CopyRange, open_source, read_range
 from onnx_light_ref.io.write.destinations import check_outputs, weights_location
 from onnx_light_ref.onnx_compat import typed_raw_bytes
 
@@ -213,6 +212,7 @@ class AlignPlan:
     shard_names: ShardNames = None
     size_threshold: int | None = None
     source_paths: dict[FileIdentity, str] = field(default_factory=dict)  # what the outputs must never be
+    policy: SitePolicy | None = None  # rule 2's decision for this model (with size_threshold)
 
     def site_columns(self) -> SiteColumns:
         """The plan's columns as the writer contract's :class:`~onnx_light_ref.io.plan.sites.SiteColumns` (shared,
@@ -510,6 +510,7 @@ def plan_alignment(
         scheme,
         inline_threshold,
         sources,
+        policy,
     )
 
 
@@ -635,18 +636,14 @@ def _restore_payload(
     exporter writes; tensors onnx's loader would not read back: sparse, function defaults, training graphs; shape
     tensors) get here; their bytes are held in memory, as the in-memory aligner holds them.
     """
-    fd = open_source(CopyRange(src_onnx, payload.offset, 0, payload.length, onnx_identity))
-    try:
-        data = bytearray(payload.length)
-        got = pread_exact(fd, memoryview(data), payload.offset)
-    finally:
-        os.close(fd)
-    if got != payload.length:
+    data = read_range(CopyRange(src_onnx, payload.offset, 0, payload.length, onnx_identity))
+    if len(data) != payload.length:
         raise ExternalDataError(
-            f"tensor {label!r}: source model {src_onnx!r} ended at offset {payload.offset + got} while its inline "
-            f"raw_data needs {payload.length} bytes at offset {payload.offset}; was it truncated while being read?"
+            f"tensor {label!r}: source model {src_onnx!r} ended at offset {payload.offset + len(data)} while its "
+            f"inline raw_data needs {payload.length} bytes at offset {payload.offset}; was it truncated while being "
+            "read?"
         )
-    tensor.raw_data = bytes(data)
+    tensor.raw_data = data
 
 
 def _typed_bytes(tensor: onnx.TensorProto, label: str, expected: int) -> bytes:

@@ -140,6 +140,9 @@ class SitePolicy:
         }
         self._function_inputs: dict[tuple[str, str, str], frozenset[int]] = {}
         self._consumed: dict[SitePlace, frozenset[str]] = {}
+        # The walker hands every site of one graph the same container object: a cheap first lookup, checked by
+        # identity (the container is kept alive, so its id is not reused), the place-keyed one behind it.
+        self._by_container: dict[int, tuple[object, frozenset[str]]] = {}
 
     def decide(self, site: TensorSite, nbytes: int | None) -> SiteDecision:
         """May ``site``, of ``nbytes`` bytes (None: unknown), become external data?
@@ -168,8 +171,11 @@ class SitePolicy:
         name = _value_name(site)
         if not name:
             return False
-        prefix = site.place[:-1] if site.kind == "initializer" else site.place[:-3]
-        return name in self._consumed_in_container(prefix)
+        known = self._by_container.get(id(site.container))
+        if known is None or known[0] is not site.container:
+            prefix = site.place[:-1] if site.kind == "initializer" else site.place[:-3]
+            known = self._by_container[id(site.container)] = (site.container, self._consumed_in_container(prefix))
+        return name in known[1]
 
     # ------------------------------------------------------------------------------------- the shape analysis
 

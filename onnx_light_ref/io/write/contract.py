@@ -55,7 +55,7 @@ from onnx_light_ref.io.read.locations import FileIdentity
 from onnx_light_ref.io.read.sharing import ModelReference, SharingScan, scan_users
 from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.write.destinations import DestinationKey, check_output_files, weights_location
-from onnx_light_ref.io.write.ownership import Ownership, ShardSet
+from onnx_light_ref.io.write.ownership import Ownership, ReferenceCache, ShardSet
 
 __all__ = [
     "SITE_EXTERNALIZED",
@@ -109,12 +109,15 @@ class ReferencedFile:
 @dataclass
 class PlannedModel:
     """A destination ``.onnx``: its path, the model that will be written (walked for rule 2, in the order of
-    :attr:`sites`) and the writer's ``size_threshold`` for the sites it externalizes."""
+    :attr:`sites`) and the writer's ``size_threshold`` for the sites it externalizes; ``policy``: the
+    :class:`~onnx_light_ref.io.plan.sites.SitePolicy` the writer decided with, if it has one (its analysis of the
+    model is reused, its decisions are taken again)."""
 
     path: str
     proto: onnx.ModelProto | None = None
     sites: SiteColumns | None = None
     size_threshold: int | None = None
+    policy: SitePolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,7 @@ class WritePlan:
     source_checks: list[Callable[[], None]] = field(default_factory=list)
     format_checks: list[Callable[[WritePlan], None]] = field(default_factory=list)
     protected: frozenset[FileIdentity] = frozenset()
+    parsed: ReferenceCache = field(default_factory=dict, repr=False)  # destination models parsed by the checks
 
     @property
     def model_paths(self) -> list[str]:
@@ -229,7 +233,9 @@ def _check_sites(plan: WritePlan, model: PlannedModel) -> None:
     walk: Iterator[object] | None = None
     policy = None
     if model.proto is not None and SITE_EXTERNALIZED in sites.kinds:
-        policy = SitePolicy(model.proto, model.size_threshold)
+        policy = model.policy
+        if policy is None or policy.model is not model.proto or policy.size_threshold != model.size_threshold:
+            policy = SitePolicy(model.proto, model.size_threshold)
         walk = iter_tensors(model.proto)
     placed = 0
     for kind in sites.kinds:
@@ -275,7 +281,7 @@ def _check_replacements(plan: WritePlan) -> frozenset[FileIdentity]:
 def _check_owned(plan: WritePlan, existing: Sequence[PlannedFile], scan: SharingScan) -> None:
     if plan.options.overwrite or not existing:
         return
-    ownership = Ownership(plan.model_paths)
+    ownership = Ownership(plan.model_paths, plan.parsed)
     foreign = []
     for planned in existing:
         path = os.path.normpath(os.path.abspath(planned.path))

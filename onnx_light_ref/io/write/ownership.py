@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from onnx_light_ref.io.plan.shard_names import ShardNames, index_path, stale_candidates
 from onnx_light_ref.io.read.sharing import FileKey, ModelReference, file_key, is_model_name, read_references
 
-__all__ = ["Ownership", "ShardSet"]
+__all__ = ["Ownership", "ReferenceCache", "ShardSet"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,48 +46,72 @@ class ShardSet:
         return frozenset(members)
 
 
+ReferenceCache = dict[tuple[str, int, int, int, int], "dict[FileKey, ModelReference] | None"]
+"""Parsed references of destination models by (path, device, inode, size, mtime): a model unchanged between the
+plan's check and its re-check under the lock is not parsed twice."""
+
+
 class Ownership:
-    """What the destination models of one plan own now (read once: build a new one to see changes).
+    """What the destination models of one plan own now (read when first needed: build a new one to see changes).
 
     Args:
         models: the destination ``.onnx`` paths (absolute).
+        cache: parsed references to reuse for models unchanged since they were parsed (filled here).
     """
 
-    def __init__(self, models: Sequence[str]) -> None:
+    def __init__(self, models: Sequence[str], cache: ReferenceCache | None = None) -> None:
         self.models = [os.path.normpath(os.path.abspath(path)) for path in models]
+        self._cache: ReferenceCache = cache if cache is not None else {}
         self._previous: dict[str, dict[FileKey, ModelReference] | None] = {}
-        for path in self.models:
-            self._previous[path] = read_references(path) if os.path.lexists(path) else None
-        self._referenced: set[FileKey] = set()
-        for references in self._previous.values():
-            self._referenced.update(references or ())
         self._families: dict[ShardSet, frozenset[str]] = {}
 
     def is_model(self, path: str) -> bool:
         """Whether the destination ``.onnx`` at ``path`` is an ONNX model now (it parses as one)."""
-        return self._previous.get(os.path.normpath(os.path.abspath(path))) is not None
+        return self._references(os.path.normpath(os.path.abspath(path))) is not None
 
     def owns_model(self, path: str) -> bool:
-        """Rule 3.1: the destination ``.onnx`` may be replaced (absent, a model, or named like one)."""
+        """Rule 3.1: the destination ``.onnx`` may be replaced (absent, named like a model, or a model)."""
         absolute = os.path.normpath(os.path.abspath(path))
-        return not os.path.lexists(absolute) or self.is_model(absolute) or is_model_name(os.path.basename(absolute))
+        return not os.path.lexists(absolute) or is_model_name(os.path.basename(absolute)) or self.is_model(absolute)
 
     def owns(self, path: str, shard_set: ShardSet | None = None) -> bool:
         """Rules 3.2 and 3.3 for a file other than a destination ``.onnx`` (absent files are always writable)."""
         absolute = os.path.normpath(os.path.abspath(path))
         if not os.path.lexists(absolute):
             return True
-        if file_key(absolute) in self._referenced:
-            return True
         folder, name = os.path.split(absolute)
         for model in self.models:
             model_folder, model_name = os.path.split(model)
             if folder == model_folder and name.startswith((model_name + ".", model_name + "_")):
-                return True
-        if shard_set is not None and self._referenced:
+                return True  # named after the destination: no need to read the previous model
+        referenced = self._referenced()
+        if file_key(absolute) in referenced:
+            return True
+        if shard_set is not None and referenced:
             family = self._family(shard_set)
-            return absolute in family and any(file_key(member) in self._referenced for member in family)
+            return absolute in family and any(file_key(member) in referenced for member in family)
         return False
+
+    def _referenced(self) -> set[FileKey]:
+        found: set[FileKey] = set()
+        for model in self.models:
+            found.update(self._references(model) or ())
+        return found
+
+    def _references(self, model: str) -> dict[FileKey, ModelReference] | None:
+        if model not in self._previous:
+            self._previous[model] = self._read(model)
+        return self._previous[model]
+
+    def _read(self, model: str) -> dict[FileKey, ModelReference] | None:
+        try:
+            st = os.stat(model)
+        except OSError:
+            return None
+        key = (model, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key not in self._cache:
+            self._cache[key] = read_references(model)
+        return self._cache[key]
 
     def _family(self, shard_set: ShardSet) -> frozenset[str]:
         known = self._families.get(shard_set)
