@@ -14,10 +14,12 @@ Layouts (``docs/align.md``): ``alignment`` with ``align_threshold`` (only large 
 tensors stored once) and ``size_threshold`` (inline tensors of at least that many bytes externalized). With
 ``weights_format="safetensors"`` every weights file is a safetensors file whose header (small, from memory) is
 written at offset 0 before its payloads are copied the same way (``docs/safetensors.md``).
-Each public function reads plan → reserve space → copy → publish: nothing is written before the plan is complete, a
-too-small disk fails before the first byte, and every weights file and the ``.onnx`` are published as one
-:class:`~onnx_light_ref.io.write.publish.OutputTransaction` (weights first, ``.onnx`` last). This module never modifies
-a source file, and never serializes a model that still holds a payload placeholder.
+Each public function reads plan → check → reserve space → copy → publish: nothing is written before the plan is
+complete and the writer contract (:mod:`~onnx_light_ref.io.write.contract`: destinations, other models' files, where
+tensors may sit, what the destination owns) accepted it, a too-small disk fails before the first byte, the contract
+is checked again under the folder lock right before the first move, and every weights file and the ``.onnx`` are
+published as one :class:`~onnx_light_ref.io.write.publish.OutputTransaction` (weights first, ``.onnx`` last). This
+module never modifies a source file, and never serializes a model that still holds a payload placeholder.
 """
 
 from __future__ import annotations

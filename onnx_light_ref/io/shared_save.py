@@ -1,12 +1,15 @@
 """Save a model variant that shares weights with a model already on disk, writing only the new weights.
 
 A tensor that is already EXTERNAL is *reused*: its ``external_data`` entries go verbatim into the new ``.onnx`` and
-no byte of its file is read or written. A tensor carrying inline ``raw_data`` (at least ``size_threshold`` bytes) is
-*new*: its bytes go to one secondary weights file at ``alignment``-multiple offsets (a zero-length one at the end of
-the file, see :mod:`~onnx_light_ref.io.plan.placement`) and its proto is pointed there.
+no byte of its file is read or written. A tensor carrying inline ``raw_data`` that the writer contract's rule 2 lets
+move (:mod:`~onnx_light_ref.io.plan.sites`: at least ``size_threshold`` bytes, loaded back by onnx, not a shape
+tensor) is *new*: its bytes go to one secondary weights file at ``alignment``-multiple offsets and its proto is
+pointed there.
 
-Guarantees: every check (reused references resolvable, secondary file not a reused file, no tensor both inline and
-external) happens before the first byte is written; files are published as one
+Guarantees: every check (reused references resolvable, no tensor both inline and external, then the writer contract
+of :mod:`~onnx_light_ref.io.write.contract` on the whole plan: the secondary file is not a reused file, not used by
+another model, owned by the destination) happens before the first byte is written, and the contract again under the
+folder lock before the first move; files are published as one
 :class:`~onnx_light_ref.io.write.publish.OutputTransaction` (weights, then ``.onnx``); the caller's model is mutated
 only once everything is written. If publication fails after the mutation, the new tensors are restored from the weights
 file, so on any error the model is exactly as it was (and the transaction undoes the weights rename when the

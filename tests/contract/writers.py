@@ -229,7 +229,8 @@ def _align_rows() -> Iterator[Writer]:
     layouts += [("safetensors", None, False), ("safetensors", None, True)]
     for mode in ("streaming", "in_memory"):
         for weights_format, shard_names, sharded in layouts:
-            shape = f"{shard_names or 'ours'}-sharded" if sharded else "single"
+            scheme = shard_names or ("hf" if weights_format == "safetensors" else "ours")  # safetensors: hf names
+            shape = f"{scheme}-sharded" if sharded else "single"
             yield Writer(
                 f"align-{mode.replace('_', '-')}-{weights_format}-{shape}",
                 _external_source,
