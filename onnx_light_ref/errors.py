@@ -19,6 +19,7 @@ from typing import Any
 __all__ = [
     "DanglingReferenceError",
     "DestinationConflictError",
+    "ExistingFileError",
     "ExternalDataError",
     "InvalidModelError",
     "PublishedWithErrorsError",
@@ -49,6 +50,12 @@ class SafetensorsError(ExternalDataError):
 class SharedWeightsError(DestinationConflictError):
     """A writer would replace a weights file that another model in the folder references (``replace_shared=True``
     opts in): replacing it would silently change what that model computes."""
+
+
+class ExistingFileError(DestinationConflictError):
+    """A writer would replace an existing file its destination does not own (not the destination ``.onnx``, not a
+    file the previous ``.onnx`` references, not one of its own leftovers): a checkpoint, another tool's data, a
+    user's ``.npy``. ``overwrite=True`` (``--overwrite``) opts in; nothing was written."""
 
 
 class DanglingReferenceError(ExternalDataError):

@@ -131,8 +131,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--replace-shared",
         action="store_true",
-        help="replace a weights file even when another .onnx in the destination folder uses it (that model then "
-        "computes with the new weights); without it, such a run is refused and names the other models",
+        help="replace a weights file even when another model uses it (a .onnx in its folder or above, through "
+        "external data or DelayedInitializer filenames; that model then computes with the new weights); without "
+        "it, such a run is refused and names the other models",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing files the destination does not own (anything but DST.onnx, the files the previous "
+        "DST.onnx references and files named after it: e.g. a PyTorch model.safetensors where --format "
+        "safetensors would write); without it, such a run is refused and names the files",
     )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=align_command)
@@ -163,6 +171,7 @@ def align_command(args: argparse.Namespace) -> int:
                 weights_format=args.format,
                 shard_names=args.shard_names,
                 replace_shared=args.replace_shared,
+                overwrite=args.overwrite,
             )
     except PublishedWithErrorsError as exc:  # before OSError's clause: the model is written, exit status 3
         return published_exit(exc)

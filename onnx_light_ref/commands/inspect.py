@@ -194,10 +194,10 @@ def build_folder_report(folder: str, *, allow_outside_folder: bool = False) -> F
     Returns:
         The :class:`FolderReport`; a model that cannot be read is listed with its error.
     """
-    from onnx_light_ref.io.read.sharing import folder_sharing
+    from onnx_light_ref.io.read.sharing import folder_sharing, is_model_name
 
     models = []
-    for name in sorted(name for name in os.listdir(folder) if name.endswith(".onnx")):
+    for name in sorted(name for name in os.listdir(folder) if is_model_name(name)):
         try:
             report = build_layout_report(os.path.join(folder, name), allow_outside_folder=allow_outside_folder)
         except (FileNotFoundError, InvalidModelError) as exc:
@@ -225,6 +225,8 @@ def format_folder_report(report: FolderReport) -> str:
     """The text of a :class:`FolderReport`, every model-controlled field escaped."""
     folder = report.folder
     lines = [f"folder: {printable(folder)}"]
+    from onnx_light_ref.io.read.delayed_names import DELAYED_OP_TYPE
+
     for model in report.models:
         if model.report is None:
             lines.append(f"  {printable(model.name)}: not readable: {printable(str(model.error))}")
@@ -233,7 +235,11 @@ def format_folder_report(report: FolderReport) -> str:
     lines.append("")
     lines.append("files:")
     for shared in report.files:
-        users = ", ".join(printable(os.path.basename(user.model)) for user in shared.users)
+        users = ", ".join(
+            printable(os.path.basename(user.model))
+            + (f" ({DELAYED_OP_TYPE})" if user.via == "delayed_initializer" else "")
+            for user in shared.users
+        )
         relative = os.path.relpath(shared.path, folder)
         note = f" (shared by {len(shared.users)} models)" if len(shared.users) > 1 else ""
         lines.append(f"  {printable(relative)}: used by {users}{note}")
@@ -256,7 +262,9 @@ def inspect_command(args: argparse.Namespace) -> int:
     """
     as_json = getattr(args, "json", False)
     if os.path.isdir(args.model):
-        if not any(name.endswith(".onnx") for name in os.listdir(args.model)):
+        from onnx_light_ref.io.read.sharing import is_model_name
+
+        if not any(is_model_name(name) for name in os.listdir(args.model)):
             return _failed(
                 FileNotFoundError(
                     f"{args.model!r} is a directory with no .onnx file; give a model, or a folder of models"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 
+from onnx_light_ref.commands.align import weights_path
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import size_argument
@@ -37,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("dst", metavar="DST.onnx", help="model to write, in the checkpoint's folder (or above it)")
     parser.add_argument("--map", metavar="NAMES.json", help="JSON object: model tensor name -> checkpoint key")
     parser.add_argument(
+        "--weights",
+        metavar="PATH",
+        help="the model's own weights file (tensors not linked); a relative PATH is relative to DST.onnx's folder and "
+        "must stay inside it (default: DST.onnx.data)",
+    )
+    parser.add_argument(
         "--alignment",
         metavar="N",
         type=size_argument,
@@ -56,6 +63,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="trust the layout: follow symbolic links to the checkpoint and the model's data files, e.g. the Hugging "
         "Face cache (snapshots/<rev>/model.safetensors -> ../../blobs/<sha>); refused by default, as onnx's loader "
         "refuses them (onnxruntime follows them)",
+    )
+    parser.add_argument(
+        "--replace-shared",
+        action="store_true",
+        help="replace DST.onnx.data even when another model uses it (a .onnx in its folder or above; that model then "
+        "computes with the new weights); without it, such a run is refused and names the other models",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing files DST.onnx does not own (e.g. a DST that is not an ONNX model); without it, such "
+        "a run is refused and names the files",
     )
     parser.add_argument("--no-fsync", action="store_true", help="skip every fsync (outputs still appear atomically)")
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
@@ -82,11 +101,14 @@ def link_command(args: argparse.Namespace) -> int:
                 args.checkpoint,
                 args.dst,
                 name_map=name_map,
+                dst_weights_path=weights_path(args.dst, args.weights),
                 alignment=args.alignment,
                 size_threshold=args.size_threshold,
                 durable=not args.no_fsync,
                 progress=progress,
                 allow_outside_folder=args.allow_outside_folder,
+                replace_shared=args.replace_shared,
+                overwrite=args.overwrite,
             )
     except PublishedWithErrorsError as exc:  # the model is written, but a step after the commit failed
         return published_exit(exc)
@@ -101,6 +123,15 @@ def link_command(args: argparse.Namespace) -> int:
         line += (
             f"\nnote: {len(result.mismatched_tensors)} tensor(s) named like a checkpoint key have another data type "
             f"or shape and were written, not linked: {', '.join(result.mismatched_tensors)}"
+        )
+    if result.kept_inline_tensors:
+        reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(result.kept_inline_reasons.items()))
+        line += f"\nnote: {result.kept_inline_tensors} tensor(s) kept inline where onnx needs them inline: {reasons}"
+    if result.stale_weights_files:
+        line += (
+            f"\nnote: {len(result.stale_weights_files)} file(s) left by an earlier run at this destination are not "
+            f"used by {args.dst} and were not deleted: {', '.join(result.stale_weights_files)} (delete them if "
+            "nothing else uses them)"
         )
     print(line)
     return 0

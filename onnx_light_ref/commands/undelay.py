@@ -73,6 +73,7 @@ def undelay_command(args: argparse.Namespace) -> int:
                 durable=not args.no_fsync,
                 progress=progress,
                 replace_shared=args.replace_shared,
+                overwrite=args.overwrite,
             )
     except PublishedWithErrorsError as exc:  # the model is written, but a step after the commit failed
         return published_exit(exc)
@@ -122,8 +123,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--replace-shared",
         action="store_true",
-        help="replace the weights file even when another .onnx in DST's folder uses it (that model then computes "
-        "with the new weights); without it, such a run is refused and names the other models",
+        help="replace the weights file even when another model uses it (a .onnx in its folder or above; that "
+        "model then computes with the new weights); without it, such a run is refused and names the other models",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing files DST.onnx does not own (not referenced by the previous DST.onnx, not named "
+        "after it); without it, such a run is refused and names the files",
     )
     parser.add_argument(
         "--no-fsync",

@@ -14,10 +14,12 @@ Layouts (``docs/align.md``): ``alignment`` with ``align_threshold`` (only large 
 tensors stored once) and ``size_threshold`` (inline tensors of at least that many bytes externalized). With
 ``weights_format="safetensors"`` every weights file is a safetensors file whose header (small, from memory) is
 written at offset 0 before its payloads are copied the same way (``docs/safetensors.md``).
-Each public function reads plan → reserve space → copy → publish: nothing is written before the plan is complete, a
-too-small disk fails before the first byte, and every weights file and the ``.onnx`` are published as one
-:class:`~onnx_light_ref.io.write.publish.OutputTransaction` (weights first, ``.onnx`` last). This module never modifies
-a source file, and never serializes a model that still holds a payload placeholder.
+Each public function reads plan → check → reserve space → copy → publish: nothing is written before the plan is
+complete and the writer contract (:mod:`~onnx_light_ref.io.write.contract`: destinations, other models' files, where
+tensors may sit, what the destination owns) accepted it, a too-small disk fails before the first byte, the contract
+is checked again under the folder lock right before the first move, and every weights file and the ``.onnx`` are
+published as one :class:`~onnx_light_ref.io.write.publish.OutputTransaction` (weights first, ``.onnx`` last). This
+module never modifies a source file, and never serializes a model that still holds a payload placeholder.
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ from onnx_light_ref.io.read.locations import TYPED_VALUE_FIELDS
 from onnx_light_ref.io.read.model_file import serialize_model
 from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.results import AlignResult
+from onnx_light_ref.io.write.contract import (
+    PlannedFile,
+    PlannedModel,
+    ShardSet,
+    WriteOptions,
+    WritePlan,
+    check_plan,
+    recheck_plan,
+)
 from onnx_light_ref.io.write.copy_engine import (
     CopyMethod,
     CopyRange,
@@ -232,8 +243,39 @@ def _write_payloads(
     return stats
 
 
-def _publish(plan: AlignPlan, outputs: OutputTransaction, stats: CopyStats) -> AlignResult:
-    """Rewrite the entries, then publish the staged weights and the ``.onnx`` as one transaction."""
+def write_plan(plan: AlignPlan, options: WriteOptions, writer: str = "align") -> WritePlan:
+    """The aligners' plan as the writer contract's :class:`~onnx_light_ref.io.write.contract.WritePlan`: the
+    ``.onnx``, every weights file (size, header, shard set) and the index, every site, every source."""
+    safetensors = plan.weights_format == "safetensors"
+    shard_set = ShardSet(plan.weights_base, plan.shard_names, safetensors)
+    files = [PlannedFile(plan.dst_onnx_path, "model", format="onnx")]
+    files += [
+        PlannedFile(
+            shard.path,
+            "weights",
+            shard.size,
+            len(shard.header),
+            shard_set,
+            "safetensors" if safetensors else "raw",
+        )
+        for shard in plan.shards
+    ]
+    if plan.index is not None:
+        files.append(PlannedFile(plan.index[0], "index", len(plan.index[1]), shard_set=shard_set, format="json"))
+    model = PlannedModel(plan.dst_onnx_path, plan.model, plan.site_columns(), plan.size_threshold, plan.policy)
+    return WritePlan(
+        writer,
+        [model],
+        files,
+        dict(plan.source_paths),
+        options=options,
+        rename_hint="another name (dst_weights_path / --weights)",
+    )
+
+
+def _publish(plan: AlignPlan, contract: WritePlan, outputs: OutputTransaction, stats: CopyStats) -> AlignResult:
+    """Rewrite the entries, then publish the staged weights and the ``.onnx`` as one transaction (the contract
+    re-checked under the folder lock right before the first move)."""
     _rewrite_entries(plan)
     if plan.index is not None:  # a sharded safetensors set's index.json, in the same transaction
         index_path, index_bytes = plan.index
@@ -258,7 +300,12 @@ def _publish(plan: AlignPlan, outputs: OutputTransaction, stats: CopyStats) -> A
         unaligned_tensors=plan.unaligned_tensors,
         kept_inline_reasons=plan.kept_inline,
     )
-    outputs.publish(plan.dst_onnx_path, serialize_model(plan.model), result=result)
+    outputs.publish(
+        plan.dst_onnx_path,
+        serialize_model(plan.model),
+        before_commit=lambda: recheck_plan(contract),
+        result=result,
+    )
     logger.info(
         "wrote %d weights file(s) %s (%d tensors, %d externalized, %d deduplicated, %d bytes, %d padding) and %s",
         len(result.weights_files),
@@ -300,6 +347,7 @@ def _align(
     progress: ProgressCallback | None,
     allow_outside_folder: bool = False,
     replace_shared: bool = False,
+    overwrite: bool = False,
 ) -> AlignResult:
     """Plan, then execute the plan in ``mode`` (read everything first when ``in_memory``), then publish.
 
@@ -308,7 +356,11 @@ def _align(
     The transaction never sweeps away a file this job reads (``keep``): a source may be named like a dead writer's
     temp file of a destination.
     """
-    check_bool("allow_outside_folder", allow_outside_folder)
+    options = WriteOptions(
+        check_bool("replace_shared", replace_shared),
+        check_bool("overwrite", overwrite),
+        check_bool("allow_outside_folder", allow_outside_folder),
+    )
     plan = plan_alignment(
         src_onnx_path,
         dst_onnx_path,
@@ -323,8 +375,9 @@ def _align(
         allow_outside_folder=allow_outside_folder,
         weights_format=layout.weights_format,
         shard_names=layout.shard_names,
-        replace_shared=replace_shared,
     )
+    contract = write_plan(plan, options, f"align ({mode.replace('_', '-')})")
+    check_plan(contract)  # every rule of the writer contract, before the first byte
     payloads = _read_all(plan) if mode == "in_memory" else None
     with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
         if payloads is None:
@@ -332,7 +385,7 @@ def _align(
             stats = _copy_streaming(plan, outputs, chunk_size, durable, progress)
         else:
             stats = _write_payloads(plan, payloads, outputs, durable, progress)
-        return _publish(plan, outputs, stats)
+        return _publish(plan, contract, outputs, stats)
 
 
 def align_external_data_streaming(
@@ -352,6 +405,7 @@ def align_external_data_streaming(
     weights_format: WeightsFormat = "onnx",
     shard_names: ShardNames = None,
     replace_shared: bool = False,
+    overwrite: bool = False,
 ) -> AlignResult:
     """Copy the weights of ``src_onnx_path`` into aligned external data files, without loading them.
 
@@ -383,9 +437,10 @@ def align_external_data_streaming(
             model holding at least that many bytes (and at least one) becomes external too, placed like the others
             in walker order, where onnx's loader reads it back (initializers and node attribute tensors of the main
             graph, its subgraphs and functions' nodes). STRING tensors stay inline; so do sparse tensors, function
-            default attributes and ``training_info`` tensors (``onnx.load`` would leave them EXTERNAL), counted in
-            ``kept_inline_tensors``. Typed-field tensors (``float_data``...) are converted to
-            little-endian raw bytes in memory.
+            default attributes and ``training_info`` tensors (``onnx.load`` would leave them EXTERNAL) and shape
+            tensors (a ``Reshape`` ``shape``...: onnx's checker and onnxruntime read them at load time), counted in
+            ``kept_inline_tensors`` (rule 2 of ``docs/safety.md``). Typed-field tensors (``float_data``...) are
+            converted to little-endian raw bytes in memory.
         durable: fsync the outputs and their folder before and after publishing (default). ``False`` skips every
             fsync (outputs still appear atomically, with the same bytes) for scratch copies and benchmarks.
         progress: called as ``progress(done_bytes, total_bytes)`` while bytes move.
@@ -403,9 +458,13 @@ def align_external_data_streaming(
         shard_names: how weights files are named (:mod:`onnx_light_ref.io.plan.shard_names`): None (ours: ``W``,
             ``W.1``...; ``"hf"`` for safetensors), ``"hf"`` (``model-00001-of-0000N.data``) or
             ``"transformers.js"`` (``model.onnx_data``, ``model.onnx_data_1``...; at most 100 files).
-        replace_shared: replace an existing weights file even when another ``.onnx`` of the destination folder
-            references it (that model then computes with the new bytes). False (default) refuses with
+        replace_shared: replace an existing weights file even when another model references it (a ``.onnx``, in
+            any case, of its folder or of an ancestor folder, through external data or ``DelayedInitializer``
+            filenames): that model then computes with the new bytes. False (default) refuses with
             ``SharedWeightsError`` naming the other models.
+        overwrite: replace existing files the destination does not own (anything but the ``.onnx``, the files the
+            previous ``.onnx`` references and its own leftovers: e.g. a PyTorch ``model.safetensors`` where the
+            safetensors weights would go). False (default) refuses with ``ExistingFileError`` naming them.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`: an ``int`` equal to the bytes of all weights files,
@@ -423,8 +482,10 @@ def align_external_data_streaming(
             offset), or the result cannot be serialized.
         ExternalDataError: a malformed or out-of-bounds reference, an inline tensor whose data does not match its
             dims (``UnsafeLocationError`` for a location outside the model's folder or a hard-linked file,
-            ``DestinationConflictError`` for a destination that is a source or another destination,
-            ``SharedWeightsError`` for a weights file another model of the folder uses, without ``replace_shared``).
+            ``DestinationConflictError`` for a destination that is a source, another destination or a directory,
+            or a name too long; ``SharedWeightsError`` for a weights file another model uses, without
+            ``replace_shared``; ``ExistingFileError`` for an existing file the destination does not own, without
+            ``overwrite``).
         FileNotFoundError: the source model, a referenced file or the destination folder does not exist.
         OSError: the copy or the publication failed before the commit (``ENOSPC`` before the first byte when the
             disk is too small; with ``durable``, an fsync error such as EIO); the destination is then the previous
@@ -455,6 +516,7 @@ def align_external_data_streaming(
         progress,
         allow_outside_folder,
         replace_shared,
+        overwrite,
     )
 
 
@@ -474,6 +536,7 @@ def align_external_data_in_memory(
     weights_format: WeightsFormat = "onnx",
     shard_names: ShardNames = None,
     replace_shared: bool = False,
+    overwrite: bool = False,
 ) -> AlignResult:
     """Same result as :func:`align_external_data_streaming`, but every payload is read into memory first.
 
@@ -497,6 +560,7 @@ def align_external_data_in_memory(
         weights_format: as for :func:`align_external_data_streaming`.
         shard_names: as for :func:`align_external_data_streaming`.
         replace_shared: as for :func:`align_external_data_streaming`.
+        overwrite: as for :func:`align_external_data_streaming`.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`, as :func:`align_external_data_streaming` returns
@@ -531,4 +595,5 @@ def align_external_data_in_memory(
         progress,
         allow_outside_folder,
         replace_shared,
+        overwrite,
     )

@@ -107,7 +107,7 @@ def test_a_sharded_checkpoint_is_linked_through_its_index(tmp_path: Path) -> Non
     }
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     result = link_external_data(model=onnx.load(str(src)), checkpoint=tmp_path / "model.safetensors.index.json",
-                                dst_onnx_path=tmp_path / "linked.onnx")  # fmt: skip
+                                dst_onnx_path=tmp_path / "linked.onnx", size_threshold=0)  # fmt: skip
     assert result.linked_tensors == 4 and len(result.checkpoint_files) == 2
     assert {loc for loc, _, _ in _offsets(tmp_path / "linked.onnx").values()} == {
         "model-00001-of-00002.safetensors",

@@ -435,7 +435,7 @@ def test_run_output_dir_exits_3_when_removing_a_previous_output_fails(
     assert main(args) == 0
     capsys.readouterr()
     seam(failing_at(1, errno.EIO, ("unlink",)))
-    assert main(args) == 3
+    assert main([*args, "--overwrite"]) == 3
     _, err = capsys.readouterr()
     assert err.startswith(f"error: {str(out_dir / 'y.npy')!r} (and 1 more output(s)) is published"), err
     assert sorted(p.name for p in out_dir.iterdir() if not p.name.startswith(".")) == ["w_sum.npy", "y.npy"]

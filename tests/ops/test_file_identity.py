@@ -171,7 +171,8 @@ def test_the_cli_reads_the_file_of_its_own_run(tmp_path: Path, capsys: pytest.Ca
     weights.write_bytes(A.tobytes() + B.tobytes())
     onnx.save(_two_nodes("w.bin"), tmp_path / "m.onnx")
     for expected in (A, B):
-        assert main(["run", str(tmp_path / "m.onnx"), "--output-dir", str(tmp_path / "out")]) == 0
+        out = ["--output-dir", str(tmp_path / "out"), "--overwrite"]  # the second run replaces the first's outputs
+        assert main(["run", str(tmp_path / "m.onnx"), *out]) == 0
         np.testing.assert_array_equal(np.load(tmp_path / "out" / "a.npy"), expected)
         _rm_and_rewrite(weights, B.tobytes() + A.tobytes())
     capsys.readouterr()

@@ -503,8 +503,9 @@ def _training_model(tmp_path: Path, training_output: str = "t") -> Path:
 
 
 @pytest.mark.parametrize("cli", [False, True])
-def test_training_graph_nodes_are_converted_into_the_destination_weights(tmp_path: Path, cli: bool) -> None:
-    """Copied unchanged, the node's relative filename would resolve against DST's folder (another file, or none)."""
+def test_training_graph_nodes_are_converted_into_inline_initializers(tmp_path: Path, cli: bool) -> None:
+    """Copied unchanged, the node's relative filename would resolve against DST's folder (another file, or none);
+    made external, onnx's loader would not read it back (it loads no training_info external data): inline."""
     from onnx_light_ref.cli import main
 
     src = _training_model(tmp_path)
@@ -520,10 +521,10 @@ def test_training_graph_nodes_are_converted_into_the_destination_weights(tmp_pat
     assert [t.name for t in algorithm.initializer] == ["t"]
     assert not any(o.domain == "ai.rt" for o in result.opset_import)  # no ai.rt node left anywhere
     onnx.checker.check_model(str(dst), full_check=True)
-    # The training tensor's bytes are in DST's weights file (onnx.load leaves training tensors external: read them
-    # with onnx's own helper, relative to DST's folder).
-    tensor = result.training_info[0].algorithm.initializer[0]
-    np.testing.assert_array_equal(numpy_helper.to_array(tensor, base_dir=str(dst.parent)), [3, 4])
+    # The training tensor's bytes are in DST itself, where onnx.load reads them.
+    tensor = onnx.load(dst).training_info[0].algorithm.initializer[0]
+    assert tensor.data_location != onnx.TensorProto.EXTERNAL
+    np.testing.assert_array_equal(numpy_helper.to_array(tensor), [3, 4])
     x = np.array([0.5, -1.0], dtype=np.float32)
     np.testing.assert_array_equal(run_onnxruntime(dst, {"x": x})[0], x + np.array([1, 2], dtype=np.float32))
 

@@ -30,6 +30,7 @@ __all__ = [
     "check_shard_count",
     "check_shard_names",
     "default_weights_path",
+    "existing_shards",
     "index_path",
     "shard_paths",
     "stale_candidates",
@@ -162,6 +163,30 @@ def stale_candidates(dst_onnx: str, base: str, written: list[str]) -> list[str]:
                 _is_weights_name(entry.name, name, with_first) for name, with_first in bases.items()
             ):
                 found.append(entry.path)
+    return sorted(found)
+
+
+def existing_shards(base: str, written: list[str], scheme: ShardNames, *, safetensors: bool = False) -> list[str]:
+    """Files of ``base``'s folder named like ``base`` or a shard of it under ``scheme``, except those in ``written``.
+
+    One scheme, one set (what a set of shards owns: :mod:`~onnx_light_ref.io.write.ownership`); leftovers of every
+    scheme are :func:`stale_candidates`. With ``safetensors``, an index ``<base>.index.json`` left beside a run that
+    writes a single file is listed too. Sorted by path.
+    """
+    folder, name = os.path.split(base)
+    keep = set(written)
+    found: list[str] = []
+    try:
+        entries = os.scandir(folder)
+    except OSError:  # the folder is missing or unreadable: publication reports it
+        return []
+    with entries:
+        for entry in entries:
+            if entry.path not in keep and (entry.name == name or _is_shard_name(entry.name, name, scheme)):
+                found.append(entry.path)
+    index = index_path(base)
+    if safetensors and len(written) <= 1 and os.path.lexists(index) and index not in found:
+        found.append(index)
     return sorted(found)
 
 

@@ -6,7 +6,8 @@ parsing), ``wire`` (parsing without inline payloads), ``walker`` (every tensor o
 byte ranges), ``dtype_sizes`` (bytes per element type), ``loader_rule`` (which loader refuses a reference, and why),
 ``safetensors_header`` (write one, parse one as hostile input), ``safetensors_refs`` (does a reference agree with
 its file's header), ``strict_json`` (untrusted JSON: no repeated key, no runaway nesting), ``sharing`` (which models
-reference which files).
+can reach and reference which files: rule 1 of the writer contract), ``delayed_names`` (how a ``DelayedInitializer``
+node is spelled).
 
 Nothing here writes a file.
 """

@@ -102,6 +102,9 @@ _FSYNC_UNSUPPORTED = frozenset((errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "
 # unlink answers that mean "not ours to remove" (another user's file in a sticky folder): a sweep skips the file.
 _NOT_OURS = frozenset((errno.EPERM, errno.EACCES))
 
+BeforeCommit = Callable[[], Collection[FileIdentity] | None]
+"""A re-check run under the folder lock right before the first move; returns identities never to delete."""
+
 # Test seam for deterministic fault injection: when set, called with a short name of every system call the
 # publication is about to make (tests/hardening/test_publish_kill_points.py kills the process at the k-th one).
 # Always None in production.
@@ -686,15 +689,18 @@ class OutputTransaction:
         model_path: str,
         model_bytes: bytes,
         *,
-        before_commit: Callable[[], None] | None = None,
+        before_commit: BeforeCommit | None = None,
         result: object = None,
     ) -> StagedFile:
         """Write the ``.onnx`` under a temp name, then publish the staged weights and it, the ``.onnx`` rename last.
 
         ``before_commit`` (when given) runs after every file is flushed, under the folder lock, right before the first
-        move: the last moment to re-check a source the ``.onnx`` will point at (``link``'s checkpoint); what it
-        raises leaves every destination as it was. ``result`` (the writer's return value) is attached to a
-        :class:`~onnx_light_ref.errors.PublishedWithErrorsError`, so its caller still learns what was written.
+        move: the writer contract's re-check (:func:`~onnx_light_ref.io.write.contract.recheck_plan`: sharers saved
+        meanwhile, files that appeared at an output name, ``link``'s checkpoint). What it raises leaves every
+        destination as it was; the identities it returns are files other models reference, which this publication
+        never deletes (a bridge file a variant was saved against), on top of ``keep``. ``result`` (the writer's
+        return value) is attached to a :class:`~onnx_light_ref.errors.PublishedWithErrorsError`, so its caller still
+        learns what was written.
 
         Returns the ``.onnx``'s :class:`StagedFile` (committed).
 
@@ -711,9 +717,8 @@ class OutputTransaction:
             staged.flush()
         try:
             with folder_lock([os.path.dirname(staged.final_path) for staged in self.files]):
-                if before_commit is not None:
-                    before_commit()
-                publication = _Publication(weights, model_file, model_bytes, self.keep)
+                protected = before_commit() if before_commit is not None else None
+                publication = _Publication(weights, model_file, model_bytes, self.keep | frozenset(protected or ()))
                 try:
                     publication.run()
                 finally:
@@ -778,8 +783,12 @@ def folder_lock(folders: Collection[str]) -> Iterator[None]:
             os.close(fd)  # releases the lock
 
 
-def publish_all(files: Sequence[StagedFile]) -> None:
+def publish_all(files: Sequence[StagedFile], *, before_commit: BeforeCommit | None = None) -> None:
     """Flush every file, then move each to its final name in order, under :func:`folder_lock`.
+
+    ``before_commit`` runs under the lock right before the first move, as for :meth:`OutputTransaction.publish`
+    (what it raises leaves every destination as it was; what it returns is not needed: nothing but the previous
+    versions is deleted here).
 
     For files that do not reference each other (e.g. ``.npy`` outputs): each destination is always absent, its
     previous version or the new file. A failure part-way (a move raising) swaps back every file already moved, so
@@ -796,6 +805,8 @@ def publish_all(files: Sequence[StagedFile]) -> None:
     for staged in files:
         staged.flush()
     with folder_lock([os.path.dirname(staged.final_path) for staged in files]):
+        if before_commit is not None:
+            before_commit()
         moves: list[_Move] = []
         try:
             for staged in files:
