@@ -264,6 +264,23 @@ def _align_in_memory(args: dict[str, Any]) -> list[Phase]:
     return [("align", run)]
 
 
+def _align_in_place(args: dict[str, Any]) -> list[Phase]:
+    """Externalize an inline model onto itself (``src == dst`` with ``size_threshold``): the source is copied to the
+    destination during preparation (before the baseline), then aligned in place, so the publication reads the
+    previous ``.onnx`` it replaces (its references), which is the source."""
+    import shutil
+
+    options = {key: args[key] for key in _ALIGN_OPTIONS if key in args}
+    align = _aligner("align_external_data_streaming", options)
+    shutil.copyfile(args["src"], args["dst"])
+
+    def run(_: Any) -> dict[str, Any]:
+        written = align(args["dst"], args["dst"], alignment=args["alignment"], chunk_size=args["chunk_size"], **options)
+        return _align_result(args, written, None)
+
+    return [("align", run)]
+
+
 def _onnx_load_save(args: dict[str, Any]) -> list[Phase]:
     import onnx
 
@@ -438,6 +455,17 @@ def _verify(args: dict[str, Any]) -> list[Phase]:
         return {"equal": bool(result.equal), "bytes_compared": int(result.bytes_compared)}
 
     return [("verify", run)]
+
+
+def _inspect(args: dict[str, Any]) -> list[Phase]:
+    """``build_layout_report`` of one model (what ``onnx-light-ref inspect`` prints), metadata only."""
+    from onnx_light_ref.io.layout_report import build_layout_report
+
+    def run(_: Any) -> dict[str, Any]:
+        report = build_layout_report(args["model"])
+        return {"ok": bool(report.ok), "inline_tensors": int(report.inline_tensors)}
+
+    return [("inspect", run)]
 
 
 def _read_ranges(args: dict[str, Any]) -> list[Phase]:
@@ -662,6 +690,7 @@ def _align_each(args: dict[str, Any]) -> list[Phase]:
 _SCENARIOS: dict[str, Callable[[dict[str, Any]], list[Phase]]] = {
     "align_streaming": _align_streaming,
     "align_in_memory": _align_in_memory,
+    "align_in_place": _align_in_place,
     "onnx_load_save": _onnx_load_save,
     "onnx_ir_save": _onnx_ir_save,
     "onnx_ir_save_safetensors": _onnx_ir_save_safetensors,
@@ -669,6 +698,7 @@ _SCENARIOS: dict[str, Callable[[dict[str, Any]], list[Phase]]] = {
     "copy_file_range": _copy_file_range,
     "copy_file_range_ranges": _copy_file_range_ranges,
     "verify": _verify,
+    "inspect": _inspect,
     "read_ranges": _read_ranges,
     "shared_save": _shared_save,
     "write_alone": _write_alone,

@@ -95,6 +95,10 @@ _LABELS: dict[str, dict[str, str]] = {
         "onnx_ir_fsync": "onnx-ir ... + fsync (as ours)",
         "cfr_ranges_fsync": "limit: copy_file_range of the payload ranges to aligned offsets + fsync",
     },
+    "in-place": {
+        "in_place": "ours, streaming, src == dst (the previous .onnx is the source)",
+        "fresh_folder": "ours, streaming, into a fresh folder",
+    },
     "reflink": {
         "aligned": "re-align an already 4096-aligned model (extents cloned)",
         "unaligned": "re-align the same from unaligned offsets (bytes copied)",
@@ -120,6 +124,11 @@ _LABELS: dict[str, dict[str, str]] = {
         "align_each": "align_external_data_streaming of each member alone (durable)",
         "copy_unique": "limit: copy_file_range of the unique ranges to aligned offsets + fsync",
     },
+    "inline-readers": {
+        "verify": "ours: verify_models of two inline models (4 MiB chunks)",
+        "inspect": "ours: the layout report of one (inspect)",
+        "externalize": "reference: align size_threshold=1024 of one (streaming reader of issue 12)",
+    },
     "evaluator": {
         "plain": "onnx ReferenceEvaluator(path)",
         "lazy_file": "reference_evaluator(path, 'file')",
@@ -128,12 +137,13 @@ _LABELS: dict[str, dict[str, str]] = {
 }
 _REFERENCE_METHOD = {"align": "streaming", "chunk-sizes": "chunk_4MiB", "shared-save": "shared_save",
                      "delayed": "np_fromfile", "evaluator": "plain", "dedup": "streaming", "shards": "one_file",
-                     "verify": "read_both", "externalize": "cfr_ranges_fsync", "reflink": "unaligned",
-                     "node-count": "delay", "safetensors": "onnx_ir_fsync", "link": "copy_safetensors",
-                     "family": "copy_unique"}  # fmt: skip
+                     "verify": "read_both", "externalize": "cfr_ranges_fsync", "in-place": "fresh_folder",
+                     "reflink": "unaligned", "node-count": "delay", "safetensors": "onnx_ir_fsync",
+                     "link": "copy_safetensors", "inline-readers": "externalize", "family": "copy_unique"}  # fmt: skip
 # Families whose groups move or read ``payload_bytes``: their tables show a throughput column.
 _THROUGHPUT_FAMILIES = (
-    "align", "chunk-sizes", "delayed", "dedup", "shards", "verify", "externalize", "reflink", "safetensors", "family"
+    "align", "chunk-sizes", "delayed", "dedup", "shards", "verify", "externalize", "in-place", "reflink", "safetensors",
+    "family",
 )  # fmt: skip
 
 
@@ -345,11 +355,22 @@ def _layout_targets(groups: dict[str, dict[str, Any]], size: str) -> list[Target
                                "streaming", 64 + _chunk_mib(inline)))  # fmt: skip
     targets.append(_time_target("#12 inline externalize, streaming / copy_file_range of the same ranges + fsync", size,
                                 inline, "streaming", "cfr_ranges_fsync", 1.2))  # fmt: skip
+    in_place = groups.get("in-place")
+    if in_place is not None:
+        targets.append(_rss_target("#25 in-place externalize (src == dst), peak RSS Δ / (64 MiB + chunk)", size,
+                                   in_place, "in_place", 64 + _chunk_mib(in_place)))  # fmt: skip
     huge = groups.get("externalize-huge")
     if huge is not None:
         label = _fmt_bytes(huge["file_bytes"]) + (" (> 2 GiB)" if huge.get("over_2gib") else " (small run)")
         targets.append(_rss_target(f"#12 single-file {label} externalize, streaming peak RSS Δ / (64 MiB + chunk)",
                                    size, huge, "streaming", 64 + _chunk_mib(huge)))  # fmt: skip
+    readers = groups.get("inline-readers")
+    if readers is not None:
+        label = _fmt_bytes(readers["file_bytes"])
+        targets.append(_rss_target(f"#29 verify of two {label} inline models, peak RSS Δ / (2 chunks + 32 MiB)",
+                                   size, readers, "verify", 2 * _chunk_mib(readers) + 32))  # fmt: skip
+        targets.append(_rss_target(f"#29 inspect of a {label} inline model, peak RSS Δ / 32 MiB", size, readers,
+                                   "inspect", 32))  # fmt: skip
     return targets
 
 
@@ -542,6 +563,9 @@ def _group_title(group: str, info: dict[str, Any]) -> str:
     if family == "externalize":
         return (f"Inline single-file model ({info['file_bytes'] / MIB:,.0f} MiB .onnx, {_shape_label(info)} inline) "
                 f"to aligned external data (issue 12)")  # fmt: skip
+    if family == "in-place":
+        return (f"Inline single-file model ({info['file_bytes'] / MIB:,.0f} MiB .onnx) externalized onto itself "
+                "(src == dst) vs into a fresh folder (issue 25)")  # fmt: skip
     if family == "reflink":
         return f"Loop-mounted XFS with reflink: re-aligning {_shape_label(info)} (issue 13)"
     if family == "node-count":
@@ -554,6 +578,9 @@ def _group_title(group: str, info: dict[str, Any]) -> str:
         return (f"A family of {info['members']} models x {_fmt_bytes(info['member_bytes'])} sharing "
                 f"{info['shared_fraction']:.0%} of their weights: one set of weights vs each alone "
                 "(issue 28)")  # fmt: skip
+    if family == "inline-readers":
+        return (f"verify and inspect of inline single-file models ({info['file_bytes'] / MIB:,.0f} MiB .onnx, "
+                f"{_shape_label(info)} inline) (issue 29)")  # fmt: skip
     return (f"Lazy evaluation: MLP of {info['layers']} x (MatMul {info['width']}x{info['width']} + Add), "
             f"{info['weight_bytes'] / MIB:,.0f} MiB of weights (construct + first run)")  # fmt: skip
 

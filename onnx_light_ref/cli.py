@@ -7,7 +7,8 @@ touches another command's code. It never catches errors of a command: each handl
 into one ``error:`` line and exit status 1.
 
 Exit statuses, the same for every command: 0 success; 1 a refusal (one ``error: ...`` line, or a difference found by
-``verify``); 2 a bad command line (argparse prints the usage and the problem); 130 interrupted by SIGINT (Ctrl-C),
+``verify``); 2 a bad command line (argparse prints the usage and the problem); 3 the output is published but a step
+after its commit failed (one ``error: ... is published ..., but ...`` line); 130 interrupted by SIGINT (Ctrl-C),
 143 by SIGTERM. On either signal the command's own rollback runs: :func:`main` turns the signal into
 :class:`Interrupted` (a ``KeyboardInterrupt``), so every ``except BaseException`` / ``finally`` cleanup on the way out
 (the publish transaction's temp files, the folders a command created) runs, then it prints one ``error:
@@ -31,8 +32,9 @@ __all__ = ["EPILOG", "Interrupted", "build_parser", "main"]
 
 EPILOG = (
     "exit status: 0 success; 1 refused (one 'error: ...' line on stderr, nothing written) or, for verify, a "
-    "difference; 2 bad arguments (usage printed); 130 interrupted by SIGINT, 143 by SIGTERM (temp files and folders "
-    "the command created are removed)."
+    "difference; 2 bad arguments (usage printed); 3 written, but a step after the commit failed (one 'error: DST is "
+    "published ..., but ...' line: the fsync that makes it durable, or removing the previous versions); 130 "
+    "interrupted by SIGINT, 143 by SIGTERM (temp files and folders the command created are removed)."
 )
 """The exit-status paragraph shown at the end of every ``--help``."""
 

@@ -5,15 +5,24 @@ against onnx's own checks (which raise ``ValueError``) keeps working. A file tha
 ``FileNotFoundError`` instead: ``OSError`` and ``ValueError`` cannot share a subclass (their C layouts conflict), and
 callers already know how to handle a missing file. Messages always say which tensor, which file, which offset and
 what was expected.
+
+An ``OSError`` from a writer means "the destination model is the previous one": nothing was published. A failure
+*after* the commit point (the new ``.onnx`` is in place) is a :class:`PublishedWithErrorsError` instead, never an
+``OSError``: a caller that retries or restores on ``OSError`` must not undo a published model.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 __all__ = [
     "DanglingReferenceError",
     "DestinationConflictError",
+    "ExistingFileError",
     "ExternalDataError",
     "InvalidModelError",
+    "PublishedWithErrorsError",
     "SafetensorsError",
     "SharedWeightsError",
     "TensorAllocationError",
@@ -43,6 +52,12 @@ class SharedWeightsError(DestinationConflictError):
     opts in): replacing it would silently change what that model computes."""
 
 
+class ExistingFileError(DestinationConflictError):
+    """A writer would replace an existing file its destination does not own (not the destination ``.onnx``, not a
+    file the previous ``.onnx`` references, not one of its own leftovers): a checkpoint, another tool's data, a
+    user's ``.npy``. ``overwrite=True`` (``--overwrite``) opts in; nothing was written."""
+
+
 class DanglingReferenceError(ExternalDataError):
     """A reused external reference would not resolve from the destination model's folder."""
 
@@ -58,3 +73,66 @@ class TensorAllocationError(MemoryError):
     when the tensor is larger than the machine's memory and swap (or the process's address-space limit), or when
     numpy's allocation itself fails; the message names the tensor, its shape, dtype and byte size.
     """
+
+
+class PublishedWithErrorsError(RuntimeError):
+    """The new model is published, but a step after the commit point failed (docs/durability.md, "Outcomes").
+
+    The destination ``.onnx`` is the new one and it loads: every file it references holds its bytes. What failed is
+    one of the steps that follow the commit: the ``fsync`` that makes the commit durable (``sync_failed`` is then
+    True: after a power loss the destination may come back as the previous model), or the removal of the previous
+    versions and bridge files, left on hidden ``.olr~...`` names (``leftover_files``; the next publication into
+    that folder removes them). Not an ``OSError`` on purpose: an ``OSError`` from a writer means nothing was
+    published, and code that restores or retries on it must not undo this model.
+
+    Attributes:
+        model_path: the published ``.onnx`` (absolute); for a family, the first member published.
+        errors: each ``OSError`` that a step after the commit raised, in order (the first is also ``__cause__``).
+        leftover_files: hidden files that could not be removed (previous versions, bridge files), absolute paths.
+        sync_failed: True when an ``fsync`` after the commit failed (the commit may not survive a power loss); False
+            when only removals failed (the model is published, and durable when ``durable=True`` was asked).
+        result: what the writer returns on success (an ``AlignResult``, ``SaveResult``, ``LinkResult``,
+            ``FamilyResult`` or the ``int`` of ``undelay_initializers``); None when raised by the publisher alone.
+        published_models: every ``.onnx`` whose new version is in place (``(model_path,)`` for a one-model writer;
+            a family's members that are new).
+        previous_models: the ``.onnx`` files of the same publication still at their previous version (a family
+            whose publication failed between two members' commits, without ``RENAME_EXCHANGE`` to undo them);
+            empty for a one-model writer. Each of them loads and computes its previous values.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        model_path: str,
+        errors: Iterable[OSError] = (),
+        leftover_files: Iterable[str] = (),
+        sync_failed: bool = False,
+        result: Any = None,
+        published_models: Iterable[str] = (),
+        previous_models: Iterable[str] = (),
+    ) -> None:
+        super().__init__(message)
+        self.model_path = model_path
+        self.errors = tuple(errors)
+        self.leftover_files = tuple(leftover_files)
+        self.sync_failed = sync_failed
+        self.result = result
+        self.published_models = tuple(published_models) or (model_path,)
+        self.previous_models = tuple(previous_models)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = {
+            "model_path": self.model_path,
+            "errors": self.errors,
+            "leftover_files": self.leftover_files,
+            "sync_failed": self.sync_failed,
+            "result": self.result,
+            "published_models": self.published_models,
+            "previous_models": self.previous_models,
+        }
+        return (_rebuild_published, (str(self), fields))
+
+
+def _rebuild_published(message: str, fields: dict[str, Any]) -> PublishedWithErrorsError:
+    return PublishedWithErrorsError(message, **fields)

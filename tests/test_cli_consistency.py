@@ -28,7 +28,7 @@ def help_of(command: str, capsys: pytest.CaptureFixture[str]) -> str:
     [
         ("align", "align [-h] [--weights PATH]"),
         ("undelay", "undelay [-h] [--weights PATH] [--alignment N]"),
-        ("inspect", "inspect [-h] [--allow-outside-folder] MODEL.onnx"),
+        ("inspect", "inspect [-h] [--allow-outside-folder] [--json] MODEL.onnx"),
         ("verify", "A.onnx B.onnx"),
         ("run", "MODEL.onnx"),
         ("generate-tests", "OUTPUT_DIR"),

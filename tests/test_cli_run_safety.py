@@ -78,7 +78,7 @@ def test_output_named_like_the_input_file_in_the_current_folder_is_refused(
     monkeypatch.chdir(tmp_path)
     before = snapshot_tree(tmp_path)
     assert main(["run", str(model), "--input", "x=data.npy"]) == 1
-    line = one_error_line(capsys, "output 'data' would be written to './data.npy', which is the file of --input 'x'")
+    line = one_error_line(capsys, f"{str(tmp_path / 'data.npy')!r} is the file of --input 'x'")
     assert "nothing was written" in line
     assert snapshot_tree(tmp_path) == before
 
@@ -100,7 +100,7 @@ def test_output_that_is_a_link_to_the_input_file_is_refused(
         main(["run", str(model), "--input", f"x={tmp_path / 'in' / 'x.npy'}", "--output-dir", str(tmp_path / "out")])
         == 1
     )
-    one_error_line(capsys, "which is the file of --input 'x' (the same file, or a link to it)")
+    one_error_line(capsys, "is the file of --input 'x' (the same file, a hard link of it or a symlink to it)")
     assert snapshot_tree(tmp_path) == before
     assert temp_files_under(tmp_path) == []
 
@@ -116,21 +116,21 @@ def test_output_that_is_the_model_or_a_weights_file_is_refused(
         model = add_model(tmp_path, output="y")
         os.rename(tmp_path / "weights.bin", tmp_path / "y.npy")
         _relocate(model, "y.npy")
-        fragment = "which is the weights file of tensor 'b'"
+        fragment = "is the weights file of tensor 'b'"
     elif target == "model":
         model = add_model(tmp_path, output="m", name="m.npy")
-        fragment = "which is the model"
+        fragment = "is the model"
     elif target == "delayed-weights":
         np.array([1, 2], dtype="<f4").tofile(tmp_path / "w.npy")
         model = delayed_model(tmp_path, "w", "w.npy", [2])
         feeds = []
-        fragment = "which is the weights file of DelayedInitializer output ['w']"
+        fragment = "is the weights file of DelayedInitializer output 'w'"
     else:
         model = add_model(tmp_path, output="y")
         (tmp_path / "out").mkdir()
         (tmp_path / "out" / "y.npy").symlink_to(tmp_path / "weights.bin")
         out = tmp_path / "out"
-        fragment = "which is the weights file of tensor 'b'"
+        fragment = "is the weights file of tensor 'b'"
     before = snapshot_tree(tmp_path)
     assert main(["run", str(model), *feeds, "--output-dir", str(out)]) == 1
     one_error_line(capsys, fragment)
@@ -145,13 +145,22 @@ def _relocate(model_path: Path, location: str) -> None:
     onnx.save(model, str(model_path))
 
 
-def test_unrelated_existing_output_is_still_replaced(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The refusal is by identity, not by name: an earlier run's output is replaced as before."""
+def test_an_existing_output_file_is_replaced_only_with_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run owns no file before it writes it (rule 3 of the writer contract): an existing ``y.npy`` is refused,
+    named, before the model runs; ``--overwrite`` replaces it."""
     model = add_model(tmp_path, output="y")
     np.save(tmp_path / "x.npy", np.array([1, 2], dtype=np.float32))
     (tmp_path / "out").mkdir()
     np.save(tmp_path / "out" / "y.npy", np.zeros(2, dtype=np.float32))
-    assert main(["run", str(model), "--input", f"x={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path / "out")]) == 0
+    argv = ["run", str(model), "--input", f"x={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path / "out")]
+    before = snapshot_tree(tmp_path)
+    assert main(argv) == 1
+    line = one_error_line(capsys, f"output file {str(tmp_path / 'out' / 'y.npy')!r} exists")
+    assert "--overwrite" in line and "nothing was written" in line
+    assert snapshot_tree(tmp_path) == before
+    assert main([*argv, "--overwrite"]) == 0
     np.testing.assert_array_equal(np.load(tmp_path / "out" / "y.npy"), [11, 22])
     assert capsys.readouterr().err == ""
 

@@ -13,7 +13,9 @@ interrupted; see :mod:`onnx_light_ref.commands.folders`). A relative ``--weights
 (:func:`weights_path`). A problem
 with the input (bad argument, unsafe or out-of-bounds reference, destination that is a source, missing file, I/O
 error) prints one ``error: ...`` line on stderr and exits with status 1, without a traceback; the library has then
-written nothing.
+written nothing. A failure after the commit (the model is published; the fsync that makes it durable, or removing
+the previous versions, failed) prints one ``error: 'DST' is published ..., but ...`` line instead and exits with
+status 3.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import size_argument
+from onnx_light_ref.errors import PublishedWithErrorsError
 
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
     from onnx_light_ref.io.results import AlignResult
@@ -128,8 +131,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--replace-shared",
         action="store_true",
-        help="replace a weights file even when another .onnx in the destination folder uses it (that model then "
-        "computes with the new weights); without it, such a run is refused and names the other models",
+        help="replace a weights file even when another model uses it (a .onnx in its folder or above, through "
+        "external data or DelayedInitializer filenames; that model then computes with the new weights); without "
+        "it, such a run is refused and names the other models",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing files the destination does not own (anything but DST.onnx, the files the previous "
+        "DST.onnx references and files named after it: e.g. a PyTorch model.safetensors where --format "
+        "safetensors would write); without it, such a run is refused and names the files",
     )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=align_command)
@@ -160,7 +171,10 @@ def align_command(args: argparse.Namespace) -> int:
                 weights_format=args.format,
                 shard_names=args.shard_names,
                 replace_shared=args.replace_shared,
+                overwrite=args.overwrite,
             )
+    except PublishedWithErrorsError as exc:  # before OSError's clause: the model is written, exit status 3
+        return published_exit(exc)
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         return error_exit(exc)  # created_folders removed the folders it made; an interrupt propagates to the CLI
     elapsed = time.perf_counter() - started

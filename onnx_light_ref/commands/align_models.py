@@ -2,12 +2,15 @@
 
 A thin front end of :func:`onnx_light_ref.align_models`: the layout options are the aligner's (``--alignment``,
 ``--align-threshold``, ``--max-shard-size``, ``--size-threshold``, ``--format``, ``--shard-names``, sizes with K/M/G
-suffixes), plus ``--weights NAME`` (relative to DIR) and ``--overwrite``. Unlike the Python function, the command
-creates DIR (and the weights file's folder) when missing, and removes what it created if the run fails or is
-interrupted (:mod:`onnx_light_ref.commands.folders`). It draws a byte progress bar, then prints one line per member
-(its path, tensors, shared tensors) and one for the family (weights files, bytes written, unique bytes, bytes saved
-against separate copies, time), and a ``note:`` naming files of DIR no model uses any more (never deleted). A
-refusal prints one ``error: ...`` line and exits 1; the library has then written nothing.
+suffixes), plus ``--weights NAME`` (relative to DIR), ``--replace-shared`` and ``--overwrite``. Unlike the Python
+function, the command creates DIR (and the weights file's folder) when missing, and removes what it created if the
+run fails or is interrupted (:mod:`onnx_light_ref.commands.folders`). It draws a byte progress bar, then prints one
+line per member (its path, tensors, shared tensors) and one for the family (weights files, bytes written, unique
+bytes, bytes saved against separate copies, time), and a ``note:`` naming files of DIR no model uses any more
+(never deleted). A refusal prints one ``error: ...`` line and exits 1; the library has then written nothing. A
+failure once a member is published (the fsync that makes it durable, removing previous versions, or a move that
+could not be undone) prints one ``error: ... published ..., but ...`` line naming the members that are new (and
+those still previous) and exits 3.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import size_argument
+from onnx_light_ref.errors import PublishedWithErrorsError
 
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
     from onnx_light_ref.io.results import FamilyResult
@@ -91,10 +95,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(weights.onnx_data, weights.onnx_data_1, ...); default: W, W.1, W.2...",
     )
     parser.add_argument(
+        "--replace-shared",
+        action="store_true",
+        help="replace a weights file even when another model uses it (a .onnx in DIR or above that is not a member, "
+        "through external data or DelayedInitializer filenames; that model then computes with the new weights); "
+        "without it, such a run is refused and names the other models",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace an existing file of DIR a weights file lands on even when no member's previous version uses "
-        "it (without it, such a run is refused and names the file)",
+        help="replace existing files of DIR the family does not own (anything but the members' .onnx, the files "
+        "their previous versions reference and files named after them or like shards of their weights); without "
+        "it, such a run is refused and names the files",
     )
     parser.add_argument(
         "--allow-outside-folder",
@@ -131,11 +143,14 @@ def align_models_command(args: argparse.Namespace) -> int:
                 size_threshold=args.size_threshold,
                 weights_format=args.format,
                 shard_names=args.shard_names,
+                replace_shared=args.replace_shared,
                 overwrite=args.overwrite,
                 allow_outside_folder=args.allow_outside_folder,
                 durable=not args.no_fsync,
                 progress=progress,
             )
+    except PublishedWithErrorsError as exc:  # before OSError's clause: members are published, exit status 3
+        return published_exit(exc)
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         return error_exit(exc)  # created_folders removed the folders it made; an interrupt propagates to the CLI
     print(_summary(result, time.perf_counter() - started))

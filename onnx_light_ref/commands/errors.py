@@ -11,8 +11,13 @@ from __future__ import annotations
 import sys
 
 from onnx_light_ref.commands.text import printable
+from onnx_light_ref.errors import PublishedWithErrorsError
 
-__all__ = ["error_exit"]
+__all__ = ["PUBLISHED_WITH_ERRORS", "error_exit", "published_exit"]
+
+PUBLISHED_WITH_ERRORS = 3
+"""Exit status of a command whose model is published but a step after the commit failed (not 1: 1 says nothing
+was written, and a script that retries or restores on 1 must not undo a published model)."""
 
 
 def error_exit(message: object) -> int:
@@ -28,3 +33,16 @@ def error_exit(message: object) -> int:
     """
     print(f"error: {printable(str(message))}", file=sys.stderr)
     return 1
+
+
+def published_exit(exc: PublishedWithErrorsError) -> int:
+    """Print the ``error: '<DST>' is published ..., but ...`` line on stderr; return :data:`PUBLISHED_WITH_ERRORS`.
+
+    Args:
+        exc: the writer's error; its message starts with the published model and says what failed after the commit.
+
+    Returns:
+        3.
+    """
+    print(f"error: {printable(str(exc))}", file=sys.stderr)
+    return PUBLISHED_WITH_ERRORS

@@ -5,9 +5,14 @@ A thin presentation of :func:`onnx_light_ref.io.layout_report.build_layout_repor
 (tensors, bytes used, file size, gaps) and the largest alignment every tensor satisfies. Exit status 1 when any
 tensor is in error (partial overlap, out of bounds, missing file, unsafe location, hard-linked file, malformed
 entry, a reference ``onnx.load``, ``check_model(full_check=True)`` or onnxruntime refuses: which loader refuses
-what is printed per tensor), 0 otherwise: ``status: OK`` means the three loaders accept the model's external data.
+what is printed per tensor; a ``*.safetensors`` data file the safetensors library refuses, a reference that overlaps
+its header or is not exactly the bytes of its key), 0 otherwise: ``status: OK`` means the three loaders accept the
+model's external data and every safetensors data file agrees with the references into it.
 The table is printed either way. ``inspect FOLDER`` prints each model's status and which models use which data
-files (a file used by several models is shared: see ``replace_shared``). Never reads weight bytes.
+files (a file used by several models is shared: see ``replace_shared``). Never reads external weights (data files
+are ``stat``ed, safetensors headers read); a ``.onnx`` over 16 MiB is parsed without reading its inline payloads
+(:func:`~onnx_light_ref.io.read.wire.load_model_lean`). ``--json`` prints the same report as one JSON document
+(:mod:`~onnx_light_ref.commands.inspect_json`, ``docs/json.md``).
 
 Names and locations come from the model, which may be hostile: every printed field goes through
 :func:`~onnx_light_ref.commands.text.printable`, so a terminal escape sequence or a bidirectional override in a tensor
@@ -19,13 +24,28 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.text import printable
 from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io.layout_report import LayoutReport, TensorLayout, build_layout_report
 
-__all__ = ["format_alignment", "format_folder", "format_report", "inspect_command", "register"]
+if TYPE_CHECKING:
+    from onnx_light_ref.io.read.sharing import SharedFile
+
+__all__ = [
+    "FolderModel",
+    "FolderReport",
+    "build_folder_report",
+    "format_alignment",
+    "format_folder",
+    "format_folder_report",
+    "format_report",
+    "inspect_command",
+    "register",
+]
 
 # Alignments above this are shown as ">=1M": no loader asks for more, and a huge power of two (an offset of 2 GiB
 # is 2 GiB-aligned) says nothing useful.
@@ -118,7 +138,8 @@ def format_report(report: LayoutReport) -> str:
             f"{file.gap_bytes} gap bytes in {gap_count} gap{'s' if gap_count != 1 else ''}"
         )
         if file.safetensors is not None:
-            lines.append(f"    {'' if file.safetensors_ok else 'WARNING: '}{printable(file.safetensors)}")
+            verdict = "" if file.safetensors_ok else "REFUSED by the safetensors library: "
+            lines.append(f"    {verdict}{printable(file.safetensors)}")
     lines.append("")
     common = report.common_alignment
     lines.append(
@@ -128,6 +149,62 @@ def format_report(report: LayoutReport) -> str:
     )
     lines.append("status: OK" if report.ok else f"status: {len(errors)} error(s)")
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class FolderModel:
+    """One ``.onnx`` of a folder: its layout report, or why it cannot be read (``error``)."""
+
+    name: str
+    report: LayoutReport | None
+    error: Exception | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the model was read and no tensor is in error."""
+        return self.report is not None and self.report.ok
+
+    @property
+    def status(self) -> str:
+        """``"ok"``, ``"error"`` (a tensor in error) or ``"unreadable"``."""
+        return "unreadable" if self.report is None else "ok" if self.report.ok else "error"
+
+
+@dataclass(frozen=True)
+class FolderReport:
+    """What ``inspect FOLDER`` shows: each model (sorted by name) and each data file with the models using it."""
+
+    folder: str
+    models: list[FolderModel]
+    files: list[SharedFile]
+
+    @property
+    def ok(self) -> bool:
+        """True when every model is OK."""
+        return all(model.ok for model in self.models)
+
+
+def build_folder_report(folder: str, *, allow_outside_folder: bool = False) -> FolderReport:
+    """Read every ``.onnx`` directly in ``folder`` and which data files each uses (no weight byte is read).
+
+    Args:
+        folder: a folder holding ``.onnx`` files.
+        allow_outside_folder: as for :func:`~onnx_light_ref.io.layout_report.build_layout_report`.
+
+    Returns:
+        The :class:`FolderReport`; a model that cannot be read is listed with its error.
+    """
+    from onnx_light_ref.io.read.sharing import folder_sharing, is_model_name
+
+    models = []
+    for name in sorted(name for name in os.listdir(folder) if is_model_name(name)):
+        try:
+            report = build_layout_report(os.path.join(folder, name), allow_outside_folder=allow_outside_folder)
+        except (FileNotFoundError, InvalidModelError) as exc:
+            models.append(FolderModel(name, None, exc))
+            continue
+        models.append(FolderModel(name, report))
+    return FolderReport(folder, models, folder_sharing(folder))
 
 
 def format_folder(folder: str, *, allow_outside_folder: bool = False) -> tuple[str, bool]:
@@ -140,55 +217,90 @@ def format_folder(folder: str, *, allow_outside_folder: bool = False) -> tuple[s
     Returns:
         The text (newline-terminated) and whether every model is OK.
     """
-    from onnx_light_ref.io.read.sharing import folder_sharing
+    report = build_folder_report(folder, allow_outside_folder=allow_outside_folder)
+    return format_folder_report(report), report.ok
 
+
+def format_folder_report(report: FolderReport) -> str:
+    """The text of a :class:`FolderReport`, every model-controlled field escaped."""
+    folder = report.folder
     lines = [f"folder: {printable(folder)}"]
-    names = sorted(name for name in os.listdir(folder) if name.endswith(".onnx"))
-    ok = True
-    for name in names:
-        try:
-            report = build_layout_report(os.path.join(folder, name), allow_outside_folder=allow_outside_folder)
-        except (FileNotFoundError, InvalidModelError) as exc:
-            lines.append(f"  {printable(name)}: not readable: {printable(str(exc))}")
-            ok = False
-            continue
-        ok = ok and report.ok
-        lines.append(f"  {printable(name)}: {'OK' if report.ok else f'{len(report.errors)} error(s)'}")
+    from onnx_light_ref.io.read.delayed_names import DELAYED_OP_TYPE
+
+    for model in report.models:
+        if model.report is None:
+            lines.append(f"  {printable(model.name)}: not readable: {printable(str(model.error))}")
+        else:
+            lines.append(f"  {printable(model.name)}: {'OK' if model.ok else f'{len(model.report.errors)} error(s)'}")
     lines.append("")
     lines.append("files:")
-    for shared in folder_sharing(folder):
-        users = ", ".join(printable(os.path.basename(user.model)) for user in shared.users)
+    for shared in report.files:
+        users = ", ".join(
+            printable(os.path.basename(user.model))
+            + (f" ({DELAYED_OP_TYPE})" if user.via == "delayed_initializer" else "")
+            for user in shared.users
+        )
         relative = os.path.relpath(shared.path, folder)
         note = f" (shared by {len(shared.users)} models)" if len(shared.users) > 1 else ""
         lines.append(f"  {printable(relative)}: used by {users}{note}")
-    lines.append("status: OK" if ok else "status: error(s), see each model with 'inspect MODEL.onnx'")
-    return "\n".join(lines) + "\n", ok
+    lines.append("status: OK" if report.ok else "status: error(s), see each model with 'inspect MODEL.onnx'")
+    return "\n".join(lines) + "\n"
 
 
 def inspect_command(args: argparse.Namespace) -> int:
     """Print the layout report of ``args.model`` (or, for a folder, each model's status and which models share
     which files); exit status 1 when a tensor is in error or the model is unreadable.
 
+    With ``args.json`` the report is one JSON document on stdout instead (``docs/json.md``); an error is then both
+    a JSON document with an ``error`` member on stdout and the usual ``error:`` line on stderr, with the same status.
+
     Args:
-        args: the parsed command line (``model``).
+        args: the parsed command line (``model``, ``json``, ``allow_outside_folder``).
 
     Returns:
         The process exit status.
     """
+    as_json = getattr(args, "json", False)
     if os.path.isdir(args.model):
-        if not any(name.endswith(".onnx") for name in os.listdir(args.model)):
-            return error_exit(
-                f"{printable(args.model)!r} is a directory with no .onnx file; give a model, or a folder of models"
+        from onnx_light_ref.io.read.sharing import is_model_name
+
+        if not any(is_model_name(name) for name in os.listdir(args.model)):
+            return _failed(
+                FileNotFoundError(
+                    f"{args.model!r} is a directory with no .onnx file; give a model, or a folder of models"
+                ),
+                as_json,
             )
-        text, ok = format_folder(args.model, allow_outside_folder=args.allow_outside_folder)
-        sys.stdout.write(text)
-        return 0 if ok else 1
+        folder = build_folder_report(args.model, allow_outside_folder=args.allow_outside_folder)
+        if as_json:
+            from onnx_light_ref.commands.inspect_json import folder_document
+            from onnx_light_ref.commands.json_output import write_document
+
+            write_document(folder_document(folder))
+        else:
+            sys.stdout.write(format_folder_report(folder))
+        return 0 if folder.ok else 1
     try:
         report = build_layout_report(args.model, allow_outside_folder=args.allow_outside_folder)
     except (FileNotFoundError, InvalidModelError) as exc:
-        return error_exit(exc)  # escaped there
-    sys.stdout.write(format_report(report))
+        return _failed(exc, as_json)
+    if as_json:
+        from onnx_light_ref.commands.inspect_json import model_document
+        from onnx_light_ref.commands.json_output import write_document
+
+        write_document(model_document(report))
+    else:
+        sys.stdout.write(format_report(report))
     return 0 if report.ok else 1
+
+
+def _failed(error: Exception, as_json: bool) -> int:
+    """The ``error:`` line (escaped there) and, with ``--json``, the error document on stdout."""
+    if as_json:
+        from onnx_light_ref.commands.json_output import error_document, write_document
+
+        write_document(error_document("inspect", error))
+    return error_exit(error)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -197,7 +309,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "inspect",
         help="show the layout of a model's external tensors (offsets, alignment, gaps, overlaps, errors)",
         description="Print one row per external tensor, the problems found, totals per data file and the largest "
-        "alignment every tensor satisfies. Exit status 1 if any reference is broken. Reads no weight bytes.",
+        "alignment every tensor satisfies. Exit status 1 if any reference is broken. Reads no external weight, and no "
+        "inline payload of a .onnx over 16 MiB.",
     )
     parser.add_argument(
         "model",
@@ -210,5 +323,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="trust the model's data layout: follow symbolic links in data paths, e.g. the Hugging Face cache "
         "(snapshots/<rev>/model.onnx.data -> ../../blobs/<sha>); refused by default, as onnx's loader refuses them",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document on stdout instead of the text (schema: docs/json.md, "
+        "onnx_light_ref/schemas/inspect-1.json); same exit status",
     )
     parser.set_defaults(func=inspect_command)

@@ -2,23 +2,24 @@
 
 A thin front end of :func:`onnx_light_ref.io.link.link_external_data`: ``CHECKPOINT`` is a ``.safetensors`` file or a
 sharded set's ``*.safetensors.index.json`` inside DST.onnx's folder; ``--map names.json`` maps model tensor names to
-checkpoint keys (a JSON object of strings). Prints one summary line (tensors and bytes linked and written) on
-stdout; a problem prints one ``error: ...`` line on stderr and exits with status 1, without a traceback, having
-written nothing. Never writes to the checkpoint.
+checkpoint keys (one flat JSON object of strings; a repeated name, nesting, a name the model lacks, a key the
+checkpoint lacks, or two tensors sent to one key are refused before anything is written). Prints one summary line
+(tensors and bytes linked and written) on stdout; a problem prints one ``error: ...`` line on stderr and exits with
+status 1, without a traceback, having written nothing. A failure after the commit (the model is published) is one
+``error: 'DST' is published ..., but ...`` line and exit status 3. Never writes to the checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
-from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.align import weights_path
+from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import size_argument
+from onnx_light_ref.errors import PublishedWithErrorsError
 
 __all__ = ["link_command", "register"]
-
-_MAX_MAP_SIZE = 64 * 1024 * 1024  # a name map is names only
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,6 +37,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a .safetensors file or a .safetensors.index.json")
     parser.add_argument("dst", metavar="DST.onnx", help="model to write, in the checkpoint's folder (or above it)")
     parser.add_argument("--map", metavar="NAMES.json", help="JSON object: model tensor name -> checkpoint key")
+    parser.add_argument(
+        "--weights",
+        metavar="PATH",
+        help="the model's own weights file (tensors not linked); a relative PATH is relative to DST.onnx's folder and "
+        "must stay inside it (default: DST.onnx.data)",
+    )
     parser.add_argument(
         "--alignment",
         metavar="N",
@@ -57,23 +64,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Face cache (snapshots/<rev>/model.safetensors -> ../../blobs/<sha>); refused by default, as onnx's loader "
         "refuses them (onnxruntime follows them)",
     )
+    parser.add_argument(
+        "--replace-shared",
+        action="store_true",
+        help="replace DST.onnx.data even when another model uses it (a .onnx in its folder or above; that model then "
+        "computes with the new weights); without it, such a run is refused and names the other models",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing files DST.onnx does not own (e.g. a DST that is not an ONNX model); without it, such "
+        "a run is refused and names the files",
+    )
     parser.add_argument("--no-fsync", action="store_true", help="skip every fsync (outputs still appear atomically)")
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=link_command)
 
 
 def _read_map(path: str) -> dict[str, str]:
+    from onnx_light_ref.io.plan.name_map import MAX_NAME_MAP_SIZE, parse_name_map
+
     with open(path, "rb") as file:
-        text = file.read(_MAX_MAP_SIZE + 1)
-    if len(text) > _MAX_MAP_SIZE:
-        raise ValueError(f"--map {path!r} is larger than {_MAX_MAP_SIZE} bytes; a name map holds names only.")
-    try:
-        names = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"--map {path!r} is not UTF-8 JSON: {exc}") from None
-    if not isinstance(names, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in names.items()):
-        raise ValueError(f"--map {path!r} must be a JSON object mapping model tensor names to checkpoint keys.")
-    return names
+        text = file.read(MAX_NAME_MAP_SIZE + 1)
+    return parse_name_map(text, f"--map {path!r}")
 
 
 def link_command(args: argparse.Namespace) -> int:
@@ -88,12 +101,17 @@ def link_command(args: argparse.Namespace) -> int:
                 args.checkpoint,
                 args.dst,
                 name_map=name_map,
+                dst_weights_path=weights_path(args.dst, args.weights),
                 alignment=args.alignment,
                 size_threshold=args.size_threshold,
                 durable=not args.no_fsync,
                 progress=progress,
                 allow_outside_folder=args.allow_outside_folder,
+                replace_shared=args.replace_shared,
+                overwrite=args.overwrite,
             )
+    except PublishedWithErrorsError as exc:  # the model is written, but a step after the commit failed
+        return published_exit(exc)
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         return error_exit(exc)
     line = (
@@ -105,6 +123,15 @@ def link_command(args: argparse.Namespace) -> int:
         line += (
             f"\nnote: {len(result.mismatched_tensors)} tensor(s) named like a checkpoint key have another data type "
             f"or shape and were written, not linked: {', '.join(result.mismatched_tensors)}"
+        )
+    if result.kept_inline_tensors:
+        reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(result.kept_inline_reasons.items()))
+        line += f"\nnote: {result.kept_inline_tensors} tensor(s) kept inline where onnx needs them inline: {reasons}"
+    if result.stale_weights_files:
+        line += (
+            f"\nnote: {len(result.stale_weights_files)} file(s) left by an earlier run at this destination are not "
+            f"used by {args.dst} and were not deleted: {', '.join(result.stale_weights_files)} (delete them if "
+            "nothing else uses them)"
         )
     print(line)
     return 0

@@ -11,12 +11,17 @@ or the kernel refuses, an output that is a sequence or a map) prints one ``error
 written only once all of them are known to be savable, and appear together (temp files renamed at the end), so a
 failed run leaves no half-written ``.npy``. Never loads ``.npy`` files with pickle.
 
-Never writes over a file the run reads: an output file that is (same device and inode: the same path, a hard link,
-a symlink to it) an ``--input`` file, the model, or a weights file the model names (external data, a
-``DelayedInitializer`` filename) is refused before the model runs. Every model-controlled string printed (output
-names, error messages quoting the model) goes through :func:`~onnx_light_ref.commands.text.printable`, so an
-escape sequence (OSC 52 clipboard writes, clear-screen) or a bidi override in a name is shown, never executed. A
-tensor too large for this machine's memory is :class:`~onnx_light_ref.errors.TensorAllocationError`, one line.
+The outputs are a plan of the writer contract (:mod:`onnx_light_ref.io.write.contract`), checked before the model
+runs and again under the folder lock right before they are moved into place: an output file that is (same device
+and inode: the same path, a hard link, a symlink to it) an ``--input`` file, the model, or a weights file the model
+names (external data, a ``DelayedInitializer`` filename) is refused; so is a name longer than the folder allows, an
+output that is a directory, an existing file at an output name (``--overwrite`` replaces it: a ``run`` owns no
+file before it writes it) and a file another model uses as weights (``--replace-shared``).
+
+Every model-controlled string printed (output names, error messages quoting the model) goes through
+:func:`~onnx_light_ref.commands.text.printable`, so an escape sequence (OSC 52 clipboard writes, clear-screen) or a
+bidi override in a name is shown, never executed. A tensor too large for this machine's memory is
+:class:`~onnx_light_ref.errors.TensorAllocationError`, one line.
 """
 
 from __future__ import annotations
@@ -26,21 +31,20 @@ import io
 import math
 import os
 import re
-import stat
 import time
 from typing import Any
 
 import numpy as np
 import onnx
 
-from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders, remove_own_temp_files
 from onnx_light_ref.commands.text import printable
-from onnx_light_ref.io.read.locations import FileIdentity, is_external
-from onnx_light_ref.io.read.model_file import load_model_metadata
-from onnx_light_ref.io.read.walker import iter_graphs, iter_tensors
+from onnx_light_ref.errors import PublishedWithErrorsError
+from onnx_light_ref.io.read.folder import open_unconfined
+from onnx_light_ref.io.read.locations import FileIdentity
+from onnx_light_ref.io.write.contract import WritePlan
 from onnx_light_ref.io.write.publish import StagedFile, publish_all, staged_files
-from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE
 
 __all__ = ["output_file_name", "parse_input_spec", "register", "run_command"]
 
@@ -76,6 +80,10 @@ def _load_feeds(specs: list[tuple[str, str]], read: dict[FileIdentity, str]) -> 
             raise _RunError(f"input {name!r} given twice.")
         try:
             feeds[name] = _load_array(name, path, read)
+        except EOFError as exc:  # numpy's answer for a file that ends inside the .npy header
+            raise _RunError(
+                f"cannot load input {name!r} from {path!r}: the file ends before a whole .npy header ({exc})."
+            ) from exc
         except (OSError, ValueError) as exc:
             raise _RunError(f"cannot load input {name!r} from {path!r}: {exc}") from exc
         if not isinstance(feeds[name], np.ndarray):  # an .npz archive
@@ -87,12 +95,13 @@ def _load_array(name: str, path: str, read: dict[FileIdentity, str]) -> Any:
     """``np.load`` without pickle, refusing first what it would choke on: a FIFO or device (it would block or read
     forever) and a ``.npy`` whose header announces more data than the file holds (numpy allocates the announced
     size before reading: a 40-byte file claiming 2**40 floats raised MemoryError)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _RunError(f"cannot load input {name!r} from {path!r}: not a regular file.")
+    # Looked at before it is opened: a FIFO or a device is refused saying what it is, and never opened.
+    opened = open_unconfined(os.path.abspath(path), subject="the file", expected="a .npy file")
+    with os.fdopen(opened.detach(), "rb") as f:
+        st = opened.stat
         read[FileIdentity(st.st_dev, st.st_ino)] = f"the file of --input {name!r}"
+        if st.st_size == 0:
+            raise _RunError(f"cannot load input {name!r} from {path!r}: the file is empty (0 bytes), not a .npy file.")
         if f.read(6) == b"\x93NUMPY":
             f.seek(0)
             version = np.lib.format.read_magic(f)
@@ -127,7 +136,7 @@ def _check_feed(name: str, value: np.ndarray, declared: Any) -> None:
         return
     tensor_type = declared.tensor_type
     if tensor_type.elem_type:
-        expected = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+        expected = _declared_dtype(name, tensor_type.elem_type)
         if value.dtype != expected:
             raise _RunError(f"input {name!r} has dtype {value.dtype}, the model expects {expected}.")
     if tensor_type.HasField("shape"):
@@ -138,15 +147,36 @@ def _check_feed(name: str, value: np.ndarray, declared: Any) -> None:
             raise _RunError(f"input {name!r} has shape {list(value.shape)}, the model expects {shown}.")
 
 
+def _declared_dtype(name: str, elem_type: int) -> np.dtype:
+    """The numpy dtype of a graph input's declared element type; one error line for a type onnx does not know."""
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise _RunError(
+            f"input {name!r} is declared with element type {elem_type}, which is not a TensorProto.DataType this "
+            "onnx knows; the model cannot be fed (nothing was run)."
+        ) from exc
+
+
+def _defaults(sess: Any) -> set[str]:
+    """Graph inputs that have an initializer: overridable defaults, which the evaluator uses when not fed."""
+    graph = getattr(getattr(sess, "proto_", None), "graph", None)
+    if graph is None:
+        return set()
+    return {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+
+
 def _check_feeds(sess: Any, feeds: dict[str, np.ndarray]) -> None:
     unknown = [name for name in feeds if name not in sess.input_names]
     if unknown:
         raise _RunError(f"the model has no input(s) {unknown}; its inputs are {sess.input_names}.")
-    missing = [name for name in sess.input_names if name not in feeds]
+    defaults = _defaults(sess)
+    missing = [name for name in sess.input_names if name not in feeds and name not in defaults]
     if missing:
         raise _RunError(f"missing --input for {missing} (the model's inputs are {sess.input_names}).")
     for name, declared in zip(sess.input_names, sess.input_types, strict=False):
-        _check_feed(name, feeds[name], declared)
+        if name in feeds:  # an input left out has its initializer as default value
+            _check_feed(name, feeds[name], declared)
 
 
 def _as_savable(name: str, value: object) -> np.ndarray:
@@ -186,71 +216,46 @@ def _plan_outputs(folder: str, names: list[str], values: list[object]) -> list[t
     return [(name, path, _as_savable(name, value)) for name, path, value in zip(names, paths, values, strict=True)]
 
 
-def _identity(path: str) -> FileIdentity | None:
-    try:
-        st = os.stat(path)  # follows symlinks: a link to a file the run reads is that file
-    except (OSError, ValueError):
-        return None
-    return FileIdentity(st.st_dev, st.st_ino)
-
-
-def _all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """Nodes of the main graph, of model functions, and of all their subgraphs."""
-    nodes = [node for graph in iter_graphs(model.graph) for node in graph.node]
-    for function in model.functions:
-        nodes.extend(function.node)
-        for node in function.node:
-            for attribute in node.attribute:
-                subgraphs = [attribute.g] if attribute.HasField("g") else list(attribute.graphs)
-                nodes.extend(inner for subgraph in subgraphs for graph in iter_graphs(subgraph) for inner in graph.node)
-    return nodes
-
-
-def _named_files(model: onnx.ModelProto) -> dict[str, str]:
-    """Every file name the model uses (external data locations, DelayedInitializer filenames) -> how to name it."""
-    named: dict[str, str] = {}
-    for site in iter_tensors(model):
-        if is_external(site.tensor):
-            for entry in site.tensor.external_data:
-                if entry.key == "location" and entry.value:
-                    named.setdefault(entry.value, f"the weights file of tensor {site.tensor.name!r}")
-    for node in _all_nodes(model):
-        if node.domain == DOMAIN and node.op_type == OP_TYPE:
-            for attribute in node.attribute:
-                if attribute.name == "filename" and attribute.s:
-                    filename = attribute.s.decode("utf-8", errors="surrogateescape")
-                    named.setdefault(filename, f"the weights file of DelayedInitializer output {list(node.output)}")
-    return named
-
-
 def _model_files(model_path: str) -> dict[FileIdentity, str]:
-    """The model and every weights file it names, by identity; names resolving to nothing are left out (the
-    evaluator reports those)."""
-    folder = os.path.dirname(os.path.abspath(model_path))
+    """The model and every file it names (external data locations, DelayedInitializer filenames), by identity;
+    names resolving to nothing are left out (the evaluator reports those)."""
+    from onnx_light_ref.io.read.delayed_names import DELAYED_OP_TYPE
+    from onnx_light_ref.io.read.sharing import file_key, read_references
+
     files: dict[FileIdentity, str] = {}
-    model_id = _identity(model_path)
-    if model_id is not None:
+    model_id = file_key(model_path)
+    if isinstance(model_id, FileIdentity):
         files[model_id] = "the model"
-    for location, what in _named_files(load_model_metadata(model_path)).items():
-        identity = _identity(os.path.join(folder, location))  # an absolute location stays as it is
-        if identity is not None:
-            files.setdefault(identity, what)
+    for key, reference in (read_references(model_path) or {}).items():
+        if isinstance(key, FileIdentity):
+            what = f"{DELAYED_OP_TYPE} output" if reference.via == "delayed_initializer" else "tensor"
+            files.setdefault(key, f"the weights file of {what} {reference.tensor!r}")
     return files
 
 
-def _check_not_read(names: list[str], paths: list[str], read: dict[FileIdentity, str]) -> None:
-    """Refuse an output file that is a file the run reads (same device and inode, through any link)."""
-    for name, path in zip(names, paths, strict=True):
-        identity = _identity(path)
-        if identity is not None and identity in read:
-            raise _RunError(
-                f"output {name!r} would be written to {path!r}, which is {read[identity]} (the same file, or a link "
-                "to it): the run reads it, so it is never overwritten. Choose another --output-dir; nothing was "
-                "written."
-            )
+def _output_plan(args: argparse.Namespace, names: list[str], read: dict[FileIdentity, str]) -> WritePlan:
+    """Every output file as the writer contract's plan, checked before the model runs (names, lengths, existing
+    files and folders at those names, files the run reads)."""
+    from onnx_light_ref.io.write.contract import PlannedFile, WriteOptions, WritePlan, check_plan
+
+    plan = WritePlan(
+        "run",
+        [],
+        [PlannedFile(os.path.abspath(path), "array", format="npy") for path in _output_paths(args.output_dir, names)],
+        dict(read),
+        options=WriteOptions(args.replace_shared, args.overwrite, args.allow_outside_folder),
+        rename_hint="another --output-dir",
+    )
+    try:
+        check_plan(plan)
+    except (ValueError, OSError) as exc:
+        raise _RunError(f"{exc}") from exc
+    return plan
 
 
-def _save_outputs(folder: str, planned: list[tuple[str, str, np.ndarray]]) -> None:
+def _save_outputs(folder: str, planned: list[tuple[str, str, np.ndarray]], plan: WritePlan) -> None:
+    from onnx_light_ref.io.write.contract import recheck_plan
+
     try:
         with staged_files() as files:
             for _, target, array in planned:
@@ -259,7 +264,9 @@ def _save_outputs(folder: str, planned: list[tuple[str, str, np.ndarray]]) -> No
                 staged = StagedFile(target)
                 files.append(staged)
                 staged.write_all(buffer.getbuffer(), 0)
-            publish_all(files)
+            publish_all(files, before_commit=lambda: recheck_plan(plan))  # a file or link made while the model ran
+    except ValueError as exc:  # the writer contract, re-checked under the folder lock
+        raise _RunError(f"{exc}") from exc
     except OSError as exc:
         raise _RunError(f"cannot write the outputs to {folder!r}: {exc}") from exc
 
@@ -298,7 +305,7 @@ def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray], read: 
     except _USER_ERRORS as exc:
         raise _RunError(f"cannot read {args.model!r}: {exc}") from exc
     names = list(sess.output_names)
-    _check_not_read(names, _output_paths(args.output_dir, names), read)
+    plan = _output_plan(args, names, read)
     try:
         outputs = sess.run(None, feeds)
     except _USER_ERRORS as exc:
@@ -307,8 +314,7 @@ def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray], read: 
         raise _RunError(f"evaluation failed: {type(exc).__name__}: {exc}") from exc
     done = time.perf_counter()
     planned = _plan_outputs(args.output_dir, names, list(outputs))
-    _check_not_read(names, [target for _, target, _ in planned], read)  # a link made while the model ran
-    _save_outputs(args.output_dir, planned)
+    _save_outputs(args.output_dir, planned, plan)
     for name, target, array in planned:
         print(printable(f"{name}: shape {list(array.shape)} dtype {array.dtype} -> {target}"))
     print(f"built in {built - start:.3f} s (load_device={args.load_device}), ran in {done - built:.3f} s")
@@ -322,6 +328,8 @@ def run_command(args: argparse.Namespace) -> int:
     except _RunError as exc:
         # Messages quote the model's names with repr, but errors from onnx's evaluator may carry them raw.
         return error_exit(exc)  # escaped there
+    except PublishedWithErrorsError as exc:  # every output is written; a step after the last move failed
+        return published_exit(exc)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -361,5 +369,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="trust the model: let DelayedInitializer nodes read absolute filenames outside the model's folder "
         "(the spec's examples use /tmp paths); refused by default",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing files at the output names (<output-dir>/<name>.npy); without it, a run whose output "
+        "file exists is refused before the model runs, naming the file",
+    )
+    parser.add_argument(
+        "--replace-shared",
+        action="store_true",
+        help="replace an output file even when a model (in its folder or above) uses it as weights; refused by default",
     )
     parser.set_defaults(func=run_command)

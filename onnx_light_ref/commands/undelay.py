@@ -6,7 +6,8 @@ unless ``--no-progress``), prints what was written, and a ``note:`` line when SR
 (the output is then a plain copy of the model, its external tensors gathered into one weights file). Every refusal
 is one ``error: ...`` line with exit status 1 (nothing is written then, and the folders the command created are
 removed again, also when the run is interrupted). A relative ``--weights`` is relative to DST.onnx's folder, as in
-``align``. It never reads a weight byte into memory.
+``align``. A failure after the commit (the model is published) is one ``error: 'DST' is published ..., but ...``
+line and exit status 3. It never reads a weight byte into memory.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import argparse
 import os
 
 from onnx_light_ref.commands.align import weights_path
-from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import size_argument
-from onnx_light_ref.errors import InvalidModelError
+from onnx_light_ref.errors import InvalidModelError, PublishedWithErrorsError
 
 __all__ = ["count_delayed_nodes", "register", "undelay_command"]
 
@@ -72,7 +73,10 @@ def undelay_command(args: argparse.Namespace) -> int:
                 durable=not args.no_fsync,
                 progress=progress,
                 replace_shared=args.replace_shared,
+                overwrite=args.overwrite,
             )
+    except PublishedWithErrorsError as exc:  # the model is written, but a step after the commit failed
+        return published_exit(exc)
     except (OSError, ValueError, TypeError, InvalidModelError) as exc:
         return error_exit(exc)
     shown = weights if weights is not None else f"{args.dst}.data"
@@ -119,8 +123,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--replace-shared",
         action="store_true",
-        help="replace the weights file even when another .onnx in DST's folder uses it (that model then computes "
-        "with the new weights); without it, such a run is refused and names the other models",
+        help="replace the weights file even when another model uses it (a .onnx in its folder or above; that "
+        "model then computes with the new weights); without it, such a run is refused and names the other models",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing files DST.onnx does not own (not referenced by the previous DST.onnx, not named "
+        "after it); without it, such a run is refused and names the files",
     )
     parser.add_argument(
         "--no-fsync",

@@ -1,12 +1,14 @@
 """``onnx-light-ref verify A.onnx B.onnx``: prove that two models hold the same tensors, whatever their layout.
 
 A thin front end of :func:`onnx_light_ref.io.verify.verify_models`: the byte progress bar shared by the commands
-(:func:`onnx_light_ref.commands.progress.byte_progress`, shown on a terminal only), then one line on stdout. Exit
-status 0 when every tensor is equal (``equal: N tensors, M bytes compared``); 1 with ``different: <the first
-differing tensor and what differs>`` otherwise; 1 with a single ``error: ...`` line on stderr, and no traceback, when
+(:func:`onnx_light_ref.commands.progress.byte_progress`, shown on a terminal only), then the verdict on stdout. Exit
+status 0 when every tensor is equal (``equal: N tensors, M bytes compared``); 1 with ``different: <the differing
+tensor and what differs>`` otherwise (one line per difference: the first, or up to ``--max-differences``); 1 with a
+single ``error: ...`` line on stderr, and no traceback, when
 a model cannot be read or a reference is unsafe, malformed or out of bounds (or, with ``--by-name``, a model has
 two tensors of one name in one graph). With ``--check-checksums``, ``checksum`` entries that match neither their
-tensor's bytes nor their file are listed and also give status 1. Never writes a file.
+tensor's bytes nor their file are listed and also give status 1. ``--json`` prints one JSON document instead
+(:mod:`~onnx_light_ref.commands.verify_json`, ``docs/json.md``), same statuses. Never writes a file.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Compare every tensor of A.onnx and B.onnx (initializers, subgraphs, attribute and sparse "
         "tensors, functions) in model order (with --by-name: by graph and name): names, data types, dims and bytes "
         "must be equal, however each side stores them (inline, external, one file or many). External bytes, and "
-        "the inline weights of a .onnx over protobuf's 2 GiB limit, are streamed in chunks, never loaded whole. Exit "
-        "status 0 when equal, 1 on the first difference or an unreadable model.",
+        "the inline weights of a .onnx over 16 MiB, are streamed in chunks, never loaded whole. Exit status 0 when "
+        "equal, 1 on a difference or an unreadable model.",
     )
     parser.add_argument("a", metavar="A.onnx", help="first model")
     parser.add_argument("b", metavar="B.onnx", help="second model")
@@ -64,14 +66,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="trust the model's data layout: follow symbolic links in data paths, e.g. the Hugging Face cache "
         "(snapshots/<rev>/model.onnx.data -> ../../blobs/<sha>); refused by default, as onnx's loader refuses them",
     )
+    parser.add_argument(
+        "--max-differences",
+        metavar="N",
+        type=_count,
+        default=1,
+        help="go on after the first difference and report up to N of them, one 'different:' line each "
+        "(0: every difference; default: 1, stop at the first)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document on stdout instead of the text (schema: docs/json.md, "
+        "onnx_light_ref/schemas/verify-1.json); same exit status",
+    )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=verify_command)
 
 
+def _count(text: str) -> int:
+    """``--max-differences``: a whole number, 0 or more (else a usage error, exit 2)."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = -1
+    if value < 0 or not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number (0 for every difference), got {text!r}")
+    return value
+
+
 def verify_command(args: argparse.Namespace) -> int:
-    """Run the command; return the exit status."""
+    """Run the command; return the exit status.
+
+    Text: one ``checksum mismatch:`` line per wrong checksum entry, one ``different:`` line per difference found,
+    or the ``equal:`` line. With ``--json``: one JSON document on stdout instead (``docs/json.md``); an error is then
+    both a JSON document with an ``error`` member on stdout and the usual ``error:`` line on stderr.
+    """
     from onnx_light_ref.io.verify import verify_models
 
+    as_json = getattr(args, "json", False)
+    max_differences = getattr(args, "max_differences", 1)
     try:
         with byte_progress("verify", hidden=args.no_progress) as progress:
             result = verify_models(
@@ -83,14 +117,36 @@ def verify_command(args: argparse.Namespace) -> int:
                 by_name=args.by_name,
                 progress=progress,
                 allow_outside_folder=args.allow_outside_folder,
+                max_differences=max_differences,
             )
     except (ValueError, OSError) as exc:  # ExternalDataError/InvalidModelError are ValueErrors
+        if as_json:
+            from onnx_light_ref.commands.json_output import error_document, write_document
+
+            write_document(error_document("verify", exc))
         return error_exit(exc)
+    status = 1 if not result.equal or result.checksum_mismatches else 0
+    if as_json:
+        from onnx_light_ref.commands.json_output import write_document
+        from onnx_light_ref.commands.verify_json import verify_document
+
+        write_document(
+            verify_document(
+                result,
+                args.a,
+                args.b,
+                max_differences=max_differences,
+                check_checksums=args.check_checksums,
+                chunk_size=args.chunk_size,
+            )
+        )
+        return status
     # Messages quote names with repr, but a place also shows op types and function domains as they are: escaped here.
     for mismatch in result.checksum_mismatches:
         print(f"checksum mismatch: {printable(mismatch)}")
     if not result.equal:
-        print(f"different: {printable(result.first_difference or '')}")
-        return 1
+        for difference in result.differences:
+            print(f"different: {printable(difference.message)}")
+        return status
     print(f"equal: {result.tensors} tensors, {result.bytes_compared} bytes compared")
-    return 1 if result.checksum_mismatches else 0
+    return status

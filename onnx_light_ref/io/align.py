@@ -14,16 +14,19 @@ Layouts (``docs/align.md``): ``alignment`` with ``align_threshold`` (only large 
 tensors stored once) and ``size_threshold`` (inline tensors of at least that many bytes externalized). With
 ``weights_format="safetensors"`` every weights file is a safetensors file whose header (small, from memory) is
 written at offset 0 before its payloads are copied the same way (``docs/safetensors.md``).
-Each public function reads plan → reserve space → copy → publish: nothing is written before the plan is complete, a
-too-small disk fails before the first byte, and every weights file and the ``.onnx`` are published as one
-:class:`~onnx_light_ref.io.write.publish.OutputTransaction` (weights first, ``.onnx`` last). This module never modifies
-a source file, and never serializes a model that still holds a payload placeholder.
+Each public function reads plan → check → reserve space → copy → publish: nothing is written before the plan is
+complete and the writer contract (:mod:`~onnx_light_ref.io.write.contract`: destinations, other models' files, where
+tensors may sit, what the destination owns) accepted it, a too-small disk fails before the first byte, the contract
+is checked again under the folder lock right before the first move, and every weights file and the ``.onnx`` are
+published as one :class:`~onnx_light_ref.io.write.publish.OutputTransaction` (weights first, ``.onnx`` last). This
+module never modifies a source file, and never serializes a model that still holds a payload placeholder.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
@@ -41,10 +44,19 @@ from onnx_light_ref.io.plan.align_plan import (
 from onnx_light_ref.io.plan.shard_names import ShardNames
 from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.read.entries import write_entries
-from onnx_light_ref.io.read.locations import TYPED_VALUE_FIELDS
+from onnx_light_ref.io.read.locations import TYPED_VALUE_FIELDS, FileIdentity
 from onnx_light_ref.io.read.model_file import serialize_model
 from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.results import AlignResult
+from onnx_light_ref.io.write.contract import (
+    PlannedFile,
+    PlannedModel,
+    ShardSet,
+    WriteOptions,
+    WritePlan,
+    check_plan,
+    recheck_plan,
+)
 from onnx_light_ref.io.write.copy_engine import (
     CopyMethod,
     CopyRange,
@@ -61,7 +73,10 @@ __all__ = [
     "AlignResult",
     "align_external_data_in_memory",
     "align_external_data_streaming",
+    "copy_streaming",
     "plan_alignment",
+    "rewrite_entries",
+    "write_plan",
 ]
 
 logger = logging.getLogger(__name__)
@@ -69,8 +84,9 @@ logger = logging.getLogger(__name__)
 _BUFFER_METHOD: CopyMethod = "pread_pwrite"  # bytes written from a Python buffer are reported under the buffered method
 
 
-def _rewrite_entries(plan: AlignPlan) -> None:
-    """Point every moved tensor at its new place (``checksum`` kept, other keys dropped, inline data cleared).
+def rewrite_entries(plan: AlignPlan) -> None:
+    """Point every moved tensor of ``plan.model`` at its new place (``checksum`` kept, other keys dropped, inline
+    data cleared), in memory; ``align_models`` rewrites each member with it.
 
     The plan keeps columns, not tensors: the moved tensors are found again by walking the model, which planning
     left as it was, in the same order (``plan.sites`` has one byte per tensor of that walk).
@@ -158,10 +174,13 @@ def _write_from_memory(weights: StagedFile, shard: Shard, stats: CopyStats, prog
         progress.advance(len(data))
 
 
-def _copy_streaming(
+def copy_streaming(
     plan: AlignPlan, outputs: OutputTransaction, chunk_size: int, durable: bool, progress: ProgressCallback | None
 ) -> CopyStats:
-    """Stage every weights file, reserve its space, copy its ranges file-to-file and write its in-memory payloads."""
+    """Stage every weights file of ``plan`` in ``outputs``, reserve its space (all files together, before the first
+    byte), copy its ranges file to file through the copy engine (reflinks kept, at most ``chunk_size`` bytes per
+    call) and write its in-memory payloads; return how the bytes moved. ``align_models`` copies a family's shared
+    weights files with it too."""
     stats = CopyStats()
     tracker = _Progress(progress, plan.payload_bytes)
     for shard, weights in zip(plan.shards, _stage_all(plan, outputs, chunk_size, durable, clones=True), strict=True):
@@ -232,15 +251,51 @@ def _write_payloads(
     return stats
 
 
-def _publish(plan: AlignPlan, outputs: OutputTransaction, stats: CopyStats) -> AlignResult:
-    """Rewrite the entries, then publish the staged weights and the ``.onnx`` as one transaction."""
-    _rewrite_entries(plan)
+def write_plan(
+    plans: Sequence[AlignPlan],
+    options: WriteOptions,
+    writer: str = "align",
+    rename_hint: str = "another name (dst_weights_path / --weights)",
+) -> WritePlan:
+    """Aligner plans as the writer contract's :class:`~onnx_light_ref.io.write.contract.WritePlan`: every plan's
+    ``.onnx`` with its sites (one for the aligners; several for ``align_models``, whose members share the weights
+    files of the first), every weights file (size, header, shard set) and the index, every source."""
+    first = plans[0]
+    safetensors = first.weights_format == "safetensors"
+    shard_set = ShardSet(first.weights_base, first.shard_names, safetensors)
+    files = [PlannedFile(plan.dst_onnx_path, "model", format="onnx") for plan in plans]
+    files += [
+        PlannedFile(
+            shard.path,
+            "weights",
+            shard.size,
+            len(shard.header),
+            shard_set,
+            "safetensors" if safetensors else "raw",
+        )
+        for shard in first.shards
+    ]
+    if first.index is not None:
+        files.append(PlannedFile(first.index[0], "index", len(first.index[1]), shard_set=shard_set, format="json"))
+    models = [
+        PlannedModel(plan.dst_onnx_path, plan.model, plan.site_columns(), plan.size_threshold, plan.policy)
+        for plan in plans
+    ]
+    sources: dict[FileIdentity, str] = {}
+    for plan in plans:
+        sources.update(plan.source_paths)
+    return WritePlan(writer, models, files, sources, options=options, rename_hint=rename_hint)
+
+
+def _publish(plan: AlignPlan, contract: WritePlan, outputs: OutputTransaction, stats: CopyStats) -> AlignResult:
+    """Rewrite the entries, then publish the staged weights and the ``.onnx`` as one transaction (the contract
+    re-checked under the folder lock right before the first move)."""
+    rewrite_entries(plan)
     if plan.index is not None:  # a sharded safetensors set's index.json, in the same transaction
         index_path, index_bytes = plan.index
         staged = outputs.stage(index_path)
         staged.write_all(index_bytes, 0)
         staged.set_size(len(index_bytes))
-    outputs.publish(plan.dst_onnx_path, serialize_model(plan.model))
     bytes_by_method: dict[str, int] = {method: count for method, count in stats.bytes_by_method.items() if count}
     result = AlignResult(
         plan.total_size,
@@ -258,6 +313,12 @@ def _publish(plan: AlignPlan, outputs: OutputTransaction, stats: CopyStats) -> A
         index_file=plan.index[0] if plan.index is not None else None,
         unaligned_tensors=plan.unaligned_tensors,
         kept_inline_reasons=plan.kept_inline,
+    )
+    outputs.publish(
+        plan.dst_onnx_path,
+        serialize_model(plan.model),
+        before_commit=lambda: recheck_plan(contract),
+        result=result,
     )
     logger.info(
         "wrote %d weights file(s) %s (%d tensors, %d externalized, %d deduplicated, %d bytes, %d padding) and %s",
@@ -300,6 +361,7 @@ def _align(
     progress: ProgressCallback | None,
     allow_outside_folder: bool = False,
     replace_shared: bool = False,
+    overwrite: bool = False,
 ) -> AlignResult:
     """Plan, then execute the plan in ``mode`` (read everything first when ``in_memory``), then publish.
 
@@ -308,7 +370,11 @@ def _align(
     The transaction never sweeps away a file this job reads (``keep``): a source may be named like a dead writer's
     temp file of a destination.
     """
-    check_bool("allow_outside_folder", allow_outside_folder)
+    options = WriteOptions(
+        check_bool("replace_shared", replace_shared),
+        check_bool("overwrite", overwrite),
+        check_bool("allow_outside_folder", allow_outside_folder),
+    )
     plan = plan_alignment(
         src_onnx_path,
         dst_onnx_path,
@@ -323,16 +389,17 @@ def _align(
         allow_outside_folder=allow_outside_folder,
         weights_format=layout.weights_format,
         shard_names=layout.shard_names,
-        replace_shared=replace_shared,
     )
+    contract = write_plan([plan], options, f"align ({mode.replace('_', '-')})")
+    check_plan(contract)  # every rule of the writer contract, before the first byte
     payloads = _read_all(plan) if mode == "in_memory" else None
     with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
         if payloads is None:
             assert chunk_size is not None
-            stats = _copy_streaming(plan, outputs, chunk_size, durable, progress)
+            stats = copy_streaming(plan, outputs, chunk_size, durable, progress)
         else:
             stats = _write_payloads(plan, payloads, outputs, durable, progress)
-        return _publish(plan, outputs, stats)
+        return _publish(plan, contract, outputs, stats)
 
 
 def align_external_data_streaming(
@@ -352,6 +419,7 @@ def align_external_data_streaming(
     weights_format: WeightsFormat = "onnx",
     shard_names: ShardNames = None,
     replace_shared: bool = False,
+    overwrite: bool = False,
 ) -> AlignResult:
     """Copy the weights of ``src_onnx_path`` into aligned external data files, without loading them.
 
@@ -383,9 +451,10 @@ def align_external_data_streaming(
             model holding at least that many bytes (and at least one) becomes external too, placed like the others
             in walker order, where onnx's loader reads it back (initializers and node attribute tensors of the main
             graph, its subgraphs and functions' nodes). STRING tensors stay inline; so do sparse tensors, function
-            default attributes and ``training_info`` tensors (``onnx.load`` would leave them EXTERNAL), counted in
-            ``kept_inline_tensors``. Typed-field tensors (``float_data``...) are converted to
-            little-endian raw bytes in memory.
+            default attributes and ``training_info`` tensors (``onnx.load`` would leave them EXTERNAL) and shape
+            tensors (a ``Reshape`` ``shape``...: onnx's checker and onnxruntime read them at load time), counted in
+            ``kept_inline_tensors`` (rule 2 of ``docs/safety.md``). Typed-field tensors (``float_data``...) are
+            converted to little-endian raw bytes in memory.
         durable: fsync the outputs and their folder before and after publishing (default). ``False`` skips every
             fsync (outputs still appear atomically, with the same bytes) for scratch copies and benchmarks.
         progress: called as ``progress(done_bytes, total_bytes)`` while bytes move.
@@ -403,9 +472,13 @@ def align_external_data_streaming(
         shard_names: how weights files are named (:mod:`onnx_light_ref.io.plan.shard_names`): None (ours: ``W``,
             ``W.1``...; ``"hf"`` for safetensors), ``"hf"`` (``model-00001-of-0000N.data``) or
             ``"transformers.js"`` (``model.onnx_data``, ``model.onnx_data_1``...; at most 100 files).
-        replace_shared: replace an existing weights file even when another ``.onnx`` of the destination folder
-            references it (that model then computes with the new bytes). False (default) refuses with
+        replace_shared: replace an existing weights file even when another model references it (a ``.onnx``, in
+            any case, of its folder or of an ancestor folder, through external data or ``DelayedInitializer``
+            filenames): that model then computes with the new bytes. False (default) refuses with
             ``SharedWeightsError`` naming the other models.
+        overwrite: replace existing files the destination does not own (anything but the ``.onnx``, the files the
+            previous ``.onnx`` references and its own leftovers: e.g. a PyTorch ``model.safetensors`` where the
+            safetensors weights would go). False (default) refuses with ``ExistingFileError`` naming them.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`: an ``int`` equal to the bytes of all weights files,
@@ -423,11 +496,17 @@ def align_external_data_streaming(
             offset), or the result cannot be serialized.
         ExternalDataError: a malformed or out-of-bounds reference, an inline tensor whose data does not match its
             dims (``UnsafeLocationError`` for a location outside the model's folder or a hard-linked file,
-            ``DestinationConflictError`` for a destination that is a source or another destination,
-            ``SharedWeightsError`` for a weights file another model of the folder uses, without ``replace_shared``).
+            ``DestinationConflictError`` for a destination that is a source, another destination or a directory,
+            or a name too long; ``SharedWeightsError`` for a weights file another model uses, without
+            ``replace_shared``; ``ExistingFileError`` for an existing file the destination does not own, without
+            ``overwrite``).
         FileNotFoundError: the source model, a referenced file or the destination folder does not exist.
-        OSError: the copy or the publication failed (``ENOSPC`` before the first byte when the disk is too small);
-            the destinations are then unchanged.
+        OSError: the copy or the publication failed before the commit (``ENOSPC`` before the first byte when the
+            disk is too small; with ``durable``, an fsync error such as EIO); the destination is then the previous
+            model, nothing is published.
+        PublishedWithErrorsError: the new model is published (it loads, its ``result`` attribute is the
+            ``AlignResult``), but a step after the commit failed: the fsync that makes it durable, or removing the
+            previous versions (hidden files a later run sweeps). Never an ``OSError``: see ``docs/durability.md``.
     """
     check_int("chunk_size", chunk_size, minimum=1)
     layout = check_layout_options(
@@ -451,6 +530,7 @@ def align_external_data_streaming(
         progress,
         allow_outside_folder,
         replace_shared,
+        overwrite,
     )
 
 
@@ -470,6 +550,7 @@ def align_external_data_in_memory(
     weights_format: WeightsFormat = "onnx",
     shard_names: ShardNames = None,
     replace_shared: bool = False,
+    overwrite: bool = False,
 ) -> AlignResult:
     """Same result as :func:`align_external_data_streaming`, but every payload is read into memory first.
 
@@ -493,6 +574,7 @@ def align_external_data_in_memory(
         weights_format: as for :func:`align_external_data_streaming`.
         shard_names: as for :func:`align_external_data_streaming`.
         replace_shared: as for :func:`align_external_data_streaming`.
+        overwrite: as for :func:`align_external_data_streaming`.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`, as :func:`align_external_data_streaming` returns
@@ -503,7 +585,8 @@ def align_external_data_in_memory(
         InvalidModelError: ``src_onnx_path`` is not an ONNX model, or the result cannot be serialized.
         ExternalDataError: as for :func:`align_external_data_streaming`, or a source truncated while read.
         FileNotFoundError: the source model, a referenced file or the destination folder does not exist.
-        OSError: reading or publishing failed; the destinations are then unchanged.
+        OSError: reading or publishing failed before the commit; the destination is then the previous model.
+        PublishedWithErrorsError: as for :func:`align_external_data_streaming` (published; a later step failed).
     """
     layout = check_layout_options(
         align_threshold,
@@ -526,4 +609,5 @@ def align_external_data_in_memory(
         progress,
         allow_outside_folder,
         replace_shared,
+        overwrite,
     )

@@ -17,36 +17,42 @@ deletes a file it did not create.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import json
 import logging
 import os
 from collections.abc import Iterable, Sequence
 
 import onnx
 
-from onnx_light_ref.errors import DestinationConflictError, ExternalDataError
-from onnx_light_ref.io.align import _copy_streaming, _rewrite_entries
+from onnx_light_ref.errors import DestinationConflictError
+from onnx_light_ref.io.align import copy_streaming, rewrite_entries, write_plan
 from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
-from onnx_light_ref.io.plan.align_plan import SITE_INLINE, SITE_KEPT, LayoutOptions, WeightsFormat, check_layout_options
+from onnx_light_ref.io.plan.align_plan import SITE_KEPT, LayoutOptions, WeightsFormat, check_layout_options
 from onnx_light_ref.io.plan.family_plan import FamilyPlan, default_family_weights, lay_out_family, walk_family
 from onnx_light_ref.io.plan.shard_names import ShardNames
-from onnx_light_ref.io.read.locations import FileIdentity, file_identity
 from onnx_light_ref.io.read.model_file import serialize_model
-from onnx_light_ref.io.read.sharing import check_not_shared, model_references
-from onnx_light_ref.io.read.walker import inline_reason, iter_tensors
+from onnx_light_ref.io.read.sharing import model_references, scan_users
+from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.results import FamilyMember, FamilyResult, SharedTensor
+from onnx_light_ref.io.write.contract import (
+    PlannedFile,
+    PlannedModel,
+    ShardSet,
+    WriteOptions,
+    WritePlan,
+    check_plan,
+    recheck_plan,
+)
 from onnx_light_ref.io.write.copy_engine import CopyStats, ProgressCallback
-from onnx_light_ref.io.write.destinations import check_outputs, weights_location
-from onnx_light_ref.io.write.publish import FamilyTransaction, family_leftovers
+from onnx_light_ref.io.write.publish import FamilyTransaction, is_publisher_file
 
 __all__ = ["FamilyResult", "align_models"]
 
 logger = logging.getLogger(__name__)
 
 _DEFAULT_CHUNK = 4 * 1024 * 1024  # as the streaming aligner: bytes per copy call, and each dedup compare buffer
-_INDEX_MAX_BYTES = 64 * 1024 * 1024  # an existing index.json larger than this is not read to decide who owns it
+_WRITER = "align_models"
+_RENAME_HINT = "another weights name (weights_name / --weights) or another folder"
 
 
 def align_models(
@@ -63,6 +69,7 @@ def align_models(
     durable: bool = True,
     progress: ProgressCallback | None = None,
     allow_outside_folder: bool = False,
+    replace_shared: bool = False,
     overwrite: bool = False,
     chunk_size: int = _DEFAULT_CHUNK,
 ) -> FamilyResult:
@@ -126,8 +133,11 @@ def align_models(
         OSError: the copy or the publication failed (``ENOSPC`` before the first byte when the disk is too small).
     """
     sources = _source_paths(src_onnx_paths)
-    check_bool("overwrite", overwrite)
-    check_bool("allow_outside_folder", allow_outside_folder)
+    options = WriteOptions(
+        check_bool("replace_shared", replace_shared),
+        check_bool("overwrite", overwrite),
+        check_bool("allow_outside_folder", allow_outside_folder),
+    )
     check_int("chunk_size", chunk_size, minimum=1)
     layout = check_layout_options(
         align_threshold,
@@ -140,29 +150,31 @@ def align_models(
     )
     folder = _destination_folder(dst_folder)
     weights = _weights_path(folder, weights_name, layout)
+    _refuse_shared_basenames(sources)
     plan = walk_family(
         sources, folder, weights, alignment=alignment, layout=layout, allow_outside_folder=allow_outside_folder
     )
-    _check_family_plan(plan, overwrite=overwrite)  # before any weight byte is read
+    check_plan(_named_outputs(plan, options))  # the writer contract on the names known, before any weight byte is read
     lay_out_family(plan, chunk_size)
-    _check_family_plan(plan, overwrite=overwrite)  # every output named
-    previous = _previous_files(plan)
-    outputs = FamilyTransaction(durable=durable, keep=plan.keep)
-    with outputs:
-        stats = _copy_streaming(plan.members[0], outputs, chunk_size, durable, progress)
+    contract = write_plan(plan.members, options, _WRITER, _RENAME_HINT)
+    check_plan(contract)  # every rule on the whole plan (every file, every site), before the first byte
+    stale = _stale_files(plan)
+    with FamilyTransaction(durable=durable, keep=plan.keep) as outputs:
+        stats = copy_streaming(plan.members[0], outputs, chunk_size, durable, progress)
         for member in plan.members:
-            _rewrite_entries(member)
+            rewrite_entries(member)
         if plan.index is not None:  # a sharded safetensors set's index.json, in the same transaction
             index_path, index_bytes = plan.index
             staged = outputs.stage(index_path)
             staged.write_all(index_bytes, 0)
             staged.set_size(len(index_bytes))
+        result = _result(plan, stats, stale)
         outputs.publish_models(
             [(member.dst_onnx_path, serialize_model(member.model)) for member in plan.members],
-            before_commit=lambda: _check_family_plan(plan, overwrite=overwrite),
+            before_commit=lambda: recheck_plan(contract),
+            result=result,
             journal=plan.weights_base if plan.shards else None,
         )
-    result = _result(plan, stats, previous)
     _log(result)
     return result
 
@@ -207,29 +219,8 @@ def _weights_path(folder: str, weights_name: object, layout: LayoutOptions) -> s
 # ---------------------------------------------------------------------------------------------------- checks
 
 
-def _check_family_plan(plan: FamilyPlan, *, overwrite: bool) -> None:
-    """Every check on what the family writes, in one place: run before reading, after the layout, under the lock.
-
-    Raises:
-        DestinationConflictError: two sources with one basename, an output that is a source or another output, an
-            existing file the run would replace without ``overwrite`` (``SharedWeightsError``: a weights file
-            another model of the folder uses).
-        UnsafeLocationError: a weights file outside the folder or reached through a symlink.
-        ExternalDataError: a tensor the plan externalizes where onnx's loader would not read it back.
-        FileNotFoundError: the folder is gone.
-    """
-    _refuse_shared_basenames(plan.sources)
-    anchor = plan.destinations[0]
-    for path in plan.weights_outputs:
-        weights_location(anchor, path)
-    check_outputs(anchor, [*plan.destinations[1:], *plan.weights_outputs], plan.source_files)
-    check_not_shared(plan.weights_outputs, anchor, replace_shared=False, writer_models=plan.destinations)
-    _check_tensor_sites(plan)
-    if not overwrite:
-        _refuse_foreign_files(plan)
-
-
 def _refuse_shared_basenames(sources: Sequence[str]) -> None:
+    """Each member is written as ``<folder>/<its file name>``: two sources with one name would be one output."""
     seen: dict[str, str] = {}
     for source in sources:
         name = os.path.basename(source)
@@ -247,97 +238,39 @@ def _refuse_shared_basenames(sources: Sequence[str]) -> None:
         seen[name] = source
 
 
-def _check_tensor_sites(plan: FamilyPlan) -> None:
-    """Every tensor the plan moves out of a ``.onnx`` is one onnx's loader reads back from external data."""
-    for walk in plan.walks:
-        for site, kind in zip(iter_tensors(walk.model), walk.sites, strict=False):
-            reason = inline_reason(site) if kind == SITE_INLINE else None
-            if reason is not None:
-                raise ExternalDataError(
-                    f"tensor {site.label!r} ({site.where}) of {walk.src_onnx!r} would move to external data, but "
-                    f"onnx's loader does not read it back from there ({reason}); nothing was written."
-                )
-
-
-def _refuse_foreign_files(plan: FamilyPlan) -> None:
-    """Refuse to replace an existing file that no member being replaced references (``overwrite`` opts in).
-
-    A file a killed run of this family left at one of its names (named by the dead run's journal) is the family's.
-    """
-    owned = _owned_identities(plan)
-    leftovers = family_leftovers(plan.weights_base)
-    for path in plan.weights_outputs:
-        if not os.path.lexists(path) or path in leftovers:
-            continue
-        identity = _lstat_identity(path)
-        if identity in owned or (plan.index is not None and path == plan.index[0] and _index_owned(path, owned)):
-            continue
-        raise DestinationConflictError(
-            f"{path!r} exists and no model this run replaces uses it ({', '.join(map(repr, plan.destinations))}): "
-            "align_models replaces only the members' .onnx files and the files their previous versions reference. "
-            "Pass overwrite=True (--overwrite) to replace it, or choose another weights name; nothing was written."
-        )
-
-
-def _owned_identities(plan: FamilyPlan) -> set[FileIdentity]:
-    """Identities of the files the existing versions of the members reference (replaced by this run)."""
-    owned: set[FileIdentity] = set()
-    for destination in plan.destinations:
-        if os.path.isfile(destination):
-            owned.update(key for key in model_references(destination) if isinstance(key, FileIdentity))
-    return owned
-
-
-def _lstat_identity(path: str) -> FileIdentity | None:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return FileIdentity(st.st_dev, st.st_ino)
-
-
-def _index_owned(index_path: str, owned: set[FileIdentity]) -> bool:
-    """An existing safetensors index is the family's when it lists a file a replaced member references."""
-    try:
-        if os.path.getsize(index_path) > _INDEX_MAX_BYTES:
-            return False
-        with open(index_path, encoding="utf-8") as handle:
-            weight_map = json.load(handle).get("weight_map", {})
-    except (OSError, ValueError, AttributeError):
-        return False
-    folder = os.path.dirname(index_path)
-    files = {value for value in weight_map.values() if isinstance(value, str)} if isinstance(weight_map, dict) else ()
-    return any(file_identity(os.path.join(folder, name)) in owned for name in files)
+def _named_outputs(plan: FamilyPlan, options: WriteOptions) -> WritePlan:
+    """The family's :class:`~onnx_light_ref.io.write.contract.WritePlan` before the layout: every member's ``.onnx``
+    and the first weights file (the only names known before the payloads are compared and placed)."""
+    safetensors = plan.layout.weights_format == "safetensors"
+    shard_set = ShardSet(plan.weights_base, plan.layout.shard_names, safetensors)
+    files = [PlannedFile(path, "model", format="onnx") for path in plan.destinations]
+    files.append(
+        PlannedFile(plan.weights_base, "weights", shard_set=shard_set, format="safetensors" if safetensors else "raw")
+    )
+    models = [PlannedModel(path) for path in plan.destinations]
+    return WritePlan(_WRITER, models, files, dict(plan.source_files), options=options, rename_hint=_RENAME_HINT)
 
 
 # -------------------------------------------------------------------------------------------------- results
 
 
-def _previous_files(plan: FamilyPlan) -> set[str]:
-    """Files the existing versions of the members reference: stale after the run if no model uses them any more."""
-    found: set[str] = set()
+def _stale_files(plan: FamilyPlan) -> list[str]:
+    """Files of the folder that no model will use once the family is published (never deleted; the result names
+    them): every scheme's leftovers of the shared weights set and of each member's own names (the layout's), and
+    the files the members' previous versions reference that this run does not write and no other model uses."""
+    written = {*plan.weights_outputs, *plan.destinations}
+    previous: set[str] = set()
     for destination in plan.destinations:
-        if os.path.isfile(destination):
-            for reference in model_references(destination).values():
-                found.add(os.path.normpath(os.path.join(plan.dst_folder, reference.location)))
-    return found
+        for reference in model_references(destination).values():
+            path = os.path.normpath(os.path.join(os.path.dirname(destination), reference.location))
+            # The publisher's own hidden files (a killed run's bridges) are its to sweep, not the user's to delete.
+            if path not in written and not is_publisher_file(os.path.basename(path)) and os.path.isfile(path):
+                previous.add(path)
+    used = scan_users(previous, exclude=plan.destinations).users if previous else {}
+    return sorted({*plan.stale_weights_files, *(path for path in previous if path not in used)})
 
 
-def _unused(paths: Iterable[str], plan: FamilyPlan) -> list[str]:
-    """Those of ``paths`` that exist and that no ``.onnx`` of their folder references (after the publication)."""
-    candidates = [path for path in sorted(set(paths)) if os.path.isfile(path)]
-    if not candidates:
-        return []
-    used: set[FileIdentity | str] = set()
-    for folder in {os.path.dirname(path) for path in candidates}:
-        with contextlib.suppress(OSError), os.scandir(folder) as entries:
-            for entry in entries:
-                if entry.name.lower().endswith(".onnx") and entry.is_file(follow_symlinks=False):
-                    used.update(model_references(entry.path))
-    return [path for path in candidates if file_identity(path) not in used and path not in plan.weights_outputs]
-
-
-def _result(plan: FamilyPlan, stats: CopyStats, previous: set[str]) -> FamilyResult:
+def _result(plan: FamilyPlan, stats: CopyStats, stale: list[str]) -> FamilyResult:
     placement = plan.placement
     assert placement is not None
     owners: dict[int, set[int]] = {}
@@ -379,7 +312,6 @@ def _result(plan: FamilyPlan, stats: CopyStats, previous: set[str]) -> FamilyRes
         for reason, count in walk.kept_inline.items():
             kept[reason] = kept.get(reason, 0) + count
     bytes_by_method: dict[str, int] = {method: count for method, count in stats.bytes_by_method.items() if count}
-    stale = sorted({*plan.stale_weights_files, *_unused(previous, plan)})
     return FamilyResult(
         plan.total_size,
         members=members,

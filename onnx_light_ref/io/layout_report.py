@@ -21,8 +21,13 @@ external data from). Every external tensor also carries :attr:`TensorLayout.refu
 model (a node name...) is noted in :attr:`LayoutReport.notes` (the loaders accept it; this package's writers refuse
 it). ``ok`` means all three loaders accept the model's external data.
 
-A data file named ``*.safetensors`` also gets its header read and described (:attr:`FileLayout.safetensors`), and a
-data section the tensors do not cover exactly is flagged.
+A data file named ``*.safetensors`` also gets its header read and described (:attr:`FileLayout.safetensors`,
+:mod:`~onnx_light_ref.io.read.safetensors_refs`). Two more error statuses come from it: ``safetensors refuses`` (the
+tensor's file is one the ``safetensors`` library refuses to open: a malformed header, one above its 100,000,000-byte
+limit, a data section the tensors do not cover exactly) and ``header mismatch`` (the reference overlaps the file's
+header, or is not exactly the bytes of the key of its name, or of any key of its dtype and shape: what a model linked
+to a checkpoint reads after the checkpoint was re-saved). So ``ok`` also means that every ``*.safetensors`` data file
+opens in the safetensors library and that each reference into one reads exactly one of its keys.
 
 This module must never read weight bytes (it only ``stat``s files and reads safetensors headers) and never writes
 anything; it returns plain dataclasses and leaves presentation to the caller (``onnx-light-ref inspect``).
@@ -33,11 +38,11 @@ from __future__ import annotations
 import bisect
 import os
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import onnx
 
-from onnx_light_ref.errors import ExternalDataError, InvalidModelError, SafetensorsError, UnsafeLocationError
+from onnx_light_ref.errors import ExternalDataError, InvalidModelError, UnsafeLocationError
 from onnx_light_ref.io.arguments import PathLike, check_bool
 from onnx_light_ref.io.plan.alignment import offset_alignment
 from onnx_light_ref.io.posix import check_single_link
@@ -45,9 +50,11 @@ from onnx_light_ref.io.read.entries import is_external, parse_entry_int, read_en
 from onnx_light_ref.io.read.folder import ModelFolder
 from onnx_light_ref.io.read.loader_rule import Refusal, loader_refusals
 from onnx_light_ref.io.read.locations import LocationResolver, expected_nbytes, parse_external_data
-from onnx_light_ref.io.read.model_file import check_model_strings, load_model_metadata, open_model_folder
-from onnx_light_ref.io.read.safetensors_header import read_header
-from onnx_light_ref.io.read.walker import iter_tensors
+from onnx_light_ref.io.read.model_file import check_model_strings, open_model_folder
+from onnx_light_ref.io.read.safetensors_header import SafetensorsHeader
+from onnx_light_ref.io.read.safetensors_refs import check_reference, read_safetensors_file
+from onnx_light_ref.io.read.walker import SitePlace, TensorKind, TensorSite, iter_tensors
+from onnx_light_ref.io.read.wire import load_model_lean
 
 __all__ = [
     "ERROR_STATUSES",
@@ -55,6 +62,7 @@ __all__ = [
     "Gap",
     "LayoutReport",
     "LayoutStatus",
+    "Overlap",
     "TensorLayout",
     "build_layout_report",
 ]
@@ -69,6 +77,8 @@ LayoutStatus = Literal[
     "hard-linked",
     "invalid",
     "loader refuses",
+    "safetensors refuses",
+    "header mismatch",
 ]
 """What was found checking one tensor's reference; see the module docstring for each value."""
 
@@ -76,8 +86,9 @@ LayoutStatus = Literal[
 _NAMES_SHOWN = 3
 
 ERROR_STATUSES: frozenset[LayoutStatus] = frozenset(
-    {"overlap", "out of bounds", "missing file", "unsafe location", "hard-linked", "invalid", "loader refuses"}
+    status for status in get_args(LayoutStatus) if status not in ("ok", "shared")
 )
+"""Every status but ``ok`` and ``shared``."""
 
 
 @dataclass
@@ -96,6 +107,16 @@ class TensorLayout:
     shared_range: list[str] = field(default_factory=list)
     # Which loader (onnx.load, check_model, onnxruntime) refuses what about this reference; empty: none of these rules.
     refusals: list[Refusal] = field(default_factory=list)
+    # What the tensor is, from the walker and the proto (for exports such as ``inspect --json``): its index in the
+    # walker order of the whole model (inline tensors counted), kind, structural place, data type and dims, and its
+    # name and location entry exactly as stored (``bytes`` when not UTF-8; ``name`` and ``location`` are for display).
+    index: int = -1
+    kind: TensorKind = "initializer"
+    place: SitePlace = ()
+    data_type: int = 0
+    dims: tuple[int, ...] = ()
+    raw_name: str | bytes = ""
+    raw_location: str | bytes = ""
 
     @property
     def shared_with(self) -> list[str]:
@@ -124,6 +145,18 @@ class Gap:
     length: int
 
 
+@dataclass(frozen=True)
+class Overlap:
+    """A tensor's range that partially overlaps other ranges of its file: ``partner`` is one of them (the one the
+    message names), ``ranges`` how many distinct ranges it overlaps."""
+
+    tensor: str
+    offset: int
+    length: int
+    partner: Gap
+    ranges: int
+
+
 @dataclass
 class FileLayout:
     """Totals for one data file, from the tensors whose references are valid."""
@@ -134,8 +167,10 @@ class FileLayout:
     tensors: int = 0
     bytes_used: int = 0  # union of the valid ranges: shared bytes count once
     gaps: list[Gap] = field(default_factory=list)
-    safetensors: str | None = None  # a ``*.safetensors`` file: what its header says (see _describe_safetensors)
-    safetensors_ok: bool = True  # False: the header is malformed or leaves the data section not fully covered
+    safetensors: str | None = None  # a ``*.safetensors`` file: what its header says (see read_safetensors_file)
+    safetensors_ok: bool = True  # False: the safetensors library refuses the file (malformed, too large, not covered)
+    safetensors_header: SafetensorsHeader | None = None  # the parsed header (None: not safetensors, or malformed)
+    overlaps: list[Overlap] = field(default_factory=list)  # tensors partially overlapping others, in offset order
 
     @property
     def gap_bytes(self) -> int:
@@ -269,6 +304,7 @@ def _mark_overlaps(file: FileLayout, by_range: dict[tuple[int, int], list[Tensor
             names = _some_names(by_range[partner])
             more = f" and {count - 1} other range{'s' if count > 2 else ''}" if count > 1 else ""
             for tensor in by_range[(start, length)]:
+                file.overlaps.append(Overlap(tensor.name, start, length, Gap(*partner), count))
                 tensor.status = "overlap"
                 tensor.message = (
                     f"tensor {tensor.name!r}: range [{start}, +{length} bytes) of {file.location!r} partially "
@@ -335,7 +371,8 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
     path = os.path.abspath(os.fspath(model_path))
     # Names that are not UTF-8 are reported per tensor below, instead of refusing the whole model.
     folder = open_model_folder(path, allow_outside_folder=allow_outside_folder)  # held: parse and open through it
-    model = load_model_metadata(path, check_strings=False, folder=folder)
+    # Inline payloads of a large .onnx stay in the file: only the metadata is parsed, whatever the inline weights.
+    model, _ = load_model_lean(path, check_strings=False, folder=folder)
     check_bool("allow_outside_folder", allow_outside_folder)
     resolver = LocationResolver(folder)
     try:  # for the per-loader diagnosis only (what path-resolving loaders would see), never to decide a read
@@ -345,14 +382,17 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
     tensors: list[TensorLayout] = []
     files: dict[str, FileLayout] = {}  # keyed by normalized path (two spellings of one file are one file)
     members: dict[str, list[TensorLayout]] = {}
+    protos: dict[int, onnx.TensorProto] = {}  # id(layout) -> its tensor, for the safetensors header checks
     inline = 0
-    for site in iter_tensors(model):
+    for index, site in enumerate(iter_tensors(model)):
         if not is_external(site.tensor):
             inline += 1
             continue
         layout, resolved, size = _check_tensor(site.tensor, site.label, site.where, resolver)
         layout.refusals = loader_refusals(site, os.path.dirname(path), real_model_dir)
+        _describe_site(layout, site, index)
         tensors.append(layout)
+        protos[id(layout)] = site.tensor
         if resolved is None and layout.status != "missing file":
             continue  # an unsafe or unreadable location names no file we may look at
         key = resolved if resolved is not None else f"\0{layout.location}"
@@ -365,7 +405,7 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
             continue
         _analyse_file(file, members[key])
         if file.path.endswith(".safetensors"):
-            file.safetensors, file.safetensors_ok = _describe_safetensors(resolver.folder, file.location)
+            _check_safetensors(resolver.folder, file, members[key], protos)
     for layout in tensors:
         # With the opt-in the caller trusts symbolic links (the Hugging Face cache): still listed, not an error.
         blocking = [r for r in layout.refusals if not (allow_outside_folder and r.symlink)]
@@ -381,22 +421,35 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
     return LayoutReport(path, tensors, list(files.values()), inline, notes)
 
 
-def _describe_safetensors(folder: ModelFolder, location: str) -> tuple[str, bool]:
-    """One line on a safetensors file's header (read through the held folder, parsed as hostile input; no tensor
-    byte is read)."""
-    try:
-        with folder.open_file(location, subject=f"safetensors file {location!r}") as opened:
-            header = read_header(opened.fd, opened.path, opened.size)
-    except (SafetensorsError, ExternalDataError, OSError) as exc:
-        return f"safetensors header INVALID: {exc}", False
-    text = f"safetensors header {header.data_start} bytes (data section starts there), {len(header.entries)} tensors"
-    if header.metadata:
-        text += f", metadata {header.metadata}"
-    if header.covered:
-        return text + ", data section fully covered", True
-    begin, end = header.holes[0]
-    uncovered = sum(e - b for b, e in header.holes)
-    return (
-        text + f", data section NOT fully covered: {uncovered} bytes in {len(header.holes)} range(s), the first at "
-        f"file offsets [{header.data_start + begin}, {header.data_start + end}) (safetensors loaders refuse it)"
-    ), False
+def _describe_site(layout: TensorLayout, site: TensorSite, index: int) -> None:
+    """Copy onto ``layout`` what the walker and the proto say the tensor is (see the fields of TensorLayout)."""
+    tensor = site.tensor
+    layout.index, layout.kind, layout.place = index, site.kind, site.place
+    layout.data_type, layout.dims, layout.raw_name = tensor.data_type, tuple(tensor.dims), tensor.name
+    layout.raw_location = next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
+
+
+def _check_safetensors(
+    folder: ModelFolder, file: FileLayout, members: list[TensorLayout], protos: dict[int, onnx.TensorProto]
+) -> None:
+    """Describe a ``*.safetensors`` file's header (no tensor byte read) and mark the tensors it makes wrong: every
+    reference that disagrees with the header, then every other tensor of a file the library refuses."""
+    checked = read_safetensors_file(folder, file.location)
+    file.safetensors, file.safetensors_ok = checked.description, checked.refusal is None
+    file.safetensors_header = checked.header
+    for tensor in members:
+        if tensor.is_error or tensor.offset is None or tensor.length is None:
+            continue
+        problem = None
+        if checked.header is not None:
+            proto = protos[id(tensor)]
+            key = proto.name if isinstance(proto.name, str) else ""  # a non-UTF-8 name is no safetensors key
+            problem = check_reference(checked, key, proto.data_type, proto.dims, tensor.offset, tensor.length)
+        if problem is not None:
+            tensor.status, tensor.message = "header mismatch", problem
+        elif checked.refusal is not None:
+            tensor.status = "safetensors refuses"
+            tensor.message = (
+                f"tensor {tensor.name!r}: its data file {file.location!r} is refused by the safetensors library: "
+                f"{checked.refusal}"
+            )

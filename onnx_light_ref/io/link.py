@@ -32,10 +32,21 @@ from dataclasses import dataclass
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError, SafetensorsError, UnsafeLocationError
-from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
+from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
 from onnx_light_ref.io.plan.alignment import validate_alignment
-from onnx_light_ref.io.plan.placement import ShardedLayout
+from onnx_light_ref.io.plan.name_map import check_name_map, check_name_map_targets
+from onnx_light_ref.io.plan.placement import Placement, ShardedLayout
 from onnx_light_ref.io.plan.safetensors_layout import is_packed, safetensors_dtype
+from onnx_light_ref.io.plan.shard_names import stale_candidates
+from onnx_light_ref.io.plan.sites import (
+    SITE_EXTERNALIZED,
+    SITE_INLINE,
+    SITE_KEPT,
+    SITE_MOVED,
+    SiteColumns,
+    SitePolicy,
+    may_sit,
+)
 from onnx_light_ref.io.read.dtype_sizes import packed_nbytes
 from onnx_light_ref.io.read.entries import is_external, write_entries
 from onnx_light_ref.io.read.folder import ModelFolder
@@ -50,10 +61,21 @@ from onnx_light_ref.io.read.locations import (
 )
 from onnx_light_ref.io.read.model_file import load_model_metadata, open_model_folder, serialize_model
 from onnx_light_ref.io.read.safetensors_header import SafetensorsEntry, read_header, require_covered
-from onnx_light_ref.io.read.walker import iter_tensors
+from onnx_light_ref.io.read.sharing import file_key
+from onnx_light_ref.io.read.walker import TensorSite, iter_tensors
 from onnx_light_ref.io.results import LinkResult
+from onnx_light_ref.io.write.contract import (
+    PlannedFile,
+    PlannedModel,
+    ReferencedFile,
+    ShardSet,
+    WriteOptions,
+    WritePlan,
+    check_plan,
+    location_for,
+    recheck_plan,
+)
 from onnx_light_ref.io.write.copy_engine import CopyRange, ProgressCallback, RangeCopier
-from onnx_light_ref.io.write.destinations import check_outputs, weights_location
 from onnx_light_ref.io.write.publish import OutputTransaction
 from onnx_light_ref.io.write.space import reserve_space
 
@@ -137,7 +159,7 @@ def read_checkpoint(
 def _location(path: str, dst_onnx: str, what: str) -> str:
     """``path``'s location relative to the destination folder (by name: the folder then opens it, confined)."""
     try:
-        return weights_location(dst_onnx, path)
+        return location_for(dst_onnx, path)
     except UnsafeLocationError as exc:
         raise UnsafeLocationError(
             f"{what} {path!r} cannot be linked from {dst_onnx!r}: loaders read external data only inside the "
@@ -230,6 +252,20 @@ def _matches(tensor: onnx.TensorProto, entry: SafetensorsEntry) -> bool:
     return nbytes is not None and nbytes == entry.nbytes and (nbytes,) == entry.shape
 
 
+@dataclass
+class _LinkPlan:
+    """Everything ``link`` decided before writing: what it links, what it copies where, and the contract's plan."""
+
+    proto: onnx.ModelProto
+    links: list[tuple[onnx.TensorProto, CheckpointTensor]]
+    copies: list[tuple[onnx.TensorProto, CopyRange | bytes, Placement]]
+    size: int
+    mismatched: list[str]
+    kept_inline: dict[str, int]
+    stale: list[str]
+    contract: WritePlan
+
+
 def link_external_data(
     model: onnx.ModelProto | PathLike,
     checkpoint: PathLike,
@@ -243,14 +279,20 @@ def link_external_data(
     durable: bool = True,
     progress: ProgressCallback | None = None,
     allow_outside_folder: bool = False,
+    replace_shared: bool = False,
+    overwrite: bool = False,
 ) -> LinkResult:
     """Write ``dst_onnx_path`` so that every tensor found in ``checkpoint`` points at the checkpoint's bytes.
 
     A tensor is linked when its name (through ``name_map`` when given) is a checkpoint key with the same data type
-    and the same shape; no byte of it is copied. Every other external tensor, and every inline tensor of at least
-    ``size_threshold`` raw bytes, goes to the model's own weights file (at ``alignment``-multiple offsets), copied
-    file to file. A name found with another type or shape is not linked (counted in ``mismatched_tensors``, logged).
-    ``verify_models(original, linked)`` proves the result holds the original tensors.
+    and the same shape, and the writer contract's rule 2 lets it be external data (an inline tensor: at least
+    ``size_threshold`` bytes, where onnx's loader reads it back, not a shape tensor such as a ``Reshape`` ``shape``;
+    a zero-length one only where its bytes would sit at the end of its file); no byte of it is copied. Every other
+    external tensor, and every inline tensor rule 2 lets move, goes to the model's own weights file (at
+    ``alignment``-multiple offsets), copied file to file. A name found with another type or shape is not linked
+    (counted in ``mismatched_tensors``, logged). ``verify_models(original, linked)`` proves the result holds the
+    original tensors. Every rule of the writer contract (``docs/safety.md``) is checked before anything is written
+    and again, under the folder lock, right before the ``.onnx`` is published.
 
     Args:
         model: the model: a path to a ``.onnx`` (its external data resolved from its folder) or a ``ModelProto``
@@ -259,143 +301,295 @@ def link_external_data(
             ``dst_onnx_path``.
         dst_onnx_path: the model to write; its folder must exist.
         name_map: model tensor name -> checkpoint key, for names that differ (others are looked up as they are).
+            Refused (``ValueError``, nothing written) when a name is no tensor of the model, a key is not in the
+            checkpoint, or two model tensors would read one key (see :mod:`~onnx_light_ref.io.plan.name_map`).
         dst_weights_path: the model's own weights file; default ``<dst_onnx_path>.data``.
         alignment: offsets of the tensors written to the model's weights file: a power of two, or 0/1 for packed.
-        size_threshold: inline tensors with at least this many raw bytes (and not linked) move to the weights file.
+        size_threshold: inline tensors with fewer raw bytes stay inline, linked or not.
         chunk_size: at most this many bytes per copy system call.
         durable: fsync outputs and their folder (default); ``False`` skips every fsync.
         progress: called as ``progress(done_bytes, total_bytes)`` while the written tensors' bytes move.
         allow_outside_folder: trust the layout: follow symbolic links to the checkpoint and the model's data files
             (the Hugging Face cache: ``snapshots/<rev>/model.safetensors`` -> ``../../blobs/<sha>``). onnx's loader
             refuses such a link (onnxruntime follows it); refused by default.
+        replace_shared: replace the model's own weights file even when another model references it (a ``.onnx``
+            of its folder or an ancestor folder, through external data or ``DelayedInitializer`` filenames).
+        overwrite: replace an existing file the destination does not own (anything but ``dst_onnx_path``, the files
+            its previous version references and the files named after it).
 
     Returns:
         A :class:`~onnx_light_ref.io.results.LinkResult`: an ``int``, the bytes of the model's weights file
         (0 when every external tensor was linked), with ``linked_tensors``, ``linked_bytes``, ``written_tensors``,
-        ``written_bytes``, ``mismatched_tensors``, ``checkpoint_files`` and ``weights_files``.
+        ``written_bytes``, ``mismatched_tensors``, ``checkpoint_files``, ``weights_files``,
+        ``stale_weights_files`` (e.g. the ``DST.onnx.data`` an earlier run wrote, when nothing is written to it now)
+        and ``kept_inline_reasons``.
 
     Raises:
-        ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
+        ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type), or a
+            ``name_map`` that does not fit the model and the checkpoint.
         SafetensorsError: a malformed checkpoint header or index (hostile input refused before anything is written).
         UnsafeLocationError: the checkpoint is outside the destination folder, through a symlink (without
-            ``allow_outside_folder``), or hard-linked.
-        DestinationConflictError: an output is a checkpoint file or a source.
-        ExternalDataError: a malformed or out-of-bounds reference in the model.
+            ``allow_outside_folder``), or hard-linked; the weights file is outside the destination's folder.
+        DestinationConflictError: an output is a checkpoint file, the checkpoint's index or a source, a directory,
+            or a name too long; ``SharedWeightsError``: the weights file exists and another model references it
+            (without ``replace_shared``); ``ExistingFileError``: an output exists and the destination does not own
+            it (without ``overwrite``), e.g. ``dst_onnx_path`` naming a file that is not an ONNX model.
+        ExternalDataError: a malformed or out-of-bounds reference in the model; a checkpoint file replaced or
+            resized between its header's parse and the publication (nothing published).
         FileNotFoundError: the model, the checkpoint or a referenced file does not exist.
         ExternalDataError: a checkpoint file was replaced or resized between its header's parse and the publication
             (nothing published).
-        OSError: the copy or the publication failed; the destinations are then unchanged.
+        OSError: the copy or the publication failed before the commit (with ``durable``, an fsync error such as
+            EIO); the destination is then the previous model.
+        PublishedWithErrorsError: the linked model is published (its ``result`` attribute is the ``LinkResult``),
+            but a step after the commit failed: the fsync that makes it durable, or removing the previous versions
+            (see ``docs/durability.md``).
     """
     step = validate_alignment(alignment)
     threshold = check_int("size_threshold", size_threshold)
     check_int("chunk_size", chunk_size, minimum=1)
     check_bool("durable", durable)
-    trusted = check_bool("allow_outside_folder", allow_outside_folder)
-    mapping = _check_name_map(name_map)
+    options = WriteOptions(
+        check_bool("replace_shared", replace_shared),
+        check_bool("overwrite", overwrite),
+        check_bool("allow_outside_folder", allow_outside_folder),
+    )
+    mapping = check_name_map(name_map)
     dst_onnx = os.path.abspath(os.fspath(dst_onnx_path))
     dst_weights = os.path.abspath(os.fspath(dst_weights_path) if dst_weights_path is not None else dst_onnx + ".data")
-    weights_loc = weights_location(dst_onnx, dst_weights)
+    weights_loc = location_for(dst_onnx, dst_weights)
     # Held from the plan to the publication: every checkpoint read goes through it, and the re-check before the
     # commit opens the same names in the same folder.
     with contextlib.ExitStack() as held:
-        dst_folder = held.enter_context(ModelFolder.open(os.path.dirname(dst_onnx), allow_outside_folder=trusted))
-        checkpoint_tensors = read_checkpoint(checkpoint, dst_onnx, folder=dst_folder)
-        checkpoint_files = {tensor.file.location: tensor.file for tensor in checkpoint_tensors.values()}
+        dst_folder = held.enter_context(
+            ModelFolder.open(os.path.dirname(dst_onnx), allow_outside_folder=options.allow_outside_folder)
+        )
+        checkpoint_path = os.path.abspath(os.fspath(checkpoint))
+        checkpoint_tensors = read_checkpoint(checkpoint_path, dst_onnx, folder=dst_folder)
         if isinstance(model, onnx.ModelProto):
             proto = onnx.ModelProto()
             proto.CopyFrom(model)
-            src_folder = dst_folder
+            src_folder, src = dst_folder, None
         else:
             src = os.path.abspath(os.fspath(model))
-            src_folder = held.enter_context(open_model_folder(src, allow_outside_folder=trusted))
+            src_folder = held.enter_context(open_model_folder(src, allow_outside_folder=options.allow_outside_folder))
             proto = load_model_metadata(src, folder=src_folder)
-        resolver = LocationResolver(src_folder)
+        check_name_map_targets(mapping, iter_tensors(proto), checkpoint_tensors)
+        plan = _plan_link(
+            proto,
+            src,
+            LocationResolver(src_folder),
+            checkpoint_path,
+            checkpoint_tensors,
+            mapping,
+            (dst_onnx, dst_weights),
+            step,
+            threshold,
+            options,
+        )
+        plan.contract.source_checks.append(lambda: _check_unchanged(_checkpoint_files(checkpoint_tensors), dst_folder))
+        check_plan(plan.contract)  # every rule of the writer contract, before the first byte
+        checkpoint_names = sorted({found.path for found in checkpoint_tensors.values()})
+        result = _write(plan, dst_onnx, dst_weights, weights_loc, chunk_size, durable, progress, checkpoint_names)
+    _log(result, dst_onnx)
+    return result
 
-        sources: dict[FileIdentity, str] = {}
-        if not isinstance(model, onnx.ModelProto):
-            src_identity = file_identity(src)
-            if src_identity is not None and src_identity != file_identity(dst_onnx):
-                sources[src_identity] = src  # may be replaced by DST.onnx, never overwritten by the weights file
-        for file in checkpoint_files.values():
-            sources[file.identity] = file.path
-        links: list[tuple[onnx.TensorProto, CheckpointTensor]] = []
-        copies: list[tuple[onnx.TensorProto, CopyRange | bytes]] = []
-        mismatched: list[str] = []
-        for site in iter_tensors(proto):
-            tensor = site.tensor
-            if site.sparse is not None:  # onnx's loader never loads sparse tensors' external data: left as they are
-                continue
-            key = mapping.get(tensor.name, tensor.name)
-            found = checkpoint_tensors.get(key) if key else None
-            if found is not None and _matches(tensor, found.entry):
-                links.append((tensor, found))
-                continue
-            if found is not None:
-                mismatched.append(site.label)
-            if is_external(tensor):
-                ref = parse_external_data(tensor, resolver, label=site.label)
-                check_not_hard_linked(ref)
-                sources[ref.identity] = ref.path
-                copies.append(
-                    (tensor, CopyRange(ref.path, ref.offset, 0, ref.length, ref.identity, ref.folder, ref.location))
-                )
-            elif tensor.HasField("raw_data"):
-                data = tensor.raw_data  # protobuf copies the bytes on each access: once
-                if len(data) < max(threshold, 1):
-                    continue
-                if len(data) != expected_nbytes(tensor, label=site.label):
-                    raise ExternalDataError(
-                        f"tensor {site.label!r}: inline raw_data holds {len(data)} bytes, which its dims "
-                        f"{list(tensor.dims)} and data type do not match; refusing to write it."
-                    )
-                copies.append((tensor, data))
-        layout = ShardedLayout(step)
-        placed = [(tensor, item, layout.place(_length(item))) for tensor, item in copies]
-        size = layout.total_size if copies else 0
-        check_outputs(dst_onnx, [dst_weights] if copies else [], sources)
 
-        written_bytes = 0
-        with OutputTransaction(durable=durable, keep=frozenset(sources)) as outputs:
-            if copies:
-                weights = outputs.stage(dst_weights)
-                assert weights.fd is not None
-                reserve_space(weights.fd, size, path=dst_weights)
-                ranges = [
-                    dataclasses.replace(item, dst_offset=where.offset)
-                    for _, item, where in placed
-                    if isinstance(item, CopyRange) and item.length
-                ]
-                with RangeCopier(weights.fd, chunk_size, durable=durable) as copier:
-                    written_bytes += copier.copy(ranges, progress)
-                for _, item, where in placed:
-                    if isinstance(item, bytes):
-                        weights.write_all(item, where.offset)
-                        written_bytes += len(item)
-                weights.set_size(size)
-            for tensor, item, where in placed:
-                _point(tensor, weights_loc, where.offset, _length(item))
-            for tensor, found in links:
-                _point(tensor, found.location, found.data_start + found.entry.begin, found.entry.nbytes)
-            outputs.publish(
-                dst_onnx,
-                serialize_model(proto),
-                before_commit=lambda: _check_unchanged(checkpoint_files.values(), dst_folder),
+def _plan_link(
+    proto: onnx.ModelProto,
+    src: str | None,
+    resolver: LocationResolver,
+    checkpoint_path: str,
+    checkpoint_tensors: Mapping[str, CheckpointTensor],
+    mapping: Mapping[str, str],
+    dst: tuple[str, str],
+    step: int,
+    threshold: int,
+    options: WriteOptions,
+) -> _LinkPlan:
+    """Walk the model once: link, copy or keep each tensor (rule 2 deciding), lay the copies out; writes nothing."""
+    dst_onnx, dst_weights = dst
+    sources = _sources(src, dst_onnx, checkpoint_path, checkpoint_tensors)
+    policy = SitePolicy(proto, threshold)
+    links: list[tuple[onnx.TensorProto, CheckpointTensor]] = []
+    copies: list[tuple[onnx.TensorProto, CopyRange | bytes]] = []
+    mismatched: list[str] = []
+    kept_inline: dict[str, int] = {}
+    order: list[tuple[int, str, int]] = []  # per site: kind, "link" / "copy" / "", index into links or copies
+    for site in iter_tensors(proto):
+        tensor = site.tensor
+        external = is_external(tensor)
+        if site.sparse is not None:  # onnx's loader never loads sparse tensors' external data: left as they are
+            order.append((SITE_KEPT if external else SITE_INLINE, "", -1))
+            continue
+        key = mapping.get(tensor.name, tensor.name)
+        found = checkpoint_tensors.get(key) if key else None
+        if found is not None and not _matches(tensor, found.entry):
+            mismatched.append(site.label)
+        elif found is not None and _linkable(site, found, policy, external):
+            links.append((tensor, found))
+            order.append((SITE_MOVED if external else SITE_EXTERNALIZED, "link", len(links) - 1))
+            continue
+        if external:
+            ref = parse_external_data(tensor, resolver, label=site.label)
+            check_not_hard_linked(ref)
+            sources[ref.identity] = ref.path
+            copies.append(
+                (tensor, CopyRange(ref.path, ref.offset, 0, ref.length, ref.identity, ref.folder, ref.location))
             )
-    result = LinkResult(
-        size,
-        linked_tensors=len(links),
-        linked_bytes=sum(found.entry.nbytes for _, found in links),
-        written_tensors=len(copies),
-        written_bytes=written_bytes,
-        mismatched_tensors=mismatched,
-        checkpoint_files=sorted({found.path for found in checkpoint_tensors.values()}),
-        weights_files=[dst_weights] if copies else [],
+            order.append((SITE_MOVED, "copy", len(copies) - 1))
+            continue
+        data = tensor.raw_data if tensor.HasField("raw_data") else None  # protobuf copies the bytes on each access
+        decision = policy.decide(site, len(data) if data is not None else None)  # rule 2: the one decision
+        if not decision.external:
+            if decision.reason is not None:
+                kept_inline[decision.reason] = kept_inline.get(decision.reason, 0) + 1
+            order.append((SITE_INLINE, "", -1))
+            continue
+        assert data is not None
+        if len(data) != expected_nbytes(tensor, label=site.label):
+            raise ExternalDataError(
+                f"tensor {site.label!r}: inline raw_data holds {len(data)} bytes, which its dims "
+                f"{list(tensor.dims)} and data type do not match; refusing to write it."
+            )
+        copies.append((tensor, data))
+        order.append((SITE_EXTERNALIZED, "copy", len(copies) - 1))
+    layout = ShardedLayout(step)  # every copy aligned; a zero-length one at the end of the file (placement.py)
+    placed = [(tensor, item, layout.place(_length(item))) for tensor, item in copies]
+    size = layout.total_size if copies else 0
+    sites = SiteColumns()
+    for kind, what, index in order:  # read once every copy is placed: a zero-length one's offset is the file's end
+        if what == "link":
+            found = links[index][1]
+            sites.add(kind, found.path, found.data_start + found.entry.begin, found.entry.nbytes)
+        elif what == "copy":
+            sites.add(kind, dst_weights, placed[index][2].offset, _length(placed[index][1]))
+        else:
+            sites.add(kind)
+    files = [PlannedFile(dst_onnx, "model", format="onnx")]
+    if copies:
+        files.append(PlannedFile(dst_weights, "weights", size, shard_set=ShardSet(dst_weights)))
+    contract = WritePlan(
+        "link",
+        [PlannedModel(dst_onnx, proto, sites, threshold, policy)],
+        files,
+        sources,
+        options=options,
+        referenced=[
+            ReferencedFile(file.path, file.size, data_start)
+            for file, data_start in {(t.file, t.data_start) for t in checkpoint_tensors.values()}
+        ],
+        rename_hint="another name (dst_weights_path)",
     )
-    if mismatched:
+    stale = [
+        path
+        for path in stale_candidates(dst_onnx, dst_weights, [dst_weights] if copies else [])
+        if file_key(path) not in sources
+    ]
+    return _LinkPlan(proto, links, placed, size, mismatched, kept_inline, stale, contract)
+
+
+def _linkable(site: TensorSite, found: CheckpointTensor, policy: SitePolicy, external: bool) -> bool:
+    """Rule 2 for a tensor that matches a checkpoint key: an inline one must be allowed to become external, and its
+    bytes must sit where every loader reads them (a zero-length one only at the end of its file)."""
+    if not external and not policy.decide(site, found.entry.nbytes).external:
+        return False
+    return may_sit(
+        found.data_start + found.entry.begin, found.entry.nbytes, found.file.size, data_start=found.data_start
+    )
+
+
+def _sources(
+    src: str | None, dst_onnx: str, checkpoint_path: str, checkpoint_tensors: Mapping[str, CheckpointTensor]
+) -> dict[FileIdentity, str]:
+    """The files ``link`` reads: the source ``.onnx`` (it may be replaced by the destination ``.onnx``, never by the
+    weights file), the checkpoint's index and every checkpoint file."""
+    sources: dict[FileIdentity, str] = {}
+    if src is not None:
+        src_identity = file_identity(src)
+        if src_identity is not None and src_identity != file_identity(dst_onnx):
+            sources[src_identity] = src
+    with contextlib.suppress(OSError):
+        index_identity = file_identity(checkpoint_path)
+        if index_identity is not None:
+            sources[index_identity] = checkpoint_path
+    for file in _checkpoint_files(checkpoint_tensors):
+        sources[file.identity] = file.path
+    return sources
+
+
+def _checkpoint_files(checkpoint_tensors: Mapping[str, CheckpointTensor]) -> list[CheckpointFile]:
+    return list({tensor.file.location: tensor.file for tensor in checkpoint_tensors.values()}.values())
+
+
+def _write(
+    plan: _LinkPlan,
+    dst_onnx: str,
+    dst_weights: str,
+    weights_loc: str,
+    chunk_size: int,
+    durable: bool,
+    progress: ProgressCallback | None,
+    checkpoint_names: list[str],
+) -> LinkResult:
+    """Copy the written tensors, point every tensor at its place, publish (re-checked under the lock).
+
+    The result is built before the publication, so that a failure after the commit still carries it.
+    """
+    written_bytes = 0
+    with OutputTransaction(durable=durable, keep=frozenset(plan.contract.sources)) as outputs:
+        if plan.copies:
+            weights = outputs.stage(dst_weights)
+            assert weights.fd is not None
+            reserve_space(weights.fd, plan.size, path=dst_weights)
+            ranges = [
+                dataclasses.replace(item, dst_offset=where.offset)
+                for _, item, where in plan.copies
+                if isinstance(item, CopyRange) and item.length
+            ]
+            with RangeCopier(weights.fd, chunk_size, durable=durable) as copier:
+                written_bytes += copier.copy(ranges, progress)
+            for _, item, where in plan.copies:
+                if isinstance(item, bytes):
+                    weights.write_all(item, where.offset)
+                    written_bytes += len(item)
+            weights.set_size(plan.size)
+        for tensor, item, where in plan.copies:
+            _point(tensor, weights_loc, where.offset, _length(item))
+        for tensor, found in plan.links:
+            _point(tensor, found.location, found.data_start + found.entry.begin, found.entry.nbytes)
+        result = LinkResult(
+            plan.size,
+            linked_tensors=len(plan.links),
+            linked_bytes=sum(found.entry.nbytes for _, found in plan.links),
+            written_tensors=len(plan.copies),
+            written_bytes=written_bytes,
+            mismatched_tensors=plan.mismatched,
+            checkpoint_files=checkpoint_names,
+            weights_files=[dst_weights] if plan.copies else [],
+            stale_weights_files=plan.stale,
+            kept_inline_reasons=plan.kept_inline,
+        )
+        contract = plan.contract
+        outputs.publish(
+            dst_onnx, serialize_model(plan.proto), before_commit=lambda: recheck_plan(contract), result=result
+        )
+    return result
+
+
+def _log(result: LinkResult, dst_onnx: str) -> None:
+    if result.mismatched_tensors:
         logger.warning(
             "%d tensor(s) named like a checkpoint key but of another data type or shape were written, not linked: %s",
-            len(mismatched),
-            ", ".join(mismatched),
+            len(result.mismatched_tensors),
+            ", ".join(result.mismatched_tensors),
+        )
+    if result.stale_weights_files:
+        logger.warning(
+            "%s does not reference %d file(s) left by an earlier run at this destination, not deleted: %s",
+            dst_onnx,
+            len(result.stale_weights_files),
+            ", ".join(result.stale_weights_files),
         )
     logger.info(
         "linked %d tensor(s) (%d bytes) to the checkpoint, wrote %d tensor(s) (%d bytes) and %s",
@@ -405,7 +599,6 @@ def link_external_data(
         result.written_bytes,
         dst_onnx,
     )
-    return result
 
 
 def _length(item: CopyRange | bytes) -> int:
@@ -417,13 +610,3 @@ def _point(tensor: onnx.TensorProto, location: str, offset: int, length: int) ->
     for name in TYPED_VALUE_FIELDS:
         tensor.ClearField(name)
     write_entries(tensor, location, offset, length, None)
-
-
-def _check_name_map(name_map: Mapping[str, str] | None) -> dict[str, str]:
-    if name_map is None:
-        return {}
-    if not isinstance(name_map, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) and v for k, v in name_map.items()
-    ):
-        raise ArgumentTypeError("name_map must map model tensor names (str) to checkpoint keys (non-empty str).")
-    return dict(name_map)

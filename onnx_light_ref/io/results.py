@@ -188,6 +188,11 @@ class LinkResult(_SizeResult):
             (written, not linked).
         checkpoint_files: absolute paths of the checkpoint's files.
         weights_files: the model's own weights file, when one was written.
+        stale_weights_files: files an earlier run left at this destination that the new ``.onnx`` does not reference
+            (its own weights file ``DST.onnx.data`` when every tensor is now linked, or files named like further
+            shards of it), never deleted.
+        kept_inline_reasons: inline tensors of at least ``size_threshold`` bytes left inline (not linked, not written)
+            by reason: ``"shape tensor"``, ``"training_info"``, ``"function default attribute"``...
     """
 
     linked_tensors: int
@@ -197,6 +202,8 @@ class LinkResult(_SizeResult):
     mismatched_tensors: tuple[str, ...]
     checkpoint_files: tuple[str, ...]
     weights_files: tuple[str, ...]
+    stale_weights_files: tuple[str, ...]
+    kept_inline_reasons: dict[str, int]
 
     def __new__(
         cls,
@@ -209,6 +216,8 @@ class LinkResult(_SizeResult):
         mismatched_tensors: Iterable[str] = (),
         checkpoint_files: Iterable[str] = (),
         weights_files: Iterable[str] = (),
+        stale_weights_files: Iterable[str] = (),
+        kept_inline_reasons: Mapping[str, int] | None = None,
     ) -> LinkResult:
         result = super().__new__(cls, total_size)
         result._set(
@@ -219,8 +228,15 @@ class LinkResult(_SizeResult):
             mismatched_tensors=tuple(mismatched_tensors),
             checkpoint_files=tuple(checkpoint_files),
             weights_files=tuple(weights_files),
+            stale_weights_files=tuple(stale_weights_files),
+            kept_inline_reasons=dict(kept_inline_reasons or {}),
         )
         return result
+
+    @property
+    def kept_inline_tensors(self) -> int:
+        """Inline tensors left inline by rule 2 of the writer contract (see ``kept_inline_reasons``)."""
+        return sum(self.kept_inline_reasons.values())
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,21 @@
 """Save a model variant that shares weights with a model already on disk, writing only the new weights.
 
 A tensor that is already EXTERNAL is *reused*: its ``external_data`` entries go verbatim into the new ``.onnx`` and
-no byte of its file is read or written. A tensor carrying inline ``raw_data`` (at least ``size_threshold`` bytes) is
-*new*: its bytes go to one secondary weights file at ``alignment``-multiple offsets (a zero-length one at the end of
-the file, see :mod:`~onnx_light_ref.io.plan.placement`) and its proto is pointed there.
+no byte of its file is read or written. A tensor carrying inline ``raw_data`` that the writer contract's rule 2 lets
+move (:mod:`~onnx_light_ref.io.plan.sites`: at least ``size_threshold`` bytes, loaded back by onnx, not a shape
+tensor) is *new*: its bytes go to one secondary weights file at ``alignment``-multiple offsets and its proto is
+pointed there.
 
-Guarantees: every check (reused references resolvable, secondary file not a reused file, no tensor both inline and
-external) happens before the first byte is written; files are published as one
+Guarantees: every check (reused references resolvable, no tensor both inline and external, then the writer contract
+of :mod:`~onnx_light_ref.io.write.contract` on the whole plan: the secondary file is not a reused file, not used by
+another model, owned by the destination) happens before the first byte is written, and the contract again under the
+folder lock before the first move; files are published as one
 :class:`~onnx_light_ref.io.write.publish.OutputTransaction` (weights, then ``.onnx``); the caller's model is mutated
-only once everything is written. If publication fails after the mutation, the new tensors are restored from the weights
-file, so on any error the model is exactly as it was (and the transaction undoes the weights rename when the
-``.onnx`` rename fails). The new weights are never copied as a whole in memory: each tensor's bytes are written, then
-released. This module never writes to a reused file.
+only once everything is written. If publication fails after the mutation and before the commit, the new tensors are
+restored from the weights file, so on such an error the model is exactly as it was (and the transaction undoes the
+weights rename when the ``.onnx`` rename fails); after the commit the model stays as published. The new weights are
+never copied as a whole in memory: each tensor's bytes are written, then released. This module never writes to a
+reused file.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from onnx_light_ref.errors import DanglingReferenceError, DestinationConflictError, ExternalDataError
+from onnx_light_ref.errors import DanglingReferenceError, ExternalDataError
 from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
 from onnx_light_ref.io.plan.alignment import validate_alignment
 from onnx_light_ref.io.plan.placement import Placement, ShardedLayout
+from onnx_light_ref.io.plan.sites import SITE_EXTERNALIZED, SITE_INLINE, SITE_KEPT, SiteColumns, SitePolicy
 from onnx_light_ref.io.read.entries import is_external, parse_entry_int, read_entries, write_entries
 from onnx_light_ref.io.read.locations import (
     FileIdentity,
@@ -38,11 +43,18 @@ from onnx_light_ref.io.read.locations import (
     typed_value_fields,
 )
 from onnx_light_ref.io.read.model_file import check_model_strings, serialize_model
-from onnx_light_ref.io.read.sharing import check_not_shared
-from onnx_light_ref.io.read.walker import TensorSite, inline_reason, iter_tensors
+from onnx_light_ref.io.read.walker import TensorSite, iter_tensors
 from onnx_light_ref.io.results import SaveResult
+from onnx_light_ref.io.write.contract import (
+    PlannedFile,
+    PlannedModel,
+    WriteOptions,
+    WritePlan,
+    check_plan,
+    recheck_plan,
+)
 from onnx_light_ref.io.write.copy_engine import ProgressCallback
-from onnx_light_ref.io.write.destinations import DestinationKey, check_outputs, destination_key, weights_location
+from onnx_light_ref.io.write.destinations import DestinationKey, destination_key
 from onnx_light_ref.io.write.publish import OutputTransaction, StagedFile
 from onnx_light_ref.io.write.space import reserve_space
 
@@ -75,7 +87,8 @@ class _SavePlan:
     reused: int
     total_size: int
     sources: frozenset[FileIdentity]
-    kept_inline: dict[str, int] = field(default_factory=dict)  # by reason: see walker.inline_reason
+    kept_inline: dict[str, int] = field(default_factory=dict)  # by reason: see io/plan/sites.py
+    contract: WritePlan | None = None
 
     @property
     def payload_bytes(self) -> int:
@@ -94,6 +107,7 @@ def save_model_with_shared_external_data(
     durable: bool = True,
     allow_outside_folder: bool = False,
     replace_shared: bool = False,
+    overwrite: bool = False,
 ) -> SaveResult:
     """Save ``model`` to ``dst_onnx_path``, writing only its inline tensors to a secondary weights file.
 
@@ -101,7 +115,7 @@ def save_model_with_shared_external_data(
     tensor of at least ``size_threshold`` bytes moves to the secondary file at an ``alignment``-multiple offset.
     Every check happens before the first byte is written; the secondary file and then the ``.onnx`` appear
     atomically. ``model`` is mutated in place (new tensors become EXTERNAL) only after every file is written, and is
-    restored if publication fails.
+    restored if publication fails before the commit.
 
     Args:
         model: the variant to save; its EXTERNAL tensors must resolve from the destination folder.
@@ -113,18 +127,24 @@ def save_model_with_shared_external_data(
             writer's: small tensors such as a Reshape ``shape`` stay inline, where onnxruntime needs them to infer
             shapes (it refuses to parse them from external data). ``0`` moves every inline ``raw_data`` tensor out.
             Tensors stored in typed fields (``float_data``...) always stay inline; so do tensors onnx's loader would
-            not read back from external data (sparse tensors, function default attributes, ``training_info``),
-            counted in the result's ``kept_inline_tensors``.
+            not read back from external data (sparse tensors, function default attributes, ``training_info``) and
+            shape tensors whatever their size (rule 2 of ``docs/safety.md``), counted in the result's
+            ``kept_inline_tensors``.
         progress: called as ``progress(done_bytes, total_bytes)`` while new bytes are written.
         check_references: require every reused reference to resolve from the destination folder (inside it, file
-            present, range within the file). ``False`` writes the references as they are, but their syntax is
-            checked either way (relative, no ``..``, strict numbers, known keys): no loader accepts anything else.
+            present, range within the file). ``False`` lets a reused file be missing (it may be written later) and
+            writes such references as they are, but their syntax is checked either way (relative, no ``..``, strict
+            numbers, known keys), and a reused file that exists must pass the loader rule all the same (no symlink,
+            one hard link, range within the file).
         durable: fsync the outputs and their folder (default); ``False`` skips every fsync, same bytes.
         allow_outside_folder: with ``check_references``, follow symbolic links in the reused references' data
             paths (a trusted layout). Default: a reused file reached through a symbolic link dangles, as onnx's
             loader would refuse it.
-        replace_shared: replace an existing secondary file even when another ``.onnx`` of the destination folder
-            references it; False (default) refuses with ``SharedWeightsError`` naming the other models.
+        replace_shared: replace an existing secondary file even when another model references it (a ``.onnx`` of
+            its folder or an ancestor folder, through external data or ``DelayedInitializer`` filenames); False
+            (default) refuses with ``SharedWeightsError`` naming the other models.
+        overwrite: replace an existing secondary file the destination does not own (not referenced by the
+            previous ``dst_onnx_path``, not named after it); False (default) refuses with ``ExistingFileError``.
 
     Returns:
         A :class:`~onnx_light_ref.io.results.SaveResult`: an ``int`` equal to the secondary file size, padding
@@ -134,17 +154,23 @@ def save_model_with_shared_external_data(
     Raises:
         TypeError: ``model`` is not an ``onnx.ModelProto``.
         ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
-        DanglingReferenceError: with ``check_references``, a reused reference does not resolve from the destination.
-        DestinationConflictError: the secondary file is the ``.onnx`` or a reused file (also through a hard link);
-            ``SharedWeightsError``: it exists and another model of the folder references it (without
-            ``replace_shared``).
+        DanglingReferenceError: a reused reference does not resolve from the destination (with
+            ``check_references``), or names a file that exists but breaks the loader rule (either way).
+        DestinationConflictError: the secondary file is the ``.onnx``, a reused file (also through a hard link) or
+            where an unchecked reused reference lands, a directory, or a name too long; ``SharedWeightsError``: it
+            exists and another model references it (without ``replace_shared``); ``ExistingFileError``: it exists
+            and the destination does not own it (without ``overwrite``).
         ExternalDataError: a tensor both inline and EXTERNAL, an unsafe ``location`` (``UnsafeLocationError``),
             ``raw_data`` whose size disagrees with dims and data type, a new tensor holding both ``raw_data`` and
             typed values (``float_data``...).
         InvalidModelError: a string field (a tensor name, a location...) is not UTF-8; the model cannot be
             serialized (over protobuf's 2 GiB limit).
         FileNotFoundError: the destination folder does not exist.
-        OSError: writing or publishing failed; the destinations and ``model`` are then unchanged.
+        OSError: writing or publishing failed before the commit (with ``durable``, an fsync error such as EIO); the
+            destination is then the previous model and ``model`` is unchanged.
+        PublishedWithErrorsError: the variant is published (its ``result`` attribute is the ``SaveResult``) and
+            ``model`` points at the new secondary file as on success, but a step after the commit failed: the fsync
+            that makes it durable, or removing the previous versions (see ``docs/durability.md``).
     """
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"model must be an onnx.ModelProto, got {type(model).__name__}.")
@@ -152,8 +178,11 @@ def save_model_with_shared_external_data(
     check_int("size_threshold", size_threshold)
     check_bool("check_references", check_references)
     check_bool("durable", durable)
-    check_bool("allow_outside_folder", allow_outside_folder)
-    check_bool("replace_shared", replace_shared)
+    options = WriteOptions(
+        check_bool("replace_shared", replace_shared),
+        check_bool("overwrite", overwrite),
+        check_bool("allow_outside_folder", allow_outside_folder),
+    )
     check_model_strings(model)  # a name protobuf hands back as bytes would fail far from here, or be written out
     plan = _plan(
         model,
@@ -162,21 +191,19 @@ def save_model_with_shared_external_data(
         step,
         size_threshold,
         check_references,
-        allow_outside_folder,
+        options,
     )
-    if plan.new:
-        check_not_shared([plan.secondary_path], plan.dst_onnx, replace_shared=replace_shared)
-    with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
-        weights = _write_new_tensors(outputs, plan, progress)
-        _publish(model, plan, outputs, weights)
     result = SaveResult(
         plan.total_size,
         new_tensors=len(plan.new),
         reused_tensors=plan.reused,
         payload_bytes=plan.payload_bytes,
-        weights_files=[plan.secondary_path] if weights is not None else [],
+        weights_files=[plan.secondary_path] if plan.new else [],
         kept_inline_reasons=plan.kept_inline,
     )
+    with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
+        weights = _write_new_tensors(outputs, plan, progress)
+        _publish(model, plan, outputs, weights, result)
     logger.info(
         "saved %s: %d reused tensors, %d new tensors in %s (%d bytes)",
         plan.dst_onnx,
@@ -188,13 +215,24 @@ def save_model_with_shared_external_data(
     return result
 
 
-def _publish(model: onnx.ModelProto, plan: _SavePlan, outputs: OutputTransaction, weights: StagedFile | None) -> None:
-    """Point the new tensors at the secondary file, then publish; on failure, give ``model`` its inline bytes back."""
+def _publish(
+    model: onnx.ModelProto, plan: _SavePlan, outputs: OutputTransaction, weights: StagedFile | None, result: SaveResult
+) -> None:
+    """Point the new tensors at the secondary file, then publish; on failure, give ``model`` its inline bytes back.
+
+    Only when nothing is published: after the commit (a later step failing, an interrupt) ``model`` is what the
+    destination holds, EXTERNAL tensors in the published secondary file, and stays so.
+    """
     _externalize(plan)
+    contract = plan.contract
+    assert contract is not None
     try:
-        outputs.publish(plan.dst_onnx, serialize_model(model))
+        outputs.publish(
+            plan.dst_onnx, serialize_model(model), before_commit=lambda: recheck_plan(contract), result=result
+        )
     except BaseException:
-        _restore(plan, weights)
+        if not outputs.committed:
+            _restore(plan, weights)
         raise
 
 
@@ -205,9 +243,9 @@ def _plan(
     step: int,
     size_threshold: int,
     check_references: bool,
-    allow_outside_folder: bool = False,
+    options: WriteOptions,
 ) -> _SavePlan:
-    """Classify every tensor, run every guard, and lay out the new tensors; writes nothing."""
+    """Classify every tensor, lay out the new ones, and hand the plan to the writer contract; writes nothing."""
     dst_dir = os.path.dirname(dst_onnx)
     if location is None:
         location = os.path.basename(dst_onnx) + ".data"
@@ -217,9 +255,11 @@ def _plan(
     check_location_syntax(location, tensor_name="<secondary weights file>")
     secondary_path = os.path.join(dst_dir, location)
 
-    resolver = LocationResolver(dst_dir, allow_outside_folder=allow_outside_folder)
+    resolver = LocationResolver(dst_dir, allow_outside_folder=options.allow_outside_folder)
+    policy = SitePolicy(model, size_threshold)
     reused = _Reused()
     new: list[_NewTensor] = []
+    kinds = bytearray()
     kept_inline: dict[str, int] = {}
     layout = ShardedLayout(step)  # every new blob aligned; a zero-length one at the end of the file (placement.py)
     placed: list[Placement] = []
@@ -227,73 +267,53 @@ def _plan(
         tensor = site.tensor
         if is_external(tensor):
             _check_reused(site, resolver, check_references, reused)
-        elif not tensor.HasField("raw_data") or (length := _raw_length(tensor, site.label)) < size_threshold:
+            kinds.append(SITE_KEPT)
             continue
-        elif (reason := inline_reason(site)) is not None:
-            # onnx.load would leave it EXTERNAL (sparse, function default, training_info): it stays inline.
-            if length > 0:
-                kept_inline[reason] = kept_inline.get(reason, 0) + 1
-        else:
-            _check_raw_only(tensor, site.label)
-            placed.append(layout.place(length))
-            new.append(_NewTensor(site, 0, length))
+        decision = policy.decide(site, _raw_length(tensor, site.label) if tensor.HasField("raw_data") else None)
+        if not decision.external:  # rule 2 of the writer contract: the one decision
+            if decision.reason is not None:
+                kept_inline[decision.reason] = kept_inline.get(decision.reason, 0) + 1
+            kinds.append(SITE_INLINE)
+            continue
+        length = _raw_length(tensor, site.label)
+        _check_raw_only(tensor, site.label)
+        placed.append(layout.place(length))
+        new.append(_NewTensor(site, 0, length))
+        kinds.append(SITE_EXTERNALIZED)
+    sites = SiteColumns()
+    sites.kinds = kinds
     for item, where in zip(new, placed, strict=True):  # once all are placed: the end of the file is known
         item.offset = where.offset
+        sites.place(secondary_path, item.offset, item.length)
     total = layout.total_size if new else 0
-
-    outputs = [secondary_path] if new else []
-    if new:
-        # Inside the destination's real folder (a symlinked subfolder may lead elsewhere); the stored location is
-        # the caller's, which the syntax rule above already made a plain relative name.
-        weights_location(dst_onnx, secondary_path)
-    _check_not_reused(dst_onnx, outputs, reused)
-    check_outputs(
-        dst_onnx, outputs, {identity: os.path.join(dst_dir, where[1]) for identity, where in reused.files.items()}
+    contract = WritePlan(
+        "save_model_with_shared_external_data",
+        [PlannedModel(dst_onnx, model, sites, size_threshold, policy)],
+        [PlannedFile(dst_onnx, "model", format="onnx")]
+        + ([PlannedFile(secondary_path, "weights", total)] if new else []),
+        sources={
+            identity: f"the file {where[1]!r} that reused tensor {where[0]!r} points to"
+            for identity, where in reused.files.items()
+        },
+        source_names={
+            key: f"reused tensor {where[0]!r} (location {where[1]!r}) points from {dst_dir!r}"
+            for key, where in reused.keys.items()
+        },
+        options=options,
+        rename_hint="another name (location=)",
     )
-    # A reused location may name a file that does not exist yet (check_references=False): if it is where an output
-    # lands (same real folder and name), the reused tensor would read the new bytes. Compare where they land.
-    for path in [*outputs, dst_onnx]:
-        key = destination_key(path)
-        clash = reused.keys.get(key) if key is not None else None
-        if clash is not None:
-            what = "the secondary weights file" if path != dst_onnx else "dst_onnx_path"
-            raise DestinationConflictError(
-                f"{what} {path!r} is where reused tensor {clash[0]!r} (location {clash[1]!r}) points from "
-                f"{dst_dir!r}: it would read the new weights. Save the variant next to the model that owns the "
-                "reused weights, or pass another `location`."
-            )
-    return _SavePlan(dst_onnx, secondary_path, location, new, reused.count, total, frozenset(reused.files), kept_inline)
-
-
-def _check_not_reused(dst_onnx: str, outputs: list[str], reused: _Reused) -> None:
-    """Refuse an output that is an existing reused file, saying which tensor shares it (check_outputs says less)."""
-    for path in outputs:
-        for identity in _identities(path):
-            if identity in reused.files:
-                name, location = reused.files[identity]
-                raise DestinationConflictError(
-                    f"the secondary weights file {path!r} is the file {location!r} that reused tensor {name!r} points "
-                    "to (same file, a hard link or a symlink): writing it would destroy the shared weights. Save the "
-                    "variant under another name, or pass another `location`."
-                )
-    for identity in _identities(dst_onnx):
-        if identity in reused.files:
-            name, location = reused.files[identity]
-            raise DestinationConflictError(
-                f"dst_onnx_path {dst_onnx!r} is the file {location!r} that reused tensor {name!r} points to."
-            )
-
-
-def _identities(path: str) -> list[FileIdentity]:
-    """Identity of the name itself and of what it points to (a symlink), for what exists."""
-    found = []
-    for follow in (False, True):
-        try:
-            st = os.stat(path, follow_symlinks=follow)
-        except OSError:
-            continue
-        found.append(FileIdentity(st.st_dev, st.st_ino))
-    return found
+    check_plan(contract)
+    return _SavePlan(
+        dst_onnx,
+        secondary_path,
+        location,
+        new,
+        reused.count,
+        total,
+        frozenset(reused.files),
+        kept_inline,
+        contract,
+    )
 
 
 @dataclass
@@ -335,6 +355,18 @@ def _check_reused(site: TensorSite, resolver: LocationResolver, check_references
     reused.count += 1
     check_external_structure(tensor, label=site.label)
     dst_dir = resolver.base_dir
+    location = ""
+    if not check_references:
+        entries = read_entries(tensor, label=site.label)
+        location_text = entries.get("location")
+        if location_text is None:
+            raise ExternalDataError(f"reused tensor {site.label!r} has no external_data 'location'.")
+        location = check_location_syntax(location_text, tensor_name=site.label)
+        for key in ("offset", "length"):
+            text = entries.get(key)
+            if text is not None:
+                parse_entry_int(text, label=site.label, key=key)
+        expected_nbytes(tensor, label=site.label)  # negative dims: no size, whatever the file holds
     if check_references:
         try:
             ref = parse_external_data(tensor, resolver, label=site.label)
@@ -346,17 +378,8 @@ def _check_reused(site: TensorSite, resolver: LocationResolver, check_references
             ) from exc
         location = ref.location
         reused.files.setdefault(ref.identity, (site.label, location))
-    else:
-        entries = read_entries(tensor, label=site.label)
-        location_text = entries.get("location")
-        if location_text is None:
-            raise ExternalDataError(f"reused tensor {site.label!r} has no external_data 'location'.")
-        location = check_location_syntax(location_text, tensor_name=site.label)
-        for key in ("offset", "length"):
-            text = entries.get(key)
-            if text is not None:
-                parse_entry_int(text, label=site.label, key=key)
-        expected_nbytes(tensor, label=site.label)  # negative dims: no size, whatever the file holds
+    elif os.path.lexists(os.path.join(dst_dir, location)):
+        _check_existing_unchecked(site.label, location, resolver)
     if location in reused.locations:
         return  # an earlier tensor in the same file already recorded it: one stat per file, not per tensor
     reused.locations.add(location)
@@ -370,6 +393,20 @@ def _check_reused(site: TensorSite, resolver: LocationResolver, check_references
         identity = None
     if identity is not None:
         reused.files.setdefault(identity, (site.label, location))
+
+
+def _check_existing_unchecked(label: str, location: str, resolver: LocationResolver) -> None:
+    """A reused file that exists passes the loader rule even with ``check_references=False`` (only missing files
+    are allowed then): a symlink there, e.g. to the variant's own future secondary file, is followed by onnxruntime,
+    which would read the new weights for the reused tensor, while onnx refuses the model."""
+    try:
+        resolver.folder.stat_file(location, tensor_name=label)
+    except (ExternalDataError, OSError) as exc:  # UnsafeLocationError is an ExternalDataError
+        raise DanglingReferenceError(
+            f"reused tensor {label!r}: its location {location!r} names a file that exists in {resolver.base_dir!r} "
+            f"but that loaders refuse or read otherwise ({exc}); with check_references=False only a file that is not "
+            "there yet may be written as it is. Nothing was written."
+        ) from exc
 
 
 def _write_new_tensors(

@@ -8,18 +8,20 @@ reordered compares equal to its source. Storage does not matter: a tensor inline
 typed field (``float_data``, ``int64_data``...) or external, in one data file or many, compares by its
 little-endian bytes.
 
-The run is: parse both ``.onnx`` files without their weights (a ``.onnx`` larger than protobuf's 2 GiB limit
-through the wire-format scan of :mod:`onnx_light_ref.io.read.wire`, its inline payloads left in the file) → walk both
-and validate every external reference as the rest of the package does (inside the model's folder, in bounds, hard links
-refused) → pair the tensors (by position, or by key) → compare names, places, data types and dims of every pair →
-only then compare bytes, stopping at the first difference.
+The run is: parse both ``.onnx`` files without their weights (a ``.onnx`` larger than 16 MiB, also one over protobuf's
+2 GiB limit, through the wire-format scan of :mod:`onnx_light_ref.io.read.wire`, its inline payloads left in the file)
+→ walk both and validate every external reference as the rest of the package does (inside the model's folder, in
+bounds, hard links refused) → pair the tensors (by position, or by key) → compare names, places, data types and dims
+of every pair → only then compare bytes, stopping at the first difference (or after ``max_differences`` of them). Each
+difference is a :class:`~onnx_light_ref.io.differences.Difference` record (kind, both tensors, both values) and a
+sentence.
 
 This module never writes a file and never holds more weight bytes than two ``chunk_size`` buffers (plus a bounded
 scratch block when comparing the tail of a tensor), each grown on demand up to ``chunk_size`` (itself at most
 :data:`MAX_CHUNK_SIZE`): external bytes are read with ``os.preadv`` into the two buffers, never with a whole-file
-``read()``. Inline tensors of a ``.onnx`` up to 2 GiB are already in
-memory as part of the parsed model; those of a larger ``.onnx`` were stripped by the scan and are read from the
-``.onnx`` (identity-checked) through the same two buffers, exactly like an external range. Tensors stored in typed
+``read()``. Inline tensors of a ``.onnx`` up to 16 MiB are in memory as part of the parsed model; those of a larger
+``.onnx`` were stripped by the scan and are read from the ``.onnx`` (identity-checked) through the same two buffers,
+exactly like an external range. Tensors stored in typed
 fields are converted to raw bytes one tensor at a time (they are small: protobuf keeps big tensors in ``raw_data``).
 """
 
@@ -30,12 +32,22 @@ import logging
 import math
 import os
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
+from onnx_light_ref.io.differences import (
+    ChecksumMismatch,
+    Difference,
+    Finding,
+    TensorRef,
+    dtype_name,
+    metadata_finding,
+    tensor_ref,
+)
 from onnx_light_ref.io.posix import check_single_link, pread_exact
 from onnx_light_ref.io.read.folder import ModelFolder, open_model_file
 from onnx_light_ref.io.read.locations import (
@@ -46,18 +58,22 @@ from onnx_light_ref.io.read.locations import (
     is_external,
     parse_external_data,
 )
-from onnx_light_ref.io.read.model_file import (
-    PROTOBUF_LIMIT,
-    check_model_strings,
-    load_model_metadata,
-    open_model_folder,
-)
+from onnx_light_ref.io.read.model_file import open_model_folder
 from onnx_light_ref.io.read.walker import TensorSite, describe_place, iter_tensors
-from onnx_light_ref.io.read.wire import InlinePayload, StrippedModel, load_model_stripped
+from onnx_light_ref.io.read.wire import InlinePayload, StrippedModel, load_model_lean
 from onnx_light_ref.io.write.copy_engine import CopyRange, ProgressCallback, open_source
 from onnx_light_ref.onnx_compat import typed_raw_bytes
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "ProgressCallback", "VerifyResult", "verify_models"]
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "MAX_CHUNK_SIZE",
+    "ChecksumMismatch",
+    "Difference",
+    "ProgressCallback",
+    "TensorRef",
+    "VerifyResult",
+    "verify_models",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +89,11 @@ few MiB reads no faster, and verify may hold two of them: ``chunk_size=64 GiB`` 
 # big ``tobytes()`` would allocate a chunk-sized copy. 256 KiB blocks cost ~1.3x a memcmp and bound the scratch.
 _COMPARE_BLOCK = 256 * 1024
 
+# Bytes of a differing STRING element shown (and recorded): elements can be megabytes long.
+_STRING_SHOWN = 32
+
 # The file index of a range in the side's own ``.onnx`` (a payload the wire scan stripped), not in a data file.
 _MODEL_FILE = -1
-
-# A ``.onnx`` up to protobuf's limit is parsed whole: 17-66x faster than the wire scan on many small tensors
-# (benchmarks/wire_scan_timing.py) and the behaviour verify always had. Above it, the scan strips every payload it
-# can (anything longer than its 32-byte placeholder), so that only metadata stays in memory.
-_STRIP_MIN_LENGTH = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +104,11 @@ class VerifyResult:
     equal (all of them when ``equal``). ``bytes_compared``: payload bytes compared, counted once per pair.
     ``first_difference``: None when equal, else one sentence naming the tensor, its place and what differs.
     ``checksum_mismatches``: with ``check_checksums=True``, one sentence per ``checksum`` entry that matches neither
-    the SHA1 of its tensor's bytes nor that of its whole file (only tensors compared before a difference are checked).
+    the SHA1 of its tensor's bytes nor that of its whole file (only tensors compared before the search stopped are
+    checked). ``differences``: every difference found (at most ``max_differences``), as records; the first one's
+    sentence is ``first_difference``. ``checksum_mismatch_details``: the mismatches as records, in the same order
+    as their sentences. ``tensors_a``, ``tensors_b``: the tensors each model holds (walker order); ``by_name``: how
+    they were paired.
     """
 
     equal: bool
@@ -98,6 +116,11 @@ class VerifyResult:
     bytes_compared: int
     first_difference: str | None
     checksum_mismatches: tuple[str, ...] = ()
+    differences: tuple[Difference, ...] = ()
+    checksum_mismatch_details: tuple[ChecksumMismatch, ...] = ()
+    tensors_a: int = 0
+    tensors_b: int = 0
+    by_name: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,16 +135,17 @@ class _External:
 
 @dataclass(frozen=True, slots=True)
 class _Record:
+    index: int  # position in its model's walker order
     site: TensorSite
     external: _External | None  # None: inline
-    stripped: InlinePayload | None = None  # inline raw_data left in the .onnx by the wire scan (models over 2 GiB)
+    stripped: InlinePayload | None = None  # inline raw_data left in the .onnx by the wire scan (large models)
 
 
 _Key = tuple[object, ...]
 """Where a tensor is, independent of its position in the walker order: see :func:`_tensor_keys`."""
 
-_Pair = tuple[int, _Record, _Record]
-"""A tensor of A (its index in A's walker order) and its partner in B."""
+_Pair = tuple[_Record, _Record]
+"""A tensor of A and its partner in B."""
 
 
 @dataclass
@@ -223,8 +247,9 @@ def verify_models(
     by_name: bool = False,
     progress: ProgressCallback | None = None,
     allow_outside_folder: bool = False,
+    max_differences: int = 1,
 ) -> VerifyResult:
-    """Compare every tensor of two models, streaming external bytes; report the first difference.
+    """Compare every tensor of two models, streaming external bytes; report the first difference (or more).
 
     Tensors are paired by position in :func:`~onnx_light_ref.io.read.walker.iter_tensors` order; a pair is equal when
     its name, kind and place, data type, dims and little-endian bytes are equal. The place is structural
@@ -258,11 +283,17 @@ def verify_models(
     and a 256 KiB comparison scratch, whatever the model size; each buffer grows only as far as the longest range it
     reads (a 1 KiB model compared with ``chunk_size=1 GiB`` allocates about 1 KiB). Nothing is written.
 
-    A ``.onnx`` up to protobuf's 2 GiB limit is parsed whole, its inline tensors in memory. A larger one (inline
-    weights written by a protobuf-free writer) is parsed by the wire-format scan
-    (:func:`~onnx_light_ref.io.read.wire.load_model_stripped`): only its metadata is parsed, and each inline payload is
-    read from the ``.onnx`` through the same two buffers, like an external range; the ``.onnx`` is then opened once
-    more and must be the very file scanned (device, inode, size and modification time).
+    A ``.onnx`` of at most 16 MiB (:data:`~onnx_light_ref.io.read.wire.WHOLE_PARSE_LIMIT`) is parsed whole, its
+    inline tensors in memory. A larger one, also one over protobuf's 2 GiB limit, is parsed by the wire-format scan
+    (:func:`~onnx_light_ref.io.read.wire.load_model_lean`): only its metadata is parsed, and each inline payload
+    longer than 32 bytes is read from the ``.onnx`` through the same two buffers, like an external range; the
+    ``.onnx`` is then opened once more and must be the very file scanned (device, inode, size and modification
+    time).
+
+    ``max_differences`` (default 1) says when to stop: at the first difference, as the sentence-level API always
+    did, or after ``N`` of them (0: never, every difference). Differences are found in two passes and listed in that
+    order: every metadata difference first (in A's order, then B's unpaired tensors), before any byte is read, then
+    the byte differences of the pairs whose metadata agree (one per pair: its first differing byte).
 
     Args:
         a_onnx_path: the first ``.onnx`` file (``str`` or path-like); "A" in messages.
@@ -280,21 +311,23 @@ def verify_models(
         allow_outside_folder: follow symbolic links in data paths (trusted layouts such as the Hugging Face cache).
             Default: each model's folder is held open from the start and every data file is opened through it with
             no symbolic link on the way, as onnx's loader does (see ``docs/safety.md``).
+        max_differences: stop after this many differences (default 1: the first); 0 finds every difference.
 
     Returns:
         A :class:`VerifyResult`.
 
     Raises:
         TypeError, ValueError: a bad ``chunk_size`` (not an int, < 1 or > :data:`MAX_CHUNK_SIZE`),
-            ``check_checksums``, ``allow_hard_links`` or ``by_name`` (before any I/O).
+            ``max_differences`` (not an int, < 0), ``check_checksums``, ``allow_hard_links`` or ``by_name`` (before
+            any I/O).
         FileNotFoundError: a ``.onnx`` file or a referenced data file does not exist.
-        InvalidModelError: a ``.onnx`` file is not a model (or, over 2 GiB, its metadata alone exceeds 2 GiB), or an
+        InvalidModelError: a ``.onnx`` file is not a model (or its metadata alone exceeds 2 GiB), or an
             inline tensor's data does not fit its dims and data type (``raw_data`` of another size, typed values of
             another count, a STRING tensor with ``raw_data`` or another number of strings): such a tensor has no
             value to compare. With ``by_name``, also a key found twice in one model (see above).
         UnsafeLocationError: a location is absolute, has ``..``, escapes the folder, or is a hard-linked file.
         ExternalDataError: malformed ``external_data`` entries, a range past the end of its file, or a data file
-            replaced or shortened while being compared (also a ``.onnx`` over 2 GiB, whose inline payloads are read
+            replaced or shortened while being compared (also a ``.onnx`` over 16 MiB, whose inline payloads are read
             from it).
     """
     check_int("chunk_size", chunk_size, minimum=1, maximum=MAX_CHUNK_SIZE)
@@ -302,18 +335,27 @@ def verify_models(
     check_bool("allow_hard_links", allow_hard_links)
     check_bool("by_name", by_name)
     check_bool("allow_outside_folder", allow_outside_folder)
-    sides = (
-        _load_side("A", a_onnx_path, allow_hard_links=allow_hard_links, by_name=by_name, outside=allow_outside_folder),
-        _load_side("B", b_onnx_path, allow_hard_links=allow_hard_links, by_name=by_name, outside=allow_outside_folder),
-    )
-    pairs, difference = _pair_by_name(*sides) if by_name else _pair_by_position(*sides)
-    if difference is not None:
-        return VerifyResult(False, 0, 0, difference)
+    limit = check_int("max_differences", max_differences, minimum=0)
+    sides: list[_Side] = []
     try:
-        return _Comparison(sides[0], sides[1], pairs, chunk_size, check_checksums, progress).run()
+        for name, path in (("A", a_onnx_path), ("B", b_onnx_path)):
+            sides.append(
+                _load_side(name, path, allow_hard_links=allow_hard_links, by_name=by_name, outside=allow_outside_folder)
+            )
+        a, b = sides
+        pairs, differences = _pair_by_name(a, b, limit) if by_name else _pair_by_position(a, b, limit)
+        comparison = _Comparison(a, b, chunk_size, check_checksums, progress)
+        if not _full(differences, limit):
+            differences += comparison.run(pairs, limit - len(differences) if limit else 0)
+        return comparison.result(differences, by_name)
     finally:
         for side in sides:
             side.close()
+
+
+def _full(differences: list[Difference], limit: int) -> bool:
+    """Whether ``limit`` differences (0: no limit) were found: the search stops there."""
+    return bool(limit) and len(differences) >= limit
 
 
 def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool, by_name: bool, outside: bool) -> _Side:
@@ -323,22 +365,14 @@ def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool, by_nam
     place recorded as ``_Record.stripped``.
     """
     path = os.path.abspath(os.fspath(onnx_path))
-    stripped: StrippedModel | None = None
     # Held from now on: the .onnx is parsed through it and every data file is opened relative to it.
     folder = open_model_folder(path, allow_outside_folder=outside)
-    try:
-        size = os.stat(os.path.basename(path), dir_fd=folder.fd).st_size
-    except OSError:
-        size = 0  # load_model_metadata raises the package's error for a missing or unusable path
-    if size > PROTOBUF_LIMIT:
-        stripped = load_model_stripped(path, min_length=_STRIP_MIN_LENGTH, folder=folder)
-        model = stripped.model
-        check_model_strings(model, what=repr(path))
+    model, stripped = load_model_lean(path, folder=folder)
+    if stripped is not None:
         logger.debug(
-            "model %s %r: %d bytes, %d inline payloads left in the file", name, path, size, len(stripped.payloads)
-        )
-    else:
-        model = load_model_metadata(path, folder=folder)
+            "model %s %r: %d bytes, %d inline payloads left in the file", name, path, stripped.file_size,
+            len(stripped.payloads),
+        )  # fmt: skip
     resolver = LocationResolver(folder)
     files: list[tuple[str, str, FileIdentity]] = []
     file_index: dict[FileIdentity, int] = {}
@@ -355,7 +389,7 @@ def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool, by_nam
                 files.append((ref.location, ref.path, ref.identity))
             external = _External(index, ref.offset, ref.length, ref.checksum)
         payload = stripped.payload(site.tensor) if stripped is not None and external is None else None
-        records.append(_Record(site, external, payload))
+        records.append(_Record(len(records), site, external, payload))
     logger.debug("model %s %r: %d tensors, %d data files", name, path, len(records), len(files))
     return _Side(name, path, records, keys, files, allow_hard_links, {}, stripped, resolver.folder)
 
@@ -393,99 +427,113 @@ def _describe(index: int, site: TensorSite) -> str:
     return f"tensor #{index} {site.label!r} ({site.kind.replace('_', ' ')} in {site.where})"
 
 
-def _pair_by_position(a: _Side, b: _Side) -> tuple[list[_Pair], str | None]:
-    """The i-th tensor of A with the i-th of B; the first pair whose metadata differ, or a different tensor count."""
+def _ref(side: _Side, record: _Record) -> TensorRef:
+    return tensor_ref("A" if side.name == "A" else "B", record.index, record.site)
+
+
+def _pair_difference(a: _Side, ra: _Record, b: _Side, rb: _Record, found: Finding, note: str = "") -> Difference:
+    """The record of what differs between the paired tensors ``ra`` and ``rb``, named as A's tensor."""
+    return Difference(
+        found.kind,
+        f"{_describe(ra.index, ra.site)}: {found.what}{note}",
+        _ref(a, ra),
+        _ref(b, rb),
+        found.value_a,
+        found.value_b,
+        found.offset,
+        found.length,
+    )
+
+
+def _unpaired(side: _Side, record: _Record, other: _Side, message: str, *, hint: bool) -> Difference:
+    """``record`` of ``side`` has no partner in ``other``; with ``hint``, name a same-named tensor of ``other``."""
+    elsewhere = _same_name_elsewhere(record.site, other) if hint else None
+    if elsewhere is not None:
+        message += _elsewhere_text(record.site, elsewhere, other.name)
+    kind: Literal["only_in_a", "only_in_b"] = "only_in_a" if side.name == "A" else "only_in_b"
+    ref = _ref(side, record)
+    return Difference(
+        kind,
+        message,
+        ref if kind == "only_in_a" else None,
+        ref if kind == "only_in_b" else None,
+        elsewhere=None if elsewhere is None else _ref(other, elsewhere),
+    )
+
+
+def _pair_by_position(a: _Side, b: _Side, limit: int) -> tuple[list[_Pair], list[Difference]]:
+    """The i-th tensor of A with the i-th of B; the pairs whose metadata agree, and up to ``limit`` (0: all)
+    differences: pairs whose metadata differ, then the tensors past the end of the shorter model. When the counts
+    differ, the first difference's sentence says so."""
     count_note = ""
     if len(a.records) != len(b.records):
         count_note = f"; A has {len(a.records)} tensors, B has {len(b.records)}"
     pairs: list[_Pair] = []
-    for index, (ra, rb) in enumerate(zip(a.records, b.records, strict=False)):
-        what = _metadata_difference(ra, rb, by_position=True)
-        if what is not None:
-            return [], f"{_describe(index, ra.site)}: {what}{count_note}"
-        pairs.append((index, ra, rb))
+    differences: list[Difference] = []
+    for ra, rb in zip(a.records, b.records, strict=False):
+        found = metadata_finding(ra.site, rb.site, by_position=True)
+        if found is None:
+            pairs.append((ra, rb))
+            continue
+        differences.append(_pair_difference(a, ra, b, rb, found, "" if differences else count_note))
+        if _full(differences, limit):
+            return pairs, differences
     if count_note:
         shorter, longer = (a, b) if len(a.records) < len(b.records) else (b, a)
-        extra = len(shorter.records)
-        return [], f"{_describe(extra, longer.records[extra].site)} is only in {longer.name}{count_note}"
-    return pairs, None
+        for record in longer.records[len(shorter.records) :]:
+            message = f"{_describe(record.index, record.site)} is only in {longer.name}"
+            differences.append(_unpaired(longer, record, shorter, message + ("" if differences else count_note),
+                                         hint=False))  # fmt: skip
+            if _full(differences, limit):
+                break
+    return pairs, differences
 
 
-def _pair_by_name(a: _Side, b: _Side) -> tuple[list[_Pair], str | None]:
-    """Each tensor of A with the tensor of B that has its key; the first one without a partner or whose metadata
-    differ (in A's order, then B's tensors nobody paired with)."""
+def _pair_by_name(a: _Side, b: _Side, limit: int) -> tuple[list[_Pair], list[Difference]]:
+    """Each tensor of A with the tensor of B that has its key; the pairs whose metadata agree, and up to ``limit``
+    (0: all) differences: tensors without a partner or whose metadata differ, in A's order, then B's tensors nobody
+    paired with."""
     assert a.keys is not None and b.keys is not None
     index_b = {key: j for j, key in enumerate(b.keys)}  # keys are unique per side: _site_keys refuses duplicates
     pairs: list[_Pair] = []
+    differences: list[Difference] = []
     paired_b: set[int] = set()
-    for index, (key, ra) in enumerate(zip(a.keys, a.records, strict=True)):
+    for key, ra in zip(a.keys, a.records, strict=True):
         j = index_b.get(key)
         if j is None:
-            return [], f"{_describe(index, ra.site)} is only in A{_elsewhere(ra.site, b)}"
-        rb = b.records[j]
-        what = _metadata_difference(ra, rb, by_position=False)
-        if what is not None:
-            return [], f"{_describe(index, ra.site)}: {what}"
-        pairs.append((index, ra, rb))
-        paired_b.add(j)
-    for j, rb in enumerate(b.records):
-        if j not in paired_b:
-            return [], f"B's {_describe(j, rb.site)} is only in B{_elsewhere(rb.site, a)}"
-    return pairs, None
+            differences.append(_unpaired(a, ra, b, f"{_describe(ra.index, ra.site)} is only in A", hint=True))
+        else:
+            rb = b.records[j]
+            paired_b.add(j)
+            found = metadata_finding(ra.site, rb.site, by_position=False)
+            if found is None:
+                pairs.append((ra, rb))
+            else:
+                differences.append(_pair_difference(a, ra, b, rb, found))
+        if _full(differences, limit):
+            return pairs, differences
+    for rb in b.records:
+        if rb.index not in paired_b:
+            differences.append(_unpaired(b, rb, a, f"B's {_describe(rb.index, rb.site)} is only in B", hint=True))
+            if _full(differences, limit):
+                break
+    return pairs, differences
 
 
-def _elsewhere(site: TensorSite, other: _Side) -> str:
-    """A hint when ``other`` holds a tensor of the same name at another place (a tensor moved between graphs)."""
+def _same_name_elsewhere(site: TensorSite, other: _Side) -> _Record | None:
+    """The first tensor of ``other`` with the name of ``site`` (a tensor moved between graphs), or None."""
     if not site.tensor.name:
-        return ""
-    for record in other.records:
-        if record.site.tensor.name == site.tensor.name:
-            kind = record.site.kind.replace("_", " ")
-            where = record.site.where
-            if where == site.where and record.site.place != site.place:  # e.g. the other node of the same name
-                where = (
-                    f"{where}, at {describe_place(record.site.place)} where this one is at {describe_place(site.place)}"
-                )
-            return f" ({other.name} has a tensor of that name: {kind} in {where})"
-    return ""
+        return None
+    return next((record for record in other.records if record.site.tensor.name == site.tensor.name), None)
 
 
-def _metadata_difference(ra: _Record, rb: _Record, *, by_position: bool) -> str | None:
-    """What differs between the name, kind, place, data type and dims of two paired tensors, or None.
-
-    By position the structural place (:attr:`TensorSite.place`, every index on the way) must be equal too: the
-    readable ``where`` cannot tell two same-named nodes apart. By name the key already matched, and the place may
-    differ where the tensors were reordered.
-    """
-    ta, tb = ra.site.tensor, rb.site.tensor
-    if ta.name != tb.name:
-        return f"name differs (A: {ta.name!r}, B: {tb.name!r})"
-    if ra.site.kind != rb.site.kind or ra.site.where != rb.site.where:
-        return (
-            f"place differs (A: {ra.site.kind.replace('_', ' ')} in {ra.site.where}, "
-            f"B: {rb.site.kind.replace('_', ' ')} in {rb.site.where})"
-        )
-    if by_position and ra.site.place != rb.site.place:
-        return f"place differs (A: {describe_place(ra.site.place)}, B: {describe_place(rb.site.place)})"
-    if ta.data_type != tb.data_type:
-        return f"data type differs (A: {_dtype_name(ta.data_type)}, B: {_dtype_name(tb.data_type)})"
-    if list(ta.dims) != list(tb.dims):
-        return f"dims differ (A: {list(ta.dims)}, B: {list(tb.dims)})"
-    if _sparse_dims(ra.site) != _sparse_dims(rb.site):
-        return f"sparse tensor dims differ (A: {_sparse_dims(ra.site)}, B: {_sparse_dims(rb.site)})"
-    return None
-
-
-def _sparse_dims(site: TensorSite) -> list[int] | None:
-    """The dense shape of the sparse tensor ``site`` is part of (values and indices alike), None for a dense one."""
-    return None if site.sparse is None else list(site.sparse.dims)
-
-
-def _dtype_name(data_type: int) -> str:
-    try:
-        return onnx.helper.tensor_dtype_to_string(data_type).removeprefix("TensorProto.")
-    except (KeyError, ValueError):
-        return f"unknown data type {data_type}"
+def _elsewhere_text(site: TensorSite, record: _Record, other: str) -> str:
+    """The hint naming where ``record`` (of the model ``other``, with the name of ``site``) is."""
+    kind = record.site.kind.replace("_", " ")
+    where = record.site.where
+    if where == site.where and record.site.place != site.place:  # e.g. the other node of the same name
+        where = f"{where}, at {describe_place(record.site.place)} where this one is at {describe_place(site.place)}"
+    return f" ({other} has a tensor of that name: {kind} in {where})"
 
 
 def _inline_bytes(site: TensorSite, side: str) -> bytes:
@@ -501,7 +549,7 @@ def _inline_bytes(site: TensorSite, side: str) -> bytes:
     except (ValueError, TypeError, KeyError) as exc:
         raise InvalidModelError(
             f"model {side}: tensor {site.label!r} ({site.where}) has typed data that does not fit its dims "
-            f"{list(tensor.dims)} and data type {_dtype_name(tensor.data_type)}: {exc}"
+            f"{list(tensor.dims)} and data type {dtype_name(tensor.data_type)}: {exc}"
         ) from exc
 
 
@@ -515,7 +563,7 @@ def _check_raw_length(site: TensorSite, side: str, length: int) -> None:
     if expected is not None and length != expected:
         raise InvalidModelError(
             f"model {side}: tensor {site.label!r} ({site.where}) has {length} bytes of raw_data, but its dims "
-            f"{list(tensor.dims)} and data type {_dtype_name(tensor.data_type)} need {expected} bytes."
+            f"{list(tensor.dims)} and data type {dtype_name(tensor.data_type)} need {expected} bytes."
         )
 
 
@@ -529,44 +577,68 @@ def _stripped_range(record: _Record, side: str) -> _External | None:
 
 
 class _Comparison:
-    """The byte pass: two buffers, one descriptor per data file and side, stops at the first difference."""
+    """The byte pass: two buffers, one descriptor per data file and side, stops after ``limit`` differences."""
 
     def __init__(
         self,
         a: _Side,
         b: _Side,
-        pairs: list[_Pair],
         chunk_size: int,
         check_checksums: bool,
         progress: ProgressCallback | None,
     ) -> None:
         self.a, self.b = a, b
-        self.pairs = pairs
         self.chunk_size = chunk_size
         self.check_checksums = check_checksums
         self.progress = progress
         # Grown on demand up to chunk_size (see _buffer): a large chunk_size costs nothing on small tensors.
         self.buffers = [bytearray(0), bytearray(0)]
         self.done = 0
-        self.total = sum(_planned_length(ra) for _, ra, _ in pairs)
-        self.checksum_mismatches: list[str] = []
+        self.total = 0
+        self.equal_pairs = 0
+        self.checksum_mismatches: list[ChecksumMismatch] = []
         self._file_sha1: dict[tuple[str, int], str] = {}
 
-    def run(self) -> VerifyResult:
-        for done, (index, ra, rb) in enumerate(self.pairs):
-            difference = self._compare_pair(ra, rb)
-            if difference is not None:
-                return self._result(done, f"{_describe(index, ra.site)}: {difference}")
-        return self._result(len(self.pairs), None)
+    def run(self, pairs: list[_Pair], limit: int) -> list[Difference]:
+        """Compare the bytes of ``pairs`` in order; return the differences found, at most ``limit`` (0: all)."""
+        self.total = sum(_planned_length(ra) for ra, _ in pairs)
+        differences: list[Difference] = []
+        for ra, rb in pairs:
+            found = self._compare_pair(ra, rb)
+            if found is None:
+                self.equal_pairs += 1
+                continue
+            differences.append(_pair_difference(self.a, ra, self.b, rb, found))
+            if _full(differences, limit):
+                break
+        return differences
 
-    def _result(self, tensors: int, difference: str | None) -> VerifyResult:
-        return VerifyResult(difference is None, tensors, self.done, difference, tuple(self.checksum_mismatches))
+    def result(self, differences: list[Difference], by_name: bool) -> VerifyResult:
+        """The :class:`VerifyResult` of the whole run, given every difference found (pairing ones first)."""
+        return VerifyResult(
+            not differences,
+            self.equal_pairs,
+            self.done,
+            differences[0].message if differences else None,
+            tuple(mismatch.message for mismatch in self.checksum_mismatches),
+            tuple(differences),
+            tuple(self.checksum_mismatches),
+            len(self.a.records),
+            len(self.b.records),
+            by_name,
+        )
 
-    def _compare_pair(self, ra: _Record, rb: _Record) -> str | None:
+    def _compare_pair(self, ra: _Record, rb: _Record) -> Finding | None:
         if ra.site.tensor.data_type == onnx.TensorProto.STRING and ra.external is None and rb.external is None:
             return _compare_strings(_inline_strings(ra.site, "A"), _inline_strings(rb.site, "B"))
         if ra.site.tensor.data_type == onnx.TensorProto.STRING and (ra.external is None) != (rb.external is None):
-            return "storage differs: a STRING tensor is external in one model and inline in the other"
+            storage_a, storage_b = ("inline", "external") if ra.external is None else ("external", "inline")
+            return Finding(
+                "storage",
+                "storage differs: a STRING tensor is external in one model and inline in the other",
+                storage_a,
+                storage_b,
+            )
         # A payload the wire scan left in the .onnx is read like an external range of that file.
         ea = ra.external or _stripped_range(ra, "A")
         eb = rb.external or _stripped_range(rb, "B")
@@ -575,7 +647,7 @@ class _Comparison:
         length_a = ea.length if ea is not None else len(inline_a or b"")
         length_b = eb.length if eb is not None else len(inline_b or b"")
         if length_a != length_b:
-            return f"length differs (A: {length_a} bytes, B: {length_b} bytes)"
+            return Finding("length", f"length differs (A: {length_a} bytes, B: {length_b} bytes)", length_a, length_b)
         if ea is not None and eb is not None and not self.check_checksums and self._same_range(ea, eb):
             self._advance(length_a)
             return None
@@ -600,7 +672,7 @@ class _Comparison:
         inline_b: bytes | None,
         length: int,
         hashes: tuple[hashlib._Hash | None, hashlib._Hash | None],
-    ) -> str | None:
+    ) -> Finding | None:
         views_inline = (
             memoryview(inline_a) if inline_a is not None else None,
             memoryview(inline_b) if inline_b is not None else None,
@@ -616,10 +688,11 @@ class _Comparison:
             mismatch = _first_mismatch(view_a, view_b)
             if mismatch is not None:
                 at = position + mismatch
-                return (
-                    f"bytes differ at offset {at} of {length} (A: 0x{view_a[mismatch]:02x}, "
-                    f"B: 0x{view_b[mismatch]:02x})"
-                )
+                byte_a, byte_b = view_a[mismatch], view_b[mismatch]
+                return Finding(
+                    "bytes", f"bytes differ at offset {at} of {length} (A: 0x{byte_a:02x}, B: 0x{byte_b:02x})",
+                    byte_a, byte_b, at, length,
+                )  # fmt: skip
             position += n
             self._advance(n)
         return None
@@ -664,9 +737,12 @@ class _Comparison:
         if digest.hexdigest() == expected or self._whole_file_sha1(side, external.file) == expected:
             return
         location = side.files[external.file][0]
-        self.checksum_mismatches.append(
+        message = (
             f"model {side.name}: tensor {record.site.label!r} ({record.site.where}): checksum {external.checksum!r} "
             f"matches neither the SHA1 of its {external.length} bytes in {location!r} nor that of the whole file"
+        )
+        self.checksum_mismatches.append(
+            ChecksumMismatch(_ref(side, record), external.checksum, location, external.length, message)
         )
 
     def _whole_file_sha1(self, side: _Side, file: int) -> str:
@@ -739,10 +815,20 @@ def _inline_strings(site: TensorSite, side: str) -> list[bytes]:
     return values
 
 
-def _compare_strings(values_a: list[bytes], values_b: list[bytes]) -> str | None:
+def _compare_strings(values_a: list[bytes], values_b: list[bytes]) -> Finding | None:
+    """The first difference between two STRING tensors' elements (its values: the first 32 bytes of each)."""
     if len(values_a) != len(values_b):
-        return f"string element count differs (A: {len(values_a)}, B: {len(values_b)})"
+        return Finding(
+            "string_count",
+            f"string element count differs (A: {len(values_a)}, B: {len(values_b)})",
+            len(values_a),
+            len(values_b),
+        )
     for index, (va, vb) in enumerate(zip(values_a, values_b, strict=True)):
         if va != vb:
-            return f"string element {index} differs (A: {va[:32]!r}, B: {vb[:32]!r})"
+            shown_a, shown_b = va[:_STRING_SHOWN], vb[:_STRING_SHOWN]
+            return Finding(
+                "string_element", f"string element {index} differs (A: {shown_a!r}, B: {shown_b!r})",
+                shown_a, shown_b, index,
+            )  # fmt: skip
     return None

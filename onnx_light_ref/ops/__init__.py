@@ -9,13 +9,14 @@ from __future__ import annotations
 from onnx_light_ref.ops.convert import delay_initializers
 from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
 from onnx_light_ref.ops.dtypes import ALLOWED_DTYPES
-from onnx_light_ref.ops.evaluate import reference_evaluator
+from onnx_light_ref.ops.evaluate import LazyReferenceEvaluator, reference_evaluator
 from onnx_light_ref.ops.schema import register_schemas
 from onnx_light_ref.ops.undelay import undelay_initializers
 
 __all__ = [
     "ALLOWED_DTYPES",
     "DelayedInitializer",
+    "LazyReferenceEvaluator",
     "delay_initializers",
     "reference_evaluator",
     "register_schemas",

@@ -6,7 +6,8 @@ accepts and both report the same message. Checks run in a fixed order, the first
 attribute, ``load_device``, ``runtime_device``, empty ``filename`` (then a NUL byte in it), negative ``offset``,
 negative dimension, more than 64 dimensions or a dimension above int64 (shapes numpy cannot build, even with zero
 elements), unsupported ``dtype``, then the byte size overflowing int64. :func:`check_node_structure` checks what
-the schema would (no input, exactly one output, each attribute once) for callers that cannot rely on the schema.
+the schema would (no input, exactly one output, exactly the six attributes, each once, with its type) for callers
+that cannot rely on the schema, on the ``NodeProto``, before onnx's ``OpRun`` stores any attribute on the kernel.
 
 This module must never touch the file system: it validates values only (where the file is, and whether it is
 there, is the kernel's business at read time).
@@ -47,6 +48,12 @@ ATTRIBUTE_TYPES: dict[str, int] = {
     "offset": AttributeProto.INT,
 }
 """The six required attributes and their AttributeProto types, in the order the seed cases write them."""
+
+_TYPE_LABELS: dict[int, str] = {
+    AttributeProto.INTS: "INTS (a list of integers)",
+    AttributeProto.INT: "INT (an integer)",
+    AttributeProto.STRING: "STRING",
+}
 
 LOAD_DEVICES = ("cpu", "file")
 RUNTIME_DEVICES = ("cpu",)
@@ -94,13 +101,18 @@ def describe_node(node: onnx.NodeProto) -> str:
 
 
 def check_node_structure(node: onnx.NodeProto, *, where: str) -> None:
-    """Refuse a node with inputs, without exactly one output, or with an attribute given twice (``ValueError``).
+    """Refuse a node onnx's ``OpRun`` must never see: inputs, not exactly one output, any attribute but the six,
+    one of the six twice or with another type (``ValueError`` naming the node and the attribute).
 
-    The schema says as much, but the schema is only consulted when :func:`~onnx_light_ref.ops.register_schemas`
-    ran and the checker is called; onnx's evaluator would otherwise keep the last of two ``offset`` attributes
-    without a word. Function-linked attributes (``ref_attr_name``) count like literal ones. A literal attribute
-    whose type is UNDEFINED (or unknown), or a STRING/STRINGS value that is not UTF-8, is refused here too: onnx's
-    ``OpRun`` would raise an untyped ``KeyError`` or ``UnicodeDecodeError`` for it.
+    ``OpRun`` stores every node attribute on the kernel instance with ``setattr(self, name, value)`` before the
+    kernel can look at it, so an attribute named like anything the instance or its class carries (``run``,
+    ``onnx_node``, ``__class__``, a private name...) would replace it: the kernel calls this first, before
+    ``OpRun.__init__``, and nothing but the six names (:data:`ATTRIBUTE_TYPES`) ever reaches ``setattr``. The schema
+    says as much, but it is consulted only when :func:`~onnx_light_ref.ops.register_schemas` ran and the checker is
+    called. Function-linked attributes (``ref_attr_name``) count like literal ones and must declare the same type.
+    The type is checked on the ``AttributeProto`` (a GRAPH-typed ``shape`` would otherwise make ``OpRun`` build an
+    evaluator for it); a STRING value that is not UTF-8 is refused too (``OpRun`` would raise a bare
+    ``UnicodeDecodeError``; a filename decoded with replacement characters would name another file).
     """
     if len(node.input) > 0:
         raise ValueError(f"{where}: takes no inputs, got {len(node.input)} ({list(node.input)}).")
@@ -108,37 +120,60 @@ def check_node_structure(node: onnx.NodeProto, *, where: str) -> None:
         raise ValueError(f"{where}: must have exactly one (named) output, got {list(node.output)}.")
     seen: set[str] = set()
     for attribute in node.attribute:
-        if attribute.name in seen:
+        name = attribute.name
+        if name not in ATTRIBUTE_TYPES:
             raise ValueError(
-                f"{where}: attribute {attribute.name!r} is given more than once; each attribute must appear once."
+                f"{where}: attribute {name!r} is not an attribute of DelayedInitializer, which takes exactly "
+                f"{list(ATTRIBUTE_TYPES)}; refused before anything is read."
             )
-        seen.add(attribute.name)
-        if not attribute.ref_attr_name:
-            _check_attribute_proto(attribute, where)
+        if name in seen:
+            raise ValueError(f"{where}: attribute {name!r} is given more than once; each attribute must appear once.")
+        seen.add(name)
+        _check_attribute_type(attribute, where)
 
 
-def _check_attribute_proto(attribute: onnx.AttributeProto, where: str) -> None:
-    """Refuse what onnx's ``OpRun`` and ``get_attribute_value`` cannot convert, before they fail untyped.
-
-    ``OpRun`` looks the type up in a table (``KeyError: 0`` for UNDEFINED) and decodes STRING values as strict
-    UTF-8 (a bare ``UnicodeDecodeError``); a filename decoded with replacement characters would name another file.
-    """
-    expected = ATTRIBUTE_TYPES.get(attribute.name)
+def _check_attribute_type(attribute: onnx.AttributeProto, where: str) -> None:
+    """The attribute's declared type must be the one the schema gives it, and a STRING value must be UTF-8."""
+    expected = ATTRIBUTE_TYPES[attribute.name]
     if attribute.type not in _CONVERTIBLE_TYPES:
-        wanted = f"; expected {_type_name(expected)}" if expected is not None else ""
         raise ValueError(
             f"{where}: attribute {attribute.name!r} has type {_type_name(attribute.type)}, which cannot be "
-            f"read{wanted}."
+            f"read; expected {_type_name(expected)}."
         )
-    strings = [attribute.s] if attribute.type == AttributeProto.STRING else list(attribute.strings)
-    for value in strings:
+    if attribute.type == AttributeProto.STRING and not attribute.ref_attr_name:
         try:
-            value.decode("utf-8")
+            attribute.s.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ValueError(
-                f"{where}: attribute {attribute.name!r} is not valid UTF-8 ({value!r}: {exc.reason} at byte "
+                f"{where}: attribute {attribute.name!r} is not valid UTF-8 ({attribute.s!r}: {exc.reason} at byte "
                 f"{exc.start}); STRING attributes must be UTF-8 text."
             ) from None
+    if attribute.type != expected:
+        linked = f" (linked to {attribute.ref_attr_name!r})" if attribute.ref_attr_name else ""
+        raise ValueError(
+            f"{where}: attribute {attribute.name!r}{linked} must be {_TYPE_LABELS[expected]}, got "
+            f"{_shown_value(attribute)}."
+        )
+
+
+def _shown_value(attribute: onnx.AttributeProto) -> str:
+    """How a mistyped attribute is shown: its value as Python would hold it, and its AttributeProto type."""
+    kind = _type_name(attribute.type)
+    if attribute.ref_attr_name:
+        return f"an attribute of type {kind}"
+    # (what OpRun would hold it as, the value): FLOAT is a float32 there (shown as the float it is).
+    values: dict[int, tuple[str, object]] = {
+        AttributeProto.INT: ("int", attribute.i),
+        AttributeProto.FLOAT: ("float32", float(attribute.f)),
+        AttributeProto.STRING: ("str", attribute.s.decode("utf-8", errors="replace")),
+        AttributeProto.INTS: ("list", list(attribute.ints)),
+        AttributeProto.FLOATS: ("list", [float(v) for v in attribute.floats]),
+        AttributeProto.STRINGS: ("list", [v.decode("utf-8", errors="replace") for v in attribute.strings]),
+    }
+    if attribute.type not in values:
+        return f"an attribute of type {kind}"
+    label, value = values[attribute.type]
+    return f"{label} {value!r} (an attribute of type {kind})"
 
 
 def _type_name(attr_type: int) -> str:

@@ -12,9 +12,13 @@ Confinement: the model's folder is opened once, when the evaluator is built, and
 no symbolic link on the way and one hard link (onnx's loader rule), so a ``DelayedInitializer`` node already in the
 model with ``filename="/etc/passwd"`` raises :class:`~onnx_light_ref.errors.UnsafeLocationError` when the evaluator
 is built, before any byte is read, and a folder renamed away and replaced by a symbolic link to ``/etc`` after
-construction changes nothing: the held folder is still read. A file-mode run refuses a weights file replaced or
-modified since construction (typed error naming the file). ``allow_outside_folder=True`` trusts the model's
-absolute filenames (the spec's examples use ``/tmp`` paths) and symbolic links (the Hugging Face cache).
+construction changes nothing: the held folder is still read. In file mode each weights file is held open from
+construction and read from that descriptor; a run refuses a weights file replaced or modified since then (typed
+error naming the file). ``allow_outside_folder=True`` trusts the model's absolute filenames (the spec's examples use
+``/tmp`` paths) and symbolic links (the Hugging Face cache).
+
+Ownership: the evaluator returned (:class:`LazyReferenceEvaluator`) owns its kernel's descriptors and releases them
+on ``close()``, at the end of a ``with`` block, or when it is dropped.
 
 External tensors the converter leaves alone (initializers overridable by a graph input, tensors in node attributes
 such as ``Constant``'s value, dtypes the op cannot produce, subgraph initializers named like an outer value) are
@@ -31,6 +35,8 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
+from types import TracebackType
 from typing import Any
 
 import onnx
@@ -39,6 +45,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.posix import pread_exact
+from onnx_light_ref.io.read.folder import ModelFolder
 from onnx_light_ref.io.read.locations import (
     ExternalRef,
     LocationResolver,
@@ -51,19 +58,64 @@ from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.onnx_compat import refuse_unsupported_evaluator_options
 from onnx_light_ref.ops.convert import delay_initializers
 from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
+from onnx_light_ref.ops.evaluator_cycle import weaken_log_callback
 
-__all__ = ["reference_evaluator"]
+__all__ = ["LazyReferenceEvaluator", "reference_evaluator"]
 
 logger = logging.getLogger(__name__)
 
 
+class LazyReferenceEvaluator(ReferenceEvaluator):
+    """What :func:`reference_evaluator` returns: onnx's ``ReferenceEvaluator`` that owns its kernel's descriptors.
+
+    The bound ``DelayedInitializer`` holds the model's folder and, in file mode, each weights file (one descriptor
+    per distinct file). They are released by :meth:`close`, at the end of a ``with`` block, or as soon as the
+    evaluator is dropped (``del sess``): onnx's evaluator keeps itself in a reference cycle (its nodes' ``log``
+    callback refers back to it), which would leave the descriptors open until the cyclic garbage collector runs;
+    this class replaces that callback by one holding a weak reference, so the evaluator goes with its last
+    reference. After :meth:`close`, a run that needs a ``DelayedInitializer`` raises ``ValueError``.
+
+    Subgraph and function evaluators onnx builds from it are of this class too; they own nothing.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._olr_closer: weakref.finalize | None = None
+        for node in getattr(self, "rt_nodes_", ()):  # a graph without DelayedInitializer: no kernel did it
+            weaken_log_callback(getattr(node, "run_params", None), self)
+
+    def own(self, op: Any) -> None:
+        """Close ``op`` (a bound ``DelayedInitializer`` class) when this evaluator is closed or dropped."""
+        self._olr_closer = weakref.finalize(self, op.close)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran."""
+        return self._olr_closer is not None and not self._olr_closer.alive
+
+    def close(self) -> None:
+        """Release the model's folder and the weights files held for this evaluator (idempotent)."""
+        if self._olr_closer is not None:
+            self._olr_closer()
+
+    def __enter__(self) -> LazyReferenceEvaluator:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
 def reference_evaluator(
     path: str | os.PathLike[str], load_device: str = "file", *, allow_outside_folder: bool = False, **kwargs: Any
-) -> ReferenceEvaluator:
+) -> LazyReferenceEvaluator:
     """Build ``onnx.reference.ReferenceEvaluator`` for the model at ``path`` without loading its weights eagerly.
 
     External initializers become ``DelayedInitializer`` nodes bound to the model's folder; every
-    ``DelayedInitializer`` filename (converted or already in the model) must resolve inside that folder.
+    ``DelayedInitializer`` filename (converted or already in the model) must resolve inside that folder. The
+    evaluator owns the descriptors of its kernel (the folder, the weights files held in file mode): use it in a
+    ``with`` block or call ``close()``; dropping it releases them too (see :class:`LazyReferenceEvaluator`).
 
     Args:
         path: the ``.onnx`` file.
@@ -75,11 +127,12 @@ def reference_evaluator(
             ``new_ops`` come after the bound ``DelayedInitializer``.
 
     Returns:
-        The evaluator.
+        The evaluator (a ``ReferenceEvaluator``, with ``close()`` and the context-manager protocol).
 
     Raises:
         UnsafeLocationError: a filename or location outside the model's folder, a hard-linked data file.
         FileNotFoundError: the model or a data file is missing.
+        OSError: ``EMFILE``/``ENFILE``: the process (or the system) has no descriptor left; the message says so.
         ExternalDataError: a tensor loaded eagerly (see the module docstring) has a malformed reference, or onnx's
             loader refuses it.
         ValueError: the errors of :func:`~onnx_light_ref.ops.convert.delay_initializers` and of the kernel's
@@ -90,9 +143,24 @@ def reference_evaluator(
     check_bool("allow_outside_folder", allow_outside_folder)
     refuse_unsupported_evaluator_options(kwargs)
     model_path = os.path.abspath(os.fspath(path))
-    # Held from now on: the conversion validates through it, eager tensors are read through it, and the bound
-    # kernel opens every weights file through it at each run, whatever happens to the folder's name meanwhile.
-    folder = open_model_folder(model_path, allow_outside_folder=allow_outside_folder)
+    # Held while the model is converted and its eager tensors read; the bound kernel holds its own duplicate, which
+    # the evaluator owns, and opens every weights file through it at each run, whatever happens to the folder's name.
+    with open_model_folder(model_path, allow_outside_folder=allow_outside_folder) as folder:
+        converted = _convert_and_load_eager(model_path, load_device, folder)
+        op = DelayedInitializer.bind(folder, allow_outside_folder=allow_outside_folder)
+    new_ops = [op, *(kwargs.pop("new_ops", None) or [])]
+    try:
+        sess = LazyReferenceEvaluator(converted, new_ops=new_ops, **kwargs)
+    except BaseException:
+        op.close()
+        raise
+    sess.own(op)
+    return sess
+
+
+def _convert_and_load_eager(model_path: str, load_device: str, folder: ModelFolder) -> onnx.ModelProto:
+    """The model with its external initializers delayed, and every external tensor left (see the module docstring)
+    validated, then read through ``folder``."""
     converted = delay_initializers(model_path, load_device, base_dir=folder)
     eager = [site for site in iter_tensors(converted) if site.scope != "training" and is_external(site.tensor)]
     # Validated as the converted ones were (typed errors naming the tensor, nothing read) before any is read.
@@ -110,11 +178,7 @@ def reference_evaluator(
             len(eager),
             ", ".join(site.label for site in eager[:5]) + (", ..." if len(eager) > 5 else ""),
         )
-    new_ops = [
-        DelayedInitializer.bind(folder, allow_outside_folder=allow_outside_folder),
-        *(kwargs.pop("new_ops", None) or []),
-    ]
-    return ReferenceEvaluator(converted, new_ops=new_ops, **kwargs)
+    return converted
 
 
 def _load_through_folder(tensor: onnx.TensorProto, ref: ExternalRef, label: str) -> None:

@@ -39,6 +39,7 @@ import onnx.defs
 from onnx import AttributeProto
 from onnx.defs import OpSchema
 
+from onnx_light_ref.io.read.delayed_names import DELAYED_DOMAIN, DELAYED_OP_TYPE
 from onnx_light_ref.onnx_compat import (
     HAS_PYTHON_SHAPE_INFERENCE,
     ONNX_VERSION,
@@ -61,8 +62,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DOMAIN = "ai.rt"
-OP_TYPE = "DelayedInitializer"
+DOMAIN = DELAYED_DOMAIN  # spelled once, in io/read/delayed_names.py (io never imports ops)
+OP_TYPE = DELAYED_OP_TYPE
 SINCE_VERSION = 1
 # The op's only runtime device in v1 (the schema's inference and the kernel refuse anything else).
 RUNTIME_DEVICE = "cpu"

@@ -1,8 +1,9 @@
 """Turn ``ai.rt::DelayedInitializer`` nodes back into external initializers: models for onnx-light, run anywhere.
 
 :func:`undelay_initializers` is the inverse of :func:`~onnx_light_ref.ops.convert.delay_initializers`. Every
-``DelayedInitializer`` node of the main graph and of every subgraph (If/Loop/Scan bodies), whatever its
-``load_device``, becomes an initializer of the graph that held it, named after the node's output, with the node's
+``DelayedInitializer`` node of the main graph, of every subgraph (If/Loop/Scan bodies) and of every
+``training_info`` graph (initialization, algorithm; those inline, as onnx loads no external data there), whatever
+its ``load_device``, becomes an initializer of the graph that held it, named after the node's output, with the node's
 ``dtype`` and ``shape``, stored as external data in the destination's weights file at an aligned offset. The bytes
 are copied file to file by the streaming copy engine (in-kernel where possible), never loaded. The result runs in
 onnxruntime, onnx-ir, or any tool that reads standard external data.
@@ -35,8 +36,16 @@ from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
 from onnx_light_ref.io.plan.alignment import validate_alignment
 from onnx_light_ref.io.plan.placement import ShardedLayout
-from onnx_light_ref.io.read.entries import write_entries
-from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder, relative_below
+from onnx_light_ref.io.plan.sites import (
+    SHAPE_TENSOR,
+    SITE_EXTERNALIZED,
+    SITE_INLINE,
+    SITE_MOVED,
+    SiteColumns,
+    SitePolicy,
+)
+from onnx_light_ref.io.read.entries import read_entries, write_entries
+from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder, check_file_name, relative_below
 from onnx_light_ref.io.read.locations import (
     LocationResolver,
     check_location_syntax,
@@ -46,10 +55,18 @@ from onnx_light_ref.io.read.locations import (
     parse_external_data,
 )
 from onnx_light_ref.io.read.model_file import load_model_metadata, open_model_folder, serialize_model
-from onnx_light_ref.io.read.sharing import check_not_shared
 from onnx_light_ref.io.read.walker import defined_names, iter_graphs, iter_tensors
-from onnx_light_ref.io.write.copy_engine import CopyRange, ProgressCallback, RangeCopier
-from onnx_light_ref.io.write.destinations import check_outputs, weights_location
+from onnx_light_ref.io.write.contract import (
+    PlannedFile,
+    PlannedModel,
+    ShardSet,
+    WriteOptions,
+    WritePlan,
+    check_plan,
+    location_for,
+    recheck_plan,
+)
+from onnx_light_ref.io.write.copy_engine import CopyRange, ProgressCallback, RangeCopier, read_range
 from onnx_light_ref.io.write.publish import OutputTransaction
 from onnx_light_ref.io.write.space import reserve_space
 from onnx_light_ref.ops.attributes import (
@@ -113,15 +130,17 @@ class _SourceResolver:
 
     def _resolve(self, filename: str, where: str) -> _Source:
         name = filename
+        what = f"{where}: filename {filename!r}"
+        check_file_name(filename, what)  # the kernel's rule on the name as written: one answer for both
         if os.path.isabs(filename) and not self.allow_outside_folder:
-            relative = relative_below(self.folder.path, filename)
-            if relative is None:
-                raise UnsafeLocationError(
-                    f"{where}: filename {filename!r} resolves to {os.path.normpath(filename)!r}, outside the source "
-                    f"model's folder {self.folder.path!r}; nothing was written. Pass allow_outside_folder=True (CLI: "
-                    "--allow-outside-folder) to trust it."
-                )
-            name = relative
+            name = relative_below(
+                self.folder.path,
+                filename,
+                what=what,
+                outside=" Nothing was written. Pass allow_outside_folder=True (CLI: --allow-outside-folder) to trust "
+                "it.",
+                label="the source model's folder",
+            )
         if not os.path.isabs(name):
             try:
                 check_location_syntax(name, tensor_name=where)
@@ -141,6 +160,7 @@ class _Plan:
     payloads: list[_Payload]
     weights_location: str
     total: int
+    contract: WritePlan
 
 
 def _node_params(node: onnx.NodeProto, where: str) -> DelayedInitializerParams:
@@ -228,6 +248,29 @@ def _check_name(graph: onnx.GraphProto, name: str, taken: set[str], outer: froze
         )
 
 
+def _delayed_scopes(model: onnx.ModelProto) -> Iterator[tuple[onnx.GraphProto, frozenset[str], str]]:
+    """Every graph whose DelayedInitializer nodes become initializers, parents first, each with the names its
+    enclosing graphs define and how messages name where it is.
+
+    The main graph and its subgraphs; then each ``training_info`` graph (``initialization``, ``algorithm``) and its
+    subgraphs. A training graph runs combined with the main graph (ONNX's ``TrainingInfoProto``: the training graph
+    is the concatenation of ``ModelProto.graph`` and ``algorithm``), so the main graph's names are its enclosing
+    names: a node output there that is also a main-graph name would no longer be the same value once it is an
+    initializer. A training graph's new initializers are written inline (onnx's loader reads no external data of
+    ``training_info`` tensors); left as they were, its relative filenames would resolve against the destination's
+    folder.
+    """
+    for graph, outer in _scoped_graphs(model.graph, frozenset()):
+        yield graph, outer, ""
+    main_names = frozenset(defined_names(model.graph))
+    for index, training in enumerate(model.training_info):
+        for field_name in ("initialization", "algorithm"):
+            if training.HasField(field_name):
+                root = getattr(training, field_name)
+                for graph, outer in _scoped_graphs(root, main_names):
+                    yield graph, outer, f" (training_info[{index}].{field_name})"
+
+
 def _plan_delayed(
     model: onnx.ModelProto, resolver: _SourceResolver
 ) -> tuple[list[tuple[onnx.TensorProto, _Payload | None]], list[onnx.GraphProto]]:
@@ -238,14 +281,14 @@ def _plan_delayed(
     """
     placed: list[tuple[onnx.TensorProto, _Payload | None]] = []
     graphs: list[onnx.GraphProto] = []
-    for graph, outer in list(_scoped_graphs(model.graph, frozenset())):
+    for graph, outer, place in list(_delayed_scopes(model)):
         delayed = [node for node in graph.node if _is_delayed(node)]
         if not delayed:
             continue
         graphs.append(graph)
         taken = {t.name for t in graph.initializer} | {v.name for v in graph.input}
         for node in delayed:
-            where = describe_node(node)
+            where = describe_node(node) + place
             params = _node_params(node, where)
             name = node.output[0]
             _check_name(graph, name, taken, outer, where)
@@ -287,7 +330,7 @@ def _remove_delayed_nodes(graphs: list[onnx.GraphProto]) -> None:
 def _plan_existing(model: onnx.ModelProto, folder: ModelFolder) -> list[tuple[onnx.TensorProto, _Payload]]:
     """External tensors already in the source: validated like any reference, to move into the destination file.
 
-    Called after the nodes became initializers, which are not marked EXTERNAL yet, so they are not seen here.
+    Called before the nodes become initializers, so only the source's own tensors are seen here.
     """
     resolver = LocationResolver(folder)
     found = []
@@ -332,15 +375,6 @@ def _remove_unused_opset(model: onnx.ModelProto) -> None:
             del model.opset_import[index]
 
 
-def _check_destinations(src_path: str, dst_path: str, weights_path: str | None, sources: list[_Source]) -> None:
-    """Every output by real identity against the others and against every source (the source ``.onnx`` too)."""
-    source_ids = {source.identity: source.path for source in sources}
-    src_id = file_identity(src_path)
-    if src_id is not None:
-        source_ids[src_id] = src_path
-    check_outputs(dst_path, [] if weights_path is None else [weights_path], source_ids)
-
-
 def _layout(items: list[tuple[onnx.TensorProto, _Payload | None]], location: str, alignment: int) -> int:
     """Place every payload (all aligned, a zero-length one at the end of the file) and point its tensor there."""
     layout = ShardedLayout(alignment)
@@ -363,6 +397,7 @@ def undelay_initializers(
     chunk_size: int = _DEFAULT_CHUNK_SIZE,
     progress: ProgressCallback | None = None,
     replace_shared: bool = False,
+    overwrite: bool = False,
 ) -> int:
     """Write ``dst_onnx_path`` where every ``DelayedInitializer`` node of ``src_onnx_path`` is an external initializer.
 
@@ -384,8 +419,11 @@ def undelay_initializers(
         durable: fsync the outputs and their folder before returning (default); ``False``: same bytes, no fsync.
         chunk_size: most bytes one copy call moves (and the size of the one buffer the last fallback uses).
         progress: called as ``progress(done_bytes, total_bytes)`` while copying.
-        replace_shared: replace an existing weights file even when another ``.onnx`` of the destination folder
-            references it; False (default) refuses with ``SharedWeightsError`` naming the other models.
+        replace_shared: replace an existing weights file even when another model references it (a ``.onnx`` of
+            its folder or an ancestor folder, through external data or ``DelayedInitializer`` filenames); False
+            (default) refuses with ``SharedWeightsError`` naming the other models.
+        overwrite: replace existing files the destination does not own (not the ``.onnx``, not referenced by its
+            previous version, not named after it); False (default) refuses with ``ExistingFileError`` naming them.
 
     Returns:
         The size of the weights file written (payload and padding), 0 when none was needed.
@@ -394,13 +432,22 @@ def undelay_initializers(
         UnsafeLocationError: a filename outside the source's folder (without the opt-in), through a symlink, with
             ``..``; a hard-linked data file; a weights path outside the destination's folder.
         FileNotFoundError: the source, a data file or the destination folder is missing.
-        DestinationConflictError: a destination is a source file, a directory, or both destinations are one file;
-            ``SharedWeightsError``: the weights file exists and another model of the folder uses it.
+        DestinationConflictError: a destination is a source file, a directory, a name too long, or both
+            destinations are one file; ``SharedWeightsError``: the weights file exists and another model uses it
+            (without ``replace_shared``); ``ExistingFileError``: an output exists and the destination does not own
+            it (without ``overwrite``).
         ExternalDataError: a data file too short for its node, not a regular file, or not accessible.
         InvalidModelError: the source is not an ONNX model.
+        OSError: the copy or the publication failed before the commit (with ``durable``, an fsync error such as
+            EIO); the destination is then the previous model.
+        PublishedWithErrorsError: the new model is published (its ``result`` attribute is the size written), but a
+            step after the commit failed: the fsync that makes it durable, or removing the previous versions (see
+            ``docs/durability.md``).
         ValueError: a bad argument, a node with bad attributes or structure, a function-linked node, a node inside
             a model function or a subgraph of one, an output name already used by an initializer or input of its
-            graph or (in a subgraph) by a value of an enclosing graph.
+            graph or (in a subgraph) by a value of an enclosing graph, a node whose initializer onnx's loader would
+            not read back, a shape tensor (e.g. a ``Reshape`` ``shape``: it is written inline, read from its file)
+            larger than 1 MiB.
     """
     src = os.path.abspath(os.fspath(src_onnx_path))
     dst = os.path.abspath(os.fspath(dst_onnx_path))
@@ -409,9 +456,11 @@ def undelay_initializers(
     allow_outside_folder = check_bool("allow_outside_folder", allow_outside_folder)
     durable = check_bool("durable", durable)
     chunk_size = check_int("chunk_size", chunk_size, minimum=1)
-    replace_shared = check_bool("replace_shared", replace_shared)
+    options = WriteOptions(
+        check_bool("replace_shared", replace_shared), check_bool("overwrite", overwrite), allow_outside_folder
+    )
 
-    plan = _plan(src, dst, weights, alignment, allow_outside_folder, replace_shared)
+    plan = _plan(src, dst, weights, alignment, options)
     if plan.total == 0:
         weights_written = None
         logger.info("no tensor bytes to copy; writing %s only", dst)
@@ -439,28 +488,127 @@ def undelay_initializers(
                 reserve_space(staged.fd, plan.total, path=weights_written, clone_bytes=copier.plan_clone_bytes(ranges))
                 copier.copy(ranges, progress)
             staged.set_size(plan.total)
-        outputs.publish(dst, serialize_model(plan.model))
+        contract = plan.contract
+        outputs.publish(
+            dst, serialize_model(plan.model), before_commit=lambda: recheck_plan(contract), result=plan.total
+        )
     logger.info("undelayed %s -> %s (%d tensors, %d bytes)", src, dst, len(plan.payloads), plan.total)
     return plan.total
 
 
-def _plan(
-    src: str, dst: str, weights: str, alignment: int, allow_outside_folder: bool, replace_shared: bool = False
-) -> _Plan:
-    """Everything decided and checked, nothing written."""
+def _plan(src: str, dst: str, weights: str, alignment: int, options: WriteOptions) -> _Plan:
+    """Everything decided and checked (the writer contract included), nothing written."""
     # Held from here until the copy: the .onnx and every source file are opened relative to it, never by path.
-    folder = open_model_folder(src, allow_outside_folder=allow_outside_folder)
+    folder = open_model_folder(src, allow_outside_folder=options.allow_outside_folder)
     model = load_model_metadata(src, folder=folder)
     _check_functions(model)
+    existing = _plan_existing(model, folder)  # before the nodes become initializers: only the source's tensors
     delayed, graphs = _plan_delayed(model, _SourceResolver(folder))
-    existing = _plan_existing(model, folder)
+    source_ids = {payload.source.identity: payload.source.path for _, payload in [*existing, *delayed] if payload}
+    src_id = file_identity(src)
+    if src_id is not None:
+        source_ids[src_id] = src
+    kinds = _decide_new(model, delayed)
     items: list[tuple[onnx.TensorProto, _Payload | None]] = [*delayed, *existing]
     payloads = [payload for _, payload in items if payload is not None]
-    location = weights_location(dst, weights)
-    _check_destinations(src, dst, weights if payloads else None, [payload.source for payload in payloads])
-    if payloads:
-        check_not_shared([weights], dst, replace_shared=replace_shared)
+    location = location_for(dst, weights)
     total = _layout(items, location, alignment)
+    contract = WritePlan(
+        "undelay",
+        [PlannedModel(dst, model, _site_columns(model, kinds, weights), 0)],
+        [PlannedFile(dst, "model", format="onnx")]
+        + ([PlannedFile(weights, "weights", total, shard_set=ShardSet(weights))] if payloads else []),
+        source_ids,
+        options=options,
+        rename_hint="another name (dst_weights_path / --weights)",
+    )
+    check_plan(contract)
     _remove_delayed_nodes(graphs)  # last: it makes the tensor references of ``items`` stale
     _remove_unused_opset(model)
-    return _Plan(model, payloads, location, total)
+    return _Plan(model, payloads, location, total, contract)
+
+
+# A new initializer is marked EXTERNAL with this location prefix and its index until rule 2 decided it: a source
+# location can never hold a NUL byte (the location rule refuses it), so no source tensor is taken for a new one.
+_NEW_MARK = "\0undelay:"
+_MAX_INLINE_SHAPE = 1024 * 1024  # a shape tensor is written inline; one larger than this is no shape
+# onnx's loader does not read a training_info tensor back from external data (walker.inline_reason): such a
+# node becomes an inline initializer, its bytes copied into the destination .onnx.
+_TRAINING_INFO = "training_info"
+
+
+def _decide_new(model: onnx.ModelProto, delayed: list[tuple[onnx.TensorProto, _Payload | None]]) -> bytearray:
+    """Rule 2 for every new initializer (the one decision, :class:`~onnx_light_ref.io.plan.sites.SitePolicy`): a
+    shape tensor is written inline (its bytes read from its file, at most 1 MiB), one onnx's loader would not read
+    back from external data is written inline too when it is a ``training_info`` initializer (onnx loads inline
+    tensors everywhere) and refused otherwise; the others stay in ``delayed`` to be placed. Returns the kind of
+    every site, in walk order."""
+    for index, (tensor, payload) in enumerate(delayed):
+        if payload is not None:
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            tensor.external_data.add(key="location", value=f"{_NEW_MARK}{index}")
+    policy = SitePolicy(model, 0)
+    kinds = bytearray()
+    inline: set[int] = set()
+    for site in iter_tensors(model):
+        if not is_external(site.tensor):
+            kinds.append(SITE_INLINE)
+            continue
+        value = site.tensor.external_data[0].value if site.tensor.external_data else ""
+        if not value.startswith(_NEW_MARK):
+            kinds.append(SITE_MOVED)
+            continue
+        index = int(value[len(_NEW_MARK) :])
+        tensor, payload = delayed[index]
+        assert payload is not None
+        decision = policy.decide(site, payload.length)
+        del tensor.external_data[:]
+        tensor.ClearField("data_location")
+        if decision.external:
+            kinds.append(SITE_EXTERNALIZED)
+        elif decision.reason in (SHAPE_TENSOR, _TRAINING_INFO):
+            tensor.raw_data = _read_inline(payload, shape=decision.reason == SHAPE_TENSOR)
+            inline.add(index)
+            kinds.append(SITE_INLINE)
+        else:
+            raise ValueError(
+                f"DelayedInitializer output {payload.label!r}: as an initializer it would be a {decision.reason}, "
+                "which onnx's loader does not read back from external data; nothing was written."
+            )
+    delayed[:] = [(tensor, None if i in inline else item) for i, (tensor, item) in enumerate(delayed)]
+    return kinds
+
+
+def _read_inline(payload: _Payload, *, shape: bool) -> bytes:
+    """The bytes of a tensor written inline, read from its source file (checked to be the very file validated).
+
+    ``shape``: a shape tensor (at most 1 MiB); otherwise a ``training_info`` initializer, whose size only protobuf's
+    2 GiB limit bounds (the serialization refuses beyond it).
+    """
+    if shape and payload.length > _MAX_INLINE_SHAPE:
+        raise ValueError(
+            f"DelayedInitializer output {payload.label!r} feeds a shape input (onnx's checker and onnxruntime need it "
+            f"inline) but holds {payload.length} bytes, above the {_MAX_INLINE_SHAPE} a shape tensor may hold; "
+            "nothing was written."
+        )
+    source = payload.source
+    data = read_range(
+        CopyRange(source.path, payload.src_offset, 0, payload.length, source.identity, source.folder, source.location)
+    )
+    if len(data) != payload.length:
+        raise ExternalDataError(
+            f"DelayedInitializer output {payload.label!r}: file {source.path!r} ended at offset "
+            f"{payload.src_offset + len(data)}, {payload.length} bytes were expected at {payload.src_offset}."
+        )
+    return data
+
+
+def _site_columns(model: onnx.ModelProto, kinds: bytearray, weights: str) -> SiteColumns:
+    """The writer contract's columns: each site's kind, and where each placed one landed (its entries, just set)."""
+    columns = SiteColumns()
+    columns.kinds = kinds
+    for site, kind in zip(iter_tensors(model), kinds, strict=True):
+        if kind in (SITE_MOVED, SITE_EXTERNALIZED):
+            entries = read_entries(site.tensor, label=site.label)
+            columns.place(weights, int(entries.get("offset") or 0), int(entries.get("length") or 0))
+    return columns

@@ -22,7 +22,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light_ref import align_external_data_streaming, align_models, verify_models
-from onnx_light_ref.errors import SharedWeightsError
+from onnx_light_ref.errors import ExistingFileError, SharedWeightsError
 from onnx_light_ref.io.results import FamilyResult
 from tests.checks import assert_no_temp_files, external_payload, sha256_of_tree
 from tests.family.family_models import Family, outputs_of, write_family
@@ -394,17 +394,26 @@ def _sparse_source(folder: Path) -> Path:
     return path
 
 
-def test_the_tensor_site_check_refuses_a_plan_that_externalizes_what_onnx_would_not_load_back(
+def test_the_writer_contract_refuses_a_plan_that_externalizes_what_onnx_would_not_load_back(
     tmp_path: Path, out: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The writer checks the planner's choices with the loader rule itself: a planner that got it wrong is caught."""
+    """Rule 2 is decided again by the contract, whatever the planner decided: a planner that got it wrong is caught
+    before the first byte."""
     import onnx_light_ref.io.plan.align_plan as align_plan
+    from onnx_light_ref.io.plan.sites import SiteDecision, SitePolicy
+
+    class Careless(SitePolicy):  # a planner ignoring the loader rule, with an analysis the contract cannot reuse
+        def __init__(self, model: onnx.ModelProto, size_threshold: int | None) -> None:
+            super().__init__(onnx.ModelProto(), size_threshold)
+
+        def decide(self, site: object, nbytes: int | None) -> SiteDecision:
+            return SiteDecision(True)
 
     source = _sparse_source(tmp_path / "src")
-    monkeypatch.setattr(align_plan, "inline_reason", lambda site: None)  # a planner ignoring the loader rule
+    monkeypatch.setattr(align_plan, "SitePolicy", Careless)
     before = sha256_of_tree(tmp_path)
 
-    with pytest.raises(ValueError, match=r"onnx's loader does not read it back from there \(sparse tensor\)"):
+    with pytest.raises(AssertionError, match=r"was made external although rule 2 keeps it inline \(sparse tensor\)"):
         align_models([source], out, size_threshold=1024)
 
     assert sha256_of_tree(tmp_path) == before
@@ -459,12 +468,12 @@ def test_a_copy_of_the_family_folder_elsewhere_loads_as_it_is(family: Family, ou
 
 
 def _journal(out: Path, pid: int, files: list[str]) -> Path:
-    """A family journal of ``weights.data`` as a writer of ``pid`` leaves it (the name pattern of the publisher)."""
+    """A journal of the weights set ``weights.data`` as a writer of ``pid`` leaves it (the publisher's pattern)."""
     import json
 
     from onnx_light_ref.io.write import publish
 
-    ours = Path(publish._own_name(str(out / "weights.data~family"), ".tmp"))
+    ours = Path(publish._own_name(str(out / "weights.data"), publish._JOURNAL_SUFFIX))
     path = ours.with_name(ours.name.replace(f"~{os.getpid()}~", f"~{pid}~"))
     path.write_text(json.dumps({"files": files}))
     return path
@@ -486,7 +495,7 @@ def test_a_file_a_killed_run_left_at_the_weights_name_is_the_familys_without_ove
 
     align_models(family.sources, out)
 
-    assert not journal.exists()  # swept by the next publication
+    assert not journal.exists()  # deleted by the next publication of the set, after its last commit
     assert_no_temp_files(out)
     for source in family.sources:
         assert_computes_as_its_source(source, out / source.name)
@@ -495,12 +504,12 @@ def test_a_file_a_killed_run_left_at_the_weights_name_is_the_familys_without_ove
 @pytest.mark.parametrize("case", ["live-writer", "another-name", "a-path-outside"])
 def test_a_journal_grants_nothing_unless_a_dead_writer_named_the_file(family: Family, out: Path, case: str) -> None:
     (out / "weights.data").write_bytes(b"a file of the user's")
-    pid = os.getpid() if case == "live-writer" else _dead_pid()
+    pid = os.getppid() if case == "live-writer" else _dead_pid()  # a running process that is not this one
     files = {"live-writer": ["weights.data"], "another-name": ["other.data"], "a-path-outside": ["../weights.data"]}
     _journal(out, pid, files[case])
     before = sha256_of_tree(out)
 
-    with pytest.raises(ValueError, match="exists and no model this run replaces uses it"):
+    with pytest.raises(ExistingFileError, match=r"weights\.data' exists and is not an output of"):
         align_models(family.sources, out)
 
     assert sha256_of_tree(out) == before

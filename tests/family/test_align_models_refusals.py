@@ -14,6 +14,7 @@ from onnx_light_ref import align_models
 from onnx_light_ref.cli import main
 from onnx_light_ref.errors import (
     DestinationConflictError,
+    ExistingFileError,
     InvalidModelError,
     SafetensorsError,
     SharedWeightsError,
@@ -105,8 +106,8 @@ REFUSALS: dict[str, tuple[Setup, type[BaseException], str]] = {
     "same-basename": (_same_basename, DestinationConflictError, "have the same file name 'decoder_model.onnx'"),
     "source-inside-the-folder": (_source_inside_the_folder, DestinationConflictError, "is the source file"),
     "source-data-is-the-weights": (_source_data_is_the_weights_file, DestinationConflictError, "is the source file"),
-    "foreign-file": (_foreign_file, DestinationConflictError, "exists and no model this run replaces uses it"),
-    "foreign-shard": (_foreign_shard, DestinationConflictError, r"weights\.data\.1' exists and no model"),
+    "foreign-file": (_foreign_file, ExistingFileError, r"weights\.data' exists and is not an output of"),
+    "foreign-shard": (_foreign_shard, ExistingFileError, r"weights\.data\.1' exists and is not an output of"),
     "weights-is-a-folder": (_weights_is_a_folder, DestinationConflictError, "exists and is a directory"),
     "a-member-left-out": (_a_member_left_out, SharedWeightsError, "decoder_with_past_model.onnx"),
     "another-model-uses-the-weights": (_another_model_uses_the_weights, SharedWeightsError, "user.onnx"),

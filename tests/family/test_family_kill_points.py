@@ -29,7 +29,6 @@ from onnx_light_ref import align_models
 from onnx_light_ref.io.write import publish
 from tests.checks import assert_no_temp_files
 from tests.family.family_models import Family, outputs_of, write_family
-from tests.hardening.test_publish_kill_points import work  # noqa: F401 - the tmpfs fixture of the kill tests
 
 pytestmark = pytest.mark.slow
 
@@ -122,7 +121,7 @@ SCENARIOS = [
     ],
 )
 def test_a_kill_at_any_system_call_leaves_every_member_previous_or_new(
-    work: Path,  # noqa: F811 - the fixture imported above
+    work: Path,
     families: tuple[Family, Family],
     over: str,
     shard: int | None,

@@ -16,6 +16,7 @@ import safetensors.numpy as st_numpy
 
 from onnx_light_ref import link_external_data, verify_models
 from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, SafetensorsError, UnsafeLocationError
+from onnx_light_ref.io.layout_report import build_layout_report
 from tests.checks import needs_onnx_with_the_newer_loader_rule, run_onnxruntime, sha256_of_tree
 from tests.models import mlp_model, save_external
 
@@ -106,7 +107,7 @@ def test_a_sharded_checkpoint_is_linked_through_its_index(tmp_path: Path) -> Non
     }
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     result = link_external_data(model=onnx.load(str(src)), checkpoint=tmp_path / "model.safetensors.index.json",
-                                dst_onnx_path=tmp_path / "linked.onnx")  # fmt: skip
+                                dst_onnx_path=tmp_path / "linked.onnx", size_threshold=0)  # fmt: skip
     assert result.linked_tensors == 4 and len(result.checkpoint_files) == 2
     assert {loc for loc, _, _ in _offsets(tmp_path / "linked.onnx").values()} == {
         "model-00001-of-00002.safetensors",
@@ -338,6 +339,7 @@ def test_a_packed_int4_tensor_links_to_u8_of_exactly_its_bytes(tmp_path: Path) -
     assert _offsets(tmp_path / "linked.onnx")["a"][0] == "ckpt.safetensors"
     onnx.save(model, tmp_path / "inline.onnx")
     assert verify_models(tmp_path / "inline.onnx", tmp_path / "linked.onnx").equal
+    assert build_layout_report(tmp_path / "linked.onnx").ok  # INT4 [5] reading U8 [3] agrees with the header
     try:
         outputs = run_onnxruntime(tmp_path / "linked.onnx", {})
     except Exception as exc:  # onnxruntime < 1.2x has no int4 Cast kernel (NOT_IMPLEMENTED)

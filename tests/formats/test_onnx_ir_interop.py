@@ -83,7 +83,7 @@ def test_undelay_and_the_lazy_evaluator_read_onnx_ir_safetensors(ir_model: tuple
     assert all(np.array_equal(a, b) for a, b in zip(expected, run_onnxruntime(undelayed, feeds), strict=True))
 
 
-def test_inspect_flags_a_data_section_not_fully_covered(tmp_path: Path) -> None:
+def test_inspect_says_a_data_section_not_fully_covered_is_refused(tmp_path: Path) -> None:
     proto = mlp_model(WEIGHTS)
     path = tmp_path / "model.onnx"
     ir.save_safetensors(ir.from_proto(proto), path, size_threshold_bytes=0)
@@ -98,4 +98,7 @@ def test_inspect_flags_a_data_section_not_fully_covered(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "onnx_light_ref", "inspect", str(path)], capture_output=True, text=True, check=False
     )
-    assert "WARNING: safetensors header" in out.stdout and "NOT fully covered" in out.stdout
+    assert "REFUSED by the safetensors library: safetensors header" in out.stdout and "NOT fully covered" in out.stdout
+    # safetensors refuses the file, so inspect does not call the model OK (onnx still loads its weights).
+    assert not report.ok and {t.status for t in report.tensors} == {"safetensors refuses"}
+    assert out.returncode == 1 and f"status: {len(report.tensors)} error(s)" in out.stdout

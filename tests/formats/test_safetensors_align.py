@@ -16,6 +16,7 @@ from safetensors import safe_open
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming, verify_models
 from onnx_light_ref.errors import SafetensorsError
+from onnx_light_ref.io.layout_report import build_layout_report
 from onnx_light_ref.io.read.locations import expected_nbytes
 from tests.checks import run_onnxruntime, sha256_of_tree
 from tests.models import identity_model, make_external_model, make_model, save_external, value_info
@@ -118,6 +119,8 @@ def test_every_dtype_round_trips_through_safetensors_onnx_and_the_safetensors_li
     loaded = onnx.load(str(dst), load_external_data=True)
     assert {t.name: t.raw_data for t in loaded.graph.initializer} == {n: t.raw_data for n, t in tensors.items()}
     assert verify_models(src, dst).equal
+    # Every reference agrees with the header entry of its key (packed sub-byte types: U8 of their bytes).
+    assert build_layout_report(dst).ok
 
 
 def test_streaming_and_in_memory_are_byte_identical_and_onnxruntime_outputs_equal(tmp_path: Path) -> None:
@@ -190,6 +193,7 @@ def test_sharded_safetensors_use_hf_names_and_an_index_published_together(tmp_pa
     for array, output in zip(arrays.values(), run_onnxruntime(dst, {}), strict=True):
         assert np.array_equal(array, output)
     assert verify_models(src, dst).equal
+    assert build_layout_report(dst).ok
 
 
 def test_a_single_file_run_reports_an_index_and_shards_left_by_an_earlier_sharded_run(tmp_path: Path) -> None:
@@ -343,3 +347,4 @@ def test_zero_byte_tensors_go_last_at_the_end_of_the_file(tmp_path: Path, alignm
         assert opened.get_tensor("empty_last").shape == (0, 4)
         np.testing.assert_array_equal(opened.get_tensor("b"), loaded["b"])
     assert verify_models(src, out).equal
+    assert build_layout_report(out).ok

@@ -85,7 +85,17 @@ HOSTILE = {
     "past the end": ({"a": _entry(offsets=[0, 4])}, b"\0" * 3, "past the end"),
     "huge offset": ({"a": _entry(offsets=[2**64, 2**64 + 4])}, b"\0" * 4, "past the end"),
     "size disagrees": ({"a": _entry("F32", [2], [0, 4])}, b"\0" * 4, "need 8 bytes"),
-    "overflowing shape": ({"a": _entry("F32", [2**40, 2**40], [0, 4])}, b"\0" * 4, "need"),
+    "overflowing shape": ({"a": _entry("F32", [2**40, 2**40], [0, 4])}, b"\0" * 4, "overflow"),
+    # Python's json takes any integer; the library's dims are u64 and its product is checked left to right.
+    "dim of 2**64": ({"a": _entry(shape=[2**64, 0], offsets=[0, 0])}, b"", r"integers in \[0, 2\*\*64\)"),
+    "product overflowing before a 0": (
+        {"a": _entry(shape=[2**32, 2**32, 0], offsets=[0, 0])},
+        b"",
+        "u64 element or bit count",
+    ),
+    "bit count overflowing": ({"a": _entry("F64", [2**61], [0, 0])}, b"", "u64 element or bit count"),
+    "minus zero": (b'{"a": {"dtype": "U8", "shape": [-0], "data_offsets": [0, 0]}}', b"", "shape must be"),
+    "lone surrogate": (b'{"\\ud800": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}', b"", "surrogate"),
     "overlap": ({"a": _entry(offsets=[0, 4]), "b": _entry(offsets=[2, 6])}, b"\0" * 6, "overlap"),
     "extra key": ({"a": {**_entry(), "x": 1}}, b"\0" * 4, "exactly"),
     "bad metadata": ({"__metadata__": {"a": 1}}, b"", "__metadata__"),

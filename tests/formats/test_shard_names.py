@@ -73,12 +73,63 @@ def test_stale_shards_are_reported_for_each_scheme_and_never_deleted(
         assert np.array_equal(array, output)
 
 
+EARLIER_RUNS = {  # an earlier run's options -> the files it leaves that a default run (model.onnx.data) does not write
+    "hf": (
+        {"shard_names": "hf"},
+        ["model-00001-of-00003.data", "model-00002-of-00003.data", "model-00003-of-00003.data"],
+    ),
+    "transformers.js": (
+        {"shard_names": "transformers.js"},
+        ["model.onnx_data", "model.onnx_data_1", "model.onnx_data_2"],
+    ),
+    "safetensors": (
+        {"weights_format": "safetensors"},
+        ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors",
+         "model.safetensors.index.json"],
+    ),
+    "ours": ({}, ["model.onnx.data.1", "model.onnx.data.2"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("earlier", list(EARLIER_RUNS))
+def test_every_schemes_leftovers_are_listed_whatever_the_scheme_of_this_run(tmp_path: Path, earlier: str) -> None:
+    """An earlier run with another scheme or format left its shards: the current (default, one file) run names
+    them in ``stale_weights_files`` and deletes none; the CLI prints them in its note."""
+    options, leftovers = EARLIER_RUNS[earlier]
+    src = make_external_model(tmp_path, ARRAYS, name="src.onnx")
+    dst = tmp_path / "model.onnx"
+    align_external_data_streaming(src, dst, None, 0, max_shard_size=1024, **options)  # type: ignore[arg-type]
+    before = {name: (tmp_path / name).read_bytes() for name in leftovers}
+
+    result = align_external_data_streaming(src, dst, None, 0)
+
+    assert [Path(p).name for p in result.stale_weights_files] == sorted(leftovers)
+    assert {name: (tmp_path / name).read_bytes() for name in leftovers} == before
+    assert verify_models(src, dst).equal
+    out = subprocess.run(
+        [sys.executable, "-m", "onnx_light_ref", "align", str(src), str(dst), "--alignment", "0", "--no-progress"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"note: {len(leftovers)} file(s) left by an earlier run" in out.stdout
+    assert all(str(tmp_path / name) in out.stdout for name in leftovers)
+
+
+def test_a_pytorch_checkpoint_named_model_safetensors_is_not_called_a_leftover(tmp_path: Path) -> None:
+    """``model.safetensors`` is every PyTorch checkpoint's name: listed only when it is the current run's own name."""
+    src = make_external_model(tmp_path, ARRAYS, name="src.onnx")
+    (tmp_path / "model.safetensors").write_bytes(b"a user's checkpoint")
+    (tmp_path / "model.data").write_bytes(b"an hf-named single weights file of an earlier run")
+    result = align_external_data_streaming(src, tmp_path / "model.onnx", None, 0)
+    assert [Path(p).name for p in result.stale_weights_files] == ["model.data"]
+
+
 def test_stale_candidates_ignore_unrelated_names(tmp_path: Path) -> None:
     for name in ["model-00001-of-00002.data", "model-x-of-00002.data", "model.data.bak", "model.onnx_data_01"]:
         (tmp_path / name).write_bytes(b"")
-    base = str(tmp_path / "model.data")
-    assert stale_candidates(base, [], "hf") == [str(tmp_path / "model-00001-of-00002.data")]
-    assert stale_candidates(str(tmp_path / "model.onnx_data"), [], "transformers.js") == []
+    dst = str(tmp_path / "model.onnx")
+    assert stale_candidates(dst, str(tmp_path / "model.data"), []) == [str(tmp_path / "model-00001-of-00002.data")]
+    assert stale_candidates(dst, str(tmp_path / "model.onnx_data"), [str(tmp_path / "model-00001-of-00002.data")]) == []
 
 
 def test_more_than_100_transformers_js_chunks_is_refused_before_anything_is_written(tmp_path: Path) -> None:

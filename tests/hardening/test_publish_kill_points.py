@@ -15,84 +15,48 @@ in seconds; ``durable=True`` as by default, so the fsync calls are kill points t
 mounting is refused (slower, same assertions).
 
 Scenarios: the streaming aligner with one and with three weights files, the in-memory aligner with three, the
-shared saver and ``undelay_initializers``, each over a previous output written by the same writer (so there is
-something to clobber; a re-run over itself is the case where the weights names stay the same) and over an empty
-destination; and the three-file re-publication again without ``RENAME_EXCHANGE`` (plain renames).
+shared saver, ``undelay_initializers`` and ``link_external_data`` (two tensors linked to a safetensors checkpoint in
+the destination folder, two written to its own weights file), each over a previous output written by the same
+writer (so there is something to clobber; a re-run over itself is the case where the weights names stay the same)
+and over an empty destination; the three-file re-publication again without ``RENAME_EXCHANGE`` (plain renames);
+and publications whose cleanup fails (every removal after the commit answers EIO, so the writer raises
+``PublishedWithErrorsError`` and leaves its previous versions on hidden names): a kill anywhere still leaves the
+previous or the new model, and the next run sweeps what both the failed cleanup and the kill left.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
-import subprocess
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
-from onnx import numpy_helper
 
-from onnx_light_ref import (
-    align_external_data_in_memory,
-    align_external_data_streaming,
-    save_model_with_shared_external_data,
-)
+from onnx_light_ref.errors import PublishedWithErrorsError
 from onnx_light_ref.io.write import publish
-from onnx_light_ref.ops.convert import delay_initializers
-from onnx_light_ref.ops.undelay import undelay_initializers
-from tests.checks import assert_no_temp_files
-from tests.models import identity_model, write_external_model
-
-# Four tensors of 1200..3600 bytes: with max_shard_size=4096 the aligners write three weights files.
-SIZES = {"a": 300, "b": 500, "c": 700, "d": 900}
-SHARD_SIZE = 4096
-OLD_ALIGNMENT, NEW_ALIGNMENT = 64, 128  # different offsets in the previous and the new output
-
-Values = dict[str, np.ndarray]
-Writer = Callable[[Path, Path, int], object]  # (source folder, destination .onnx, alignment)
-
-
-def values(seed: int) -> Values:
-    rng = np.random.default_rng(seed)
-    return {name: rng.standard_normal(count, dtype=np.float32) for name, count in SIZES.items()}
+from tests.checks import assert_no_temp_files, temp_files_under
+from tests.hardening.publication_scenarios import (
+    NEW_ALIGNMENT,
+    OLD_ALIGNMENT,
+    WRITERS,
+    computed,
+    loaded,
+    prepare,
+    same,
+    values,
+)
 
 
-def write_source(folder: Path, arrays: Values) -> None:
-    """``model.onnx`` (external data) for the aligners, ``inline.onnx`` for the saver, ``delayed.onnx`` for undelay."""
-    folder.mkdir()
-    source = write_external_model(folder, arrays)
-    onnx.save(identity_model(arrays), folder / "inline.onnx")
-    onnx.save(delay_initializers(source), folder / "delayed.onnx")
-
-
-def _align(function: Callable[..., object], shards: bool) -> Writer:
-    extra = {"max_shard_size": SHARD_SIZE} if shards else {}
-    return lambda src, dst, alignment: function(src / "model.onnx", dst, alignment=alignment, **extra)
-
-
-def _shared(src: Path, dst: Path, alignment: int) -> object:
-    return save_model_with_shared_external_data(onnx.load(src / "inline.onnx"), dst, alignment)
-
-
-def _undelay(src: Path, dst: Path, alignment: int) -> object:
-    return undelay_initializers(src / "delayed.onnx", dst, alignment=alignment)
-
-
-WRITERS: dict[str, tuple[Writer, int]] = {  # writer, number of weights files it writes here
-    "align-streaming": (_align(align_external_data_streaming, False), 1),
-    "align-streaming-3-shards": (_align(align_external_data_streaming, True), 3),
-    "align-in-memory-3-shards": (_align(align_external_data_in_memory, True), 3),
-    "shared-save": (_shared, 1),
-    "undelay": (_undelay, 1),
-}
-
-
-def in_child(call: Callable[[], object], kill_at: int | None, *, exchange: bool = True) -> int:
+def in_child(
+    call: Callable[[], object], kill_at: int | None, *, exchange: bool = True, cleanup_fails: bool = False
+) -> int:
     """Run ``call`` in a forked child, SIGKILLed before the ``kill_at``-th system call of its publication.
+
+    ``cleanup_fails``: every ``unlink`` of the publication answers EIO instead (nothing is removed), and the
+    ``PublishedWithErrorsError`` the writer then raises counts as the run's normal end.
 
     Returns how many such calls the child made (read back through a pipe) when it was not killed, else -1.
     """
@@ -104,25 +68,31 @@ def in_child(call: Callable[[], object], kill_at: int | None, *, exchange: bool 
             os.close(read_end)
             count = 0
 
-            def hook(_name: str) -> None:
+            def hook(name: str) -> None:
                 nonlocal count
                 count += 1
                 if count == kill_at:
                     os.kill(os.getpid(), signal.SIGKILL)
+                if cleanup_fails and name == "unlink":
+                    raise OSError(errno.EIO, "unlink failed (injected)")
 
             real_publish = publish.OutputTransaction.publish
 
-            def counted_publish(self: publish.OutputTransaction, *args: object) -> object:
+            def counted_publish(self: publish.OutputTransaction, *args: object, **kwargs: object) -> object:
                 publish.before_syscall = hook
                 try:
-                    return real_publish(self, *args)  # type: ignore[arg-type]
+                    return real_publish(self, *args, **kwargs)  # type: ignore[arg-type]
                 finally:
                     publish.before_syscall = None
 
             publish.OutputTransaction.publish = counted_publish  # type: ignore[method-assign]
             if not exchange:  # as on a kernel, libc or filesystem without renameat2(RENAME_EXCHANGE)
                 publish._renameat2 = None
-            call()
+            try:
+                call()
+            except PublishedWithErrorsError:
+                if not cleanup_fails:
+                    raise
             os.write(write_end, str(count).encode())
             status = 0
         finally:
@@ -140,84 +110,26 @@ def in_child(call: Callable[[], object], kill_at: int | None, *, exchange: bool 
     return -1
 
 
-def computed(model_path: Path) -> Values:
-    """What the model at ``model_path`` computes, after onnx's loader, its full checker and a link-count check."""
-    onnx.load(str(model_path))  # loads the external data: refuses symlinks and hard-linked files
-    onnx.checker.check_model(str(model_path), full_check=True)
-    for location in {
-        e.value
-        for t in onnx.load(str(model_path), load_external_data=False).graph.initializer
-        for e in t.external_data
-        if e.key == "location"
-    }:
-        assert os.stat(model_path.parent / location).st_nlink == 1, f"{location} has several links"
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-    names = [output.name for output in session.get_outputs()]
-    return {name.removeprefix("out_"): value for name, value in zip(names, session.run(None, {}), strict=True)}
-
-
-def loaded(model_path: Path) -> Values:
-    """The initializers onnx's loader reads (a cheaper check than :func:`computed`, for the recovery runs)."""
-    model = onnx.load(str(model_path))
-    return {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
-
-
-def same(first: Values, second: Values) -> bool:
-    return first.keys() == second.keys() and all(np.array_equal(first[k], second[k]) for k in first)
-
-
-@dataclass
-class Scenario:
-    writer: Writer
-    weights_files: int
-    old_src: Path
-    new_src: Path
-    previous: Path | None  # a folder holding the previous output, copied before each kill
-
-
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("kill_sources")
-    write_source(root / "old", values(1))
-    write_source(root / "new", values(2))
-    return root / "old", root / "new"
-
-
-@pytest.fixture
-def work(tmp_path: Path) -> Iterator[Path]:
-    """A 64 MiB tmpfs under ``tmp_path`` (unmounted at the end, whatever happens), else ``tmp_path`` itself."""
-    target = tmp_path / "tmpfs"
-    target.mkdir()
-    mount = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(target)], capture_output=True, check=False
-    )
-    if mount.returncode != 0:
-        yield tmp_path
-        return
-    try:
-        yield target
-    finally:
-        if subprocess.run(["umount", str(target)], check=False).returncode != 0:
-            subprocess.run(["umount", "-l", str(target)], check=True)
-
-
 # The in-memory aligner with one weights file publishes exactly as the streaming one (same transaction, same files):
-# it runs with three. Without RENAME_EXCHANGE, the three-file re-publication (the longest sequence) runs again.
+# it runs with three. Without RENAME_EXCHANGE, the three-file re-publication (the longest sequence) runs again; so
+# does it, and link over its previous output, with a cleanup that fails.
 SCENARIOS = [
-    *((name, over, True) for name in WRITERS for over in ("previous-output", "empty-destination")),
-    ("align-streaming-3-shards", "previous-output", False),
+    *((name, over, True, False) for name in WRITERS for over in ("previous-output", "empty-destination")),
+    ("align-streaming-3-shards", "previous-output", False, False),
+    ("align-streaming-3-shards", "previous-output", True, True),
+    ("link", "previous-output", True, True),
 ]
 
 
+def _scenario_id(name: str, over: str, exchange: bool, cleanup_fails: bool) -> str:
+    return f"{name}-{over}{'' if exchange else '-no-exchange'}{'-cleanup-fails' if cleanup_fails else ''}"
+
+
 @pytest.mark.parametrize(
-    ("name", "over", "exchange"),
-    SCENARIOS,
-    ids=[f"{name}-{over}{'' if exchange else '-no-exchange'}" for name, over, exchange in SCENARIOS],
+    ("name", "over", "exchange", "cleanup_fails"), SCENARIOS, ids=[_scenario_id(*row) for row in SCENARIOS]
 )
 def test_a_kill_at_any_system_call_of_the_publication_leaves_the_previous_or_the_new_model(
-    work: Path, sources: tuple[Path, Path], name: str, over: str, exchange: bool
+    work: Path, sources: tuple[Path, Path], name: str, over: str, exchange: bool, cleanup_fails: bool
 ) -> None:
     tmp_path = work
     writer, weights_files = WRITERS[name]
@@ -225,6 +137,7 @@ def test_a_kill_at_any_system_call_of_the_publication_leaves_the_previous_or_the
     old, new = values(1), values(2)
     template = tmp_path / "template"
     template.mkdir()
+    prepare(name, template, old_src, new_src)
     if over == "previous-output":
         writer(old_src, template / "out.onnx", OLD_ALIGNMENT)
         assert same(computed(template / "out.onnx"), old)
@@ -232,8 +145,16 @@ def test_a_kill_at_any_system_call_of_the_publication_leaves_the_previous_or_the
 
     reference = tmp_path / "reference"
     shutil.copytree(template, reference)
-    calls = in_child(lambda: writer(new_src, reference / "out.onnx", NEW_ALIGNMENT), None, exchange=exchange)
+    calls = in_child(
+        lambda: writer(new_src, reference / "out.onnx", NEW_ALIGNMENT),
+        None,
+        exchange=exchange,
+        cleanup_fails=cleanup_fails,
+    )
     assert same(computed(reference / "out.onnx"), new)
+    if cleanup_fails:  # the previous versions stay on hidden names; the next run sweeps them
+        assert temp_files_under(reference), "the failed cleanup left nothing to sweep"
+        writer(new_src, reference / "out.onnx", NEW_ALIGNMENT)
     assert_no_temp_files(reference)
     final_names = sorted(p.name for p in reference.iterdir())
     assert len(final_names) == 1 + weights_files
@@ -243,7 +164,12 @@ def test_a_kill_at_any_system_call_of_the_publication_leaves_the_previous_or_the
     for kill_at in range(1, calls + 1):
         dst = tmp_path / f"k{kill_at}"
         shutil.copytree(template, dst)
-        in_child(lambda dst=dst: writer(new_src, dst / "out.onnx", NEW_ALIGNMENT), kill_at, exchange=exchange)
+        in_child(
+            lambda dst=dst: writer(new_src, dst / "out.onnx", NEW_ALIGNMENT),
+            kill_at,
+            exchange=exchange,
+            cleanup_fails=cleanup_fails,
+        )
 
         if not (dst / "out.onnx").exists():
             assert over == "empty-destination", f"kill at call {kill_at}: the previous model is gone"
@@ -265,6 +191,6 @@ def test_a_kill_at_any_system_call_of_the_publication_leaves_the_previous_or_the
         assert_no_temp_files(dst)
         shutil.rmtree(dst)
 
-    print(f"{name} over {over}, exchange={exchange}: {calls} kill points, outcomes {outcomes}")
+    print(f"{_scenario_id(name, over, exchange, cleanup_fails)}: {calls} kill points, outcomes {outcomes}")
     # Both outcomes happen: the kills straddle the commit.
     assert outcomes["new"] > 0 and outcomes["previous" if over == "previous-output" else "absent"] > 0, outcomes

@@ -25,6 +25,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_light_ref.io.align import align_external_data_streaming
 from tests.checks import assert_no_temp_files, run_onnxruntime, sha256_of_tree
 from tests.io.acceptance_support import (
     align_both,
@@ -281,7 +282,8 @@ def test_a_small_reshape_shape_stays_inline_so_onnxruntime_can_infer_shapes(tmp_
     tensor's *values* (Reshape's ``shape``, Expand, Tile, Slice starts...) onnxruntime (1.32 here) then refuses the
     whole model: ``[ShapeInferenceError] Cannot parse data from external tensors. Please load external data into raw
     data for tensor: shape``. Such tensors are a few bytes, so a threshold like onnx's default (1024) keeps them
-    inline while the weights move out; ``size_threshold=1`` shows the failure.
+    inline while the weights move out; and whatever the threshold (``size_threshold=1`` here, which moved the shape
+    out before issue 25), rule 2 of the writer contract keeps a shape tensor inline (``kept_inline_reasons``).
     """
     (tmp_path / "src").mkdir()
     source = _reshape_model(tmp_path / "src")
@@ -297,9 +299,11 @@ def test_a_small_reshape_shape_stays_inline_so_onnxruntime_can_infer_shapes(tmp_
 
     import onnxruntime as ort
 
-    moved = align_both(source, tmp_path / "moved", size_threshold=1)
-    assert set(external_ranges(moved.streaming)) == {"w", "shape"}
-    loaded = {t.name: numpy_helper.to_array(t) for t in onnx.load_model(str(moved.streaming)).graph.initializer}
-    np.testing.assert_array_equal(loaded["shape"], [8, 8])  # the model is right; onnxruntime cannot use it
-    with pytest.raises(ort.capi.onnxruntime_pybind11_state.Fail, match="Cannot parse data from external tensors"):
-        run_onnxruntime(moved.streaming, x)
+    small = align_both(source, tmp_path / "small", size_threshold=1)
+    assert set(external_ranges(small.streaming)) == {"w"}
+    (tmp_path / "again").mkdir()
+    again = align_external_data_streaming(source, tmp_path / "again" / "model.onnx", size_threshold=1)
+    assert again.kept_inline_reasons == {"shape tensor": 1}
+    for written in (small.streaming, small.in_memory):
+        np.testing.assert_array_equal(run_onnxruntime(written, x)[0], expected[0])
+        ort.InferenceSession(str(written), providers=["CPUExecutionProvider"])

@@ -20,11 +20,12 @@ from onnx import numpy_helper
 
 import onnx_light_ref.io.write.publish as publish
 from onnx_light_ref import align_external_data_streaming
+from onnx_light_ref.errors import PublishedWithErrorsError
 from onnx_light_ref.io.arguments import ArgumentTypeError
 from onnx_light_ref.io.read.locations import FileIdentity
 from onnx_light_ref.io.write.publish import OutputTransaction, StagedFile, publish_all, staged_files
 from tests.checks import assert_no_temp_files, sha256_of_tree
-from tests.models import write_external_model
+from tests.models import identity_model, write_external_model
 
 WEIGHTS = ["shard-1.bin", "shard-2.bin", "shard-3.bin"]
 
@@ -207,20 +208,35 @@ def _temp_like(folder: Path, final_name: str, pid: int) -> Path:
     return path
 
 
-def test_the_sweeper_removes_only_dead_writers_temp_files_of_the_same_destination(tmp_path):
+def test_the_sweeper_removes_every_dead_writers_temp_files_of_the_folder_and_nothing_else(tmp_path):
+    """Whatever final name they were made for: a killed sharded run leaves one per shard, later runs write fewer."""
     dead = _dead_pid()
     stale = _temp_like(tmp_path, "m.onnx", dead)
-    alive = _temp_like(tmp_path, "m.onnx", os.getpid())
-    other_destination = _temp_like(tmp_path, "other.onnx", dead)
+    alive = _temp_like(tmp_path, "m.onnx", os.getppid())  # another process, running
+    other_destination = _temp_like(tmp_path, "m.onnx.data.7", dead)
     old_style = tmp_path / f".m.onnx.{dead}.{'ab' * 8}.tmp"  # a user file in the previous naming scheme
     old_style.write_bytes(b"user data")
     lookalike = tmp_path / f".olr~{publish._name_tag('m.onnx')}~{dead}~not-a-token.tmp"
     lookalike.write_bytes(b"user data")
+    bridge = tmp_path / f".olr~{publish._name_tag('m.onnx.data')}~{dead}~{'ab' * 8}.bridge"
+    bridge.write_bytes(b"only a publication, under the folder lock, sweeps bridges")
 
-    assert publish.remove_stale_temp_files(str(tmp_path / "m.onnx")) == [stale.name]
+    assert publish.remove_stale_temp_files(str(tmp_path / "m.onnx")) == sorted([stale.name, other_destination.name])
 
-    assert not stale.exists()
-    assert alive.exists() and other_destination.exists() and old_style.exists() and lookalike.exists()
+    assert not stale.exists() and not other_destination.exists()
+    assert alive.exists() and old_style.exists() and lookalike.exists() and bridge.exists()
+
+
+def test_the_sweeper_removes_this_processs_own_leftovers_but_never_a_file_it_is_writing(tmp_path):
+    """A long-running process must sweep what a failed cleanup of its own left, not only what dead processes left."""
+    staged = StagedFile(str(tmp_path / "m.onnx"))
+    leftover = _temp_like(tmp_path, "m.onnx.data", os.getpid())  # named like ours, owned by no staged file
+    try:
+        assert publish.remove_stale_temp_files(str(tmp_path / "m.onnx")) == [leftover.name]
+        assert os.path.exists(staged.temp_path)
+    finally:
+        staged.discard()
+    assert not os.path.exists(staged.temp_path)
 
 
 def test_the_sweeper_never_removes_a_source_of_the_current_job(tmp_path):
@@ -333,10 +349,10 @@ def test_a_reader_at_every_system_call_of_a_republication_sees_the_previous_or_t
 
     real_publish = publish.OutputTransaction.publish
 
-    def publish_with_reader(self, *args):
+    def publish_with_reader(self, *args, **kwargs):
         monkeypatch.setattr(publish, "before_syscall", reader)
         try:
-            return real_publish(self, *args)
+            return real_publish(self, *args, **kwargs)
         finally:
             monkeypatch.setattr(publish, "before_syscall", None)
 
@@ -374,11 +390,16 @@ def test_without_rename_exchange_a_failure_leaves_the_previous_or_the_new_model(
     real_move = publish._move
     _record_moves(monkeypatch, [], fail_at=failing_move)
 
-    with pytest.raises(OSError, match="move failed"):
+    with pytest.raises((OSError, PublishedWithErrorsError), match="move failed") as raised:
         run()
 
+    # An OSError means nothing is published; once commit A cannot be undone, the new model is, on bridge names.
     got = _loaded(dst)
-    assert _same(got, _arrays(1)) or _same(got, _arrays(2))
+    if isinstance(raised.value, OSError):
+        assert _same(got, _arrays(1))
+    else:
+        assert _same(got, _arrays(2)) and "is published" in str(raised.value)
+        assert str(raised.value).count(".bridge'") == 3
     assert all(path.stat().st_nlink == 1 for path in dst.parent.iterdir())
     monkeypatch.setattr(publish, "_move", real_move)
     run()
@@ -411,3 +432,54 @@ def test_a_previous_onnx_that_cannot_be_read_counts_as_referencing_every_existin
     assert _same(_loaded(tmp_path / "out" / "m.onnx"), _arrays(2))
     assert (tmp_path / "old" / "m.onnx").read_bytes() == target_before
     assert_no_temp_files(tmp_path / "out")
+
+
+# --------------------------------------------------------- what the previous .onnx references: its metadata only
+
+
+def _previous_with_huge_inline_payload(folder: Path) -> Path:
+    """``m.onnx`` of 2.25 GiB (one inline payload, a hole of a sparse file) that also references ``m.onnx.data``."""
+    from tests import wire_writer
+
+    (folder / "m.onnx.data").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    external = onnx.TensorProto(name="e", data_type=onnx.TensorProto.FLOAT, dims=[4])
+    external.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", "m.onnx.data"), ("offset", "0"), ("length", "16")):
+        external.external_data.add(key=key, value=value)
+    huge = onnx.TensorProto(name="inline", data_type=onnx.TensorProto.UINT8, dims=[9 * 2**28])
+    model = identity_model([external, huge])
+    wire_writer.write_model(folder / "m.onnx", model, {"inline": wire_writer.Hole(9 * 2**28)})
+    return folder / "m.onnx"
+
+
+def test_the_previous_onnx_is_read_without_its_inline_payloads_even_past_protobufs_2_gib(tmp_path):
+    """It used to be read whole (three copies: +1151 MiB for a 384 MiB model), and one past 2 GiB did not parse, so
+    the weights name it references counted as unreferenced and was swapped under it without the bridge step."""
+    previous = _previous_with_huge_inline_payload(tmp_path)
+    assert previous.stat().st_size > 2**31
+
+    references = publish._read_references(str(previous))
+
+    assert references.known and references.paths == {str(tmp_path / "m.onnx.data")}
+    assert references.has(str(tmp_path / "m.onnx.data")) and not references.has(str(tmp_path / "other.data"))
+
+
+def test_a_previous_onnx_swapped_for_a_symlink_or_a_folder_references_the_unknown(tmp_path, monkeypatch):
+    previous = tmp_path / "m.onnx"
+    previous.write_bytes(identity_model({"a": np.zeros(4, np.float32)}).SerializeToString())
+    real_load = publish.load_model_stripped
+
+    def swapped(path, *args, **kwargs):  # between the lstat and the parse, another file takes the name
+        (tmp_path / "other.onnx").write_bytes(previous.read_bytes())
+        os.replace(tmp_path / "other.onnx", path)
+        return real_load(path, *args, **kwargs)
+
+    monkeypatch.setattr(publish, "load_model_stripped", swapped)
+    assert not publish._read_references(str(previous)).known
+    monkeypatch.undo()
+    previous.unlink()
+    previous.mkdir()
+    assert not publish._read_references(str(previous)).known
+    previous.rmdir()
+    previous.write_bytes(b"not a model")
+    assert publish._read_references(str(previous)) == publish._References(known=True)

@@ -261,16 +261,17 @@ def test_default_size_threshold_keeps_a_reshape_shape_inline_and_onnxruntime_run
     assert tree(tmp_path)["first.onnx.data"] == first_files["first.onnx.data"]
 
 
-def test_size_threshold_zero_moves_the_reshape_shape_out_and_onnxruntime_refuses_it(tmp_path: Path) -> None:
-    """Why the default is not 0: the same variant saved with ``size_threshold=0`` is refused by onnxruntime."""
+def test_size_threshold_zero_keeps_the_reshape_shape_inline_so_onnxruntime_runs_it(tmp_path: Path) -> None:
+    """``size_threshold=0`` moved the 16-byte Reshape shape out and onnxruntime refused the variant ("Cannot parse
+    data from external tensors"); rule 2 of the writer contract keeps a shape tensor inline whatever the threshold."""
     weight = np.ones((16, 32), np.float32)
     first = save_first(tmp_path, reshape_model(weight, np.array([4, 16], dtype=np.int64)))
     variant = onnx.load_model(str(first), load_external_data=False)
     variant.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.array([4, 16], dtype=np.int64), "shape"))
 
-    assert save_model_with_shared_external_data(variant, tmp_path / "second.onnx", size_threshold=0) == 16
-    with pytest.raises(Exception, match="shape"):
-        ort.InferenceSession(str(tmp_path / "second.onnx"), providers=["CPUExecutionProvider"])
+    result = save_model_with_shared_external_data(variant, tmp_path / "second.onnx", size_threshold=0)
+    assert (int(result), result.new_tensors, result.kept_inline_reasons) == (0, 0, {"shape tensor": 1})
+    ort.InferenceSession(str(tmp_path / "second.onnx"), providers=["CPUExecutionProvider"])
 
 
 # ------------------------------------------------------------------------------------------------------- guards
@@ -344,7 +345,7 @@ def _arguments(**kwargs: object) -> Callable[[Path, onnx.ModelProto], tuple[Path
 FIX = "Save the variant in the folder of the model that owns its weights"
 
 GUARDS = {
-    "save over first.onnx": (_over_first, DestinationConflictError, ["first.onnx.data", "destroy the shared weights"]),
+    "save over first.onnx": (_over_first, DestinationConflictError, ["first.onnx.data", "reused tensor", "destroy"]),
     "hard link of a reused file": (_hard_link, DestinationConflictError, ["linked.bin", "hard link", "'a0'"]),
     "variant in a subfolder": (_in_subfolder, DanglingReferenceError, ["'a0'", "does not exist", FIX]),
     "absolute reference": (_absolute_reference, DanglingReferenceError, ["'a0'", "absolute", FIX]),
@@ -423,7 +424,7 @@ def test_unchecked_reference_naming_the_secondary_file_is_refused(tmp_path: Path
     (tmp_path / "sub").mkdir()
     before_files, before_model = tree(tmp_path), variant.SerializeToString()
 
-    with pytest.raises(DestinationConflictError, match=r"'a0'.*would read the new weights"):
+    with pytest.raises(DestinationConflictError, match=r"'a0'.*would read the new bytes"):
         save_model_with_shared_external_data(
             variant, tmp_path / "sub" / "first.onnx", check_references=False, size_threshold=0
         )
@@ -520,11 +521,11 @@ def test_zero_size_new_tensor(tmp_path: Path) -> None:
 
     total = save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64, size_threshold=0)
 
-    # n0 at 0, n1 (12 B) at 64, so the file ends at 76; empty (length 0) at 76, the end of the file: onnx 1.17 reads
-    # a zero length as "the rest of the file", which is empty only there; no offset points past the end.
+    # n0 at 0, n1 (12 B) at 64, so the file ends at 76; empty (no bytes) stays inline: rule 2 of the writer contract,
+    # the same for every writer (nothing to point at, and no offset onnx 1.17 could misread as "the rest of the file").
     assert total == 76 == (tmp_path / "second.onnx.data").stat().st_size
     saved = tensors_by_name(onnx.load_model(str(tmp_path / "second.onnx"), load_external_data=False))
-    assert entries(saved["empty"]) == {"location": "second.onnx.data", "offset": "76", "length": "0"}
+    assert entries(saved["empty"]) == {} and saved["empty"].data_location != onnx.TensorProto.EXTERNAL
     loaded = tensors_by_name(onnx.load_model(str(tmp_path / "second.onnx")))
     assert numpy_helper.to_array(loaded["empty"]).shape == (0, 3)
     session = ort.InferenceSession(str(tmp_path / "second.onnx"), providers=["CPUExecutionProvider"])
@@ -739,7 +740,8 @@ def test_layout_of_new_tensors(sizes: list[int], alignment: int, size_threshold:
         )
 
         step = max(alignment, 1)
-        moved = [name for name in ("n0", "n1", *new) if ({**NEW_TENSORS, **new}[name].nbytes >= size_threshold)]
+        every = {**NEW_TENSORS, **new}
+        moved = [name for name in ("n0", "n1", *new) if every[name].nbytes >= max(size_threshold, 1)]
         data_path = Path(folder) / "second.onnx.data"
         assert total == (data_path.stat().st_size if moved else 0)
         assert data_path.exists() == bool(moved)

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
-from onnx_light_ref.errors import UnsafeLocationError
+from onnx_light_ref.errors import ExistingFileError, UnsafeLocationError
 from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
 from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
 from tests.checks import onnx_loader_refuses_symlinks, sha256_of_tree
@@ -88,12 +88,18 @@ def test_the_real_folder_works_and_onnx_agrees_with_the_refusal(tree):
 
 
 def test_a_symlink_at_the_weights_name_is_replaced_not_followed(tree):
-    """The file name itself may be a symlink: publication renames over it (the link's target is untouched)."""
+    """The file name itself may be a symlink: publication renames over it (the link's target is untouched).
+
+    The destination does not own the link (rule 3 of the writer contract): ``overwrite=True`` says to replace it.
+    """
     target = tree / "out" / "real" / "target.bin"
     target.write_bytes(b"keep me")
     (tree / "out" / "w.bin").symlink_to("real/target.bin")
     dst = tree / "out" / "m.onnx"
-    align_external_data_streaming(_src(tree), dst, tree / "out" / "w.bin")
+    with pytest.raises(ExistingFileError, match=r"w\.bin"):
+        align_external_data_streaming(_src(tree), dst, tree / "out" / "w.bin")
+    assert (tree / "out" / "w.bin").is_symlink() and not dst.exists()
+    align_external_data_streaming(_src(tree), dst, tree / "out" / "w.bin", overwrite=True)
     assert not (tree / "out" / "w.bin").is_symlink()
     assert target.read_bytes() == b"keep me"
     onnx.checker.check_model(str(dst), full_check=True)

@@ -285,7 +285,8 @@ def test_node_builder_writes_the_reference_attribute_order() -> None:
 
 
 def test_the_package_spells_the_domain_and_op_type_in_one_place() -> None:
-    """No string "ai.rt" / "DelayedInitializer" in code outside ops/schema.py.
+    """No string "ai.rt" / "DelayedInitializer" in code outside io/read/delayed_names.py (``ops.schema`` and the
+    sharing scan of ``io``, which never imports ``ops``, both take them from there).
 
     Docstrings, ``__all__`` lists and the packages' export tables name the Python class, not the op: they do not count.
     """
@@ -293,7 +294,7 @@ def test_the_package_spells_the_domain_and_op_type_in_one_place() -> None:
     found = []
     for path in sorted(package.rglob("*.py")):
         relative = path.relative_to(package).as_posix()
-        if relative == "ops/schema.py" or path.name == "__init__.py":
+        if relative == "io/read/delayed_names.py" or path.name == "__init__.py":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         ignored = set()

@@ -480,17 +480,62 @@ def test_many_nodes_in_one_graph_keep_their_order_and_bytes(tmp_path: Path) -> N
     np.testing.assert_allclose(run_onnxruntime(tmp_path / "out.onnx", {"x": x})[0], expected, rtol=1e-6)
 
 
-def test_ai_rt_opset_stays_while_a_training_graph_holds_a_node(tmp_path: Path) -> None:
-    (tmp_path / "w.bin").write_bytes(np.array([1, 2], dtype="<f4").tobytes())
+def _training_model(tmp_path: Path, training_output: str = "t") -> Path:
+    """Main graph ``y = x + w`` (w: a delayed node at offset 0) and a training_info algorithm graph whose one node is
+    a DelayedInitializer (offset 8) with a relative filename, as the issue's model: ``m/m.onnx`` and ``m/w.bin``."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "w.bin").write_bytes(np.array([1, 2, 3, 4], dtype="<f4").tobytes())
     graph = helper.make_graph(
         [_delayed_node("w", 0), helper.make_node("Add", ["x", "w"], ["y"])], "main", [_float2("x")], [_float2("y")]
     )
     model = _light_model(graph)
     training = model.training_info.add()
-    training.algorithm.CopyFrom(helper.make_graph([_delayed_node("t", 0)], "algorithm", [], [_float2("t")]))
-    onnx.save(model, tmp_path / "m.onnx")
-    undelay_initializers(tmp_path / "m.onnx", tmp_path / "out.onnx", durable=False)
-    result = onnx.load(tmp_path / "out.onnx", load_external_data=False)
-    assert delayed_nodes(result) == 0
-    assert [n.op_type for n in result.training_info[0].algorithm.node] == ["DelayedInitializer"]
-    assert any(o.domain == "ai.rt" for o in result.opset_import)
+    algorithm = helper.make_graph(
+        [_delayed_node(training_output, 8, name="step"), helper.make_node("Identity", [training_output], ["u"])],
+        "algorithm",
+        [],
+        [_float2("u")],
+    )
+    training.algorithm.CopyFrom(algorithm)
+    onnx.save(model, folder / "m.onnx")
+    return folder / "m.onnx"
+
+
+@pytest.mark.parametrize("cli", [False, True])
+def test_training_graph_nodes_are_converted_into_inline_initializers(tmp_path: Path, cli: bool) -> None:
+    """Copied unchanged, the node's relative filename would resolve against DST's folder (another file, or none);
+    made external, onnx's loader would not read it back (it loads no training_info external data): inline."""
+    from onnx_light_ref.cli import main
+
+    src = _training_model(tmp_path)
+    dst = tmp_path / "out" / "m.onnx"
+    dst.parent.mkdir()
+    if cli:
+        assert main(["undelay", str(src), str(dst), "--no-progress"]) == 0
+    else:
+        undelay_initializers(src, dst, durable=False)
+    result = onnx.load(dst, load_external_data=False)
+    algorithm = result.training_info[0].algorithm
+    assert [n.op_type for n in algorithm.node] == ["Identity"]
+    assert [t.name for t in algorithm.initializer] == ["t"]
+    assert not any(o.domain == "ai.rt" for o in result.opset_import)  # no ai.rt node left anywhere
+    onnx.checker.check_model(str(dst), full_check=True)
+    # The training tensor's bytes are in DST itself, where onnx.load reads them.
+    tensor = onnx.load(dst).training_info[0].algorithm.initializer[0]
+    assert tensor.data_location != onnx.TensorProto.EXTERNAL
+    np.testing.assert_array_equal(numpy_helper.to_array(tensor), [3, 4])
+    x = np.array([0.5, -1.0], dtype=np.float32)
+    np.testing.assert_array_equal(run_onnxruntime(dst, {"x": x})[0], x + np.array([1, 2], dtype=np.float32))
+
+
+def test_a_training_node_named_like_a_main_graph_value_is_refused(tmp_path: Path) -> None:
+    """The algorithm graph runs combined with the main graph: its initializer would be a second ``w``."""
+    src = _training_model(tmp_path, training_output="w")
+    dst = tmp_path / "out" / "m.onnx"
+    dst.parent.mkdir()
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(ValueError, match=r"node 'step' \(training_info\[0\]\.algorithm\): its output 'w'"):
+        undelay_initializers(src, dst, durable=False)
+    assert sha256_of_tree(tmp_path) == before
+    assert_no_temp_files(tmp_path)

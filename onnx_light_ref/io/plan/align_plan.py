@@ -42,7 +42,8 @@ from onnx_light_ref.io.plan.shard_names import (
     shard_paths,
     stale_candidates,
 )
-from onnx_light_ref.io.posix import pread_exact
+from onnx_light_ref.io.plan.sites import SITE_EXTERNALIZED, SITE_MOVED, SiteColumns, SitePolicy
+from onnx_light_ref.io.plan.sites import SITE_INLINE as SITE_STAYS_INLINE
 from onnx_light_ref.io.read.entries import is_external
 from onnx_light_ref.io.read.folder import ModelFolder
 from onnx_light_ref.io.read.locations import (
@@ -55,10 +56,9 @@ from onnx_light_ref.io.read.locations import (
     parse_external_data,
 )
 from onnx_light_ref.io.read.model_file import check_model_strings, load_model_metadata, open_model_folder
-from onnx_light_ref.io.read.sharing import check_not_shared
-from onnx_light_ref.io.read.walker import inline_reason, iter_tensors
+from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.read.wire import InlinePayload, StrippedModel, load_model_stripped
-from onnx_light_ref.io.write.copy_engine import CopyRange, open_source
+from onnx_light_ref.io.write.copy_engine import CopyRange, open_source, read_range
 from onnx_light_ref.io.write.destinations import check_outputs, weights_location
 from onnx_light_ref.onnx_compat import typed_raw_bytes
 
@@ -181,10 +181,11 @@ class Shard:
         return sum(self.range_lengths) + sum(len(data) for _, data in self.writes)
 
 
-# What AlignPlan.sites holds for each tensor of the walk, in iter_tensors order.
-SITE_KEPT = 0  # not moved: inline and staying inline
-SITE_EXTERNAL = 1  # external in the source, rewritten
-SITE_INLINE = 2  # inline in the source, externalized by this run
+# What AlignPlan.sites holds for each tensor of the walk, in iter_tensors order: the writer contract's site kinds
+# (io/plan/sites.py), so that the plan's columns are the ones the contract checks.
+SITE_KEPT = SITE_STAYS_INLINE  # not moved: inline and staying inline
+SITE_EXTERNAL = SITE_MOVED  # external in the source, rewritten
+SITE_INLINE = SITE_EXTERNALIZED  # inline in the source, externalized by this run
 
 
 @dataclass
@@ -215,8 +216,20 @@ class AlignPlan:
     weights_format: WeightsFormat = "onnx"
     index: tuple[str, bytes] | None = None  # a sharded safetensors set's index.json: path and content
     unaligned_tensors: list[str] = field(default_factory=list)  # safetensors: >= align_threshold, not aligned
-    # inline tensors at or above size_threshold kept inline because onnx's loader would not read them back, by reason
+    # inline tensors at or above size_threshold kept inline (rule 2 of the writer contract), by reason
     kept_inline: dict[str, int] = field(default_factory=dict)
+    weights_base: str = ""  # the first weights path the shards are named from
+    shard_names: ShardNames = None
+    size_threshold: int | None = None
+    source_paths: dict[FileIdentity, str] = field(default_factory=dict)  # what the outputs must never be
+    policy: SitePolicy | None = None  # rule 2's decision for this model (with size_threshold)
+
+    def site_columns(self) -> SiteColumns:
+        """The plan's columns as the writer contract's :class:`~onnx_light_ref.io.plan.sites.SiteColumns` (shared,
+        not copied): one kind per site, and per moved tensor its shard, offset and length."""
+        return SiteColumns.from_columns(
+            self.sites, [shard.path for shard in self.shards], self.move_shards, self.move_offsets, self.move_lengths
+        )
 
     @property
     def total_size(self) -> int:
@@ -309,7 +322,6 @@ def plan_alignment(
     mode: Mode = "streaming",
     chunk_size: int | None = None,
     allow_outside_folder: bool = False,
-    replace_shared: bool = False,
     **options: Unpack[LayoutKeywords],
 ) -> AlignPlan:
     """Validate arguments, parse the source metadata, check every reference and lay out every output file.
@@ -322,8 +334,6 @@ def plan_alignment(
             places the same bytes at the same offsets either way.
         chunk_size: size of each of the two buffers used to compare candidate duplicates (None: 1 MiB).
         allow_outside_folder: follow symbolic links in the source's data paths (trusted layouts only).
-        replace_shared: replace a weights file that another model of the destination folder references
-            (:func:`~onnx_light_ref.io.read.sharing.check_not_shared`); False (default) refuses.
         options: ``align_threshold``, ``max_shard_size``, ``dedup``, ``size_threshold``, ``weights_format``,
             ``shard_names`` (:class:`LayoutOptions`), as documented on
             :func:`~onnx_light_ref.io.align.align_external_data_streaming`.
@@ -337,8 +347,8 @@ def plan_alignment(
         InvalidModelError: ``src_onnx_path`` is not an ONNX model, or has a string field that is not UTF-8.
         ExternalDataError: a malformed or out-of-bounds reference, an inline tensor whose data does not match its
             dims and data type; ``UnsafeLocationError`` for an unsafe location or hard-linked source,
-            ``DestinationConflictError`` for an output that is a source or another output,
-            ``SharedWeightsError`` for an existing weights file another model references (without ``replace_shared``).
+            ``DestinationConflictError`` for an output that is a source (the first weights file; the writer
+            contract checks every output).
         FileNotFoundError: the source model or a referenced file does not exist.
     """
     step = validate_alignment(alignment)
@@ -358,9 +368,8 @@ def plan_alignment(
         if dst_weights_path is not None
         else default_weights_path(dst_onnx, weights_format, scheme)
     )
-    _weights_location(dst_onnx, dst_weights)  # refuse a bad destination before reading anything
+    weights_location(dst_onnx, dst_weights)  # refuse a bad destination before reading anything (the contract's rule)
 
-    check_bool("replace_shared", replace_shared)
     table = SourceTable()
     payloads = PayloadColumns()
     walk = walk_source(
@@ -392,11 +401,9 @@ def plan_alignment(
     paths = shard_paths(dst_weights, len(placed.sizes), scheme)
     shards = build_shards(paths, dst_onnx, table.files, placed, payloads, first)
     index_file = safetensors_index(dst_onnx, dst_weights, shards, walk.named, placed.shards) if safetensors else None
+    # Every output is checked by the writer contract (io/write/contract.py) before the first byte is written.
     outputs = [s.path for s in shards] + ([index_file[0]] if index_file else [])
-    if outputs and outputs != [dst_weights]:
-        check_outputs(dst_onnx, outputs, sources)
-    check_not_shared(outputs, dst_onnx, replace_shared=replace_shared)
-    stale = stale_shards(dst_weights, [s.path for s in shards], scheme, safetensors, {dst_onnx}, set(sources))
+    stale = stale_shards(dst_onnx, dst_weights, outputs, set(sources))
     return AlignPlan(
         walk.model,
         walk.stripped,
@@ -417,6 +424,11 @@ def plan_alignment(
         index_file,
         placed.unaligned,
         walk.kept_inline,
+        dst_weights,
+        scheme,
+        inline_threshold,
+        sources,
+        walk.policy,
     )
 
 
@@ -441,6 +453,7 @@ class SourceWalk:
     named: list[SafetensorsTensor] = field(default_factory=list)  # safetensors: each moved tensor's key, type, dims
     kept_inline: dict[str, int] = field(default_factory=dict)
     refs: dict[FileIdentity, ExternalRef] = field(default_factory=dict)  # first reference to each data file
+    policy: SitePolicy | None = None  # rule 2's decision for this model (with size_threshold)
 
     def sources(self) -> dict[FileIdentity, str]:
         """Identity -> path of every data file this model references (its ``.onnx`` not included)."""
@@ -483,7 +496,8 @@ def walk_source(
             "written."
         ) from exc
     resolver = LocationResolver(folder)
-    walk = SourceWalk(src_onnx, model, stripped, onnx_identity, len(payloads))
+    policy = SitePolicy(model, inline_threshold) if inline_threshold is not None else None
+    walk = SourceWalk(src_onnx, model, stripped, onnx_identity, len(payloads), policy=policy)
     sites = walk.sites
     for site in iter_tensors(model):
         tensor = site.tensor
@@ -496,15 +510,17 @@ def walk_source(
                 walk.checksums[len(payloads) - walk.start] = ref.checksum
             payloads.add_range(table.index(ref.path, identity, ref.folder, ref.location), ref.offset, ref.length)
             sites.append(SITE_EXTERNAL)
-        elif inline_threshold is not None and (reason := inline_reason(site)) is not None:
-            # onnx.load would leave it EXTERNAL (sparse, function default, training_info): it stays inline.
-            if _keep_inline(tensor, site.label, inline_threshold, stripped, payload_source, onnx_identity):
-                walk.kept_inline[reason] = walk.kept_inline.get(reason, 0) + 1
-            sites.append(SITE_KEPT)
-            continue
-        elif inline_threshold is not None and _add_inline(
-            tensor, site.label, inline_threshold, stripped, payload_source, onnx_identity, table, payloads
-        ):
+        elif policy is not None:
+            inline = _InlineData.of(tensor, stripped)
+            decision = policy.decide(site, inline.length)  # rule 2 of the writer contract: the one decision
+            if not decision.external:
+                if inline.payload is not None:
+                    _restore_payload(tensor, site.label, inline.payload, payload_source, onnx_identity)
+                if decision.reason is not None:
+                    walk.kept_inline[decision.reason] = walk.kept_inline.get(decision.reason, 0) + 1
+                sites.append(SITE_KEPT)
+                continue
+            _add_inline(tensor, site.label, inline, payload_source, onnx_identity, table, payloads)
             sites.append(SITE_INLINE)
             walk.externalized += 1
         else:
@@ -600,7 +616,7 @@ def build_shards(
         UnsafeLocationError: a weights file outside the folder of ``dst_onnx`` or reached through a symlink.
     """
     shards = [
-        Shard(path, _weights_location(dst_onnx, path), files, size)
+        Shard(path, weights_location(dst_onnx, path), files, size)
         for path, size in zip(paths, placement.sizes, strict=True)
     ]
     for shard, header in zip(shards, placement.headers, strict=False):
@@ -684,67 +700,54 @@ def _load(
     return stripped.model, stripped, after
 
 
+@dataclass(frozen=True, slots=True)
+class _InlineData:
+    """An inline tensor's payload as the plan sees it: its length (None: no byte size), where it is (stripped from
+    the parse, as ``raw_data``, or in typed fields), read once (protobuf copies ``raw_data`` on every access)."""
+
+    length: int | None
+    expected: int | None
+    payload: InlinePayload | None = None
+    raw: bytes | None = None
+
+    @classmethod
+    def of(cls, tensor: onnx.TensorProto, stripped: StrippedModel | None) -> _InlineData:
+        payload = stripped.payload(tensor) if stripped is not None else None
+        expected = None if tensor.data_type in _NEVER_EXTERNAL else expected_nbytes(tensor)
+        if expected is None:  # STRING, UNDEFINED or an unknown data type: its size cannot be checked
+            return cls(None, None, payload)
+        if payload is not None:
+            return cls(payload.length, expected, payload)
+        if tensor.HasField("raw_data"):
+            raw = tensor.raw_data
+            return cls(len(raw), expected, None, raw)
+        return cls(expected, expected)
+
+
 def _add_inline(
     tensor: onnx.TensorProto,
     label: str,
-    inline_threshold: int,
-    stripped: StrippedModel | None,
+    inline: _InlineData,
     src_onnx: str,
     onnx_identity: FileIdentity | None,
     table: SourceTable,
     payloads: PayloadColumns,
-) -> bool:
-    """Add the payload of an inline tensor to externalize to ``payloads``; False when it stays inline."""
-    payload = stripped.payload(tensor) if stripped is not None else None
-    expected = None if tensor.data_type in _NEVER_EXTERNAL else expected_nbytes(tensor)
-    if expected is None:  # STRING, UNDEFINED or an unknown data type: its size cannot be checked, leave it as it is
-        if payload is not None:
-            _restore_payload(tensor, label, payload, src_onnx, onnx_identity)
-        return False
-    raw = tensor.raw_data if payload is None and tensor.HasField("raw_data") else None  # protobuf copies per access
-    if payload is not None:
-        length = payload.length
-    elif raw is not None:
-        length = len(raw)
-    else:
-        length = expected
-    # A tensor without data has nothing to move (and size_threshold=0 would otherwise move every empty tensor).
-    if length == 0 or length < inline_threshold:
-        return False
-    if length != expected:
+) -> None:
+    """Add the payload of an inline tensor rule 2 moves out to ``payloads``, refusing a malformed one."""
+    assert inline.length is not None and inline.expected is not None
+    if inline.length != inline.expected:
         raise ExternalDataError(
-            f"tensor {label!r}: inline raw_data holds {length} bytes but its dims {list(tensor.dims)} and data type "
-            f"{_dtype_name(tensor.data_type)} need {expected} bytes; refusing to externalize a malformed tensor."
+            f"tensor {label!r}: inline raw_data holds {inline.length} bytes but its dims {list(tensor.dims)} and data "
+            f"type {_dtype_name(tensor.data_type)} need {inline.expected} bytes; refusing to externalize a malformed "
+            "tensor."
         )
-    if payload is not None:
+    if inline.payload is not None:
         assert onnx_identity is not None
-        payloads.add_range(table.index(src_onnx, onnx_identity), payload.offset, length)
-    elif raw is not None:
-        payloads.add_bytes(raw)
+        payloads.add_range(table.index(src_onnx, onnx_identity), inline.payload.offset, inline.length)
+    elif inline.raw is not None:
+        payloads.add_bytes(inline.raw)
     else:
-        payloads.add_bytes(_typed_bytes(tensor, label, expected))
-    return True
-
-
-def _keep_inline(
-    tensor: onnx.TensorProto,
-    label: str,
-    inline_threshold: int,
-    stripped: StrippedModel | None,
-    src_onnx: str,
-    onnx_identity: FileIdentity | None,
-) -> bool:
-    """Leave a tensor onnx would not load back inline (its stripped bytes restored); True when it was large enough
-    to have moved otherwise (so that the result can count it)."""
-    payload = stripped.payload(tensor) if stripped is not None else None
-    if payload is not None:
-        _restore_payload(tensor, label, payload, src_onnx, onnx_identity)
-        length = payload.length
-    elif tensor.HasField("raw_data"):
-        length = len(tensor.raw_data)
-    else:
-        length = (expected_nbytes(tensor) or 0) if tensor.data_type not in _NEVER_EXTERNAL else 0
-    return length > 0 and length >= inline_threshold
+        payloads.add_bytes(_typed_bytes(tensor, label, inline.expected))
 
 
 def _restore_payload(
@@ -752,22 +755,18 @@ def _restore_payload(
 ) -> None:
     """Give a tensor that stays inline its stripped ``raw_data`` back, read from the ``.onnx`` (checked unchanged).
 
-    Only tensors that can never move out (STRING, UNDEFINED or unknown data types carrying ``raw_data``, which no
-    exporter writes; tensors onnx's loader would not read back: sparse, function defaults, training graphs) get
-    here; their bytes are held in memory, as the in-memory aligner holds them.
+    Only tensors rule 2 keeps inline (STRING, UNDEFINED or unknown data types carrying ``raw_data``, which no
+    exporter writes; tensors onnx's loader would not read back: sparse, function defaults, training graphs; shape
+    tensors) get here; their bytes are held in memory, as the in-memory aligner holds them.
     """
-    fd = open_source(CopyRange(src_onnx, payload.offset, 0, payload.length, onnx_identity))
-    try:
-        data = bytearray(payload.length)
-        got = pread_exact(fd, memoryview(data), payload.offset)
-    finally:
-        os.close(fd)
-    if got != payload.length:
+    data = read_range(CopyRange(src_onnx, payload.offset, 0, payload.length, onnx_identity))
+    if len(data) != payload.length:
         raise ExternalDataError(
-            f"tensor {label!r}: source model {src_onnx!r} ended at offset {payload.offset + got} while its inline "
-            f"raw_data needs {payload.length} bytes at offset {payload.offset}; was it truncated while being read?"
+            f"tensor {label!r}: source model {src_onnx!r} ended at offset {payload.offset + len(data)} while its "
+            f"inline raw_data needs {payload.length} bytes at offset {payload.offset}; was it truncated while being "
+            "read?"
         )
-    tensor.raw_data = bytes(data)
+    tensor.raw_data = data
 
 
 def _typed_bytes(tensor: onnx.TensorProto, label: str, expected: int) -> bytes:
@@ -858,19 +857,13 @@ def _open_files(files: Sequence[SourceFile]) -> Iterator[list[int]]:
             os.close(fd)
 
 
-def stale_shards(
-    base: str, written: list[str], scheme: ShardNames, safetensors: bool, outputs: set[str], sources: set[FileIdentity]
-) -> list[str]:
-    """Files named like shards of ``base`` (under ``scheme``) that this run does not write, left by an earlier run.
+def stale_shards(dst_onnx: str, base: str, written: list[str], sources: set[FileIdentity]) -> list[str]:
+    """Files named like weights files of ``dst_onnx`` (any scheme or format) that this run does not write.
 
-    A source of this run, or the ``.onnx`` being written, is not listed. They are never deleted (this job did not
-    create them); the aligners name them so the user can.
+    A source of this run is not listed. They are never deleted (this job did not create them); the aligners name
+    them so the user can (:func:`~onnx_light_ref.io.plan.shard_names.stale_candidates`).
     """
-    return [
-        path
-        for path in stale_candidates(base, written, scheme, safetensors=safetensors)
-        if path not in outputs and not _is_source(path, sources)
-    ]
+    return [path for path in stale_candidates(dst_onnx, base, written) if not _is_source(path, sources)]
 
 
 def safetensors_index(
@@ -883,7 +876,6 @@ def safetensors_index(
     folder = os.path.dirname(path)  # weight_map names files relative to the index, wherever the .onnx is
     weight_map = {tensor.name: os.path.relpath(shards[move_shards[i]].path, folder) for i, tensor in enumerate(named)}
     document = {"metadata": {"total_size": sum(t.length for t in named)}, "weight_map": weight_map}
-    _weights_location(dst_onnx, path)
     return path, (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
@@ -892,7 +884,3 @@ def _is_source(path: str, sources: set[FileIdentity]) -> bool:
         return file_identity(path) in sources
     except OSError:  # a symlink loop, a permission problem: not a source of this run, which was validated
         return False
-
-
-def _weights_location(dst_onnx: str, dst_weights: str) -> str:
-    return weights_location(dst_onnx, dst_weights)

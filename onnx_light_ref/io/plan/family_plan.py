@@ -16,9 +16,12 @@ safetensors keys are the names of the distinct payloads' first tensors; a name a
 members holding different bytes under one name, common with exporters' ``onnx::MatMul_123`` names) becomes
 ``<member file name>/<name>``, so every key stays unique and every payload is stored once.
 
-This module checks nothing about destinations (the writer does, before and under the folder lock), never writes a
-file and never modifies a source; the only bytes it reads are those dedup compares (two chunk buffers) and the few
-typed-field tensors the walk converts.
+Which inline tensors move out (``size_threshold``) is rule 2 of the writer contract, decided per site by
+:meth:`~onnx_light_ref.io.plan.sites.SitePolicy.decide` inside the walk. This module checks nothing about
+destinations (the writer contract does, on the :class:`~onnx_light_ref.io.write.contract.WritePlan` the writer
+fills from this plan, before the first byte and under the folder lock), never writes a file and never modifies a
+source; the only bytes it reads are those dedup compares (two chunk buffers), the few typed-field tensors the walk
+converts, and the inline payloads rule 2 keeps inline (restored from the ``.onnx``).
 """
 
 from __future__ import annotations
@@ -238,14 +241,11 @@ def lay_out_family(plan: FamilyPlan, chunk_size: int) -> None:
             array("i", (placement.shards[index] for index in distinct)),
         )
     plan.members = [_member_plan(plan, index) for index in range(len(plan.walks))]
-    plan.stale_weights_files = stale_shards(
-        plan.weights_base,
-        [shard.path for shard in plan.shards],
-        layout.shard_names,
-        safetensors,
-        set(plan.destinations),
-        set(plan.source_files),
-    )
+    written = [*plan.weights_outputs, *plan.destinations]
+    stale: set[str] = set()
+    for destination in plan.destinations:  # every scheme's leftovers of the shared set and of each member's names
+        stale.update(stale_shards(destination, plan.weights_base, written, set(plan.source_files)))
+    plan.stale_weights_files = sorted(stale)
 
 
 def _family_keys(plan: FamilyPlan) -> list[SafetensorsTensor]:
@@ -298,4 +298,9 @@ def _member_plan(plan: FamilyPlan, index: int) -> AlignPlan:
         index=plan.index,
         unaligned_tensors=[],
         kept_inline=walk.kept_inline,
+        weights_base=plan.weights_base,
+        shard_names=plan.layout.shard_names,
+        size_threshold=plan.layout.size_threshold,
+        source_paths=plan.source_files,
+        policy=walk.policy,
     )

@@ -8,6 +8,10 @@ the other tensors of at least ``align_threshold`` bytes (largest first: the firs
 small ones in model order. The tensors of at least ``align_threshold`` bytes that still do not start aligned are
 counted and named (:attr:`SafetensorsLayout.unaligned`).
 
+Each file's header must stay within the ``safetensors`` library's limit (``N`` <= 100,000,000 bytes, the JSON and the
+padding that aligns the data section): a longer one, or an alignment no header padding can give (above 64 MiB), is
+refused before anything is written (:func:`~onnx_light_ref.io.read.safetensors_header.encode_header`).
+
 Keys are the tensors' names: every externalized tensor needs a non-empty name no other one has. Data types map to
 safetensors codes (:func:`safetensors_dtype`); sub-byte types (INT4, UINT4, FLOAT4E2M1, INT2, UINT2, FLOAT6*) are
 stored as ``U8`` of their packed bytes with shape ``[nbytes]``, as onnx-ir does, and STRING, COMPLEX128 and
@@ -24,7 +28,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from onnx_light_ref.errors import SafetensorsError
-from onnx_light_ref.io.read.safetensors_header import SafetensorsEntry, encode_header
+from onnx_light_ref.io.read.safetensors_header import SafetensorsEntry, check_data_alignment, encode_header
 
 __all__ = [
     "SafetensorsLayout",
@@ -119,8 +123,13 @@ def plan_safetensors(
         The :class:`SafetensorsLayout`.
 
     Raises:
-        SafetensorsError: empty or repeated names, or data types safetensors cannot store (all listed).
+        SafetensorsError: empty or repeated names, or data types safetensors cannot store (all listed); an alignment
+            above 64 MiB, or a file whose header would exceed the safetensors library's 100,000,000-byte limit.
     """
+    try:
+        check_data_alignment(step)
+    except SafetensorsError as exc:
+        raise SafetensorsError(f"{exc} Nothing written.") from None
     _check_keys(tensors)
     _check_dtypes(tensors)
     groups = _split(tensors, max_shard_size)
@@ -133,7 +142,11 @@ def plan_safetensors(
             tensor = tensors[index]
             entries.append(SafetensorsEntry(tensor.name, *_storage(tensor), cursor, cursor + tensor.length))
             cursor += tensor.length
-        header = encode_header(entries, step)
+        what = "safetensors file" if len(groups) == 1 else f"safetensors file {shard + 1} of {len(groups)}"
+        try:
+            header = encode_header(entries, step, what=what)
+        except SafetensorsError as exc:
+            raise SafetensorsError(f"{exc} Nothing written.") from None
         for index, entry in zip(ordered, entries, strict=True):
             layout.shards[index] = shard
             layout.offsets[index] = len(header) + entry.begin

@@ -10,9 +10,9 @@ Three schemes, for a base path ``W`` (the first weights file) and ``N`` files:
   ``model.onnx`` (what transformers.js loads with ``use_external_data_format: N``); it loads at most 100 files, so
   more is refused before anything is written.
 
-:func:`stale_candidates` finds, for each scheme, the files in the destination folder named like shards of ``W`` that
-a run writing ``N`` files would not write (an earlier run's leftovers). Pure naming and one ``scandir``: this module
-never opens, writes or deletes a file.
+:func:`stale_candidates` finds the files in the destination folder named like weights files of this destination under
+*any* scheme and format (an earlier run may have used another) that this run does not write: its leftovers. Pure
+naming and one ``scandir``: this module never opens, writes or deletes a file.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ __all__ = [
     "check_shard_count",
     "check_shard_names",
     "default_weights_path",
+    "existing_shards",
     "index_path",
     "shard_paths",
     "stale_candidates",
@@ -116,12 +117,61 @@ def index_path(base: str) -> str:
     return base + ".index.json"
 
 
-def stale_candidates(base: str, written: list[str], scheme: ShardNames, *, safetensors: bool = False) -> list[str]:
-    """Files of ``base``'s folder named like shards of ``base`` under ``scheme`` that this run does not write.
+# Formats and schemes whose default first weights file (``default_weights_path``) an earlier run may have used.
+_DEFAULT_LAYOUTS: tuple[tuple[str, ShardNames], ...] = (
+    ("onnx", None),
+    ("onnx", "hf"),
+    ("onnx", "transformers.js"),
+    ("safetensors", "hf"),
+)
 
-    ``written`` are the paths this run writes (``[]`` when nothing is external). With ``safetensors``, an index
-    ``<base>.index.json`` left beside a run that writes a single file is listed too: loaders that find it would read
-    the old shards. Sorted by path; sources are filtered out by the caller.
+
+def stale_candidates(dst_onnx: str, base: str, written: list[str]) -> list[str]:
+    """Files of the destination folder named like a weights file of ``dst_onnx`` that this run does not write.
+
+    An earlier run may have used another scheme or format than this one: the names of every scheme (ours ``W.1``,
+    ``hf`` ``model-0000k-of-0000N.<ext>``, transformers.js ``W_1``) are looked for, for this run's first weights
+    file ``base`` and for the default first weights file of every format and scheme (``<dst>.data``,
+    ``<stem>.data``, ``<dst>_data``, ``<stem>.safetensors``), with each one's ``.index.json`` (a sharded
+    safetensors set's index: loaders that find it read the old shards). The first files themselves are listed too,
+    except ``<stem>.safetensors`` when it is not this run's ``base``: that is the name of every PyTorch checkpoint,
+    not the leftover of a run of ours.
+
+    Args:
+        dst_onnx: the ``.onnx`` being written (absolute).
+        base: this run's first weights file (absolute).
+        written: every path this run writes (shards and index; ``[]`` when nothing is external).
+
+    Returns:
+        Sorted paths; sources of the run are filtered out by the caller.
+    """
+    folder = os.path.dirname(base)
+    bases = {os.path.basename(base): True}
+    for weights_format, scheme in _DEFAULT_LAYOUTS:
+        default = default_weights_path(dst_onnx, weights_format, scheme)
+        if os.path.dirname(default) == folder:
+            bases.setdefault(os.path.basename(default), weights_format == "onnx")
+    keep = set(written) | {dst_onnx}
+    found: list[str] = []
+    try:
+        entries = os.scandir(folder)
+    except OSError:  # the folder is missing or unreadable: publication reports it
+        return []
+    with entries:
+        for entry in entries:
+            if entry.path not in keep and any(
+                _is_weights_name(entry.name, name, with_first) for name, with_first in bases.items()
+            ):
+                found.append(entry.path)
+    return sorted(found)
+
+
+def existing_shards(base: str, written: list[str], scheme: ShardNames, *, safetensors: bool = False) -> list[str]:
+    """Files of ``base``'s folder named like ``base`` or a shard of it under ``scheme``, except those in ``written``.
+
+    One scheme, one set (what a set of shards owns: :mod:`~onnx_light_ref.io.write.ownership`); leftovers of every
+    scheme are :func:`stale_candidates`. With ``safetensors``, an index ``<base>.index.json`` left beside a run that
+    writes a single file is listed too. Sorted by path.
     """
     folder, name = os.path.split(base)
     keep = set(written)
@@ -132,7 +182,7 @@ def stale_candidates(base: str, written: list[str], scheme: ShardNames, *, safet
         return []
     with entries:
         for entry in entries:
-            if entry.path not in keep and _is_shard_name(entry.name, name, scheme):
+            if entry.path not in keep and (entry.name == name or _is_shard_name(entry.name, name, scheme)):
                 found.append(entry.path)
     index = index_path(base)
     if safetensors and len(written) <= 1 and os.path.lexists(index) and index not in found:
@@ -140,9 +190,19 @@ def stale_candidates(base: str, written: list[str], scheme: ShardNames, *, safet
     return sorted(found)
 
 
-def _is_shard_name(candidate: str, base_name: str, scheme: ShardNames) -> bool:
+def _is_weights_name(candidate: str, base_name: str, with_first: bool) -> bool:
+    """``candidate`` is a shard of ``base_name`` under some scheme, its index, or (``with_first``) it itself."""
     if candidate == base_name:
+        return with_first
+    if candidate == os.path.basename(index_path(base_name)):
         return True
+    return any(_is_shard_name(candidate, base_name, scheme) for scheme in SHARD_NAME_SCHEMES)
+
+
+def _is_shard_name(candidate: str, base_name: str, scheme: ShardNames) -> bool:
+    """A further shard of ``base_name`` under ``scheme`` (``base_name`` itself is not)."""
+    if candidate == base_name:
+        return False
     if scheme is None or scheme == "transformers.js":
         separator = "." if scheme is None else "_"
         suffix = candidate[len(base_name) + 1 :] if candidate.startswith(base_name + separator) else ""

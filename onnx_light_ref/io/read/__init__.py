@@ -4,7 +4,10 @@
 parsing), ``wire`` (parsing without inline payloads), ``walker`` (every tensor of a model and where it lives),
 ``entries`` (the one reader and writer of ``external_data`` entries), ``locations`` (validation of references and
 byte ranges), ``dtype_sizes`` (bytes per element type), ``loader_rule`` (which loader refuses a reference, and why),
-``safetensors_header`` (write one, parse one as hostile input), ``sharing`` (which models reference which files).
+``safetensors_header`` (write one, parse one as hostile input), ``safetensors_refs`` (does a reference agree with
+its file's header), ``strict_json`` (untrusted JSON: no repeated key, no runaway nesting), ``sharing`` (which models
+can reach and reference which files: rule 1 of the writer contract), ``delayed_names`` (how a ``DelayedInitializer``
+node is spelled).
 
 Nothing here writes a file.
 """

@@ -10,7 +10,7 @@ location and the identity of the file, so that whoever reads it later opens it t
 notices a file replaced meanwhile.
 
 This module never opens a file for writing, never reads weight bytes and never uses ``realpath`` to decide what may
-be read: it opens (to ``fstat``) and closes.
+be read: it looks at files (``O_PATH`` and ``fstat``, never opened for reading) and closes them.
 """
 
 from __future__ import annotations
@@ -187,8 +187,9 @@ class LocationResolver:
         hit = self._resolved.get(location)
         if hit is None:
             check_location_syntax(location, tensor_name=tensor_name)
-            with self.folder.open_file(location, tensor_name=tensor_name, check_links=False) as opened:
-                hit = (opened.path, opened.stat)
+            # Looked at (O_PATH and fstat), never opened for reading: a plan reads no weight.
+            st = self.folder.stat_file(location, tensor_name=tensor_name, check_links=False)
+            hit = (self.folder.display_path(location), st)
             self._resolved[location] = hit
         return hit
 

@@ -22,7 +22,7 @@ import onnx
 
 from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io.posix import pread_exact
-from onnx_light_ref.io.read.folder import ModelFolder, open_model_file
+from onnx_light_ref.io.read.folder import ModelFolder, describe_file_type, descriptor_limit_error, open_model_file
 
 __all__ = ["PROTOBUF_LIMIT", "check_model_strings", "load_model_metadata", "not_a_model_file", "serialize_model"]
 
@@ -39,11 +39,16 @@ _FIELDS: dict[str, tuple[tuple[tuple[str, bool], ...], tuple[tuple[str, bool], .
 
 
 def not_a_model_file(path: str, st: os.stat_result, otherwise: str) -> str:
-    """The message for a model path that exists but is not a regular file: "is a directory" for a folder (a user
-    who named the folder instead of the model), ``otherwise`` for a FIFO, a device..."""
+    """The message for a model path that exists but is not a regular file: what it is ("is a directory" for a
+    folder, a user who named the folder instead of the model; "is a FIFO (named pipe)", "is a character device"
+    such as ``/dev/zero``...: never opened, see :func:`~onnx_light_ref.io.read.folder.open_model_file`), and
+    ``otherwise`` for a kind without a name."""
     if stat.S_ISDIR(st.st_mode):
         return f"ONNX model path {path!r} is a directory, not a model file"
-    return otherwise
+    kind = describe_file_type(st)
+    if kind.startswith("a special file"):
+        return otherwise
+    return f"ONNX model path {path!r} is {kind}, not a regular file: not a model file (it was not opened)"
 
 
 def _is_repeated(field: Any) -> bool:
@@ -132,9 +137,10 @@ def open_model_folder(path: str, *, allow_outside_folder: bool = False) -> Model
 def load_model_metadata(path: str, *, check_strings: bool = True, folder: ModelFolder | None = None) -> onnx.ModelProto:
     """Parse ``path`` as binary protobuf with ``load_external_data=False``: no weight is read.
 
-    The file is opened once (a FIFO or device is refused without blocking) and its size checked before any byte is
-    read: protobuf cannot parse a message over 2 GiB, so a larger file (a weights file given by mistake, a model
-    with gigabytes of inline weights) is refused instead of being read whole into memory first.
+    The file is looked at before it is opened for reading (a FIFO, a device, a folder is refused saying what it is,
+    and never opened: a writer blocked on the FIFO stays blocked) and its size checked before any byte is read:
+    protobuf cannot parse a message over 2 GiB, so a larger file (a weights file given by mistake, a model with
+    gigabytes of inline weights) is refused instead of being read whole into memory first.
 
     Args:
         path: the ``.onnx`` file (whatever its name ends with: always parsed as binary protobuf).
@@ -146,7 +152,8 @@ def load_model_metadata(path: str, *, check_strings: bool = True, folder: ModelF
         The parsed model, external tensors still EXTERNAL.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist or is not a regular file.
+        FileNotFoundError: ``path`` does not exist or is not a regular file (the message says what it is).
+        OSError: ``EMFILE``/``ENFILE``: no descriptor left (the message says so).
         InvalidModelError: ``path`` cannot be opened (permissions...), is larger than protobuf's 2 GiB limit, cannot
             be parsed as a model, has no graph, or has a string that is not UTF-8.
     """
@@ -156,6 +163,8 @@ def load_model_metadata(path: str, *, check_strings: bool = True, folder: ModelF
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise FileNotFoundError(f"ONNX model file not found: {path!r}") from exc
     except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise descriptor_limit_error(exc.errno, f"ONNX model file {path!r}") from exc
         if exc.errno not in (errno.ELOOP, errno.ENAMETOOLONG, errno.ENXIO):
             # No raw OSError for a file a reader cannot open (permissions...): one typed error naming it.
             raise InvalidModelError(f"ONNX model file {path!r} cannot be opened: {exc.strerror or exc}.") from exc

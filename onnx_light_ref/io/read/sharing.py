@@ -1,18 +1,28 @@
-"""Which models in a folder use which weights files: the guard every writer runs before replacing a weights file.
+"""Which models can reach which files: the scan behind rule 1 of the writer contract, and ``inspect FOLDER``.
 
-A weights file may be shared: ``save_model_with_shared_external_data`` (or a user by hand) makes several ``.onnx``
-files point at one file. Replacing it (re-aligning one of the models, saving a variant over it) silently changes what
-the others compute. :func:`check_not_shared` refuses that, naming the other models, unless the caller opts in
-(``replace_shared=True`` / ``--replace-shared``). :func:`folder_sharing` lists, for ``inspect`` on a folder, which
-files are used by which models.
+A data file may be shared: ``save_model_with_shared_external_data`` (or a user by hand, or ``delay_initializers``,
+whose ``ai.rt::DelayedInitializer`` nodes name files by ``filename``) makes several models read one file. Replacing
+it (re-aligning one of them, saving a variant over it) silently changes what the others compute;
+:mod:`onnx_light_ref.io.write.contract` refuses that with what :func:`scan_users` finds.
 
-The other models are the ``.onnx`` files in the destination model's folder and in every folder between it and the
-weights file (a location has no ``..``, so only those folders can reach the file). A model references a file when
-one of its EXTERNAL tensors (anywhere in the model) has a location that, joined to the model's folder, is that file:
-the same device and inode (so a hard link or a symlink to it counts), or, for a file not there yet, the same name.
+Which models can reach a file: under onnx's loader rule a ``location`` is relative and has no ``..``, so a model
+reaches a file only from the file's own folder or from an ancestor of it. :func:`folders_reaching` lists those
+folders: the file's folder and every ancestor up to ``/``, both along the path as given and along its real path (a
+model beside a symlinked folder reaches the file through the link only in onnxruntime, which follows links; the real
+path is what onnx's loader walks). ``/`` is the limit on purpose: stopping at the destination model's folder (the
+previous rule) missed ``root/top.onnx`` reaching ``root/a/b/w.data``, and any lower limit has the same hole; the
+cost is one ``scandir`` per ancestor and a metadata parse of each model found there (the wire reader skips
+payloads). Folders this process cannot list are skipped (a model there is invisible to it). A model is any regular
+file (or symlink to one) whose name ends with ``.onnx`` in any case (onnx and onnxruntime load ``variant.ONNX``
+like any name) and that parses as an ONNX model; anything else is skipped.
 
-This module reads model metadata only (large inline payloads are skipped by the wire reader, never read) and never
-reads a weight byte, never writes. A file that is not a parsable model is not a model: it is skipped.
+A model references a file when one of its EXTERNAL tensors (anywhere in the model) has a ``location``, or one of its
+``ai.rt::DelayedInitializer`` nodes (anywhere: main graph, subgraphs, functions, training graphs) has a
+``filename``, that names it from the model's folder (an absolute ``filename`` as it is): the same device and inode
+(so a hard link or a symlink to it counts), or, for a file not there, the same normalized path. The op's domain,
+type and attribute name are constants here: ``io`` never imports ``ops``.
+
+This module reads model metadata only and never reads a weight byte, never writes.
 """
 
 from __future__ import annotations
@@ -20,31 +30,55 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Literal
 
-from onnx_light_ref.errors import SharedWeightsError
+import onnx
+
+from onnx_light_ref.io.read.delayed_names import DELAYED_DOMAIN, DELAYED_FILENAME, DELAYED_OP_TYPE
 from onnx_light_ref.io.read.entries import is_external
 from onnx_light_ref.io.read.locations import FileIdentity
 
-__all__ = ["ModelReference", "SharedFile", "check_not_shared", "folder_sharing", "model_references"]
+__all__ = [
+    "ModelReference",
+    "SharedFile",
+    "SharingScan",
+    "file_key",
+    "files_referenced_near",
+    "folder_sharing",
+    "folders_reaching",
+    "is_model_name",
+    "model_references",
+    "models_in",
+    "read_references",
+    "scan_users",
+]
 
 logger = logging.getLogger(__name__)
 
-# Inline payloads at least this long are skipped, not read, when a sibling model is parsed.
+# Inline payloads at least this long are skipped, not read, when a model is parsed for its references.
 _SKIP_PAYLOADS = 4096
 
 _MODEL_SUFFIX = ".onnx"
 
+FileKey = FileIdentity | str
+"""An existing file by device and inode; a missing one by its normalized absolute path."""
+
+Via = Literal["external_data", "delayed_initializer"]
+
 
 @dataclass(frozen=True, slots=True)
 class ModelReference:
-    """One model using a file: the model's path, the first tensor that does, and how many of its tensors do."""
+    """One model using a file: the model's path, the first tensor (or node output) that does, the ``location`` (or
+    ``filename``) naming it, how many of its tensors (or nodes) do, and how (``"external_data"`` or
+    ``"delayed_initializer"``: a ``filename`` attribute)."""
 
     model: str
     tensor: str
     location: str
     tensors: int
+    via: Via = "external_data"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +89,35 @@ class SharedFile:
     users: tuple[ModelReference, ...]
 
 
-def model_references(model_path: str) -> dict[FileIdentity | str, ModelReference]:
-    """The files ``model_path`` references, keyed by identity (existing files) or by absolute path (missing ones).
+@dataclass(frozen=True, slots=True)
+class SharingScan:
+    """What :func:`scan_users` found: the users of each target, and every file any scanned model references."""
+
+    users: dict[str, list[ModelReference]]
+    referenced: frozenset[FileIdentity]
+    models: tuple[str, ...]
+
+
+def is_model_name(name: str) -> bool:
+    """Whether a file name is a model's: ends with ``.onnx`` in any case (``variant.ONNX`` loads like any name)."""
+    return name.lower().endswith(_MODEL_SUFFIX) and len(name) > len(_MODEL_SUFFIX)
+
+
+def file_key(path: str) -> FileKey:
+    """The key :func:`model_references` uses for ``path``: its identity when it exists, else its normalized path."""
+    absolute = os.path.normpath(os.path.abspath(path))
+    return _identity(absolute) or absolute
+
+
+def read_references(model_path: str) -> dict[FileKey, ModelReference] | None:
+    """The files the model at ``model_path`` references, by :func:`file_key`; None when it is not a parsable model.
 
     Args:
-        model_path: a ``.onnx`` file.
+        model_path: a file (usually a ``.onnx``).
 
     Returns:
-        One :class:`ModelReference` per referenced file; empty when the file is not a parsable model.
+        One :class:`ModelReference` per referenced file (external data locations and ``DelayedInitializer``
+        filenames), or None when the file is missing, unreadable or not an ONNX model.
     """
     from onnx_light_ref.io.read.wire import load_model_stripped  # the wire reader imports much; only writers need it
 
@@ -70,72 +125,94 @@ def model_references(model_path: str) -> dict[FileIdentity | str, ModelReference
         model = load_model_stripped(model_path, min_length=_SKIP_PAYLOADS).model
     except (OSError, ValueError) as exc:  # InvalidModelError is a ValueError
         logger.debug("not a model, skipped: %s (%s)", model_path, exc)
-        return {}
-    from onnx_light_ref.io.read.walker import iter_tensors
-
+        return None
     folder = os.path.dirname(os.path.abspath(model_path))
-    found: dict[FileIdentity | str, ModelReference] = {}
-    keys: dict[str, FileIdentity | str] = {}  # one stat per distinct location, not per tensor
-    counts: dict[FileIdentity | str, int] = {}
-    for site in iter_tensors(model):
-        if not is_external(site.tensor):
-            continue
-        location = _location(site.tensor)
-        if not location:
-            continue
+    found: dict[FileKey, ModelReference] = {}
+    counts: dict[FileKey, int] = {}
+    keys: dict[str, FileKey] = {}  # one stat per distinct name, not per tensor
+    for label, location, via in _named_files(model):
         key = keys.get(location)
         if key is None:
-            path = os.path.normpath(os.path.join(folder, location))
-            key = keys[location] = _identity(path) or path
+            key = keys[location] = file_key(os.path.join(folder, location))  # an absolute filename stays as it is
         counts[key] = counts.get(key, 0) + 1
         if key not in found:
-            found[key] = ModelReference(model_path, site.label, location, 0)
-    return {key: ModelReference(ref.model, ref.tensor, ref.location, counts[key]) for key, ref in found.items()}
+            found[key] = ModelReference(model_path, label, location, 0, via)
+    return {
+        key: ModelReference(ref.model, ref.tensor, ref.location, counts[key], ref.via) for key, ref in found.items()
+    }
 
 
-def check_not_shared(
-    weights_paths: Sequence[str],
-    dst_onnx: str,
-    *,
-    replace_shared: bool,
-    writer_models: Collection[str] = (),
-) -> None:
-    """Refuse to replace an existing weights file that another model of the folder references.
+def model_references(model_path: str) -> dict[FileKey, ModelReference]:
+    """:func:`read_references`, empty when the file is not a parsable model."""
+    return read_references(model_path) or {}
+
+
+def folders_reaching(paths: Iterable[str]) -> list[str]:
+    """Every folder from which a model can reach one of ``paths``: each file's folder and all its ancestors up to
+    ``/``, along the path as given and along its real path (module docstring); each folder once, deepest first."""
+    folders: list[str] = []
+    seen: set[FileIdentity | str] = set()
+    for path in paths:
+        folder = os.path.dirname(os.path.abspath(path))
+        for start in dict.fromkeys((folder, os.path.realpath(folder))):
+            for current in _ancestors(start):
+                key = _folder_identity(current) or current
+                if key not in seen:
+                    seen.add(key)
+                    folders.append(current)
+    return folders
+
+
+def models_in(folders: Iterable[str]) -> list[str]:
+    """The model files directly in each folder (:func:`is_model_name`, regular files or symlinks to one), sorted by
+    name per folder; folders that cannot be listed are skipped."""
+    models: list[str] = []
+    for folder in folders:
+        try:
+            with os.scandir(folder) as entries:
+                names = sorted(e.name for e in entries if is_model_name(e.name) and _is_file(e))
+        except OSError as exc:
+            logger.debug("cannot list %s for models (%s): skipped", folder, exc)
+            continue
+        models.extend(os.path.join(folder, name) for name in names)
+    return models
+
+
+def scan_users(targets: Collection[str], *, exclude: Collection[str] = ()) -> SharingScan:
+    """Find every model that can reach one of ``targets`` and references it.
 
     Args:
-        weights_paths: the weights files about to be written (only those that exist now are replaced).
-        dst_onnx: the ``.onnx`` being written (it is replaced too: its own references do not count).
-        replace_shared: True to replace shared files anyway (the caller accepts that the other models change).
-        writer_models: further ``.onnx`` files this writer rewrites itself (their references do not count).
+        targets: files about to be replaced (only those that exist, or are symlinks, can have users).
+        exclude: models that do not count (the writer's destination models, which it replaces).
 
-    Raises:
-        SharedWeightsError: a weights file that exists is referenced by another model, named in the message with
-            the tensor that uses it, unless ``replace_shared``.
+    Returns:
+        A :class:`SharingScan`: per target path, the models referencing it (in folder order); the identities of every
+        existing file any scanned model (not excluded) references, wherever it is; and the models scanned.
     """
-    if replace_shared:
-        return
-    targets: dict[FileIdentity | str, str] = {}
-    for path in weights_paths:
-        absolute = os.path.abspath(path)
+    wanted: dict[FileKey, str] = {}
+    for path in targets:
+        absolute = os.path.normpath(os.path.abspath(path))
         identity = _identity(absolute)
         if identity is not None:
-            targets[identity] = absolute
+            wanted[identity] = absolute
         elif os.path.lexists(absolute):
-            targets[os.path.normpath(absolute)] = absolute
-    if not targets:
-        return
-    own = {key for key in (_identity(os.path.abspath(p)) for p in (dst_onnx, *writer_models)) if key is not None}
-    own_paths = {os.path.abspath(p) for p in (dst_onnx, *writer_models)}
+            wanted[absolute] = absolute
+    excluded_paths = {os.path.normpath(os.path.abspath(p)) for p in exclude}
+    excluded = {key for key in (_identity(p) for p in excluded_paths) if key is not None}
     users: dict[str, list[ModelReference]] = {}
-    for model_path in _models_in(_folders(dst_onnx, weights_paths)):
-        if model_path in own_paths or _identity(model_path) in own:
+    referenced: set[FileIdentity] = set()
+    scanned: list[str] = []
+    for model_path in models_in(folders_reaching(targets)):
+        if os.path.normpath(model_path) in excluded_paths or _identity(model_path) in excluded:
             continue
+        scanned.append(model_path)
         for key, reference in model_references(model_path).items():
-            target = targets.get(key)
+            if isinstance(key, FileIdentity):
+                referenced.add(key)
+            target = wanted.get(key)
             if target is not None:
                 users.setdefault(target, []).append(reference)
-    if users:
-        raise SharedWeightsError(_message(users))
+    return SharingScan(users, frozenset(referenced), tuple(scanned))
 
 
 def folder_sharing(folder: str) -> list[SharedFile]:
@@ -145,54 +222,94 @@ def folder_sharing(folder: str) -> list[SharedFile]:
         folder: a folder holding ``.onnx`` files.
 
     Returns:
-        One :class:`SharedFile` per referenced file, in order of first reference (models sorted by name); a file
-        with several users is shared.
+        One :class:`SharedFile` per referenced file (external data and ``DelayedInitializer`` filenames), in order of
+        first reference (models sorted by name); a file with several users is shared.
     """
-    files: dict[FileIdentity | str, list[ModelReference]] = {}
-    paths: dict[FileIdentity | str, str] = {}
-    for model_path in _models_in([os.path.abspath(folder)]):
+    files: dict[FileKey, list[ModelReference]] = {}
+    paths: dict[FileKey, str] = {}
+    for model_path in models_in([os.path.abspath(folder)]):
         for key, reference in model_references(model_path).items():
             files.setdefault(key, []).append(reference)
             paths.setdefault(key, os.path.normpath(os.path.join(os.path.dirname(model_path), reference.location)))
     return [SharedFile(paths[key], tuple(users)) for key, users in files.items()]
 
 
-def _message(users: dict[str, list[ModelReference]]) -> str:
-    parts = []
-    for path, references in users.items():
-        named = ", ".join(
-            f"{r.model!r} ({r.tensors} tensor{'s' if r.tensors != 1 else ''}, e.g. {r.tensor!r})" for r in references
-        )
-        parts.append(f"weights file {path!r} is used by {named}")
-    return (
-        "; ".join(parts) + ": replacing it would silently change what those models compute. Write the weights under "
-        "another name (dst_weights_path / --weights, location=), or pass replace_shared=True (--replace-shared) to "
-        "replace it anyway; nothing was written."
-    )
+def files_referenced_near(folder: str) -> set[FileKey]:
+    """Every file that a model able to reach ``folder`` references (keys as in :func:`model_references`).
+
+    Those models are the ``.onnx`` files (any case) directly in ``folder`` and in each of its ancestors, along the
+    path as given and along its real path (:func:`folders_reaching`): a location has no ``..``, so no other model
+    can name a file of ``folder``. The publisher asks this before sweeping a dead writer's temp or bridge file, so
+    that a file some model loads is never deleted.
+
+    Args:
+        folder: the folder whose files are about to be removed.
+
+    Returns:
+        Identities of the referenced files that exist, absolute normalized paths of those that do not.
+    """
+    found: set[FileKey] = set()
+    for model_path in models_in(folders_reaching([os.path.join(os.path.abspath(folder), "_")])):
+        found.update(model_references(model_path))
+    return found
 
 
-def _folders(dst_onnx: str, weights_paths: Iterable[str]) -> list[str]:
-    """The destination's folder and every folder from it down to each weights file's folder."""
-    base = os.path.dirname(os.path.abspath(dst_onnx))
-    folders = [base]
-    for path in weights_paths:
-        current = os.path.dirname(os.path.abspath(path))
-        while current not in folders and current.startswith(base + os.sep):
-            folders.append(current)
-            current = os.path.dirname(current)
-    return folders
+def _named_files(model: onnx.ModelProto) -> Iterator[tuple[str, str, Via]]:
+    """(tensor or node label, location or filename, how) for every file the model names."""
+    from onnx_light_ref.io.read.walker import iter_tensors
 
-
-def _models_in(folders: Iterable[str]) -> list[str]:
-    models: list[str] = []
-    for folder in folders:
-        try:
-            with os.scandir(folder) as entries:
-                names = sorted(e.name for e in entries if e.name.endswith(_MODEL_SUFFIX))
-        except OSError:
+    for site in iter_tensors(model):
+        if is_external(site.tensor):
+            location = _location(site.tensor)
+            if location:
+                yield site.label, location, "external_data"
+    for node in _all_nodes(model):
+        if node.domain != DELAYED_DOMAIN or node.op_type != DELAYED_OP_TYPE:
             continue
-        models.extend(os.path.join(folder, name) for name in names)
-    return models
+        for attribute in node.attribute:
+            if attribute.name == DELAYED_FILENAME and attribute.s:
+                label = node.output[0] if node.output else (node.name or DELAYED_OP_TYPE)
+                yield label, os.fsdecode(attribute.s), "delayed_initializer"
+
+
+def _all_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    """Every node of the model: main graph, functions, training graphs, and every subgraph of those, at any depth."""
+    pending: list[onnx.GraphProto | onnx.FunctionProto] = [model.graph, *model.functions]
+    for training in model.training_info:
+        pending.extend(getattr(training, name) for name in ("initialization", "algorithm") if training.HasField(name))
+    while pending:
+        container = pending.pop()
+        for node in container.node:
+            yield node
+            for attribute in node.attribute:
+                if attribute.HasField("g"):
+                    pending.append(attribute.g)
+                pending.extend(attribute.graphs)
+
+
+def _ancestors(folder: str) -> Iterator[str]:
+    current = os.path.normpath(folder)
+    while True:
+        yield current
+        parent = os.path.dirname(current)
+        if parent == current:
+            return
+        current = parent
+
+
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_file()  # follows a symlink: a linked model resolves its locations from this folder
+    except OSError:
+        return False
+
+
+def _folder_identity(path: str) -> FileIdentity | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return FileIdentity(st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
 def _identity(path: str) -> FileIdentity | None:
@@ -205,8 +322,8 @@ def _identity(path: str) -> FileIdentity | None:
     return FileIdentity(st.st_dev, st.st_ino)
 
 
-def _location(tensor: object) -> str:
-    for entry in getattr(tensor, "external_data", ()):
+def _location(tensor: onnx.TensorProto) -> str:
+    for entry in tensor.external_data:
         key, value = entry.key, entry.value
         if isinstance(key, bytes) or isinstance(value, bytes):
             continue

@@ -9,7 +9,11 @@ of at least ``min_length`` bytes (and longer than :data:`PLACEHOLDER_LENGTH`) is
 length prefixes are re-encoded and every other byte is copied verbatim. Only that stripped metadata is handed to
 protobuf, so a ``.onnx`` larger than protobuf's 2 GiB limit parses as long as its metadata is smaller.
 
-This module must never read the file whole, never read a payload larger than its read-ahead window (it seeks over
+:func:`load_model_lean` is what the readers (``verify``, ``inspect``) call: a ``.onnx`` up to
+:data:`WHOLE_PARSE_LIMIT` (16 MiB) is parsed whole by :func:`~onnx_light_ref.io.read.model_file.load_model_metadata`,
+a larger one by the scan with every payload stripped, so their memory is the metadata, whatever the inline weights.
+
+This module's scan must never read the file whole, never read a payload larger than its read-ahead window (it seeks over
 them), never read past the end of the file, never loop without consuming bytes, and never raise anything for a bad
 file but :class:`InvalidModelError` (``FileNotFoundError`` for a missing one). ``docs/wire_format.md`` describes the
 format cases in detail.
@@ -30,13 +34,15 @@ from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io.arguments import PathLike, check_int
 from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.read.folder import ModelFolder, open_model_file
-from onnx_light_ref.io.read.model_file import not_a_model_file
+from onnx_light_ref.io.read.model_file import check_model_strings, load_model_metadata, not_a_model_file
 
 __all__ = [
     "MAX_NESTING_DEPTH",
     "PLACEHOLDER_LENGTH",
+    "WHOLE_PARSE_LIMIT",
     "InlinePayload",
     "StrippedModel",
+    "load_model_lean",
     "load_model_stripped",
 ]
 
@@ -85,6 +91,14 @@ _NONCE_LENGTH = 16
 _INDEX_LENGTH = 8
 PLACEHOLDER_LENGTH = len(_MAGIC) + _NONCE_LENGTH + _INDEX_LENGTH
 """Bytes of the placeholder that replaces a stripped payload; only longer payloads are stripped."""
+
+WHOLE_PARSE_LIMIT = 16 * 1024 * 1024
+"""A ``.onnx`` up to this size is parsed whole by :func:`load_model_lean`, a larger one by the wire scan.
+
+Parsing whole holds the file twice (the bytes read and protobuf's parsed copy): 32 MiB at this size, as much as two
+default chunks of ``verify``. Below it the scan would cost more time than the memory it saves (protobuf is 17-66x
+faster on many small tensors, ``benchmarks/wire_scan_timing.py``); above it the scan's cost, a few microseconds per
+tensor, is small beside reading the weights, and memory stays the metadata alone whatever the inline weights."""
 
 _MAX_VARINT_BYTES = 10
 _MAX_TAG = 2**32 - 1
@@ -239,6 +253,46 @@ def load_model_stripped(path: PathLike, min_length: int, *, folder: ModelFolder 
         inode=st.st_ino,
         mtime_ns=st.st_mtime_ns,
     )
+
+
+def load_model_lean(
+    path: PathLike, *, folder: ModelFolder | None = None, check_strings: bool = True
+) -> tuple[onnx.ModelProto, StrippedModel | None]:
+    """Parse a model's metadata with bounded memory, whatever the size of its inline weights: what readers use.
+
+    A ``.onnx`` of at most :data:`WHOLE_PARSE_LIMIT` bytes is parsed whole
+    (:func:`~onnx_light_ref.io.read.model_file.load_model_metadata`); a larger one, also one over protobuf's 2 GiB
+    limit, by the wire scan with every payload longer than :data:`PLACEHOLDER_LENGTH` left in the file
+    (:func:`load_model_stripped` with ``min_length=0``). Memory is then the metadata (names, graph, typed fields,
+    payloads of at most 32 bytes), never the inline weights: ``verify`` reads the stripped payloads back from the
+    ``.onnx`` through its chunk buffers, ``inspect`` never reads them.
+
+    Args:
+        path: the ``.onnx`` file.
+        folder: its held folder (:func:`~onnx_light_ref.io.read.model_file.open_model_folder`): opened through it.
+        check_strings: refuse a string that is not UTF-8, as
+            :func:`~onnx_light_ref.io.read.model_file.load_model_metadata` does (``inspect`` reports them instead).
+
+    Returns:
+        The parsed model and, when the scan parsed it, the :class:`StrippedModel` saying where each stripped payload
+        is (``None`` for a model parsed whole, whose inline payloads are in the model).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist or is not a regular file.
+        InvalidModelError: ``path`` cannot be parsed as a model (the scan names the byte offset), has no graph, its
+            metadata alone exceeds 2 GiB, or (``check_strings``) it has a string that is not UTF-8.
+    """
+    path = os.fspath(path)
+    try:
+        size = os.stat(os.path.basename(path), dir_fd=folder.fd).st_size if folder else os.stat(path).st_size
+    except OSError:
+        size = 0  # missing or unusable: load_model_metadata raises the package's error for it
+    if size <= WHOLE_PARSE_LIMIT:
+        return load_model_metadata(path, check_strings=check_strings, folder=folder), None
+    stripped = load_model_stripped(path, 0, folder=folder)
+    if check_strings:
+        check_model_strings(stripped.model, what=repr(path))
+    return stripped.model, stripped
 
 
 def _diagnose(fd: int, size: int, path: str, min_length: int, prefix: bytes, refusal: InvalidModelError) -> None:

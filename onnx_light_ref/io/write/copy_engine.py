@@ -55,6 +55,7 @@ __all__ = [
     "can_clone",
     "merge_ranges",
     "open_source",
+    "read_range",
 ]
 
 logger = logging.getLogger(__name__)
@@ -152,6 +153,22 @@ def _merged(ordered: Iterable[CopyRange]) -> Iterator[CopyRange]:
         pending = item
     if pending is not None:
         yield pending
+
+
+def read_range(item: CopyRange) -> bytes:
+    """The ``item.length`` bytes at ``item.src_offset`` of its (validated) source, into memory: for the few small
+    payloads a writer keeps inline; fewer bytes when the file ended (the caller says what that means).
+
+    Raises:
+        ExternalDataError, FileNotFoundError: as :func:`open_source`.
+    """
+    fd = open_source(item)
+    try:
+        data = bytearray(item.length)
+        got = pread_exact(fd, memoryview(data), item.src_offset)
+    finally:
+        os.close(fd)
+    return bytes(data[:got]) if got != item.length else bytes(data)
 
 
 def open_source(item: CopyRange) -> int:

@@ -1,7 +1,9 @@
 """Checks on the files a writer is about to create: where they really land, and that none is a source or another.
 
-Every writer (aligners, shared saver, undelay) calls :func:`weights_location` to get the ``location`` it stores and
-:func:`check_outputs` before its first byte is written. Destinations are compared by real identity, never by path
+The writer contract (:mod:`~onnx_light_ref.io.write.contract`) runs :func:`weights_location` for every file a
+destination model will reference and :func:`check_output_files` on every file a writer creates or replaces, before
+its first byte is written and again under the folder lock; writers get their ``location`` strings from
+:func:`weights_location` too. Destinations are compared by real identity, never by path
 string: a folder is identified by its device and inode (so ``out/self -> .`` and ``out`` are the same folder), a file
 by the folder it lands in and its name (publication renames over the name, so a symlink *at* the name is replaced,
 not followed) and, when it already exists, by its own device and inode (hard links, symlinks to a source).
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from onnx_light_ref.errors import DestinationConflictError, UnsafeLocationError
 from onnx_light_ref.io.read.locations import FileIdentity, check_location_syntax, is_inside
 
-__all__ = ["DestinationKey", "check_outputs", "destination_key", "weights_location"]
+__all__ = ["DestinationKey", "check_output_files", "check_outputs", "destination_key", "weights_location"]
 
 _DEFAULT_NAME_MAX = 255
 
@@ -130,12 +132,23 @@ def _name_max(folder: str) -> int:
 
 
 def check_outputs(dst_onnx: str, weights_paths: Sequence[str], sources: Mapping[FileIdentity, str]) -> None:
+    """:func:`check_output_files` of the ``.onnx`` and its weights files (``dst_onnx`` first)."""
+    check_output_files([dst_onnx, *weights_paths], sources)
+
+
+def check_output_files(
+    paths: Sequence[str],
+    sources: Mapping[FileIdentity, str],
+    source_names: Mapping[DestinationKey, str] | None = None,
+) -> None:
     """Refuse outputs that alias each other or a source, before anything is written.
 
     Args:
-        dst_onnx: the ``.onnx`` to write.
-        weights_paths: the weights files to write beside it (may be empty).
-        sources: identity -> path of every file the job reads (the source ``.onnx`` included).
+        paths: every file the job creates or replaces (``.onnx`` files, weights, indexes, arrays).
+        sources: identity -> path of every file the job reads (the source ``.onnx`` included), or a description
+            of it starting with ``"the "`` (``"the file of --input 'x'"``).
+        source_names: where files the outputs will be read through land (real folder and name), with a
+            description: names that do not exist yet (an unchecked reused reference) but will be read.
 
     Raises:
         FileNotFoundError: the folder of an output does not exist (or is not a folder).
@@ -143,7 +156,7 @@ def check_outputs(dst_onnx: str, weights_paths: Sequence[str], sources: Mapping[
             the same device and inode); an output is a source (same device and inode: the same path, a hard link, a
             symlink to it); an output exists and is a directory; an output name is longer than its folder allows.
     """
-    outputs = [os.path.abspath(os.fspath(path)) for path in (dst_onnx, *weights_paths)]
+    outputs = [os.path.abspath(os.fspath(path)) for path in paths]
     keys: dict[DestinationKey, str] = {}
     identities: dict[FileIdentity, str] = {}
     for path in outputs:
@@ -157,7 +170,7 @@ def check_outputs(dst_onnx: str, weights_paths: Sequence[str], sources: Mapping[
         if len(os.fsencode(name)) > _name_max(folder):
             raise DestinationConflictError(
                 f"destination {path!r}: its name is {len(os.fsencode(name))} bytes, longer than the "
-                f"{_name_max(folder)} bytes its folder allows."
+                f"{_name_max(folder)} bytes its folder allows; nothing was written."
             )
         other = keys.get(key)
         if other is not None:
@@ -168,12 +181,15 @@ def check_outputs(dst_onnx: str, weights_paths: Sequence[str], sources: Mapping[
         keys[key] = path
         for identity, is_dir in _existing_identities(path):
             if is_dir:
-                raise DestinationConflictError(f"destination {path!r} exists and is a directory.")
+                raise DestinationConflictError(
+                    f"destination {path!r} exists and is a directory; it is never replaced (nothing was written)."
+                )
             source = sources.get(identity)
             if source is not None:
+                what = source if source.startswith("the ") else f"the source file {source!r}"
                 raise DestinationConflictError(
-                    f"destination {path!r} is the source file {source!r} (the same file, a hard link of it or a "
-                    "symlink to it): writing it would destroy the source. Choose another destination."
+                    f"destination {path!r} is {what} (the same file, a hard link of it or a symlink to it): writing "
+                    "it would destroy the source. Choose another destination; nothing was written."
                 )
             other = identities.get(identity)
             if other is not None and other != path:
@@ -181,6 +197,12 @@ def check_outputs(dst_onnx: str, weights_paths: Sequence[str], sources: Mapping[
                     f"destinations {other!r} and {path!r} are the same existing file (a hard link or a symlink)."
                 )
             identities[identity] = path
+        read_as = (source_names or {}).get(key)
+        if read_as is not None:
+            raise DestinationConflictError(
+                f"destination {path!r} is where {read_as} (same real folder and name): it would read the new bytes. "
+                "Choose another destination; nothing was written."
+            )
 
 
 def _existing_identities(path: str) -> list[tuple[FileIdentity, bool]]:

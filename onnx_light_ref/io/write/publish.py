@@ -17,17 +17,36 @@ process killed at *any* system call leaves the destination ``.onnx`` describing 
   in (commit B: same values, final names) and the bridge deleted. Between A and B a killed run leaves a complete
   new model that references its bridge file; the next publication to that destination deletes it.
 
+A family of models sharing one set of weights files is published the same way by
+:meth:`FamilyTransaction.publish_models` (the same :class:`_Publication`, with several models): the weights names no
+previous member references first, then, when a previous member references one, every member's commit A before the
+copies to the final names, then every member's final commit, one after the other (a kill between two members leaves
+some new and some previous, each consistent). Before its first move it records the weights names it writes in a
+*journal* (``.olr~<tag>~<pid>~<random>.journal`` beside the first weights file, deleted after the last commit): a run
+killed after moving a weights name in and before any member references it leaves a file no model uses, and the
+journal is what tells the next run that this file is the family's own leftover (:func:`journal_leftovers`, read by
+:mod:`~onnx_light_ref.io.write.ownership`).
+
 Temp names are ``.olr~<hash of the final name>~<pid>~<random>.tmp`` (at most 50 bytes whatever the final name) and
-their writer holds an ``flock`` on them until they are published or deleted. A later run removes such a file only
-when it is one of ours for the same destination (the name pattern), its writer is gone (pid dead *and* the lock
-free: a writer in another pid namespace still holds its lock), and it is not one of the current job's sources.
-Bridge files are removed only under the destination folder's lock, by a publication to a ``.onnx`` that does not
-reference them. All moves of one publication happen under an exclusive ``flock`` on each destination folder, so two
-jobs writing the same destination publish one after the other. ``durable=False`` skips every ``fsync`` (files and
-folders) but keeps the temp files, the lock and the atomic moves: same bytes, no power-loss durability.
+their writer holds an ``flock`` on them until they are published or deleted. :func:`sweep_dead_writers` removes such
+files (every final name's, so a killed sharded run's shards do not stay when later runs write fewer) only when the
+name is one of ours, the writer is gone (pid dead *and* the lock free: a writer in another pid namespace still holds
+its lock), it is not one of the current job's sources, and no model that can reach the folder references it. Temp
+files are swept when a job stages its first file in a folder (before space is reserved, so their disk is free
+again); bridge files only under the destination folder's lock, before the first move and again after the commit.
+All moves of one publication happen under an exclusive ``flock`` on each destination folder, so two jobs writing
+the same destination publish one after the other. ``durable=False`` skips every ``fsync`` (files and folders) but
+keeps the temp files, the lock and the atomic moves: same bytes, no power-loss durability.
+
+What a publication reports (``docs/durability.md``, "Outcomes"): an ``OSError`` only while nothing is published
+(every move undone: the destination is the previous model); after the commit, the steps that follow (the ``fsync``
+making it durable, removing previous versions and bridge files) all run even when one fails, and their failures
+are raised together as :class:`~onnx_light_ref.errors.PublishedWithErrorsError` (:class:`AfterCommit`). With
+``durable=True`` an ``fsync`` error (EIO, ENOSPC, EROFS...) of a file or folder is an error (:func:`fsync_or_raise`);
+only "not supported" answers (EINVAL, ENOTSUP) are ignored.
 
 This module never writes outside the destination folders, never creates a hard link, and never deletes a file that
-is not one of its own temp or bridge files.
+is not one of its own temp, bridge or journal files.
 """
 
 from __future__ import annotations
@@ -48,25 +67,31 @@ from dataclasses import dataclass
 from types import TracebackType
 
 import onnx
-from google.protobuf.message import DecodeError
 
+from onnx_light_ref.errors import InvalidModelError, PublishedWithErrorsError
 from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.posix import pread_exact, pwrite_all
 from onnx_light_ref.io.read.locations import FileIdentity
 from onnx_light_ref.io.read.model_file import serialize_model
-from onnx_light_ref.io.read.sharing import model_references
+from onnx_light_ref.io.read.sharing import files_referenced_near
 from onnx_light_ref.io.read.walker import iter_tensors
+from onnx_light_ref.io.read.wire import load_model_stripped
 from onnx_light_ref.io.write.space import reserve_space
 
 __all__ = [
+    "AfterCommit",
     "FamilyTransaction",
     "OutputTransaction",
     "StagedFile",
-    "family_leftovers",
     "folder_lock",
+    "fsync_folder",
+    "fsync_or_raise",
+    "is_publisher_file",
+    "journal_leftovers",
     "publish_all",
     "remove_stale_temp_files",
     "staged_files",
+    "sweep_dead_writers",
 ]
 
 logger = logging.getLogger(__name__)
@@ -74,9 +99,25 @@ logger = logging.getLogger(__name__)
 _TEMP_PREFIX = ".olr~"
 _TEMP_SUFFIX = ".tmp"
 _BRIDGE_SUFFIX = ".bridge"
-_ANY_BRIDGE = re.compile(
-    re.escape(_TEMP_PREFIX) + r"[0-9a-f]{12}~(\d{1,10})~[0-9a-f]{16}" + re.escape(_BRIDGE_SUFFIX) + "$"
+# Any temp or bridge name of this module, whatever final name it was made for: group 1 the pid, group 2 the suffix.
+_ANY_OWN_NAME = re.compile(
+    re.escape(_TEMP_PREFIX)
+    + r"[0-9a-f]{12}~(\d{1,10})~[0-9a-f]{16}("
+    + re.escape(_TEMP_SUFFIX)
+    + "|"
+    + re.escape(_BRIDGE_SUFFIX)
+    + ")$"
 )
+
+# fsync answers meaning "this file or filesystem does not fsync" (some FUSE and special filesystems), as opposed to
+# an I/O error: ignored. Anything else (EIO, ENOSPC, EROFS, EDQUOT...) means the data may not be on disk.
+_FSYNC_UNSUPPORTED = frozenset((errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)))
+
+# unlink answers that mean "not ours to remove" (another user's file in a sticky folder): a sweep skips the file.
+_NOT_OURS = frozenset((errno.EPERM, errno.EACCES))
+
+BeforeCommit = Callable[[], Collection[FileIdentity] | None]
+"""A re-check run under the folder lock right before the first move; returns identities never to delete."""
 
 # Test seam for deterministic fault injection: when set, called with a short name of every system call the
 # publication is about to make (tests/hardening/test_publish_kill_points.py kills the process at the k-th one).
@@ -92,12 +133,6 @@ def _syscall(name: str) -> None:
 def _name_tag(final_name: str) -> str:
     """A short, stable tag of the final name: temp names stay short and a sweep only sees its own destination's."""
     return hashlib.sha256(os.fsencode(final_name)).hexdigest()[:12]
-
-
-def _temp_pattern(final_name: str, suffix: str = _TEMP_SUFFIX) -> re.Pattern[str]:
-    return re.compile(
-        re.escape(f"{_TEMP_PREFIX}{_name_tag(final_name)}~") + r"(\d{1,10})~[0-9a-f]{16}" + re.escape(suffix) + "$"
-    )
 
 
 def _own_name(final_path: str, suffix: str) -> str:
@@ -136,46 +171,128 @@ def _lock_free(path: str, expected: os.stat_result) -> bool:
         os.close(fd)
 
 
-def _writer_gone(pid: int, *, ours_too: bool = False) -> bool:
-    """The pid of a temp or bridge name is not running (``ours_too``: or is this process, see :class:`_Publication`)."""
-    return (ours_too and pid == os.getpid()) or not _pid_alive(pid)
+# Base names of the temp and bridge files this process's StagedFile objects own right now (registered before the file
+# is created, dropped when it is published or deleted). A name of this pid that is not here is a leftover (a removal
+# that failed after a commit): a long-running process must be able to sweep its own, not only a dead one's.
+_LIVE_TEMPS: set[str] = set()
 
 
-def _remove_stale(final_path: str, suffix: str, keep: Collection[FileIdentity], *, ours_too: bool = False) -> list[str]:
-    folder, name = os.path.split(os.path.abspath(final_path))
-    pattern = _temp_pattern(name, suffix)
+def _writer_gone(pid: int, name: str) -> bool:
+    """The writer of the temp or bridge file ``name`` (its pid) is gone, or is this process and no longer owns it."""
+    if pid == os.getpid():
+        return name not in _LIVE_TEMPS
+    return not _pid_alive(pid)
+
+
+@dataclass(frozen=True)
+class SweepFailure:
+    """A dead writer's file that :func:`sweep_dead_writers` could not remove, and why."""
+
+    path: str
+    error: OSError
+
+
+def _dead_writer_files(folder: str, suffixes: Collection[str], keep: Collection[FileIdentity]) -> list[str]:
+    """Temp/bridge files of ``folder`` with one of ``suffixes`` whose writer is gone and whose lock is free."""
     kept = set(keep)
-    removed = []
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        for entry in os.scandir(folder):
-            match = pattern.match(entry.name)
-            if not match or not entry.is_file(follow_symlinks=False):
+    found = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(folder) as entries:
+        for entry in entries:
+            match = _ANY_OWN_NAME.match(entry.name)
+            if not match or match.group(2) not in suffixes or not entry.is_file(follow_symlinks=False):
                 continue
-            if not _writer_gone(int(match.group(1)), ours_too=ours_too):
+            if not _writer_gone(int(match.group(1)), entry.name):
                 continue
             try:
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            if FileIdentity(st.st_dev, st.st_ino) in kept or not _lock_free(entry.path, st):
+            if FileIdentity(st.st_dev, st.st_ino) not in kept and _lock_free(entry.path, st):
+                found.append(entry.path)
+    return sorted(found)
+
+
+def _identity_of(path: str) -> FileIdentity | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return FileIdentity(st.st_dev, st.st_ino)
+
+
+def _referenced(path: str, references: Collection[FileIdentity | str]) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return True  # gone or unreadable: nothing to remove
+    return FileIdentity(st.st_dev, st.st_ino) in references or os.path.normpath(path) in references
+
+
+def sweep_dead_writers(
+    folder: str,
+    *,
+    keep: Collection[FileIdentity] = (),
+    bridges: bool = False,
+    failures: list[SweepFailure] | None = None,
+) -> list[str]:
+    """Delete the temp files (and, with ``bridges``, the bridge files) that dead writers left in ``folder``.
+
+    Every final name's files are candidates (a killed sharded run leaves one temp file per shard, each a shard of
+    disk, whatever the later runs write). A file is removed only when its name is one of this module's, it is a
+    regular file, its writer is gone (pid dead and lock free, see :func:`_dead_writer_files`), its identity is not in
+    ``keep`` (the current job's sources) and no model that can reach ``folder`` references it (the ``.onnx`` files
+    in ``folder`` and its ancestors: a run killed between its two commits leaves a model on bridge names, and a
+    variant saved from it references them too). Bridge files are only swept under the folder lock (by a
+    publication); temp files are protected by their writer's pid and lock alone.
+
+    Args:
+        folder: the destination folder.
+        keep: identities never removed.
+        bridges: also sweep bridge files (only under :func:`folder_lock` of ``folder``).
+        failures: when given, a removal that fails is recorded there and the sweep goes on; else it raises.
+
+    Returns:
+        The paths removed, sorted.
+
+    Raises:
+        OSError: a removal failed (without ``failures``). A file another user owns in a sticky folder (EPERM,
+            EACCES) is skipped with a warning, never an error: it is not ours to remove.
+    """
+    suffixes = (_TEMP_SUFFIX, _BRIDGE_SUFFIX) if bridges else (_TEMP_SUFFIX,)
+    candidates = _dead_writer_files(folder, suffixes, keep)
+    if not candidates:
+        return []
+    references = files_referenced_near(folder)  # read only when there is something to remove
+    removed = []
+    for path in candidates:
+        if _referenced(path, references):
+            logger.info("kept %s left by a killed run: a model references it", path)
+            continue
+        try:
+            _syscall("unlink")
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            if exc.errno in _NOT_OURS:
+                logger.warning("cannot remove %s left by a killed run (%s); skipped", path, exc.strerror)
                 continue
-            with contextlib.suppress(FileNotFoundError):
-                _syscall("unlink")
-                os.unlink(entry.path)
-                removed.append(entry.name)
-                logger.info("removed %s left by a killed run", entry.path)
+            if failures is None:
+                raise
+            failures.append(SweepFailure(path, exc))
+            continue
+        removed.append(path)
+        logger.info("removed %s left by a killed run", path)
     return removed
 
 
 def remove_stale_temp_files(final_path: str, *, keep: Collection[FileIdentity] = ()) -> list[str]:
-    """Delete temp files of ``final_path`` left by dead writers; return the names removed.
+    """Delete the temp files dead writers left in the folder of ``final_path``; return the names removed.
 
-    A file is removed only when its name is one of this module's temp names for ``final_path``, it is a regular
-    file, its writer's pid is dead and its lock is free, and its identity is not in ``keep`` (the current job's
-    sources: a source that happens to be named like a temp file is never touched). Bridge files are not temp files:
-    a published model may reference one (see the module docstring); only a publication removes them.
+    :func:`sweep_dead_writers` without bridge files (those are swept under the folder lock by a publication).
     """
-    return _remove_stale(final_path, _TEMP_SUFFIX, keep)
+    folder = os.path.dirname(os.path.abspath(final_path))
+    return [os.path.basename(path) for path in sweep_dead_writers(folder, keep=keep)]
 
 
 class StagedFile:
@@ -193,9 +310,14 @@ class StagedFile:
             raise FileNotFoundError(errno.ENOENT, f"destination folder does not exist: {folder!r}", folder)
         remove_stale_temp_files(self.final_path, keep=keep)
         self.temp_path = _own_name(self.final_path, _TEMP_SUFFIX)
+        _LIVE_TEMPS.add(os.path.basename(self.temp_path))  # before it exists: a sweep in another thread skips it
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-        _syscall("open")
-        self.fd: int | None = os.open(self.temp_path, flags, 0o666)
+        try:
+            _syscall("open")
+            self.fd: int | None = os.open(self.temp_path, flags, 0o666)
+        except BaseException:
+            _LIVE_TEMPS.discard(os.path.basename(self.temp_path))
+            raise
         self.committed = False
         self.keep_temp = False  # set when a published model references the temp name (see _Publication)
         # A second descriptor of the same open file holds the temp file's lock until it is renamed or deleted, so
@@ -208,7 +330,17 @@ class StagedFile:
         except OSError as exc:  # a filesystem without flock: the pid in the name still protects the file
             logger.debug("cannot lock temp file %s: %s", self.temp_path, exc)
 
+    def rename_temp(self, new_temp_path: str) -> None:
+        """Move the temp file to ``new_temp_path`` (a bridge name), still owned by this object."""
+        _LIVE_TEMPS.add(os.path.basename(new_temp_path))
+        _syscall("rename")
+        os.rename(self.temp_path, new_temp_path)
+        _LIVE_TEMPS.discard(os.path.basename(self.temp_path))
+        self.temp_path = new_temp_path
+
     def _release_lock(self) -> None:
+        """Release the lock and the ownership of the temp name (published or deleted: what is left is not ours)."""
+        _LIVE_TEMPS.discard(os.path.basename(self.temp_path))
         if self._lock_fd is not None:
             fd, self._lock_fd = self._lock_fd, None
             _syscall("close")
@@ -231,8 +363,7 @@ class StagedFile:
             fd, self.fd = self.fd, None
             try:
                 if self.durable:
-                    _syscall("fsync")
-                    os.fsync(fd)
+                    fsync_or_raise(fd, f"{self.final_path!r} (staged as {os.path.basename(self.temp_path)!r})")
             finally:
                 _syscall("close")
                 os.close(fd)
@@ -242,37 +373,183 @@ class StagedFile:
         publish_all([self])
 
     def discard(self) -> None:
-        """Close and delete the temp file (no-op after commit)."""
-        if self.fd is not None:
-            fd, self.fd = self.fd, None
-            os.close(fd)
-        if not self.committed and not self.keep_temp:
-            with contextlib.suppress(FileNotFoundError):
-                _syscall("unlink")
-                os.unlink(self.temp_path)
-        self._release_lock()
+        """Close and delete the temp file (no-op after commit); never raises ``OSError``.
+
+        It runs while another error propagates (the one the caller must see): a removal the filesystem refuses
+        (remounted read-only, EIO) is logged and the file left to a later sweep.
+        """
+        try:
+            if self.fd is not None:
+                fd, self.fd = self.fd, None
+                os.close(fd)
+            if not self.committed and not self.keep_temp:
+                with contextlib.suppress(FileNotFoundError):
+                    _syscall("unlink")
+                    os.unlink(self.temp_path)
+        except OSError as exc:
+            logger.warning("could not remove the temp file %s (%s); a later run sweeps it", self.temp_path, exc)
+        finally:
+            with contextlib.suppress(OSError):
+                self._release_lock()
 
 
-def _fsync_folder(folder: str) -> None:
-    try:
-        _syscall("open")
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError:  # e.g. a folder we may not open; the moves are still atomic
-        return
+def fsync_or_raise(fd: int, what: str) -> None:
+    """``fsync(fd)`` for ``durable=True``: an I/O error raises, naming ``what``; "not supported" is ignored.
+
+    EIO, ENOSPC, EROFS, EDQUOT... mean the bytes or the names may not be on disk: the publication must not report
+    a durable result. EINVAL and ENOTSUP/EOPNOTSUPP mean the file or filesystem does not fsync (some FUSE and
+    special filesystems): nothing more can be done there, and the moves stay atomic.
+
+    Raises:
+        OSError: the same ``errno``, with a message naming ``what``.
+    """
     try:
         _syscall("fsync")
         os.fsync(fd)
-    except OSError as exc:  # some filesystems refuse fsync on folders
-        logger.debug("fsync of folder %s failed: %s", folder, exc)
+    except OSError as exc:
+        if exc.errno in _FSYNC_UNSUPPORTED:
+            logger.debug("fsync of %s is not supported here: %s", what, exc)
+            return
+        raise OSError(
+            exc.errno,
+            f"fsync of {what} failed ({exc.strerror or exc}): its data may not be on disk (durable=False, "
+            "--no-fsync, skips every fsync)",
+        ) from exc
+
+
+def fsync_folder(folder: str) -> None:
+    """fsync a folder (its names: the moves of a publication), raising on I/O errors as :func:`fsync_or_raise`.
+
+    Raises:
+        OSError: the folder cannot be opened (it must be, to be fsynced), or its fsync failed.
+    """
+    try:
+        _syscall("open")
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot open the folder {folder!r} to fsync it ({exc.strerror or exc})") from exc
+    try:
+        fsync_or_raise(fd, f"the folder {folder!r}")
     finally:
         _syscall("close")
         os.close(fd)
 
 
+def _folders_of(paths: Collection[str]) -> list[str]:
+    return list(dict.fromkeys(os.path.dirname(path) for path in paths))
+
+
 def _fsync_folders(paths: Collection[str], durable: bool) -> None:
     if durable:
-        for folder in dict.fromkeys(os.path.dirname(path) for path in paths):
-            _fsync_folder(folder)
+        for folder in _folders_of(paths):
+            fsync_folder(folder)
+
+
+class AfterCommit:
+    """The steps after a commit point: each runs even when an earlier one fails, and no failure is an ``OSError``.
+
+    Once the new model is in place, an ``OSError`` (which means "destination unchanged") would be a lie, and a
+    caller restoring its state on it would undo a published model. Each step's ``OSError`` is recorded instead;
+    :meth:`finish` raises them together as :class:`~onnx_light_ref.errors.PublishedWithErrorsError`, naming what is
+    published, which fsync failed (the commit may not survive a power loss) and which hidden files are left (a later
+    publication into the folder sweeps them). Used by every publication of this module: one model, a family of
+    models (``models``: every member now in place), or files that reference nothing (:func:`publish_all`).
+    """
+
+    def __init__(self, published: str, *, what: str | None = None, models: Sequence[str] = ()) -> None:
+        self.published = published  # the .onnx (or first file) that is now in place
+        self.models = tuple(models) or (published,)
+        self.what = what if what is not None else ", ".join(repr(path) for path in self.models)
+        self.errors: list[OSError] = []
+        self.problems: list[str] = []
+        self.leftover_files: list[str] = []
+        self.sync_failed = False
+
+    def _record(self, exc: OSError, problem: str) -> None:
+        self.errors.append(exc)
+        self.problems.append(problem)
+        logger.info("%s is published, but %s", self.what, problem)  # the error raised by finish() says it too
+
+    def fsync_folders(self, paths: Collection[str], durable: bool) -> None:
+        """fsync the folders of ``paths`` (when ``durable``), every one even when one fails."""
+        if not durable:
+            return
+        for folder in _folders_of(paths):
+            try:
+                fsync_folder(folder)
+            except OSError as exc:
+                self.sync_failed = True
+                reason = os.strerror(exc.errno) if exc.errno else str(exc)
+                self._record(exc, f"the fsync of the folder {folder!r} that makes it durable failed ({reason})")
+
+    def remove(self, path: str) -> None:
+        """Delete one hidden file of the publication (a previous version, a bridge file); absent is fine."""
+        try:
+            _syscall("unlink")
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self.leftover_files.append(path)
+            self._record(exc, f"removing the hidden file {path!r} failed ({exc.strerror or exc})")
+
+    def sweep(self, folders: Collection[str], keep: Collection[FileIdentity]) -> None:
+        """:func:`sweep_dead_writers` (bridge files included) of each folder, under the caller's folder lock."""
+        # A removal that just failed is reported as left over, not retried here (the report must stay true).
+        keep = set(keep) | {identity for path in self.leftover_files if (identity := _identity_of(path)) is not None}
+        for folder in dict.fromkeys(folders):
+            failures: list[SweepFailure] = []
+            try:
+                sweep_dead_writers(folder, keep=keep, bridges=True, failures=failures)
+            except OSError as exc:  # listing the folder or reading a model failed
+                self._record(exc, f"sweeping the files killed runs left in {folder!r} failed ({exc.strerror or exc})")
+            for failure in failures:
+                self.leftover_files.append(failure.path)
+                reason = failure.error.strerror or failure.error
+                self._record(failure.error, f"removing {failure.path!r}, left by a killed run, failed ({reason})")
+
+    def attempt(self, call: Callable[[], None], problem: str) -> None:
+        """Run ``call``; an ``OSError`` is recorded as ``problem`` (e.g. closing a lock descriptor)."""
+        try:
+            call()
+        except OSError as exc:
+            self._record(exc, f"{problem} ({exc.strerror or exc})")
+
+    def finish(self) -> None:
+        """Raise :class:`~onnx_light_ref.errors.PublishedWithErrorsError` when any step failed; else nothing.
+
+        Raises:
+            PublishedWithErrorsError: with every failure, the first one as ``__cause__``.
+        """
+        if not self.errors:
+            return
+        several = len(self.models) > 1
+        hint = []
+        if self.sync_failed:
+            hint.append(
+                f"the new model{'s are' if several else ' is'} in place but may not survive a power loss: run the job "
+                "again or sync"
+            )
+        if self.leftover_files:
+            hint.append(
+                f"{len(self.leftover_files)} hidden file(s) are left; the next publication into this folder removes "
+                "them"
+            )
+        published = "are published (every new model is in place and loads)" if several else _PUBLISHED
+        message = (
+            f"{self.what} {published}, but " + "; ".join(self.problems) + (f" ({'; '.join(hint)})" if hint else "")
+        )
+        raise PublishedWithErrorsError(
+            message,
+            model_path=self.published,
+            errors=self.errors,
+            leftover_files=self.leftover_files,
+            sync_failed=self.sync_failed,
+            published_models=self.models,
+        ) from self.errors[0]
+
+
+_PUBLISHED = "is published (the new model is in place and loads)"
 
 
 # ------------------------------------------------------------------------------------------------- atomic moves
@@ -371,13 +648,11 @@ def _undo_all(moves: Sequence[_Move]) -> int:
     return 0
 
 
-def _delete_previous(moves: Sequence[_Move]) -> None:
+def _delete_previous(moves: Sequence[_Move], after: AfterCommit) -> None:
     """After the commit: delete the previous versions the exchanges left under temp names."""
     for move in moves:
         if move.kind == "exchanged":
-            with contextlib.suppress(FileNotFoundError):
-                _syscall("unlink")
-                os.unlink(move.temp)
+            after.remove(move.temp)
 
 
 # ------------------------------------------------------------------------------------------- the transaction
@@ -409,6 +684,12 @@ class OutputTransaction:
         self.durable = check_bool("durable", durable)
         self.keep = frozenset(keep)
         self.files: list[StagedFile] = []
+        self._published = False
+
+    @property
+    def committed(self) -> bool:
+        """True once the new model is in place (even when a later step failed or was interrupted)."""
+        return self._published
 
     def __enter__(self) -> OutputTransaction:
         return self
@@ -426,27 +707,66 @@ class OutputTransaction:
         return staged
 
     def publish(
-        self, model_path: str, model_bytes: bytes, *, before_commit: Callable[[], None] | None = None
+        self,
+        model_path: str,
+        model_bytes: bytes,
+        *,
+        before_commit: BeforeCommit | None = None,
+        result: object = None,
     ) -> StagedFile:
         """Write the ``.onnx`` under a temp name, then publish the staged weights and it, the ``.onnx`` rename last.
 
         ``before_commit`` (when given) runs after every file is flushed, under the folder lock, right before the first
-        move: the last moment to re-check a source the ``.onnx`` will point at (``link``'s checkpoint); what it
-        raises leaves every destination as it was.
+        move: the writer contract's re-check (:func:`~onnx_light_ref.io.write.contract.recheck_plan`: sharers saved
+        meanwhile, files that appeared at an output name, ``link``'s checkpoint). What it raises leaves every
+        destination as it was; the identities it returns are files other models reference, which this publication
+        never deletes (a bridge file a variant was saved against), on top of ``keep``. ``result`` (the writer's
+        return value) is attached to a :class:`~onnx_light_ref.errors.PublishedWithErrorsError`, so its caller still
+        learns what was written.
 
-        Returns the ``.onnx``'s :class:`StagedFile` (committed). Raises what writing or moving raises, after
-        undoing every move already done (the destinations are then as before the call).
+        Returns the ``.onnx``'s :class:`StagedFile` (committed).
+
+        Raises:
+            OSError: writing, an fsync or a move failed before the commit; every move is undone (the destination is
+                the previous model).
+            PublishedWithErrorsError: the new model is published, but a step after the commit failed (or the final
+                names failed and the new model stays published on bridge names); see :class:`AfterCommit`.
         """
-        model_file = self.stage(model_path)
-        model_file.write_all(model_bytes, 0)
-        weights = self.files[:-1]
+        return self._publish([(model_path, model_bytes)], before_commit, result)[0]
+
+    def _publish(
+        self,
+        models: Sequence[tuple[str, bytes]],
+        before_commit: BeforeCommit | None,
+        result: object,
+        journal: str | None = None,
+    ) -> list[StagedFile]:
+        """Stage every model after the weights, then publish them all under the folder lock (:class:`_Publication`);
+        ``journal``: the first weights file beside which the names of the weights files are recorded first."""
+        model_files = []
+        for path, data in models:
+            model_file = self.stage(path)
+            model_file.write_all(data, 0)
+            model_files.append(model_file)
+        weights = self.files[: len(self.files) - len(model_files)]
         for staged in self.files:
             staged.flush()
-        with folder_lock([os.path.dirname(staged.final_path) for staged in self.files]):
-            if before_commit is not None:
-                before_commit()
-            _Publication(weights, model_file, model_bytes, self.keep).run()
-        return model_file
+        try:
+            with folder_lock([os.path.dirname(staged.final_path) for staged in self.files]):
+                protected = before_commit() if before_commit is not None else None
+                record = _Journal(journal, weights, self.durable) if journal is not None else None
+                publication = _Publication(
+                    weights, model_files, [data for _, data in models], self.keep | frozenset(protected or ()), record
+                )
+                try:
+                    publication.run()
+                finally:
+                    self._published = bool(publication.published)
+        except PublishedWithErrorsError as exc:
+            if exc.result is None:
+                exc.result = result
+            raise
+        return model_files
 
 
 def _discard_all(files: Sequence[StagedFile]) -> None:
@@ -502,17 +822,30 @@ def folder_lock(folders: Collection[str]) -> Iterator[None]:
             os.close(fd)  # releases the lock
 
 
-def publish_all(files: Sequence[StagedFile]) -> None:
+def publish_all(files: Sequence[StagedFile], *, before_commit: BeforeCommit | None = None) -> None:
     """Flush every file, then move each to its final name in order, under :func:`folder_lock`.
+
+    ``before_commit`` runs under the lock right before the first move, as for :meth:`OutputTransaction.publish`
+    (what it raises leaves every destination as it was; what it returns is not needed: nothing but the previous
+    versions is deleted here).
 
     For files that do not reference each other (e.g. ``.npy`` outputs): each destination is always absent, its
     previous version or the new file. A failure part-way (a move raising) swaps back every file already moved, so
     the destinations are exactly as before the call; the previous versions are deleted only after the last move. A
     model (an ``.onnx`` and the weights it references) is published by :meth:`OutputTransaction.publish` instead.
+
+    Raises:
+        OSError: an fsync or a move failed; every move is undone (the destinations are as before).
+        PublishedWithErrorsError: every file is published, but the folder fsync or removing a previous version
+            failed (:class:`AfterCommit`).
     """
+    if not files:
+        return
     for staged in files:
         staged.flush()
     with folder_lock([os.path.dirname(staged.final_path) for staged in files]):
+        if before_commit is not None:
+            before_commit()
         moves: list[_Move] = []
         try:
             for staged in files:
@@ -523,10 +856,16 @@ def publish_all(files: Sequence[StagedFile]) -> None:
             for staged in files[kept:]:
                 staged.committed = False
             raise
-        _fsync_folders([staged.final_path for staged in files if staged.durable], True)
-        _delete_previous(moves)
+        after = AfterCommit(files[0].final_path, what=_describe([staged.final_path for staged in files]))
+        after.fsync_folders([staged.final_path for staged in files if staged.durable], True)
+        _delete_previous(moves, after)
         for staged in files:
-            staged._release_lock()
+            after.attempt(staged._release_lock, f"releasing the lock of {staged.final_path!r} failed")
+        after.finish()
+
+
+def _describe(paths: Sequence[str]) -> str:
+    return repr(paths[0]) + (f" (and {len(paths) - 1} more output(s))" if len(paths) > 1 else "")
 
 
 # ------------------------------------------------------------------------------------- what a model references
@@ -569,33 +908,32 @@ def _locations(model: onnx.ModelProto) -> Iterator[tuple[onnx.StringStringEntryP
 
 
 def _read_references(model_path: str) -> _References:
-    """What the ``.onnx`` now at ``model_path`` references (reads it, writes nothing)."""
+    """What the ``.onnx`` now at ``model_path`` references (reads its metadata, writes nothing).
+
+    Through the wire reader with every inline payload skipped: a previous ``.onnx`` holding 384 MiB inline (an
+    in-place externalization) costs its metadata in memory, not three copies of the file. The file parsed must be
+    the regular file ``lstat`` saw (a symlink, or a name swapped meanwhile, is "unknown": the safe side).
+    """
     try:
-        _syscall("open")
-        fd = os.open(model_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        _syscall("lstat")
+        st = os.lstat(model_path)
     except FileNotFoundError:
         return _References(known=True)
-    except OSError:  # a symlink (ELOOP), no permission...: what it references is unknown
+    except OSError:  # no permission on the folder...: what it references is unknown
+        return _References(known=False)
+    if not stat.S_ISREG(st.st_mode):  # a symlink, a folder...
         return _References(known=False)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return _References(known=False)
-        size = st.st_size
-        buffer = bytearray(size)
         _syscall("read")
-        if pread_exact(fd, memoryview(buffer), 0) < size:
-            return _References(known=False)
-    finally:
-        os.close(fd)
-    model = onnx.ModelProto()
-    try:
-        model.ParseFromString(bytes(buffer))
-        found = list(_locations(model))
-    except (DecodeError, ValueError, RuntimeError):
+        stripped = load_model_stripped(model_path, 0)
+    except InvalidModelError:
         return _References(known=True)  # not a model any loader reads: nothing of it to keep loadable
+    except OSError:  # gone or swapped for a non-file meanwhile, unreadable: unknown
+        return _References(known=False)
+    if (stripped.device, stripped.inode) != (st.st_dev, st.st_ino):
+        return _References(known=False)
     folder = os.path.dirname(model_path)
-    paths = frozenset(os.path.normpath(os.path.join(folder, location)) for _, location in found)
+    paths = frozenset(os.path.normpath(os.path.join(folder, location)) for _, location in _locations(stripped.model))
     identities = set()
     for path in paths:
         with contextlib.suppress(OSError):
@@ -656,306 +994,14 @@ def _copy_file(src_path: str, dst_fd: int, size: int, final_path: str) -> None:
 
 
 class _Publication:
-    """One model publication, run under the folder lock (see the module docstring for the order of the moves)."""
+    """One publication under the folder lock: the weights files, then every model that references them (one for
+    :meth:`OutputTransaction.publish`, every member of a family for :meth:`FamilyTransaction.publish_models`).
 
-    def __init__(
-        self, weights: Sequence[StagedFile], model: StagedFile, model_bytes: bytes, keep: Collection[FileIdentity]
-    ) -> None:
-        self.weights = weights
-        self.model = model
-        self.model_bytes = model_bytes
-        self.keep = keep
-        self.durable = model.durable
-        self.moves: list[_Move] = []
-        self.extra: list[StagedFile] = []  # temp files of the bridge step
-        self.bridges: list[str] = []
-        self.previous = _References(known=False)
-        self.bridge_commit: int | None = None  # index of commit A in `moves`
-
-    def run(self) -> None:
-        previous = _read_references(self.model.final_path)
-        self.previous = previous
-        self._sweep_bridges(previous)
-        clashing = [staged for staged in self.weights if previous.has(staged.final_path)]
-        try:
-            for staged in self.weights:
-                if staged not in clashing:
-                    self.moves.append(_move(staged.temp_path, staged.final_path))
-            if clashing:
-                self._bridge(clashing)
-            _fsync_folders([staged.final_path for staged in self.weights], self.durable)
-            self.moves.append(_move(self.model.temp_path, self.model.final_path))  # the commit
-        except BaseException:
-            kept = _undo_all(self.moves)
-            if kept and self.bridge_commit is not None and kept > self.bridge_commit:
-                # Commit A could not be undone (no RENAME_EXCHANGE): the destination is the new model through its
-                # bridge files, which must stay; the next publication to it removes them.
-                for staged in self.weights:
-                    staged.keep_temp = True
-            _discard_all(self.extra)
-            # A bridge file is its weights file's temp name now (the caller may still read it back; its cleanup
-            # deletes it unless kept above).
-            raise
-        for staged in [*self.weights, self.model]:
-            staged.committed = True
-        _fsync_folders([self.model.final_path], self.durable)
-        _delete_previous(self.moves)
-        for path in [*self.bridges, *self._previous_bridges()]:
-            with contextlib.suppress(FileNotFoundError):
-                _syscall("unlink")
-                os.unlink(path)
-        for staged in [*self.weights, self.model, *self.extra]:
-            staged._release_lock()
-        if self.bridges:
-            _fsync_folders(self.bridges, self.durable)
-
-    def _bridge(self, clashing: Sequence[StagedFile]) -> None:
-        """Commit A (a bridge ``.onnx`` referencing the new files under bridge names), then the final names."""
-        mapping = {}
-        for staged in clashing:
-            bridge = _own_name(staged.final_path, _BRIDGE_SUFFIX)
-            _syscall("rename")
-            os.rename(staged.temp_path, bridge)
-            self.bridges.append(bridge)
-            staged.temp_path = bridge  # after a failure the caller's cleanup deletes it (unless a model uses it)
-            mapping[os.path.normpath(staged.final_path)] = bridge
-        bridge_model = StagedFile(self.model.final_path, durable=self.durable, keep=self.keep)
-        self.extra.append(bridge_model)
-        bridge_model.write_all(_bridge_model(self.model_bytes, self.model.final_path, mapping), 0)
-        bridge_model.flush()
-        _fsync_folders([*self.bridges, *(staged.final_path for staged in self.weights)], self.durable)
-        self.bridge_commit = len(self.moves)
-        self.moves.append(_move(bridge_model.temp_path, self.model.final_path))  # commit A
-        _fsync_folders([self.model.final_path], self.durable)
-        for staged, bridge in zip(clashing, self.bridges, strict=True):
-            copy = StagedFile(staged.final_path, durable=self.durable, keep=self.keep)
-            self.extra.append(copy)
-            assert copy.fd is not None
-            _copy_file(bridge, copy.fd, os.stat(bridge).st_size, staged.final_path)
-            copy.flush()
-            self.moves.append(_move(copy.temp_path, staged.final_path))  # its temp name now holds the previous file
-
-    def _previous_bridges(self) -> list[str]:
-        """Bridge files the replaced ``.onnx`` referenced (a run killed between its two commits), now unreferenced.
-
-        Only those in a folder this publication holds locked, whose writer is dead (or is this process: every
-        publication of ours holds the folder lock, so none of ours is in flight there) and whose lock is free.
-        """
-        locked = {os.path.dirname(staged.final_path) for staged in [*self.weights, self.model]}
-        found = []
-        for path in sorted(self.previous.paths):
-            match = _ANY_BRIDGE.match(os.path.basename(path))
-            if not match or os.path.dirname(path) not in locked or not _writer_gone(int(match.group(1)), ours_too=True):
-                continue
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            if (
-                stat.S_ISREG(st.st_mode)
-                and FileIdentity(st.st_dev, st.st_ino) not in self.keep
-                and _lock_free(path, st)
-            ):
-                found.append(path)
-        return found
-
-    def _sweep_bridges(self, previous: _References) -> None:
-        """Delete bridge files of this job's weights names left by a dead run, unless the current model uses them."""
-        if not previous.known:
-            return
-        keep = set(self.keep) | set(previous.identities)
-        for staged in self.weights:
-            _remove_stale(staged.final_path, _BRIDGE_SUFFIX, keep, ours_too=True)
-
-
-# ------------------------------------------------------------------------------------- a family of models
-
-
-class FamilyTransaction(OutputTransaction):
-    """The outputs of a family of models, published together: shared weights files, then every member's ``.onnx``.
-
-    Stage the weights files with :meth:`stage` as for :class:`OutputTransaction`, then call :meth:`publish_models`
-    once with every member's path and serialized bytes. A process killed at *any* system call leaves every member
-    loadable, computing its previous or its new values (members are committed one after the other, so some may be
-    new and others previous); a failure that raises undoes every move, leaving the whole family as it was.
-
-    The order of the moves (under the lock of every destination folder):
-
-    * weights names that no previous member references are moved into place first (no previous member reads them);
-    * when a previous member references a weights name the family writes again (re-running over the same folder),
-      that name cannot change while any previous member may still read it. Each such new file is first renamed to a
-      bridge name; every member is then swapped in as a *bridge* ``.onnx`` referencing the bridge files (commit A of
-      each member: it computes its new values); once no model references the final names any more, a copy of each
-      bridge file (a reflink clone where the filesystem can) takes its final name, then each member's final
-      ``.onnx`` is swapped in (commit B) and the bridge files are deleted;
-    * otherwise each member's ``.onnx`` is swapped in: its one commit.
-
-    Bridge files of dead runs are swept unless a model of the destination folders still references them; those the
-    replaced members referenced are deleted after the last commit (see the module docstring for the single model).
+    The order of the moves is the module docstring's; with several models, every model's commit A comes before the
+    copies to the final names (no previous model may read a final name that changes), and every model's final
+    commit after them. ``commits[i]`` lists where model ``i``'s commits are in ``moves``, so that after a failure
+    that could not be undone (no ``RENAME_EXCHANGE``) the models whose new version stands are known.
     """
-
-    def publish_models(
-        self,
-        models: Sequence[tuple[str, bytes]],
-        *,
-        before_commit: Callable[[], None] | None = None,
-        journal: str | None = None,
-    ) -> list[StagedFile]:
-        """Write each member's ``.onnx`` under a temp name, then publish the staged weights and every member.
-
-        ``before_commit`` (when given) runs after every file is flushed, under the folder locks, right before the
-        first move (the writer's checks, again); what it raises leaves every destination as it was.
-
-        ``journal`` (when given: the first weights file's path) records, before the first move, the names of the
-        staged weights files in a hidden file next to it, deleted after the last commit: a run killed in between
-        leaves it, and :func:`family_leftovers` tells the next run which files at those names a dead run of this
-        family wrote (they are the family's, even though no member references them yet).
-
-        Returns the members' :class:`StagedFile` objects (committed), in the order given. Raises what writing or
-        moving raises, after undoing every move already done.
-        """
-        weights = list(self.files)
-        staged: list[StagedFile] = []
-        for path, data in models:
-            member = self.stage(path)
-            member.write_all(data, 0)
-            staged.append(member)
-        for item in self.files:
-            item.flush()
-        with folder_lock([os.path.dirname(item.final_path) for item in self.files]):
-            if before_commit is not None:
-                before_commit()
-            record = _write_journal(journal, weights, self.durable, self.keep) if journal is not None else None
-            publication = _FamilyPublication(weights, staged, [data for _, data in models], self.keep)
-            try:
-                publication.run()
-            except BaseException:
-                if record is not None and publication.kept_moves == 0:
-                    record.discard()  # every move was undone: nothing of this run is left to account for
-                raise
-            if record is not None:
-                record.discard()
-                _fsync_folders([record.final_path], self.durable)
-        return staged
-
-
-_JOURNAL_SUFFIX = "~family"
-_JOURNAL_MAX_BYTES = 1024 * 1024  # a journal lists a few file names; a larger file at that name is not ours
-
-
-def _write_journal(
-    weights_path: str, weights: Sequence[StagedFile], durable: bool, keep: Collection[FileIdentity]
-) -> StagedFile:
-    """The journal of a family publication: the names of its weights files, durable before the first move."""
-    record = StagedFile(weights_path + _JOURNAL_SUFFIX, durable=durable, keep=keep)
-    try:
-        folder = os.path.dirname(record.final_path)
-        names = [os.path.relpath(item.final_path, folder) for item in weights]
-        content = json.dumps({"files": names}).encode("utf-8")
-        record.write_all(content, 0)
-        record.set_size(len(content))
-        record.flush()
-        _fsync_folders([record.final_path], durable)
-    except BaseException:
-        record.discard()
-        raise
-    return record
-
-
-def family_leftovers(weights_path: str) -> frozenset[str]:
-    """Files a family publication to ``weights_path`` was writing when its process died (its journal is left).
-
-    Only journals of this module's temp-name pattern for ``weights_path``, whose writer is gone (pid dead, lock
-    free), naming files of their own folder. Reads, never deletes (the next publication's staging sweeps them).
-
-    Args:
-        weights_path: the first weights file of the family.
-
-    Returns:
-        Absolute paths of the files those journals name (existing or not).
-    """
-    folder, name = os.path.split(os.path.abspath(weights_path))
-    pattern = _temp_pattern(name + _JOURNAL_SUFFIX)
-    found: set[str] = set()
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(folder) as entries:
-        for entry in entries:
-            match = pattern.match(entry.name)
-            if not match or not entry.is_file(follow_symlinks=False) or not _writer_gone(int(match.group(1))):
-                continue
-            with contextlib.suppress(OSError, ValueError):
-                st = entry.stat(follow_symlinks=False)
-                if st.st_size > _JOURNAL_MAX_BYTES or not _lock_free(entry.path, st):
-                    continue
-                with open(entry.path, encoding="utf-8") as handle:
-                    listed = json.load(handle).get("files", [])
-                found.update(
-                    os.path.join(folder, item)
-                    for item in listed
-                    if isinstance(item, str) and item == os.path.basename(item)
-                )
-    return frozenset(found)
-
-
-def _rename_to_bridges(clashing: Sequence[StagedFile], bridges: list[str]) -> dict[str, str]:
-    """Give each staged file of ``clashing`` a bridge name (appended to ``bridges``); return final -> bridge path.
-
-    The staged file's temp path becomes its bridge: after a failure its cleanup deletes it, unless a model uses it.
-    """
-    mapping: dict[str, str] = {}
-    for staged in clashing:
-        bridge = _own_name(staged.final_path, _BRIDGE_SUFFIX)
-        _syscall("rename")
-        os.rename(staged.temp_path, bridge)
-        bridges.append(bridge)
-        staged.temp_path = bridge
-        mapping[os.path.normpath(staged.final_path)] = bridge
-    return mapping
-
-
-def _copy_to_final_names(
-    clashing: Sequence[StagedFile],
-    bridges: Sequence[str],
-    extra: list[StagedFile],
-    moves: list[_Move],
-    keep: Collection[FileIdentity],
-) -> None:
-    """Give each bridge file's final name a copy of it (a reflink clone where possible), once nothing references
-    the final names; the staged copies go to ``extra`` and the moves (previous file to a temp name) to ``moves``."""
-    for staged, bridge in zip(clashing, bridges, strict=True):
-        copy = StagedFile(staged.final_path, durable=staged.durable, keep=keep)
-        extra.append(copy)
-        assert copy.fd is not None
-        _copy_file(bridge, copy.fd, os.stat(bridge).st_size, staged.final_path)
-        copy.flush()
-        moves.append(_move(copy.temp_path, staged.final_path))
-
-
-def _model_files_in(folders: Collection[str]) -> list[str]:
-    """Every ``.onnx`` (any case) directly in ``folders``: the models that may reference a file there."""
-    found: list[str] = []
-    for folder in dict.fromkeys(folders):
-        with contextlib.suppress(OSError), os.scandir(folder) as entries:
-            found.extend(
-                entry.path
-                for entry in entries
-                if entry.name.lower().endswith(".onnx") and entry.is_file(follow_symlinks=False)
-            )
-    return sorted(found)
-
-
-def _referenced_by_others(folders: Collection[str], members: Collection[str]) -> frozenset[FileIdentity]:
-    """Identities of the files that the models of ``folders`` other than ``members`` reference (metadata only)."""
-    own = {os.path.normpath(path) for path in members}
-    found: set[FileIdentity] = set()
-    for model_path in _model_files_in(folders):
-        if os.path.normpath(model_path) in own:
-            continue
-        found.update(key for key in model_references(model_path) if isinstance(key, FileIdentity))
-    return frozenset(found)
-
-
-class _FamilyPublication:
-    """One family publication, run under the folder locks (see :class:`FamilyTransaction` for the order)."""
 
     def __init__(
         self,
@@ -963,50 +1009,155 @@ class _FamilyPublication:
         models: Sequence[StagedFile],
         model_bytes: Sequence[bytes],
         keep: Collection[FileIdentity],
+        journal: _Journal | None = None,
     ) -> None:
         self.weights = weights
         self.models = models
         self.model_bytes = model_bytes
-        self.keep = frozenset(keep)
-        self.durable = models[0].durable if models else True
+        self.keep = keep
+        self.journal = journal
+        self.durable = models[0].durable
         self.moves: list[_Move] = []
-        self.extra: list[StagedFile] = []  # bridge models and final-name copies
+        self.extra: list[StagedFile] = []  # temp files of the bridge step
         self.bridges: list[str] = []
         self.previous: list[_References] = []
-        self.first_bridge_commit: int | None = None  # index in `moves` of the first member's commit A
-        self.kept_moves = 0  # after a failure: the moves that could not be undone (no RENAME_EXCHANGE)
-        self.folders = sorted({os.path.dirname(staged.final_path) for staged in [*weights, *models]})
-        self.in_use: frozenset[FileIdentity] = frozenset()
+        self.commits: list[list[int]] = [[] for _ in models]  # per model, the index in `moves` of each commit
+        self.bridge_commit: int | None = None  # index of the first commit A in `moves`
+        self.bridge_synced = False  # the folder fsync after the commits A succeeded
+        self.standing = 0  # moves done and not undone
+
+    @property
+    def published(self) -> list[StagedFile]:
+        """The models whose new version is in place (a commit done and not undone), in order."""
+        return [
+            model for model, done in zip(self.models, self.commits, strict=True) if done and done[0] < self.standing
+        ]
 
     def run(self) -> None:
         self.previous = [_read_references(model.final_path) for model in self.models]
-        self.in_use = _referenced_by_others(self.folders, [model.final_path for model in self.models])
-        self._sweep_bridges()
         clashing = [staged for staged in self.weights if any(p.has(staged.final_path) for p in self.previous)]
         try:
+            self._sweep_before()
             for staged in self.weights:
                 if staged not in clashing:
                     self.moves.append(_move(staged.temp_path, staged.final_path))
+                    self.standing = len(self.moves)
             if clashing:
-                self._publish_bridged(clashing)
-            else:
-                _fsync_folders([staged.final_path for staged in self.weights], self.durable)
-                for model in self.models:
-                    self.moves.append(_move(model.temp_path, model.final_path))  # the member's commit
-        except BaseException:
-            kept = self.kept_moves = _undo_all(self.moves)
-            if self.first_bridge_commit is not None and kept > self.first_bridge_commit:
-                # A bridge commit could not be undone (no RENAME_EXCHANGE): that member references its bridge files,
-                # which must stay; the next publication to it removes them.
+                self._bridge(clashing)
+            _fsync_folders([staged.final_path for staged in self.weights], self.durable)
+            for index, model in enumerate(self.models):
+                self._commit(index, model.temp_path)  # commit B, or the only commit
+        except BaseException as exc:
+            self.standing = _undo_all(self.moves)
+            if self.bridge_commit is not None and self.standing > self.bridge_commit:
+                # A commit A could not be undone (no RENAME_EXCHANGE, or the undo failed): that model is the new one
+                # through its bridge files, which must stay; the next publication to it removes them.
                 for staged in self.weights:
                     staged.keep_temp = True
             _discard_all(self.extra)
+            # A bridge file is its weights file's temp name now (the caller may still read it back; its cleanup
+            # deletes it unless kept above).
+            self._journal_after_failure()
+            if self.published and isinstance(exc, Exception):
+                raise self._published_partly(exc) from exc
             raise
-        self._finish()
+        self._after_commit()
 
-    def _publish_bridged(self, clashing: Sequence[StagedFile]) -> None:
-        """Commit A of every member (bridge names), the final weights names, then commit B of every member."""
-        mapping = _rename_to_bridges(clashing, self.bridges)
+    def _commit(self, index: int, temp_path: str) -> None:
+        self.commits[index].append(len(self.moves))
+        self.moves.append(_move(temp_path, self.models[index].final_path))
+        self.standing = len(self.moves)
+
+    def _published_partly(self, exc: Exception) -> PublishedWithErrorsError:
+        """A failure that could not be undone left new models in place: published, never an ``OSError``."""
+        published = [model.final_path for model in self.published]
+        previous = [model.final_path for model in self.models if model.final_path not in published]
+        on_bridges = self.bridge_commit is not None and self.standing > self.bridge_commit
+        names = ", ".join(repr(os.path.basename(b)) for b in self.bridges)
+        if len(self.models) == 1:
+            message = (
+                f"{published[0]!r} {_PUBLISHED}, but on hidden bridge names ({names}): moving its weights to their "
+                f"final names failed ({exc}) and could not be undone. The next publication to this destination "
+                "removes them."
+            )
+        else:
+            where = f" (some on hidden bridge names: {names}, which the next publication removes)" if on_bridges else ""
+            message = (
+                f"{', '.join(map(repr, published))} {'are' if len(published) > 1 else 'is'} published (each new "
+                f"model is in place and loads){where}, but the publication failed ({exc}) and could not be undone: "
+                + (
+                    f"{', '.join(map(repr, previous))} {'are' if len(previous) > 1 else 'is'} still the previous "
+                    "version (each loads and computes its previous values)"
+                    if previous
+                    else "every member is new"
+                )
+                + ". Run the job again to publish the whole family."
+            )
+        return PublishedWithErrorsError(
+            message,
+            model_path=published[0],
+            errors=[exc] if isinstance(exc, OSError) else [],
+            sync_failed=self.durable and not self.bridge_synced,
+            published_models=published,
+            previous_models=previous,
+        )
+
+    def _sweep_before(self) -> None:
+        """Under the lock, before the first move: what dead writers left in the destination folders (bridges too).
+
+        Frees their disk before the bridge copies; a file a previous ``.onnx`` (or any model that can reach the
+        folder) references is kept. A removal that fails raises: nothing is moved yet.
+        """
+        if not all(previous.known for previous in self.previous):
+            return  # what a destination uses is unknown: sweep nothing it might reference
+        keep = set(self.keep)
+        for previous in self.previous:
+            keep |= previous.identities
+        for folder in _folders_of([staged.final_path for staged in [*self.weights, *self.models]]):
+            sweep_dead_writers(folder, keep=keep, bridges=True)
+
+    def _after_commit(self) -> None:
+        """Every step after the last commit, each run even when one fails; failures raised together
+        (:class:`AfterCommit`).
+
+        The bridge files of a replaced ``.onnx`` (a run killed between its two commits) are unreferenced now: the
+        sweep removes them with every other dead writer's file, unless another model references them.
+        """
+        for staged in [*self.weights, *self.models]:
+            staged.committed = True
+        paths = [model.final_path for model in self.models]
+        after = AfterCommit(paths[0], models=paths)
+        after.fsync_folders(paths, self.durable)
+        _delete_previous(self.moves, after)
+        for path in self.bridges:
+            after.remove(path)
+        if self.journal is not None:
+            self.journal.finish(after)
+        for staged in [*self.weights, *self.models, *self.extra]:
+            after.attempt(staged._release_lock, f"releasing the lock of {staged.final_path!r} failed")
+        after.sweep(_folders_of([staged.final_path for staged in [*self.weights, *self.models]]), self.keep)
+        if self.bridges or self.journal is not None:
+            after.fsync_folders([*self.bridges, *([self.journal.path] if self.journal else [])], self.durable)
+        after.finish()
+
+    def _journal_after_failure(self) -> None:
+        """Nothing of this run stands: its journal goes; else it stays, naming what this run left at final names."""
+        if self.journal is None:
+            return
+        if self.standing == 0:
+            self.journal.discard()
+        else:
+            self.journal.release()
+
+    def _bridge(self, clashing: Sequence[StagedFile]) -> None:
+        """Every model's commit A (a bridge ``.onnx`` referencing the new files under bridge names), then the
+        final names."""
+        mapping = {}
+        for staged in clashing:
+            bridge = _own_name(staged.final_path, _BRIDGE_SUFFIX)
+            staged.rename_temp(bridge)  # after a failure the caller's cleanup deletes it (unless a model uses it)
+            self.bridges.append(bridge)
+            mapping[os.path.normpath(staged.final_path)] = bridge
         bridge_models = []
         for model, model_bytes in zip(self.models, self.model_bytes, strict=True):
             bridge_model = StagedFile(model.final_path, durable=self.durable, keep=self.keep)
@@ -1015,64 +1166,188 @@ class _FamilyPublication:
             bridge_model.flush()
             bridge_models.append(bridge_model)
         _fsync_folders([*self.bridges, *(staged.final_path for staged in self.weights)], self.durable)
-        self.first_bridge_commit = len(self.moves)
-        for model, bridge_model in zip(self.models, bridge_models, strict=True):
-            self.moves.append(_move(bridge_model.temp_path, model.final_path))  # commit A of this member
+        self.bridge_commit = len(self.moves)
+        for index, bridge_model in enumerate(bridge_models):
+            self._commit(index, bridge_model.temp_path)  # commit A of this model
         _fsync_folders([model.final_path for model in self.models], self.durable)
-        # No model references a final name of `clashing` any more: the previous members are replaced, the others
-        # never did (the writer's sharing check, again under this lock).
-        _copy_to_final_names(clashing, self.bridges, self.extra, self.moves, self.keep)
-        _fsync_folders([staged.final_path for staged in clashing], self.durable)
-        for model in self.models:
-            self.moves.append(_move(model.temp_path, model.final_path))  # commit B of this member
+        self.bridge_synced = True
+        for staged, bridge in zip(clashing, self.bridges, strict=True):
+            copy = StagedFile(staged.final_path, durable=self.durable, keep=self.keep)
+            self.extra.append(copy)
+            assert copy.fd is not None
+            _copy_file(bridge, copy.fd, os.stat(bridge).st_size, staged.final_path)
+            copy.flush()
+            self.moves.append(_move(copy.temp_path, staged.final_path))  # its temp name now holds the previous file
+            self.standing = len(self.moves)
 
-    def _finish(self) -> None:
-        """After the last commit: delete the previous versions, the bridges, and release every lock."""
-        for staged in [*self.weights, *self.models]:
-            staged.committed = True
-        _fsync_folders([model.final_path for model in self.models], self.durable)
-        _delete_previous(self.moves)
-        for path in [*self.bridges, *self._previous_bridges()]:
+
+# ------------------------------------------------------------------------------------------ a family of models
+
+
+class FamilyTransaction(OutputTransaction):
+    """The outputs of a family of models, published together: shared weights files, then every member's ``.onnx``.
+
+    Stage the weights files with :meth:`stage` as for :class:`OutputTransaction`, then call :meth:`publish_models`
+    once with every member's path and serialized bytes. The publication is :class:`OutputTransaction`'s with
+    several models (module docstring): a process killed at *any* system call leaves every member loadable,
+    computing its previous or its new values (members are committed one after the other, so some may be new and
+    others previous); a failure that raises before any member is new undoes every move, leaving the whole family as
+    it was (an ``OSError``); one that leaves some member new is a
+    :class:`~onnx_light_ref.errors.PublishedWithErrorsError` naming which members are published and which are
+    still previous.
+    """
+
+    def __enter__(self) -> FamilyTransaction:
+        return self
+
+    def publish_models(
+        self,
+        models: Sequence[tuple[str, bytes]],
+        *,
+        before_commit: BeforeCommit | None = None,
+        result: object = None,
+        journal: str | None = None,
+    ) -> list[StagedFile]:
+        """Write each member's ``.onnx`` under a temp name, then publish the staged weights and every member.
+
+        ``before_commit`` runs after every file is flushed, under the folder locks, right before the first move, as
+        for :meth:`OutputTransaction.publish` (the writer contract's
+        :func:`~onnx_light_ref.io.write.contract.recheck_plan`): what it raises leaves every destination as it was;
+        the identities it returns are never deleted. ``result`` is attached to a
+        :class:`~onnx_light_ref.errors.PublishedWithErrorsError`.
+
+        ``journal`` (when given: the first weights file's path) records, before the first move, the names of the
+        staged weights files in a hidden file beside it, deleted after the last commit: a run killed in between
+        leaves it, and :func:`journal_leftovers` tells the next run which files at those names a dead run of this
+        weights set wrote (they are its own leftovers, rule 3 of the writer contract, though no member references
+        them yet). Dead runs' journals of the same weights set are deleted after the last commit too.
+
+        Returns:
+            The members' :class:`StagedFile` objects (committed), in the order given.
+
+        Raises:
+            OSError: writing, an fsync or a move failed while no member is new; every move is undone.
+            PublishedWithErrorsError: some or every member is published, but a step after its commit failed (its
+                ``published_models`` and ``previous_models`` say which are new and which are previous).
+        """
+        return self._publish(models, before_commit, result, journal)
+
+
+_JOURNAL_SUFFIX = ".journal"
+_JOURNAL_MAX_BYTES = 1024 * 1024  # a journal lists a few file names; a larger file at such a name is not read
+# A journal of this module, whatever weights set it was made for: group 1 the tag of the first weights file's name,
+# group 2 the pid. Not a temp or bridge name: sweep_dead_writers leaves it (it is evidence, until the set is
+# published again).
+_ANY_JOURNAL = re.compile(
+    re.escape(_TEMP_PREFIX) + r"([0-9a-f]{12})~(\d{1,10})~[0-9a-f]{16}" + re.escape(_JOURNAL_SUFFIX) + "$"
+)
+
+
+class _Journal:
+    """The journal of one publication (module docstring): the weights names it moves in, durable before the first
+    move, locked by its writer while it lives."""
+
+    def __init__(self, weights_base: str, weights: Sequence[StagedFile], durable: bool) -> None:
+        self.weights_base = os.path.abspath(weights_base)
+        self.path = _own_name(self.weights_base, _JOURNAL_SUFFIX)
+        folder = os.path.dirname(self.path)
+        names = [os.path.relpath(staged.final_path, folder) for staged in weights]
+        content = json.dumps({"files": names}).encode("utf-8")
+        _LIVE_TEMPS.add(os.path.basename(self.path))
+        self.fd: int | None = None
+        try:
+            _syscall("open")
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            with contextlib.suppress(OSError):  # a filesystem without flock: the pid in the name still protects it
+                _syscall("flock")
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _syscall("pwrite")
+            pwrite_all(self.fd, content, 0)
+            if durable:
+                fsync_or_raise(self.fd, f"the journal {self.path!r}")
+            _fsync_folders([self.path], durable)
+        except BaseException:
+            self.discard()
+            raise
+
+    def release(self) -> None:
+        """Close it (its lock goes): from now on it is a dead writer's journal, evidence for the next run."""
+        _LIVE_TEMPS.discard(os.path.basename(self.path))
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            _syscall("close")
+            os.close(fd)
+
+    def discard(self) -> None:
+        """Delete it (nothing of its run stands); never raises ``OSError`` (another error is propagating)."""
+        try:
             with contextlib.suppress(FileNotFoundError):
                 _syscall("unlink")
-                os.unlink(path)
-        for staged in [*self.weights, *self.models, *self.extra]:
-            staged._release_lock()
-        if self.bridges:
-            _fsync_folders(self.bridges, self.durable)
+                os.unlink(self.path)
+        except OSError as exc:
+            logger.warning("could not remove the journal %s (%s); the next publication removes it", self.path, exc)
+        finally:
+            with contextlib.suppress(OSError):
+                self.release()
 
-    def _previous_bridges(self) -> list[str]:
-        """Bridge files the replaced members referenced (a family run killed between its commits), now unused.
+    def finish(self, after: AfterCommit) -> None:
+        """After the last commit: delete it and every dead run's journal of the same weights set."""
+        after.remove(self.path)
+        after.attempt(self.release, f"closing the journal {self.path!r} failed")
+        for path in _dead_journals(self.weights_base):
+            after.remove(path)
 
-        Only those in a locked folder, whose writer is dead (or is this process), whose lock is free and that no
-        other model of the folders references.
-        """
-        locked = set(self.folders)
-        found = []
-        for path in sorted({path for previous in self.previous for path in previous.paths}):
-            match = _ANY_BRIDGE.match(os.path.basename(path))
-            if not match or os.path.dirname(path) not in locked or not _writer_gone(int(match.group(1)), ours_too=True):
+
+def is_publisher_file(name: str) -> bool:
+    """Whether ``name`` (a base name) is one of this module's hidden names: a temp, bridge or journal file.
+
+    Such files are the publisher's (swept, or deleted after the commit), never a user's file left to delete.
+    """
+    return bool(_ANY_OWN_NAME.match(name) or _ANY_JOURNAL.match(name))
+
+
+def _dead_journals(weights_base: str) -> list[str]:
+    """The journals of ``weights_base``'s set whose writer is gone (pid dead or no longer owning it, lock free)."""
+    folder, name = os.path.split(os.path.abspath(weights_base))
+    tag = _name_tag(name)
+    found = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(folder) as entries:
+        for entry in entries:
+            match = _ANY_JOURNAL.match(entry.name)
+            if not match or match.group(1) != tag or not entry.is_file(follow_symlinks=False):
                 continue
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            identity = FileIdentity(st.st_dev, st.st_ino)
-            if (
-                stat.S_ISREG(st.st_mode)
-                and identity not in self.keep
-                and identity not in self.in_use
-                and _lock_free(path, st)
-            ):
-                found.append(path)
-        return found
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                if _writer_gone(int(match.group(2)), entry.name) and _lock_free(entry.path, st):
+                    found.append(entry.path)
+    return sorted(found)
 
-    def _sweep_bridges(self) -> None:
-        """Delete bridge files of this family's weights names left by a dead run, unless some model uses them."""
-        if not all(previous.known for previous in self.previous):
-            return
-        keep = set(self.keep) | set(self.in_use)
-        for previous in self.previous:
-            keep |= previous.identities
-        for staged in self.weights:
-            _remove_stale(staged.final_path, _BRIDGE_SUFFIX, keep, ours_too=True)
+
+def journal_leftovers(weights_base: str) -> frozenset[str]:
+    """Files a publication of the weights set ``weights_base`` named in its journal before its process died.
+
+    A run killed after moving a weights name into place and before any of its models referenced it leaves a file no
+    model uses; its journal (module docstring) says the file is that set's. Only journals of this module's pattern
+    for ``weights_base``'s name, whose writer is gone (pid dead, lock free), at most 1 MiB, naming files of their
+    own folder. Reads, never deletes.
+
+    Args:
+        weights_base: the first weights file of the set (absolute or relative).
+
+    Returns:
+        Absolute normalized paths of the files those journals name (existing or not).
+    """
+    folder = os.path.dirname(os.path.abspath(weights_base))
+    found: set[str] = set()
+    for path in _dead_journals(weights_base):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            if os.lstat(path).st_size > _JOURNAL_MAX_BYTES:
+                continue
+            with open(path, encoding="utf-8") as handle:
+                listed = json.load(handle).get("files", [])
+            found.update(
+                os.path.normpath(os.path.join(folder, item))
+                for item in listed
+                if isinstance(item, str) and item and item == os.path.basename(item)
+            )
+    return frozenset(found)

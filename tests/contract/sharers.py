@@ -1,0 +1,92 @@
+"""Other models that use a writer's file, for rule 1 of the writer contract, and what they compute.
+
+Each builder writes a real model that reads the first 16 bytes of ``target`` as a float32 ``[4]`` tensor, in one of
+the ways a model can reach a file: beside it (``sibling``, ``sibling-upper-case``: ``variant.ONNX``), from an
+ancestor folder (``parent-folder``: ``top/top.onnx`` with location ``a/b/<name>``), or through an
+``ai.rt::DelayedInitializer`` node's ``filename`` (``delayed-initializer``, what ``delay_initializers`` writes).
+:func:`computes` says what a sharer computes now, with onnxruntime (or the package's evaluator for the op
+onnxruntime does not know).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_light_ref.ops import reference_evaluator
+from onnx_light_ref.ops.schema import make_delayed_initializer_node
+from tests.checks import run_onnxruntime
+from tests.models import IR_VERSION, OPSET, identity_model, write_model
+
+__all__ = ["SHARERS", "bridge_name", "computes", "make_sharer", "shared_bytes"]
+
+SHARERS = ["sibling", "sibling-upper-case", "parent-folder", "delayed-initializer"]
+
+
+def shared_bytes() -> bytes:
+    """What a shared file holds before the writer runs: 16 float32 values, the sharer reads the first four."""
+    return np.arange(16, dtype=np.float32).tobytes() * 2
+
+
+def external_model(location: str, name: str = "s") -> onnx.ModelProto:
+    """A model returning the first 16 bytes of ``location`` as a float32 [4] tensor ``out_<name>``."""
+    tensor = numpy_helper.from_array(np.zeros(4, dtype=np.float32), name)
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", "16")):
+        tensor.external_data.add(key=key, value=value)
+    return identity_model([tensor])
+
+
+def delayed_model(filename: str) -> onnx.ModelProto:
+    node = make_delayed_initializer_node(
+        "s", shape=[4], dtype=TensorProto.FLOAT, load_device="file", filename=filename, offset=0
+    )
+    graph = helper.make_graph([node], "light", [], [helper.make_tensor_value_info("s", TensorProto.FLOAT, [4])])
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("ai.rt", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION)
+
+
+def make_sharer(kind: str, target: Path) -> Path:
+    """Write the ``kind`` sharer of ``target`` (module docstring); returns its path."""
+    if kind == "sibling":
+        return write_model(target.parent / "other.onnx", external_model(target.name))
+    if kind == "sibling-upper-case":
+        return write_model(target.parent / "variant.ONNX", external_model(target.name))
+    if kind == "parent-folder":
+        top = target.parent.parent.parent
+        return write_model(top / "top.onnx", external_model(os.path.relpath(target, top)))
+    if kind == "delayed-initializer":
+        return write_model(target.parent / "light.onnx", delayed_model(target.name))
+    raise ValueError(kind)
+
+
+def computes(model: Path) -> np.ndarray:
+    """What ``model`` computes now: onnxruntime, or the package's evaluator for a DelayedInitializer model."""
+    parsed = onnx.load(str(model), load_external_data=False)
+    if any(node.domain == "ai.rt" for node in parsed.graph.node):
+        return np.asarray(reference_evaluator(str(model)).run(None, {})[0])
+    return np.asarray(run_onnxruntime(model, {})[0])
+
+
+def bridge_name(final_name: str) -> str:
+    """A bridge file name (``publish``'s pattern) of ``final_name`` whose writer's pid is dead."""
+    from onnx_light_ref.io.write import publish
+
+    pid = _dead_pid()
+    name = f"{publish._TEMP_PREFIX}{publish._name_tag(final_name)}~{pid}~{'0' * 16}{publish._BRIDGE_SUFFIX}"
+    assert (match := re.fullmatch(publish._ANY_OWN_NAME, name)) and match.group(2) == publish._BRIDGE_SUFFIX
+    return name
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid

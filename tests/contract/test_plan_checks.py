@@ -1,0 +1,197 @@
+"""The pieces of the writer contract on their own: rule 1's scan, rule 3's ownership, and ``check_plan`` refusing a
+plan that breaks rule 2 (a writer bug: the conformance suite shows no writer does)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from onnx_light_ref.errors import ExistingFileError, SharedWeightsError
+from onnx_light_ref.io.plan.sites import SITE_EXTERNALIZED, SITE_INLINE, SITE_MOVED, SiteColumns
+from onnx_light_ref.io.read.locations import FileIdentity
+from onnx_light_ref.io.read.sharing import (
+    file_key,
+    folders_reaching,
+    is_model_name,
+    models_in,
+    read_references,
+    scan_users,
+)
+from onnx_light_ref.io.write.contract import (
+    PlannedFile,
+    PlannedModel,
+    WriteOptions,
+    WritePlan,
+    check_plan,
+    recheck_plan,
+)
+from onnx_light_ref.io.write.ownership import Ownership, ShardSet
+from tests.contract.sharers import delayed_model, external_model
+from tests.models import identity_model, write_model
+
+# -------------------------------------------------------------------------------------------------- rule 1's scan
+
+
+def test_the_folders_that_reach_a_file_are_its_own_and_every_ancestor_by_path_and_by_real_path(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere" / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "alias").symlink_to(tmp_path / "elsewhere" / "real")
+    folders = folders_reaching([str(tmp_path / "here" / "alias" / "sub" / "w.bin")])
+    assert folders[:3] == [
+        str(tmp_path / "here" / "alias" / "sub"),
+        str(tmp_path / "here" / "alias"),
+        str(tmp_path / "here"),
+    ]
+    assert str(tmp_path / "elsewhere") in folders  # an ancestor of the real path only
+    assert str(tmp_path / "elsewhere" / "real") not in folders  # the same folder as here/alias: listed once
+    assert "/" in folders and folders.count(str(tmp_path)) == 1
+
+
+def test_models_are_found_in_any_case_of_the_suffix_and_through_symlinks(tmp_path: Path) -> None:
+    for name in ("a.onnx", "b.ONNX", "c.Onnx"):
+        write_model(tmp_path / name, external_model("w.bin"))
+    (tmp_path / "d.onnx").symlink_to("a.onnx")
+    (tmp_path / "e.onnx").mkdir()  # a folder named like a model is no model
+    (tmp_path / "f.onnx.data").write_bytes(b"")
+    assert [Path(p).name for p in models_in([str(tmp_path)])] == ["a.onnx", "b.ONNX", "c.Onnx", "d.onnx"]
+    assert is_model_name("x.ONNX") and not is_model_name(".onnx") and not is_model_name("x.onnx.data")
+
+
+def test_a_models_references_include_delayed_initializer_filenames(tmp_path: Path) -> None:
+    (tmp_path / "w.bin").write_bytes(b"\0" * 16)
+    light = write_model(tmp_path / "light.onnx", delayed_model("w.bin"))
+    (references,) = [read_references(str(light))]
+    assert references is not None
+    reference = references[file_key(str(tmp_path / "w.bin"))]
+    assert (reference.via, reference.tensor, reference.location, reference.tensors) == (
+        "delayed_initializer",
+        "s",
+        "w.bin",
+        1,
+    )
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    assert read_references(str(tmp_path / "junk.onnx")) is None
+
+
+def test_the_scan_skips_the_destination_models_and_reports_what_the_others_reference(tmp_path: Path) -> None:
+    (tmp_path / "w.bin").write_bytes(b"\0" * 16)
+    (tmp_path / "v.bin").write_bytes(b"\0" * 16)
+    write_model(tmp_path / "dst.onnx", external_model("w.bin"))
+    other = write_model(tmp_path / "other.onnx", external_model("v.bin"))
+    scan = scan_users([str(tmp_path / "w.bin"), str(tmp_path / "v.bin")], exclude=[str(tmp_path / "dst.onnx")])
+    assert list(scan.users) == [str(tmp_path / "v.bin")] and scan.users[str(tmp_path / "v.bin")][0].model == str(other)
+    st = os.stat(tmp_path / "v.bin")
+    assert FileIdentity(st.st_dev, st.st_ino) in scan.referenced
+
+
+# ------------------------------------------------------------------------------------------------ rule 3's owner
+
+
+def test_the_destination_model_owns_itself_when_it_is_a_model_or_named_like_one(tmp_path: Path) -> None:
+    (tmp_path / "notes.json").write_text("{}")
+    write_model(tmp_path / "model.bin", external_model("w.bin"))
+    (tmp_path / "broken.onnx").write_bytes(b"\xff" * 8)
+    ownership = Ownership([str(tmp_path / name) for name in ("notes.json", "model.bin", "broken.onnx", "new.x")])
+    assert not ownership.owns_model(str(tmp_path / "notes.json"))
+    assert ownership.owns_model(str(tmp_path / "model.bin"))  # parses as a model
+    assert ownership.owns_model(str(tmp_path / "broken.onnx"))  # named like one
+    assert ownership.owns_model(str(tmp_path / "new.x"))  # absent
+
+
+def test_a_destination_owns_what_its_previous_model_uses_and_what_is_named_after_it(tmp_path: Path) -> None:
+    for name in ("w.bin", "w.bin.1", "w.bin.7", "model.onnx.data", "model.onnx_data_3", "model.data", "x.bin"):
+        (tmp_path / name).write_bytes(b"\0" * 16)
+    previous = identity_model([numpy_helper.from_array(np.zeros(4, np.float32), "s")])
+    write_model(tmp_path / "model.onnx", external_model("w.bin"))
+    del previous
+    ownership = Ownership([str(tmp_path / "model.onnx")])
+    owns = {
+        name: ownership.owns(str(tmp_path / name), ShardSet(str(tmp_path / "w.bin"))) for name in os.listdir(tmp_path)
+    }
+    assert owns["w.bin"] and owns["w.bin.7"]  # referenced, and a leftover shard of the set the model uses
+    assert owns["model.onnx.data"] and owns["model.onnx_data_3"]  # named after the destination
+    assert not owns["model.data"] and not owns["x.bin"]  # someone else's
+    assert ownership.owns(str(tmp_path / "absent.bin"))
+
+
+def test_hugging_face_shard_names_of_another_count_and_the_index_are_the_sets_leftovers(tmp_path: Path) -> None:
+    for name in ("m-00001-of-00002.safetensors", "m-00002-of-00002.safetensors", "m-00001-of-00003.safetensors"):
+        (tmp_path / name).write_bytes(b"\0" * 16)
+    (tmp_path / "m.safetensors.index.json").write_text("{}")
+    write_model(tmp_path / "model.onnx", external_model("m-00001-of-00002.safetensors"))
+    shard_set = ShardSet(str(tmp_path / "m.safetensors"), "hf", True)
+    ownership = Ownership([str(tmp_path / "model.onnx")])
+    assert ownership.owns(str(tmp_path / "m-00001-of-00003.safetensors"), shard_set)
+    assert ownership.owns(str(tmp_path / "m.safetensors.index.json"), shard_set)
+    fresh = Ownership([str(tmp_path / "fresh.onnx")])  # a PyTorch set nobody of ours uses
+    assert not fresh.owns(str(tmp_path / "m-00001-of-00003.safetensors"), shard_set)
+    assert not fresh.owns(str(tmp_path / "m.safetensors.index.json"), shard_set)
+
+
+# ---------------------------------------------------------------------------------------------------- check_plan
+
+
+def _plan(tmp_path: Path, kind: int, offset: int, length: int, size: int, **options: bool) -> WritePlan:
+    model = identity_model([numpy_helper.from_array(np.arange(4, dtype=np.float32), "w")])
+    sites = SiteColumns()
+    sites.add(kind, str(tmp_path / "w.bin"), offset, length)
+    return WritePlan(
+        "test",
+        [PlannedModel(str(tmp_path / "m.onnx"), model, sites, 0)],
+        [PlannedFile(str(tmp_path / "m.onnx"), "model"), PlannedFile(str(tmp_path / "w.bin"), "weights", size)],
+        options=WriteOptions(**options),
+    )
+
+
+def test_a_plan_placing_a_tensor_outside_its_file_is_a_writer_bug(tmp_path: Path) -> None:
+    check_plan(_plan(tmp_path, SITE_EXTERNALIZED, 0, 16, 16))
+    with pytest.raises(AssertionError, match="past the end"):
+        check_plan(_plan(tmp_path, SITE_MOVED, 8, 16, 16))
+    with pytest.raises(AssertionError, match="zero-length"):
+        check_plan(_plan(tmp_path, SITE_MOVED, 0, 0, 16))
+
+
+def test_a_plan_externalizing_what_rule_2_keeps_inline_is_a_writer_bug(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, SITE_EXTERNALIZED, 0, 16, 16)
+    plan.models[0].size_threshold = 64  # the writer's threshold says this 16-byte tensor stays inline
+    with pytest.raises(AssertionError, match="made external although rule 2 keeps it inline"):
+        check_plan(plan)
+    plan = _plan(tmp_path, SITE_INLINE, 0, 0, 0)
+    plan.models[0].sites = SiteColumns()  # fewer sites than the model has tensors
+    plan.models[0].sites.add(SITE_EXTERNALIZED, str(tmp_path / "w.bin"), 0, 16)
+    plan.models[0].proto = onnx.ModelProto()
+    with pytest.raises(AssertionError, match="fewer tensors"):
+        check_plan(plan)
+
+
+def test_recheck_sees_what_changed_since_the_plan_and_runs_the_source_checks(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, SITE_EXTERNALIZED, 0, 16, 16)
+    check_plan(plan)
+    (tmp_path / "w.bin").write_bytes(b"appeared meanwhile")
+    with pytest.raises(ExistingFileError, match=r"w\.bin"):
+        recheck_plan(plan)
+    write_model(tmp_path / "other.onnx", external_model("w.bin"))
+    with pytest.raises(SharedWeightsError, match=r"other\.onnx"):
+        recheck_plan(plan)
+    calls: list[str] = []
+    plan.options = WriteOptions(replace_shared=True)
+    plan.source_checks.append(lambda: calls.append("checked"))
+    protected = recheck_plan(plan)
+    st = os.stat(tmp_path / "w.bin")
+    assert calls == ["checked"] and FileIdentity(st.st_dev, st.st_ino) in protected
+
+
+def test_format_checks_run_with_the_plan(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, SITE_EXTERNALIZED, 0, 16, 16)
+
+    def refuse(seen: WritePlan) -> None:
+        raise ValueError(f"{seen.writer}: a format limit")
+
+    plan.format_checks.append(refuse)
+    with pytest.raises(ValueError, match="test: a format limit"):
+        check_plan(plan)

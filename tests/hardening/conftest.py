@@ -1,0 +1,37 @@
+"""Fixtures of the publication hardening tests: the two source folders and a fast destination filesystem."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.hardening.publication_scenarios import values, write_source
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("kill_sources")
+    write_source(root / "old", values(1))
+    write_source(root / "new", values(2))
+    return root / "old", root / "new"
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Iterator[Path]:
+    """A 64 MiB tmpfs under ``tmp_path`` (unmounted at the end, whatever happens), else ``tmp_path`` itself."""
+    target = tmp_path / "tmpfs"
+    target.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(target)], capture_output=True, check=False
+    )
+    if mount.returncode != 0:
+        yield tmp_path
+        return
+    try:
+        yield target
+    finally:
+        if subprocess.run(["umount", str(target)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(target)], check=True)

@@ -1,0 +1,174 @@
+"""What dead writers leave in a destination folder, and what the next run removes (issue 25, rule 5).
+
+* A sharded run killed while it copies leaves one hidden temp file per shard, each a shard of disk. A later run
+  that writes fewer shards used to sweep only the temp files of the names it writes: the others stayed forever.
+  Now every dead writer's temp file of the folder goes, whatever final name it was made for (real SIGKILL, real
+  disk freed).
+* Never one a model references (a dead writer's bridge file that a variant, in the folder or in a parent folder,
+  loads), never one a live writer holds (its lock), never a source, never a file the filesystem refuses to let go
+  (an immutable file: EPERM, skipped with a warning while the job goes on).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from onnx_light_ref import align_external_data_streaming, save_model_with_shared_external_data
+from onnx_light_ref.io.write import publish
+from tests.checks import assert_no_temp_files, run_onnxruntime
+from tests.hardening.publication_scenarios import computed, same, values
+from tests.models import identity_model
+
+SHARD = 64 * 1024
+
+
+def _big_source(folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """Four tensors of 64 KiB: four weights files with ``max_shard_size=64 KiB``, one without."""
+    rng = np.random.default_rng(5)
+    arrays = {f"t{i}": rng.standard_normal(SHARD // 4).astype(np.float32) for i in range(4)}
+    folder.mkdir()
+    onnx.save(identity_model(arrays), str(folder / "model.onnx"), save_as_external_data=True, location="w.bin")
+    return folder / "model.onnx", arrays
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _killed_while_copying(src: Path, dst: Path) -> None:
+    """Align ``src`` to ``dst`` in four shards in a forked child, SIGKILLed when half of the bytes are copied."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+
+            def progress(done: int, total: int) -> None:
+                if done * 2 >= total:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            align_external_data_streaming(src, dst, max_shard_size=SHARD, progress=progress, durable=False)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+
+
+def _hidden(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+@pytest.mark.parametrize("via", ["api", "cli"])
+def test_a_later_run_writing_fewer_shards_sweeps_every_temp_file_a_killed_sharded_run_left(
+    tmp_path: Path, via: str
+) -> None:
+    src, arrays = _big_source(tmp_path / "src")
+    out = tmp_path / "out"
+    out.mkdir()
+    _killed_while_copying(src, out / "model.onnx")
+    left = _hidden(out)
+    assert len(left) == 4 and all(name.startswith(".olr~") and name.endswith(".tmp") for name in left), left
+    assert sum((out / name).stat().st_size for name in left) >= 4 * SHARD  # each one a whole shard of disk
+    assert len({name.split("~")[1] for name in left}) == 4  # four final names: W, W.1, W.2, W.3
+
+    if via == "api":  # one file: it writes W only
+        result = align_external_data_streaming(src, out / "model.onnx")
+        assert result.weights_files == (str(out / "model.onnx.data"),) and result.stale_weights_files == ()
+    else:
+        cli = subprocess.run(
+            [sys.executable, "-m", "onnx_light_ref", "align", str(src), str(out / "model.onnx"), "--no-progress"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert cli.returncode == 0 and cli.stderr == "" and "note:" not in cli.stdout, cli
+    assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "model.onnx.data"]
+    for array, output in zip(arrays.values(), run_onnxruntime(out / "model.onnx", {}), strict=True):
+        assert np.array_equal(array, output)
+
+
+def _bridge_of(folder: Path, final_name: str, pid: int, payload: bytes) -> Path:
+    path = folder / f".olr~{publish._name_tag(final_name)}~{pid}~{'cd' * 8}.bridge"
+    path.write_bytes(payload)
+    return path
+
+
+def _model_on(path: Path, location: str, array: np.ndarray) -> None:
+    tensor = numpy_helper.from_array(array, "w")
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", str(array.nbytes))):
+        tensor.external_data.add(key=key, value=value)
+    path.write_bytes(identity_model([tensor]).SerializeToString())
+
+
+@pytest.mark.parametrize("where", ["same-folder", "parent-folder"])
+def test_a_dead_writers_bridge_file_that_a_model_loads_is_never_swept(tmp_path: Path, where: str) -> None:
+    """A run killed between its two commits leaves a model on bridge names; a variant saved from it uses them too.
+    The next publication into the folder must not delete what that variant loads (from its folder or a parent)."""
+    out = tmp_path / "root" / "out"
+    out.mkdir(parents=True)
+    array = np.arange(16, dtype=np.float32)
+    bridge = _bridge_of(out, "model.onnx.data", _dead_pid(), array.tobytes())
+    unreferenced = _bridge_of(out, "model.onnx.data.1", _dead_pid(), b"left by the same killed run")
+    variant = out / "variant.onnx" if where == "same-folder" else tmp_path / "root" / "variant.onnx"
+    _model_on(variant, bridge.name if where == "same-folder" else f"out/{bridge.name}", array)
+
+    sources = tmp_path / "src"
+    sources.mkdir()
+    arrays = values(3)
+    onnx.save(identity_model(arrays), str(sources / "model.onnx"), save_as_external_data=True, location="w.bin")
+    align_external_data_streaming(sources / "model.onnx", out / "model.onnx")
+
+    assert bridge.exists() and not unreferenced.exists()
+    assert np.array_equal(run_onnxruntime(variant, {})[0], array)
+    assert same(computed(out / "model.onnx"), arrays)
+
+
+def test_a_temp_file_a_live_writer_holds_is_never_swept(tmp_path: Path) -> None:
+    """A dead pid but a held lock (a writer in another pid namespace): kept, while the job publishes."""
+    held = tmp_path / f".olr~{publish._name_tag('model.onnx.data.3')}~{_dead_pid()}~{'ef' * 8}.tmp"
+    held.write_bytes(b"still being written")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('locked', flush=True); time.sleep(60)", str(held)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        save_model_with_shared_external_data(identity_model(values(4)), tmp_path / "model.onnx", size_threshold=0)
+        assert held.read_bytes() == b"still being written"
+    finally:
+        holder.kill()
+        holder.wait()
+    save_model_with_shared_external_data(identity_model(values(4)), tmp_path / "model.onnx", size_threshold=0)
+    assert not held.exists()
+
+
+def test_a_dead_writers_file_the_filesystem_will_not_remove_is_skipped_and_the_job_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An immutable file (``chattr +i``; for a user, another user's file in a sticky folder): EPERM, not ours."""
+    stuck = tmp_path / f".olr~{publish._name_tag('model.onnx.data')}~{_dead_pid()}~{'ab' * 8}.tmp"
+    stuck.write_bytes(b"x")
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(stuck)], check=False).returncode != 0:
+        pytest.skip("chattr +i is not available here (needs root and e2fsprogs)")
+    try:
+        with caplog.at_level(logging.WARNING, logger="onnx_light_ref.io.write.publish"):
+            save_model_with_shared_external_data(identity_model(values(5)), tmp_path / "model.onnx", size_threshold=0)
+        assert same(computed(tmp_path / "model.onnx"), values(5))
+        assert stuck.exists()
+        assert any("cannot remove" in r.message and str(stuck) in r.message for r in caplog.records), caplog.text
+    finally:
+        subprocess.run(["chattr", "-i", str(stuck)], check=True)
+    save_model_with_shared_external_data(identity_model(values(5)), tmp_path / "model.onnx", size_threshold=0)
+    assert_no_temp_files(tmp_path)

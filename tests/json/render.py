@@ -1,0 +1,132 @@
+"""The text output of ``inspect`` and ``verify``, rebuilt from their JSON documents alone.
+
+If the text rebuilt from a document equals what the command prints in text mode, the document carries every fact
+the text shows. Only pure formatting helpers of the package are used (:func:`printable`, :func:`format_alignment`);
+every value comes from the document.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from onnx_light_ref.commands.inspect import format_alignment
+from onnx_light_ref.commands.text import printable
+
+__all__ = ["display", "inspect_text", "path_text", "verify_text"]
+
+_WIDTH = 40
+
+
+def display(value: str | dict[str, str]) -> str:
+    """Model text as the text output shows it: the string, or the backslash-escaped form of its bytes."""
+    return value if isinstance(value, str) else value["display"]
+
+
+def path_text(value: str | dict[str, str]) -> str:
+    """A file path as Python holds it: the string, or its bytes decoded as the filesystem encoding does."""
+    return value if isinstance(value, str) else os.fsdecode(bytes.fromhex(value["hex"]))
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= _WIDTH else text[: _WIDTH - 3] + "..."
+
+
+def _cell(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def inspect_text(document: dict[str, Any]) -> str:
+    """What ``inspect`` prints for the model or folder ``document`` describes."""
+    if document["kind"] == "folder":
+        return _folder_text(document)
+    return _report_text(document)
+
+
+def _report_text(report: dict[str, Any]) -> str:
+    lines = [f"model: {printable(path_text(report['model']))}"]
+    lines += [f"note: {printable(path_text(note))}" for note in report["notes"]]
+    tensors = report["tensors"]
+    if not tensors:
+        return "\n".join([*lines, f"no external tensors ({report['inline_tensors']} inline)."]) + "\n"
+    header = ("name", "location", "offset", "length", "align", "status")
+    rows = [
+        (
+            _shorten(printable(t["label"])),
+            _shorten(printable(display(t["location"]))),
+            _cell(t["offset"]),
+            _cell(t["length"]),
+            format_alignment(t["alignment"]),
+            f"shared ({len(t['shared_with']) + 1})" if t["status"] == "shared" else t["status"],
+        )
+        for t in tensors
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    for row in (header, *rows):
+        cells = [c.rjust(w) if i in (2, 3, 4) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip())
+    errors = [t for t in tensors if t["error"]]
+    assert len(errors) == report["error_count"]
+    if errors:
+        lines += ["", f"{len(errors)} error(s):"]
+        lines += [f"  {t['status']}: {printable(path_text(t['message']))} (in {printable(t['where'])})" for t in errors]
+    refused = [t for t in tensors if t["refusals"] and t["status"] != "loader refuses"]
+    if refused:
+        lines += ["", "loaders:"]
+        lines += [
+            f"  tensor {printable(t['label'])!r}: {printable(path_text(r['text']))}"
+            for t in refused
+            for r in t["refusals"]
+        ]
+    lines += ["", "files:"]
+    for file in report["files"]:
+        location = printable(display(file["location"]))
+        if file["missing"]:
+            lines.append(f"  {location}: MISSING ({file['tensors']} tensors refer to it)")
+            continue
+        gaps = len(file["gaps"])
+        lines.append(
+            f"  {location}: {file['tensors']} tensors, {file['bytes_used']} bytes used of {file['size']}, "
+            f"{file['gap_bytes']} gap bytes in {gaps} gap{'s' if gaps != 1 else ''}"
+        )
+        safetensors = file["safetensors"]
+        if safetensors is not None:
+            warning = "" if safetensors["ok"] else "REFUSED by the safetensors library: "
+            lines.append(f"    {warning}{printable(path_text(safetensors['summary']))}")
+    common = report["common_alignment"]
+    shown = format_alignment(common) if common != 0 else "any power of two (all offsets are 0)"
+    lines += [
+        "",
+        f"{report['external_tensors']} external tensors, {report['inline_tensors']} inline; every offset is aligned "
+        f"to {shown}" + (f" ({common} bytes)" if common and format_alignment(common) != str(common) else ""),
+        "status: OK" if report["ok"] else f"status: {len(errors)} error(s)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _folder_text(document: dict[str, Any]) -> str:
+    lines = [f"folder: {printable(path_text(document['folder']))}"]
+    for model in document["models"]:
+        name = printable(path_text(model["file"]))
+        if model["report"] is None:
+            lines.append(f"  {name}: not readable: {printable(path_text(model['error']['message']))}")
+        else:
+            count = model["report"]["error_count"]
+            lines.append(f"  {name}: {'OK' if model['ok'] else f'{count} error(s)'}")
+    lines += ["", "files:"]
+    for file in document["files"]:
+        users = ", ".join(printable(path_text(user["model"])) for user in file["users"])
+        note = f" (shared by {len(file['users'])} models)" if file["shared"] else ""
+        lines.append(f"  {printable(path_text(file['path']))}: used by {users}{note}")
+    lines.append("status: OK" if document["ok"] else "status: error(s), see each model with 'inspect MODEL.onnx'")
+    return "\n".join(lines) + "\n"
+
+
+def verify_text(document: dict[str, Any]) -> str:
+    """What ``verify`` prints on stdout for the comparison ``document`` describes."""
+    lines = [f"checksum mismatch: {printable(path_text(m['message']))}" for m in document["checksum_mismatches"]]
+    if not document["equal"]:
+        lines += [f"different: {printable(path_text(d['message']))}" for d in document["differences"]]
+    else:
+        lines.append(f"equal: {document['tensors']} tensors, {document['bytes_compared']} bytes compared")
+    return "\n".join(lines) + "\n"

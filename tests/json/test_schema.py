@@ -1,0 +1,147 @@
+"""The shipped schemas: what the validator enforces, that the corpus writes every member they describe, that
+``docs/json.md`` describes every member, and that the wheel ships them."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from onnx_light_ref.schemas import SCHEMA_NAMES, load_schema, schema_text
+from tests.json.corpus import INSPECT_CASES, VERIFY_CASES
+from tests.json.runner import SCHEMAS, run_json
+from tests.json.schema_check import SchemaError, UnsupportedKeywordError, property_locations, validate
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def minimal_error(command: str) -> dict:
+    return {
+        "schema_version": 1,
+        "command": command,
+        "kind": "error",
+        "ok": False,
+        "error": {"type": "X", "message": "m"},
+    }
+
+
+@pytest.mark.parametrize("command", SCHEMA_NAMES)
+def test_the_validator_refuses_what_the_schema_forbids(command):
+    schema = SCHEMAS[command]
+    good = minimal_error(command)
+    validate(good, schema)
+    bad = []
+    for change in (
+        lambda d: d.pop("error"),  # a required member missing
+        lambda d: d.update(extra=1),  # a member the schema does not describe
+        lambda d: d.update(schema_version=2),  # another version
+        lambda d: d.update(ok=0),  # 0 is not false
+        lambda d: d["error"].update(message=b"raw"),  # not a JSON value at all
+        lambda d: d["error"].update(message={"hex": "zz", "display": ""}),  # not hex
+        lambda d: d["error"].update(message={"hex": "ff"}),  # display missing
+    ):
+        document = copy.deepcopy(good)
+        change(document)
+        bad.append(document)
+    for document in bad:
+        with pytest.raises(SchemaError):
+            validate(document, schema)
+
+
+def test_the_validator_refuses_a_keyword_it_does_not_implement():
+    with pytest.raises(UnsupportedKeywordError, match="uniqueItems"):
+        validate([1], {"type": "array", "uniqueItems": True})
+
+
+def test_every_member_the_schemas_describe_is_written_by_some_case(tmp_path, capsys):
+    """Both ways: every document matches the schema (checked while running), and every member is seen."""
+    seen = {command: set() for command in SCHEMA_NAMES}
+    for cases, command in ((INSPECT_CASES, "inspect"), (VERIFY_CASES, "verify")):
+        for name, build in cases.items():
+            folder = tmp_path / command / name
+            folder.mkdir(parents=True)
+            for argv in build(folder):
+                run_json(argv, capsys, seen[command])
+    for command in SCHEMA_NAMES:
+        missing = property_locations(SCHEMAS[command]) - seen[command]
+        assert not missing, f"{command}: members no case writes: {sorted(missing)}"
+
+
+def schema_members(schema: dict) -> set[str]:
+    return {location.rsplit("/", 1)[1] for location in property_locations(schema)}
+
+
+@pytest.mark.parametrize("command", SCHEMA_NAMES)
+def test_docs_json_md_describes_every_member_and_kind(command):
+    text = (ROOT / "docs" / "json.md").read_text()
+    described = set(re.findall(r"`([a-z_]+)`", text))
+    missing = schema_members(SCHEMAS[command]) - described
+    assert not missing, f"docs/json.md does not describe {sorted(missing)}"
+    enums = json.dumps(SCHEMAS[command])
+    for values in re.findall(r'"enum": \[([^\]]*)\]', enums):
+        for value in json.loads(f"[{values}]"):
+            if isinstance(value, str):
+                assert f"`{value}`" in text, f"docs/json.md does not name the value {value!r}"
+
+
+def test_the_schemas_are_loaded_from_the_package_and_refuse_unknown_names():
+    assert load_schema("inspect")["title"].startswith("onnx-light-ref inspect --json")
+    assert json.loads(schema_text("verify")) == load_schema("verify")
+    with pytest.raises(ValueError, match="command must be one of"):
+        schema_text("align")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no schema version 2"):
+        schema_text("inspect", 2)
+
+
+def test_the_package_data_globs_ship_every_schema_file():
+    """What setuptools puts in the wheel: ``[tool.setuptools.package-data]`` must match each schema file."""
+    import fnmatch
+
+    # tomllib is Python 3.11+ (the floor is 3.10): the table is read with a pattern.
+    section = (ROOT / "pyproject.toml").read_text().split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
+    globs = json.loads(re.search(r"^onnx_light_ref = (\[.*\])$", section, re.MULTILINE).group(1))
+    shipped = sorted(
+        p.relative_to(ROOT / "onnx_light_ref").as_posix() for p in (ROOT / "onnx_light_ref" / "schemas").glob("*.json")
+    )
+    assert shipped == [f"schemas/{command}-1.json" for command in SCHEMA_NAMES]
+    assert all(any(fnmatch.fnmatch(name, pattern) for pattern in globs) for name in shipped)
+
+
+def _setuptools_builds_this_project() -> bool:
+    try:
+        import setuptools
+    except ImportError:
+        return False
+    return int(setuptools.__version__.split(".")[0]) >= 77  # pyproject.toml's build requirement
+
+
+@pytest.mark.slow  # builds a wheel: a few seconds
+@pytest.mark.skipif(
+    not _setuptools_builds_this_project(), reason="needs setuptools >= 77 installed (the build requirement), offline"
+)
+def test_the_wheel_ships_the_schemas(tmp_path):
+    source = tmp_path / "src"  # a copy: building writes build/ and *.egg-info next to the sources
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        (source / name).write_bytes((ROOT / name).read_bytes())
+    shutil.copytree(ROOT / "onnx_light_ref", source / "onnx_light_ref", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), "."],
+        check=True,
+        capture_output=True,
+        cwd=source,
+    )
+    (wheel,) = tmp_path.glob("onnx_light_ref-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        for command in SCHEMA_NAMES:
+            member = f"onnx_light_ref/schemas/{command}-1.json"
+            assert member in names
+            assert json.loads(archive.read(member)) == load_schema(command)
