@@ -76,6 +76,7 @@ __all__ = [
     "copy_streaming",
     "plan_alignment",
     "rewrite_entries",
+    "warn_unaligned",
     "write_plan",
 ]
 
@@ -331,13 +332,7 @@ def _publish(plan: AlignPlan, contract: WritePlan, outputs: OutputTransaction, s
         result.padding,
         plan.dst_onnx_path,
     )
-    if result.unaligned_tensors:
-        logger.warning(
-            "%d tensor(s) of at least align_threshold bytes could not start aligned in the safetensors data "
-            "section (it must be covered without holes): %s",
-            len(result.unaligned_tensors),
-            ", ".join(result.unaligned_tensors),
-        )
+    warn_unaligned(result.unaligned_tensors)
     if result.stale_weights_files:
         # Not ours to delete: another model may use them. Naming them is the least we owe the user.
         logger.warning(
@@ -347,6 +342,17 @@ def _publish(plan: AlignPlan, contract: WritePlan, outputs: OutputTransaction, s
             ", ".join(result.stale_weights_files),
         )
     return result
+
+
+def warn_unaligned(unaligned: Sequence[str]) -> None:
+    """Log the safetensors keys of at least ``align_threshold`` bytes that could not start aligned (a warning)."""
+    if unaligned:
+        logger.warning(
+            "%d tensor(s) of at least align_threshold bytes could not start aligned in the safetensors data "
+            "section (it must be covered without holes): %s",
+            len(unaligned),
+            ", ".join(unaligned),
+        )
 
 
 def _align(

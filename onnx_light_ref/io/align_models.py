@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 import onnx
 
 from onnx_light_ref.errors import DestinationConflictError
-from onnx_light_ref.io.align import copy_streaming, rewrite_entries, write_plan
+from onnx_light_ref.io.align import copy_streaming, rewrite_entries, warn_unaligned, write_plan
 from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
 from onnx_light_ref.io.plan.align_plan import SITE_KEPT, LayoutOptions, WeightsFormat, check_layout_options
 from onnx_light_ref.io.plan.family_plan import FamilyPlan, default_family_weights, lay_out_family, walk_family
@@ -351,13 +351,7 @@ def _log(result: FamilyResult) -> None:
         result.saved_bytes,
         len(result.shared_tensors),
     )
-    if result.unaligned_tensors:
-        logger.warning(
-            "%d tensor(s) of at least align_threshold bytes could not start aligned in the safetensors data "
-            "section: %s",
-            len(result.unaligned_tensors),
-            ", ".join(result.unaligned_tensors),
-        )
+    warn_unaligned(result.unaligned_tensors)
     if result.stale_weights_files:
         logger.warning(
             "%d file(s) of the folder are used by no model any more (an earlier run's), not deleted: %s",

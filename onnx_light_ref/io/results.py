@@ -18,6 +18,8 @@ __all__ = ["AlignResult", "FamilyMember", "FamilyResult", "LinkResult", "SaveRes
 class _SizeResult(int):
     """An ``int`` with keyword fields; pickles and copies with them (``int`` alone would drop them)."""
 
+    kept_inline_reasons: dict[str, int]  # every writer's result has it
+
     def __getnewargs_ex__(self) -> tuple[tuple[int], dict[str, Any]]:
         return (int(self),), dict(vars(self))
 
@@ -27,6 +29,12 @@ class _SizeResult(int):
     def _set(self, **fields: object) -> None:
         for name, value in fields.items():
             object.__setattr__(self, name, value)
+
+    @property
+    def kept_inline_tensors(self) -> int:
+        """Inline tensors of at least ``size_threshold`` bytes left inline by rule 2 of the writer contract (onnx's
+        loader would not read them back, or a shape tensor), see ``kept_inline_reasons``."""
+        return sum(self.kept_inline_reasons.values())
 
 
 class AlignResult(_SizeResult):
@@ -118,11 +126,6 @@ class AlignResult(_SizeResult):
         """Bytes of the weights files that no tensor uses (alignment gaps)."""
         return int(self) - self.payload_bytes
 
-    @property
-    def kept_inline_tensors(self) -> int:
-        """Inline tensors left inline because onnx's loader would not read them back (see ``kept_inline_reasons``)."""
-        return sum(self.kept_inline_reasons.values())
-
 
 class SaveResult(_SizeResult):
     """The result of :func:`~onnx_light_ref.io.shared_save.save_model_with_shared_external_data`: the secondary
@@ -163,11 +166,6 @@ class SaveResult(_SizeResult):
             kept_inline_reasons=dict(kept_inline_reasons or {}),
         )
         return result
-
-    @property
-    def kept_inline_tensors(self) -> int:
-        """Inline tensors left inline because onnx's loader would not read them back (see ``kept_inline_reasons``)."""
-        return sum(self.kept_inline_reasons.values())
 
     @property
     def padding(self) -> int:
@@ -232,11 +230,6 @@ class LinkResult(_SizeResult):
             kept_inline_reasons=dict(kept_inline_reasons or {}),
         )
         return result
-
-    @property
-    def kept_inline_tensors(self) -> int:
-        """Inline tensors left inline by rule 2 of the writer contract (see ``kept_inline_reasons``)."""
-        return sum(self.kept_inline_reasons.values())
 
 
 @dataclass(frozen=True)
@@ -380,11 +373,6 @@ class FamilyResult(_SizeResult):
     def padding(self) -> int:
         """Bytes of the weights files that no tensor uses (alignment gaps, safetensors headers)."""
         return int(self) - self.unique_bytes
-
-    @property
-    def kept_inline_tensors(self) -> int:
-        """Inline tensors left inline because onnx's loader would not read them back (see ``kept_inline_reasons``)."""
-        return sum(self.kept_inline_reasons.values())
 
     def __str__(self) -> str:  # the number, as for every int (f-strings and ``format`` use it)
         return int.__repr__(self)

@@ -1,8 +1,9 @@
 """A family is one transaction: SIGKILL ``align_models`` at each system call of its publication, in turn.
 
-As ``tests/hardening/test_publish_kill_points.py`` does for one model: a forked child runs ``align_models`` with
-``publish.before_syscall`` counting the system calls of :meth:`FamilyTransaction.publish_models` and SIGKILLs
-itself at the k-th; a first child, never killed, counts them. For every k, *without any recovery*, every member of
+With ``tests/hardening/test_publish_kill_points.py``'s ``in_child`` (the family publishes through the same
+``OutputTransaction._publish``): a forked child runs ``align_models`` with ``publish.before_syscall`` counting the
+system calls of :meth:`FamilyTransaction.publish_models` and SIGKILLs itself at the k-th; a first child, never
+killed, counts them. For every k, *without any recovery*, every member of
 the destination is its previous or its new version: it loads in ``onnx.load`` (external data too), passes
 ``check_model(full_check=True)``, every file it references has one link, and onnxruntime computes exactly the
 previous or the new values (the two families differ in values *and* offsets, so new bytes read through old offsets
@@ -17,8 +18,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,62 +25,13 @@ import onnx
 import pytest
 
 from onnx_light_ref import align_models
-from onnx_light_ref.io.write import publish
 from tests.checks import assert_no_temp_files
 from tests.family.family_models import Family, outputs_of, write_family
+from tests.hardening.test_publish_kill_points import in_child
 
 pytestmark = pytest.mark.slow
 
 OLD_ALIGNMENT, NEW_ALIGNMENT = 64, 128  # different offsets in the previous and the new family
-
-
-def in_child(call: Callable[[], object], kill_at: int | None, *, exchange: bool = True) -> int:
-    """Run ``call`` in a forked child, SIGKILLed before the ``kill_at``-th system call of the family publication.
-
-    Returns how many such calls the child made when it was not killed, else -1.
-    """
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        status = 1
-        try:
-            os.close(read_end)
-            count = 0
-
-            def hook(_name: str) -> None:
-                nonlocal count
-                count += 1
-                if count == kill_at:
-                    os.kill(os.getpid(), signal.SIGKILL)
-
-            real = publish.FamilyTransaction.publish_models
-
-            def counted(self: publish.FamilyTransaction, *args: object, **kwargs: object) -> object:
-                publish.before_syscall = hook
-                try:
-                    return real(self, *args, **kwargs)  # type: ignore[arg-type]
-                finally:
-                    publish.before_syscall = None
-
-            publish.FamilyTransaction.publish_models = counted  # type: ignore[method-assign]
-            if not exchange:
-                publish._renameat2 = None
-            call()
-            os.write(write_end, str(count).encode())
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write_end)
-    try:
-        _, status = os.waitpid(pid, 0)
-        reported = os.read(read_end, 64)
-    finally:
-        os.close(read_end)
-    if kill_at is None:
-        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"the writer failed (status {status})"
-        return int(reported)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"not killed (status {status})"
-    return -1
 
 
 def computed(model_path: Path) -> list[np.ndarray]:

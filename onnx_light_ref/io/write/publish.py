@@ -299,17 +299,25 @@ class StagedFile:
     """A new file written under a temp name next to ``final_path``; it takes the final name only when published.
 
     Created with mode ``0o666 & ~umask`` like any file the user creates (``mkstemp`` would give 0600). With
-    ``durable=False`` neither the file nor its folder is ever fsynced (the moves stay atomic).
+    ``durable=False`` neither the file nor its folder is ever fsynced (the moves stay atomic). ``suffix``: the temp
+    name's (``.tmp``; a family publication's journal, which is never published, uses ``.journal``).
     """
 
-    def __init__(self, final_path: str, *, durable: bool = True, keep: Collection[FileIdentity] = ()) -> None:
+    def __init__(
+        self,
+        final_path: str,
+        *,
+        durable: bool = True,
+        keep: Collection[FileIdentity] = (),
+        suffix: str = _TEMP_SUFFIX,
+    ) -> None:
         self.durable = check_bool("durable", durable)
         self.final_path = os.path.abspath(final_path)
         folder = os.path.dirname(self.final_path)
         if not os.path.isdir(folder):
             raise FileNotFoundError(errno.ENOENT, f"destination folder does not exist: {folder!r}", folder)
         remove_stale_temp_files(self.final_path, keep=keep)
-        self.temp_path = _own_name(self.final_path, _TEMP_SUFFIX)
+        self.temp_path = _own_name(self.final_path, suffix)
         _LIVE_TEMPS.add(os.path.basename(self.temp_path))  # before it exists: a sweep in another thread skips it
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         try:
@@ -754,7 +762,7 @@ class OutputTransaction:
         try:
             with folder_lock([os.path.dirname(staged.final_path) for staged in self.files]):
                 protected = before_commit() if before_commit is not None else None
-                record = _Journal(journal, weights, self.durable) if journal is not None else None
+                record = _write_journal(journal, weights, self.durable) if journal is not None else None
                 publication = _Publication(
                     weights, model_files, [data for _, data in models], self.keep | frozenset(protected or ()), record
                 )
@@ -1009,7 +1017,7 @@ class _Publication:
         models: Sequence[StagedFile],
         model_bytes: Sequence[bytes],
         keep: Collection[FileIdentity],
-        journal: _Journal | None = None,
+        journal: StagedFile | None = None,
     ) -> None:
         self.weights = weights
         self.models = models
@@ -1131,23 +1139,22 @@ class _Publication:
         _delete_previous(self.moves, after)
         for path in self.bridges:
             after.remove(path)
-        if self.journal is not None:
-            self.journal.finish(after)
-        for staged in [*self.weights, *self.models, *self.extra]:
+        if self.journal is not None:  # this run's journal, and those of dead runs of the same weights set
+            for path in [self.journal.temp_path, *_dead_journals(self.journal.final_path)]:
+                after.remove(path)
+        journal = [self.journal] if self.journal is not None else []
+        for staged in [*self.weights, *self.models, *self.extra, *journal]:
             after.attempt(staged._release_lock, f"releasing the lock of {staged.final_path!r} failed")
         after.sweep(_folders_of([staged.final_path for staged in [*self.weights, *self.models]]), self.keep)
-        if self.bridges or self.journal is not None:
-            after.fsync_folders([*self.bridges, *([self.journal.path] if self.journal else [])], self.durable)
+        if self.bridges or journal:
+            after.fsync_folders([*self.bridges, *(staged.temp_path for staged in journal)], self.durable)
         after.finish()
 
     def _journal_after_failure(self) -> None:
         """Nothing of this run stands: its journal goes; else it stays, naming what this run left at final names."""
-        if self.journal is None:
-            return
-        if self.standing == 0:
+        if self.journal is not None:
+            self.journal.keep_temp = self.standing > 0
             self.journal.discard()
-        else:
-            self.journal.release()
 
     def _bridge(self, clashing: Sequence[StagedFile]) -> None:
         """Every model's commit A (a bridge ``.onnx`` referencing the new files under bridge names), then the
@@ -1243,59 +1250,20 @@ _ANY_JOURNAL = re.compile(
 )
 
 
-class _Journal:
-    """The journal of one publication (module docstring): the weights names it moves in, durable before the first
-    move, locked by its writer while it lives."""
-
-    def __init__(self, weights_base: str, weights: Sequence[StagedFile], durable: bool) -> None:
-        self.weights_base = os.path.abspath(weights_base)
-        self.path = _own_name(self.weights_base, _JOURNAL_SUFFIX)
-        folder = os.path.dirname(self.path)
-        names = [os.path.relpath(staged.final_path, folder) for staged in weights]
-        content = json.dumps({"files": names}).encode("utf-8")
-        _LIVE_TEMPS.add(os.path.basename(self.path))
-        self.fd: int | None = None
-        try:
-            _syscall("open")
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-            with contextlib.suppress(OSError):  # a filesystem without flock: the pid in the name still protects it
-                _syscall("flock")
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _syscall("pwrite")
-            pwrite_all(self.fd, content, 0)
-            if durable:
-                fsync_or_raise(self.fd, f"the journal {self.path!r}")
-            _fsync_folders([self.path], durable)
-        except BaseException:
-            self.discard()
-            raise
-
-    def release(self) -> None:
-        """Close it (its lock goes): from now on it is a dead writer's journal, evidence for the next run."""
-        _LIVE_TEMPS.discard(os.path.basename(self.path))
-        if self.fd is not None:
-            fd, self.fd = self.fd, None
-            _syscall("close")
-            os.close(fd)
-
-    def discard(self) -> None:
-        """Delete it (nothing of its run stands); never raises ``OSError`` (another error is propagating)."""
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                _syscall("unlink")
-                os.unlink(self.path)
-        except OSError as exc:
-            logger.warning("could not remove the journal %s (%s); the next publication removes it", self.path, exc)
-        finally:
-            with contextlib.suppress(OSError):
-                self.release()
-
-    def finish(self, after: AfterCommit) -> None:
-        """After the last commit: delete it and every dead run's journal of the same weights set."""
-        after.remove(self.path)
-        after.attempt(self.release, f"closing the journal {self.path!r} failed")
-        for path in _dead_journals(self.weights_base):
-            after.remove(path)
+def _write_journal(weights_base: str, weights: Sequence[StagedFile], durable: bool) -> StagedFile:
+    """The journal of one publication (module docstring): the names of the weights files it moves in, durable
+    before the first move, locked by its writer while it lives (a :class:`StagedFile` that is never published)."""
+    journal = StagedFile(weights_base, durable=durable, suffix=_JOURNAL_SUFFIX)
+    try:
+        folder = os.path.dirname(journal.temp_path)
+        content = json.dumps({"files": [os.path.relpath(staged.final_path, folder) for staged in weights]})
+        journal.write_all(content.encode("utf-8"), 0)
+        journal.flush()
+        _fsync_folders([journal.temp_path], durable)
+    except BaseException:
+        journal.discard()
+        raise
+    return journal
 
 
 def is_publisher_file(name: str) -> bool:
