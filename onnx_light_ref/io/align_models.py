@@ -7,12 +7,15 @@ every member points into: each distinct payload once, found by comparing bytes a
 model (tensor names and owning model do not matter).
 
 It reads plan → check → copy → publish, like the aligner it is built from: :mod:`~onnx_light_ref.io.plan.family_plan`
-walks every source (metadata only) and lays the payloads out with the aligner's own planning functions; every check
-on destinations lives in :func:`_check_family_plan`, run before any weight byte is read, again once the layout is
-known, and once more under the folder lock right before the first move; bytes go file to file through the aligner's
-copy engine (reflinks kept, memory bounded by one chunk); the weights files and every member are published as one
-:class:`~onnx_light_ref.io.write.publish.FamilyTransaction`. This module never modifies a source file and never
-deletes a file it did not create.
+walks every source (metadata only) and lays the payloads out with the aligner's own planning functions; the family
+is one :class:`~onnx_light_ref.io.write.contract.WritePlan` of the writer contract (every member, the shared weights
+set, every source), checked by :func:`~onnx_light_ref.io.write.contract.check_plan` on the names before any weight
+byte is read, again on the whole plan before the first byte, and by
+:func:`~onnx_light_ref.io.write.contract.recheck_plan` under the folder lock right before the first move; this module
+decides no rule itself (only the members' names: two sources with one basename would be one output). Bytes go
+file to file through the aligner's copy engine (reflinks kept, memory bounded by one chunk); the weights files and
+every member are published as one :class:`~onnx_light_ref.io.write.publish.FamilyTransaction`. This module never
+modifies a source file and never deletes a file it did not create.
 """
 
 from __future__ import annotations
@@ -83,8 +86,10 @@ def align_models(
     buffer; every check passes and free space is reserved before the first byte is written.
 
     The family is one transaction: the weights files, then every member, are published under the folder's lock;
-    a process killed at any system call leaves every member loadable and computing its previous or its new values,
-    and a failure that raises leaves the folder as it was. Re-running over the same folder with the same member
+    a process killed at any system call leaves every member loadable and computing its previous or its new values;
+    a failure that raises an ``OSError`` leaves every member as it was, and one that leaves a member new is a
+    ``PublishedWithErrorsError`` saying which members are new. Every rule of the writer contract applies
+    (``docs/safety.md``). Re-running over the same folder with the same member
     names replaces the family as a whole (shared weights names the previous members use are bridged, see
     ``docs/align_models.md``).
 
@@ -108,9 +113,13 @@ def align_models(
         durable: fsync every output and the folder (default); ``False``: same bytes, same atomic moves, no fsync.
         progress: called as ``progress(done_bytes, total_bytes)`` while bytes move.
         allow_outside_folder: follow symbolic links in the sources' data paths (trusted layouts only).
-        overwrite: replace an existing file of ``dst_folder`` that a weights file of the run would land on even
-            when no member being replaced references it. False (default) refuses, naming the file. A member's
-            ``.onnx`` and the files the previous members reference are always replaced.
+        replace_shared: replace an existing weights file even when another model references it (a ``.onnx``, in
+            any case, of its folder or of an ancestor folder, that is not a member, through external data or
+            ``DelayedInitializer`` filenames): that model then computes with the new bytes. False (default) refuses
+            with ``SharedWeightsError`` naming the other models.
+        overwrite: replace existing files the family does not own (anything but the members' ``.onnx``, the files
+            their previous versions reference, files named after a member or like shards of the weights set, and
+            what a killed run's journal names). False (default) refuses with ``ExistingFileError`` naming them.
         chunk_size: at most this many bytes per system call (an int >= 1); also each of the two buffers dedup
             compares with.
 
@@ -126,11 +135,18 @@ def align_models(
         ExternalDataError: a malformed or out-of-bounds reference in a source (``UnsafeLocationError`` for an
             unsafe location or hard-linked source file; ``SafetensorsError`` for keys or data types safetensors
             refuses); ``DestinationConflictError`` for two sources with one basename, an output that is a source
-            (a source inside ``dst_folder`` that the run would replace) or another output, or an existing file the
-            run would replace without ``overwrite``; ``SharedWeightsError`` for a weights file another model of the
-            folder (not a member) uses, named in the message.
+            (a source inside ``dst_folder`` that the run would replace), another output, a directory or a name too
+            long; ``ExistingFileError`` for existing files the family does not own, without ``overwrite``;
+            ``SharedWeightsError`` for a weights file another model (not a member) uses, without
+            ``replace_shared``, named in the message.
         FileNotFoundError: a source, a referenced file or ``dst_folder`` does not exist.
-        OSError: the copy or the publication failed (``ENOSPC`` before the first byte when the disk is too small).
+        OSError: the copy or the publication failed while no member is published (``ENOSPC`` before the first
+            byte when the disk is too small; with ``durable``, an fsync error such as EIO): every member is its
+            previous version.
+        PublishedWithErrorsError: some or every member is published (``published_models``; ``previous_models``
+            are still previous, each loadable), but a step after a commit failed: the fsync that makes it durable,
+            removing the previous versions, or a move that could not be undone (no ``RENAME_EXCHANGE``). Its
+            ``result`` is the ``FamilyResult``. Never an ``OSError``: see ``docs/durability.md``.
     """
     sources = _source_paths(src_onnx_paths)
     options = WriteOptions(

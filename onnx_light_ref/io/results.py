@@ -243,8 +243,8 @@ class FamilyMember:
         payload_bytes: distinct bytes its external tensors reference.
         shared_tensors: its external tensors whose bytes another member uses too.
         externalized_tensors: tensors that were inline in the source (``size_threshold``).
-        kept_inline_reasons: inline tensors of at least ``size_threshold`` bytes left inline because onnx's loader
-            would not read them back, by reason.
+        kept_inline_reasons: inline tensors of at least ``size_threshold`` bytes left inline by rule 2 of the
+            writer contract (onnx's loader would not read them back, or a shape tensor), by reason.
     """
 
     source: str
