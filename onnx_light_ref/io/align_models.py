@@ -170,9 +170,11 @@ def align_models(
     plan = walk_family(
         sources, folder, weights, alignment=alignment, layout=layout, allow_outside_folder=allow_outside_folder
     )
-    check_plan(_named_outputs(plan, options))  # the writer contract on the names known, before any weight byte is read
+    named = _named_outputs(plan, options)
+    check_plan(named)  # the writer contract on the names known, before any weight byte is read
     lay_out_family(plan, chunk_size)
     contract = write_plan(plan.members, options, _WRITER, _RENAME_HINT)
+    contract.parsed = named.parsed  # the previous members, parsed once while they do not change
     check_plan(contract)  # every rule on the whole plan (every file, every site), before the first byte
     stale = _stale_files(plan)
     with FamilyTransaction(durable=durable, keep=plan.keep) as outputs:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import shutil
 import signal
 from collections.abc import Callable
@@ -165,6 +166,8 @@ def test_without_rename_exchange_a_failure_between_two_commits_names_the_new_and
         "loads and computes its previous values). Run the job again to publish the whole family."
     )
     assert isinstance(error.result, FamilyResult)
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.published_models, copy.previous_models, str(copy)) == ((decoder,), (with_past,), str(error))
     assert same(outputs_of(Path(decoder)), outputs_of(new.decoder))
     assert same(outputs_of(Path(with_past)), outputs_of(old.with_past))
     align_models(new.sources, dst, alignment=NEW_ALIGNMENT)  # a re-run publishes the whole family
