@@ -115,6 +115,12 @@ _LABELS: dict[str, dict[str, str]] = {
         "link_no_fsync": "ours: link_external_data, durable=False",
         "copy_safetensors": "writing the same safetensors file again (streaming)",
     },
+    "startup": {
+        "bare": "python -c pass (the bare interpreter)",
+        "version": "onnx-light-ref --version",
+        "help": "onnx-light-ref --help",
+        "inspect_help": "onnx-light-ref inspect --help",
+    },
     "evaluator": {
         "plain": "onnx ReferenceEvaluator(path)",
         "lazy_file": "reference_evaluator(path, 'file')",
@@ -124,7 +130,8 @@ _LABELS: dict[str, dict[str, str]] = {
 _REFERENCE_METHOD = {"align": "streaming", "chunk-sizes": "chunk_4MiB", "shared-save": "shared_save",
                      "delayed": "np_fromfile", "evaluator": "plain", "dedup": "streaming", "shards": "one_file",
                      "verify": "read_both", "externalize": "cfr_ranges_fsync", "reflink": "unaligned",
-                     "node-count": "delay", "safetensors": "onnx_ir_fsync", "link": "copy_safetensors"}  # fmt: skip
+                     "node-count": "delay", "safetensors": "onnx_ir_fsync", "link": "copy_safetensors",
+                     "startup": "bare"}  # fmt: skip
 # Families whose groups move or read ``payload_bytes``: their tables show a throughput column.
 _THROUGHPUT_FAMILIES = (
     "align", "chunk-sizes", "delayed", "dedup", "shards", "verify", "externalize", "reflink", "safetensors"
@@ -285,6 +292,12 @@ def evaluate_targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[Targ
     targets += _layout_targets(groups, main_size)
     targets += _durability_targets(groups, main_size)
     targets += _format_targets(groups, main_size)
+    startup = groups.get("startup")
+    slowest = max(("version", "help", "inspect_help"), key=lambda method: _get(startup, method, "above_bare_s"))
+    above = _get(startup, slowest, "above_bare_s")
+    targets.append(Target("#29 CLI start-up above the bare interpreter (s), slowest printing command", main_size,
+                          above, 0.25, True, f"{slowest}: {_get(startup, slowest):.3f} s vs "
+                          f"{_get(startup, 'bare'):.3f} s"))  # fmt: skip
 
     evaluator = groups.get("evaluator")
     weights_mib = (evaluator or {}).get("weight_bytes", float("nan")) / MIB
@@ -544,6 +557,9 @@ def _group_title(group: str, info: dict[str, Any]) -> str:
         return f"Safetensors output at 4096, {info['shape']} tensors: {_shape_label(info)} (issue 21)"
     if family == "link":
         return f"link_external_data to a safetensors checkpoint of {_shape_label(info)} (issue 21)"
+    if family == "startup":
+        return ("CLI start-up: the whole fresh process, wall time and peak RSS (Δ: above the bare interpreter) "
+                "(issue 29)")  # fmt: skip
     return (f"Lazy evaluation: MLP of {info['layers']} x (MatMul {info['width']}x{info['width']} + Add), "
             f"{info['weight_bytes'] / MIB:,.0f} MiB of weights (construct + first run)")  # fmt: skip
 

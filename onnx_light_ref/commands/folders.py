@@ -21,8 +21,6 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 
-from onnx_light_ref.io.write.publish import _TEMP_PREFIX, _TEMP_SUFFIX
-
 __all__ = [
     "FolderError",
     "created_folders",
@@ -118,6 +116,8 @@ def remove_own_temp_files(folders: Iterable[str | os.PathLike[str]]) -> list[str
     Returns:
         The paths removed.
     """
+    from onnx_light_ref.io.write.publish import _TEMP_PREFIX, _TEMP_SUFFIX  # imports onnx: not at CLI start-up
+
     pattern = re.compile(
         re.escape(_TEMP_PREFIX) + r"[0-9a-f]{12}~" + str(os.getpid()) + r"~[0-9a-f]{16}" + re.escape(_TEMP_SUFFIX)
     )

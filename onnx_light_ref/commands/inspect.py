@@ -19,11 +19,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.text import printable
 from onnx_light_ref.errors import InvalidModelError
-from onnx_light_ref.io.layout_report import LayoutReport, TensorLayout, build_layout_report
+
+if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
+    from onnx_light_ref.io.layout_report import LayoutReport, TensorLayout
 
 __all__ = ["format_alignment", "format_folder", "format_report", "inspect_command", "register"]
 
@@ -140,6 +143,7 @@ def format_folder(folder: str, *, allow_outside_folder: bool = False) -> tuple[s
     Returns:
         The text (newline-terminated) and whether every model is OK.
     """
+    from onnx_light_ref.io.layout_report import build_layout_report
     from onnx_light_ref.io.read.sharing import folder_sharing
 
     lines = [f"folder: {printable(folder)}"]
@@ -175,6 +179,8 @@ def inspect_command(args: argparse.Namespace) -> int:
     Returns:
         The process exit status.
     """
+    from onnx_light_ref.io.layout_report import build_layout_report
+
     if os.path.isdir(args.model):
         if not any(name.endswith(".onnx") for name in os.listdir(args.model)):
             return error_exit(

@@ -28,19 +28,17 @@ import os
 import re
 import stat
 import time
-from typing import Any
-
-import numpy as np
-import onnx
+from typing import TYPE_CHECKING, Any
 
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders, remove_own_temp_files
 from onnx_light_ref.commands.text import printable
-from onnx_light_ref.io.read.locations import FileIdentity, is_external
-from onnx_light_ref.io.read.model_file import load_model_metadata
-from onnx_light_ref.io.read.walker import iter_graphs, iter_tensors
-from onnx_light_ref.io.write.publish import StagedFile, publish_all, staged_files
-from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE
+
+if TYPE_CHECKING:  # numpy, onnx and the library are imported when the command runs, not when the CLI starts
+    import numpy as np
+    import onnx
+
+    from onnx_light_ref.io.read.locations import FileIdentity
 
 __all__ = ["output_file_name", "parse_input_spec", "register", "run_command"]
 
@@ -70,6 +68,8 @@ def output_file_name(name: str) -> str:
 
 def _load_feeds(specs: list[tuple[str, str]], read: dict[FileIdentity, str]) -> dict[str, np.ndarray]:
     """Load every ``--input``; record the identity of each file in ``read``."""
+    import numpy as np
+
     feeds: dict[str, np.ndarray] = {}
     for name, path in specs:
         if name in feeds:
@@ -87,6 +87,10 @@ def _load_array(name: str, path: str, read: dict[FileIdentity, str]) -> Any:
     """``np.load`` without pickle, refusing first what it would choke on: a FIFO or device (it would block or read
     forever) and a ``.npy`` whose header announces more data than the file holds (numpy allocates the announced
     size before reading: a 40-byte file claiming 2**40 floats raised MemoryError)."""
+    import numpy as np
+
+    from onnx_light_ref.io.read.locations import FileIdentity
+
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
@@ -123,6 +127,9 @@ def _check_output_dir(folder: str) -> None:
 
 def _check_feed(name: str, value: np.ndarray, declared: Any) -> None:
     """Compare a feed with the graph input's declared tensor type (element type, rank, fixed dimensions)."""
+    import numpy as np
+    import onnx
+
     if not isinstance(declared, onnx.TypeProto) or not declared.HasField("tensor_type"):
         return
     tensor_type = declared.tensor_type
@@ -150,6 +157,8 @@ def _check_feeds(sess: Any, feeds: dict[str, np.ndarray]) -> None:
 
 
 def _as_savable(name: str, value: object) -> np.ndarray:
+    import numpy as np
+
     if isinstance(value, (list, tuple)):
         raise _RunError(
             f"output {name!r} is a sequence of {len(value)} values; only tensor outputs can be saved as .npy "
@@ -187,6 +196,8 @@ def _plan_outputs(folder: str, names: list[str], values: list[object]) -> list[t
 
 
 def _identity(path: str) -> FileIdentity | None:
+    from onnx_light_ref.io.read.locations import FileIdentity
+
     try:
         st = os.stat(path)  # follows symlinks: a link to a file the run reads is that file
     except (OSError, ValueError):
@@ -196,6 +207,8 @@ def _identity(path: str) -> FileIdentity | None:
 
 def _all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """Nodes of the main graph, of model functions, and of all their subgraphs."""
+    from onnx_light_ref.io.read.walker import iter_graphs
+
     nodes = [node for graph in iter_graphs(model.graph) for node in graph.node]
     for function in model.functions:
         nodes.extend(function.node)
@@ -208,6 +221,10 @@ def _all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 def _named_files(model: onnx.ModelProto) -> dict[str, str]:
     """Every file name the model uses (external data locations, DelayedInitializer filenames) -> how to name it."""
+    from onnx_light_ref.io.read.locations import is_external
+    from onnx_light_ref.io.read.walker import iter_tensors
+    from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE
+
     named: dict[str, str] = {}
     for site in iter_tensors(model):
         if is_external(site.tensor):
@@ -226,6 +243,8 @@ def _named_files(model: onnx.ModelProto) -> dict[str, str]:
 def _model_files(model_path: str) -> dict[FileIdentity, str]:
     """The model and every weights file it names, by identity; names resolving to nothing are left out (the
     evaluator reports those)."""
+    from onnx_light_ref.io.read.model_file import load_model_metadata
+
     folder = os.path.dirname(os.path.abspath(model_path))
     files: dict[FileIdentity, str] = {}
     model_id = _identity(model_path)
@@ -251,6 +270,10 @@ def _check_not_read(names: list[str], paths: list[str], read: dict[FileIdentity,
 
 
 def _save_outputs(folder: str, planned: list[tuple[str, str, np.ndarray]]) -> None:
+    import numpy as np
+
+    from onnx_light_ref.io.write.publish import StagedFile, publish_all, staged_files
+
     try:
         with staged_files() as files:
             for _, target, array in planned:
