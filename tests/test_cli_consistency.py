@@ -69,6 +69,44 @@ def test_argument_errors_exit_2_with_the_usage(argv, capsys, tmp_path, monkeypat
 
 
 @pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["align", "m.onnx", "out/m.onnx", "--alignment", "3000"], "alignment must be a power of two"),
+        (["align", "m.onnx", "out/m.onnx", "--alignment", "2G"], "alignment must be at most 1073741824"),
+        (["align", "m.onnx", "out/m.onnx", "--max-shard-size", "0"], "max_shard_size must be >= 1, got 0."),
+        (["align", "m.onnx", "out/m.onnx", "--chunk-size", "0"], "chunk_size must be >= 1, got 0."),
+        (["undelay", "m.onnx", "out/m.onnx", "--alignment", "48"], "alignment must be a power of two"),
+        (["link", "m.onnx", "c.safetensors", "out/m.onnx", "--alignment", "3"], "alignment must be a power of two"),
+        (["verify", "m.onnx", "m.onnx", "--chunk-size", "0"], "chunk_size must be >= 1, got 0."),
+        (["verify", "m.onnx", "m.onnx", "--chunk-size", "2G"], "chunk_size must be <= 1073741824, got 2147483648."),
+        (["demo", "--size", "1K", "--keep", "out"], "size must be at least 65536 bytes (64K), got 1024."),
+    ],
+)
+def test_a_bad_option_value_is_a_usage_error_in_the_library_s_words(argv, message, capsys, tmp_path, monkeypatch):
+    """Exit 2 with the usage, as for a malformed value (issue 29: these exited 1), before anything is written."""
+    monkeypatch.chdir(tmp_path)
+    make_external_model(tmp_path, WEIGHTS, name="m.onnx", size_threshold=0)
+    before = snapshot_tree(tmp_path)
+
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    option = next(arg for arg in reversed(argv) if arg.startswith("--") and arg != "--keep")
+    assert err.startswith(f"usage: onnx-light-ref {argv[0]}") and f"error: argument {option}" in err
+    assert message in err
+    assert snapshot_tree(tmp_path) == before
+
+
+def test_verify_s_chunk_cap_is_the_library_s() -> None:
+    from onnx_light_ref.commands import verify as command
+    from onnx_light_ref.io import verify as library
+
+    assert command.MAX_CHUNK_SIZE == library.MAX_CHUNK_SIZE
+
+
+@pytest.mark.parametrize(
     "argv",
     [
         ["inspect", "D"],

@@ -131,8 +131,10 @@ def test_size_too_small_or_malformed(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--size", "two"])
     assert "optional K/M/G suffix" in capsys.readouterr().err
-    assert main(["demo", "--size", "1K", "--no-progress"]) == 1
-    assert "at least 65536 bytes" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        main(["demo", "--size", "1K", "--no-progress"])
+    assert done.value.code == 2  # a bad value is a usage error, as a malformed one is
+    assert "argument --size: size must be at least 65536 bytes (64K), got 1024." in capsys.readouterr().err
 
 
 def test_mlp_shape_stays_under_the_requested_size():

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.folders import created_folders
 from onnx_light_ref.commands.progress import byte_progress
-from onnx_light_ref.commands.sizes import size_argument
+from onnx_light_ref.commands.sizes import alignment_argument, bounded_size, size_argument
 
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
     from onnx_light_ref.io.results import AlignResult
@@ -58,14 +58,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--alignment",
         metavar="N",
-        type=size_argument,
+        type=alignment_argument,
         default=4096,
         help="power of two every tensor offset is a multiple of, e.g. 4096 or 64K; 0 or 1 = packed (default: 4096)",
     )
     parser.add_argument(
         "--chunk-size",
         metavar="SIZE",
-        type=size_argument,
+        type=bounded_size("chunk_size", minimum=1),
         default=4 * 1024 * 1024,
         help="bytes moved per system call, the only buffer in the read/write fallback (default: 4M)",
     )
@@ -79,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-shard-size",
         metavar="SIZE",
-        type=size_argument,
+        type=bounded_size("max_shard_size", minimum=1),
         default=None,
         help="split the weights over files of at most SIZE bytes (W, W.1, W.2...; a tensor is never split, one "
         "larger than SIZE gets its own file); default: one file",

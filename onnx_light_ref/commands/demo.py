@@ -33,6 +33,18 @@ def _check_keep_folder(keep: str) -> str | None:
     return None
 
 
+def _demo_size(text: str) -> int:
+    """``--size``: a size the demo can build a model of (64K and up), else a usage error (exit 2)."""
+    from onnx_light_ref.demo import mlp_shape  # imports onnx: only once the command line asks for a demo
+
+    size = size_argument(text)
+    try:
+        mlp_shape(size)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return size
+
+
 def demo_command(args: argparse.Namespace) -> int:
     """Run the demo for the parsed ``args``; print its report; return the exit status (1 on any problem)."""
     from onnx_light_ref.demo import run_demo
@@ -68,7 +80,7 @@ def register(subparsers: Any) -> None:
         "peak memory and times. Exit status 1 if any output disagrees.",
     )
     parser.add_argument(
-        "--size", type=size_argument, default="64M", help="total weight bytes, with optional K/M/G suffix (default 64M)"
+        "--size", type=_demo_size, default="64M", help="total weight bytes, with optional K/M/G suffix (default 64M)"
     )
     parser.add_argument("--keep", metavar="DIR", help="work in DIR (created, must be empty) and keep the files")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (default: shown on a terminal)")

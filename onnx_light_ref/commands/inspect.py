@@ -21,9 +21,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.errors import describe_error, error_exit
 from onnx_light_ref.commands.text import printable
-from onnx_light_ref.errors import InvalidModelError
 
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
     from onnx_light_ref.io.layout_report import LayoutReport, TensorLayout
@@ -152,8 +151,8 @@ def format_folder(folder: str, *, allow_outside_folder: bool = False) -> tuple[s
     for name in names:
         try:
             report = build_layout_report(os.path.join(folder, name), allow_outside_folder=allow_outside_folder)
-        except (FileNotFoundError, InvalidModelError) as exc:
-            lines.append(f"  {printable(name)}: not readable: {printable(str(exc))}")
+        except (ValueError, OSError) as exc:  # InvalidModelError, ExternalDataError (a folder that cannot be held)
+            lines.append(f"  {printable(name)}: not readable: {printable(describe_error(exc))}")
             ok = False
             continue
         ok = ok and report.ok
@@ -191,7 +190,7 @@ def inspect_command(args: argparse.Namespace) -> int:
         return 0 if ok else 1
     try:
         report = build_layout_report(args.model, allow_outside_folder=args.allow_outside_folder)
-    except (FileNotFoundError, InvalidModelError) as exc:
+    except (ValueError, OSError) as exc:  # InvalidModelError, ExternalDataError: e.g. MODEL.onnx's folder is a file
         return error_exit(exc)  # escaped there
     sys.stdout.write(format_report(report))
     return 0 if report.ok else 1

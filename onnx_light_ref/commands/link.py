@@ -14,7 +14,7 @@ import json
 
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.progress import byte_progress
-from onnx_light_ref.commands.sizes import size_argument
+from onnx_light_ref.commands.sizes import alignment_argument, size_argument
 
 __all__ = ["link_command", "register"]
 
@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--alignment",
         metavar="N",
-        type=size_argument,
+        type=alignment_argument,
         default=4096,
         help="alignment of the tensors written to DST.onnx.data (default: 4096; 0 or 1 = packed)",
     )

@@ -30,7 +30,7 @@ import stat
 import time
 from typing import TYPE_CHECKING, Any
 
-from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.errors import describe_error, error_exit
 from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders, remove_own_temp_files
 from onnx_light_ref.commands.text import printable
 
@@ -77,7 +77,7 @@ def _load_feeds(specs: list[tuple[str, str]], read: dict[FileIdentity, str]) -> 
         try:
             feeds[name] = _load_array(name, path, read)
         except (OSError, ValueError) as exc:
-            raise _RunError(f"cannot load input {name!r} from {path!r}: {exc}") from exc
+            raise _RunError(f"cannot load input {name!r} from {path!r}: {describe_error(exc)}") from exc
         if not isinstance(feeds[name], np.ndarray):  # an .npz archive
             raise _RunError(f"input {name!r} from {path!r} is not a single array (.npy); .npz is not supported.")
     return feeds
@@ -284,7 +284,7 @@ def _save_outputs(folder: str, planned: list[tuple[str, str, np.ndarray]]) -> No
                 staged.write_all(buffer.getbuffer(), 0)
             publish_all(files)
     except OSError as exc:
-        raise _RunError(f"cannot write the outputs to {folder!r}: {exc}") from exc
+        raise _RunError(f"cannot write the outputs to {folder!r}: {describe_error(exc)}") from exc
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -313,13 +313,13 @@ def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray], read: 
     try:
         sess = reference_evaluator(args.model, args.load_device, allow_outside_folder=args.allow_outside_folder)
     except _USER_ERRORS as exc:
-        raise _RunError(f"cannot evaluate {args.model!r}: {exc}") from exc
+        raise _RunError(f"cannot evaluate {args.model!r}: {describe_error(exc)}") from exc
     built = time.perf_counter()
     _check_feeds(sess, feeds)
     try:
         read.update(_model_files(args.model))
     except _USER_ERRORS as exc:
-        raise _RunError(f"cannot read {args.model!r}: {exc}") from exc
+        raise _RunError(f"cannot read {args.model!r}: {describe_error(exc)}") from exc
     names = list(sess.output_names)
     _check_not_read(names, _output_paths(args.output_dir, names), read)
     try:
@@ -327,7 +327,7 @@ def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray], read: 
     except _USER_ERRORS as exc:
         # A weight file that vanished or shrank since construction, an op failing on these values: the model's or
         # the data's problem, reported without a traceback.
-        raise _RunError(f"evaluation failed: {type(exc).__name__}: {exc}") from exc
+        raise _RunError(f"evaluation failed: {type(exc).__name__}: {describe_error(exc)}") from exc
     done = time.perf_counter()
     planned = _plan_outputs(args.output_dir, names, list(outputs))
     _check_not_read(names, [target for _, target, _ in planned], read)  # a link made while the model ran

@@ -18,7 +18,7 @@ from onnx_light_ref.commands.align import weights_path
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.folders import created_folders
 from onnx_light_ref.commands.progress import byte_progress
-from onnx_light_ref.commands.sizes import size_argument
+from onnx_light_ref.commands.sizes import alignment_argument
 from onnx_light_ref.errors import InvalidModelError
 
 __all__ = ["count_delayed_nodes", "register", "undelay_command"]
@@ -107,7 +107,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--alignment",
         metavar="N",
-        type=size_argument,
+        type=alignment_argument,
         default=4096,
         help="power of two every tensor offset is a multiple of, e.g. 4096 or 64K; 0 or 1 = packed (default: 4096)",
     )

@@ -15,10 +15,13 @@ import argparse
 
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.progress import byte_progress
-from onnx_light_ref.commands.sizes import size_argument
+from onnx_light_ref.commands.sizes import bounded_size
 from onnx_light_ref.commands.text import printable
 
 __all__ = ["register", "verify_command"]
+
+MAX_CHUNK_SIZE = 1024 * 1024 * 1024
+"""``verify_models``' own cap (``onnx_light_ref.io.verify.MAX_CHUNK_SIZE``, not imported at start-up; a test checks)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--chunk-size",
         metavar="SIZE",
-        type=size_argument,
+        type=bounded_size("chunk_size", minimum=1, maximum=MAX_CHUNK_SIZE),
         default=4 * 1024 * 1024,
         help="bytes read per system call and model, at most 1G; the two read buffers grow up to this size "
         "(default: 4M)",
