@@ -174,3 +174,29 @@ def test_undelay_of_a_delayed_model_prints_no_note(tmp_path, capsys) -> None:
 
     out = capsys.readouterr().out
     assert "note:" not in out and f"{tmp_path / 'out.onnx'}.data" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["align", "m.onnx", "m.onnx/out.onnx"], "exists and is not a folder"),
+        (["undelay", "m.onnx", "m.onnx/out.onnx"], "exists and is not a folder"),
+        (["run", "m.onnx", "--input", "x=m.onnx/x.npy"], "Not a directory: 'm.onnx/x.npy'"),
+        (["run", "m.onnx", "--input", "x=missing.npy"], "No such file or directory: 'missing.npy'"),
+        (["link", "m.onnx", "m.onnx/c.safetensors", "linked.onnx"], "does not exist"),
+        (["inspect", "m.onnx/x.onnx"], "cannot be opened: Not a directory"),
+        (["verify", "m.onnx/x.onnx", "m.onnx"], "cannot be opened: Not a directory"),
+    ],
+)
+def test_an_os_error_is_one_line_in_words_without_errno(argv, message, capsys, tmp_path, monkeypatch) -> None:
+    """``error: [Errno 20] Not a directory: ...`` leaked Python's errno (issue 29), and inspect printed a traceback."""
+    monkeypatch.chdir(tmp_path)
+    make_external_model(tmp_path, WEIGHTS, name="m.onnx", size_threshold=0)
+    before = snapshot_tree(tmp_path)
+
+    assert main(argv) == 1
+
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    assert line.startswith("error: ") and message in line and "Errno" not in line, line
+    assert snapshot_tree(tmp_path) == before
