@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import re
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from safetensors.numpy import save_file
 
 from onnx_light_ref.cli import EPILOG, build_parser, main
 from tests.checks import snapshot_tree
@@ -200,3 +205,94 @@ def test_an_os_error_is_one_line_in_words_without_errno(argv, message, capsys, t
     (line,) = captured.err.splitlines()
     assert line.startswith("error: ") and message in line and "Errno" not in line, line
     assert snapshot_tree(tmp_path) == before
+
+
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~])/[^\s,():']+")
+
+
+def printed_paths(text: str) -> list[str]:
+    """Every absolute path a command printed (paths end at a space, comma, colon or parenthesis)."""
+    return ABSOLUTE_PATH.findall(text)
+
+
+@pytest.mark.parametrize(
+    ("options", "first_file"),
+    [
+        (["--max-shard-size", "40K", "--weights", "w.bin", "--shard-names", "hf"], "w-00001-of-00003.bin"),
+        (["--max-shard-size", "40K", "--weights", "w.bin"], "w.bin"),
+        (["--max-shard-size", "40K", "--format", "safetensors"], "m-00001-of-00003.safetensors"),
+        (["--format", "safetensors"], "m.safetensors"),
+        (["--max-shard-size", "40K", "--shard-names", "transformers.js"], "m.onnx_data"),
+    ],
+)
+def test_the_align_summary_names_the_files_written_by_absolute_path(options, first_file, tmp_path, monkeypatch, capsys):
+    """``--weights w.bin`` with hub names printed ``w.bin``, a file that does not exist (issue 29)."""
+    monkeypatch.chdir(tmp_path)
+    make_external_model(tmp_path, {f"t{i}": np.full(4096 * 5, i, np.uint8) for i in range(5)}, name="src.onnx")
+
+    assert main(["align", "src.onnx", "hub/m.onnx", "--no-progress", *options]) == 0
+
+    out = capsys.readouterr().out
+    assert out.startswith(f"{tmp_path / 'hub' / first_file}")
+    paths = printed_paths(out)
+    assert paths and all(os.path.exists(path) for path in paths), paths
+    assert " hub/" not in out and not out.startswith("hub/")  # one style: absolute
+
+
+def test_every_command_prints_paths_one_way_absolute(tmp_path, monkeypatch, capsys):
+    """Relative arguments, absolute paths printed, each of them a file the command wrote or read."""
+    monkeypatch.chdir(tmp_path)
+    make_external_model(tmp_path, WEIGHTS, name="m.onnx", size_threshold=0)
+    np.save(tmp_path / "x.npy", np.ones(3, np.float32))
+    delayed, _ = delayed_model(tmp_path)
+    save_file({"w": WEIGHTS["w"], "v": WEIGHTS["v"]}, str(tmp_path / "ckpt.safetensors"))
+    runs = [
+        ["align", "m.onnx", "aligned/m.onnx", "--no-progress"],
+        ["undelay", delayed.name, "standard/m.onnx", "--no-progress"],
+        ["link", "m.onnx", "ckpt.safetensors", "linked.onnx", "--no-progress"],
+        ["generate-tests", "cases"],
+    ]
+    for argv in runs:
+        assert main(argv) == 0, argv
+        out = capsys.readouterr().out
+        paths = printed_paths(out)
+        assert paths and all(os.path.exists(path) and path.startswith(str(tmp_path)) for path in paths), (argv, out)
+        assert not re.search(r"(^| )(aligned/|standard/|cases/|linked\.onnx)", out), (argv, out)
+
+
+@pytest.mark.parametrize("command", ["align", "undelay", "link"])
+def test_a_destination_without_the_onnx_suffix_is_warned_about(command, tmp_path, monkeypatch, capsys):
+    """``align model.onnx x`` silently wrote a model named ``x``: it still does, with a warning naming a fix."""
+    monkeypatch.chdir(tmp_path)
+    make_external_model(tmp_path, WEIGHTS, name="m.onnx", size_threshold=0)
+    delayed, _ = delayed_model(tmp_path)
+    save_file({"w": WEIGHTS["w"]}, str(tmp_path / "ckpt.safetensors"))
+    argv = {
+        "align": ["align", "m.onnx", "x"],
+        "undelay": ["undelay", delayed.name, "x"],
+        "link": ["link", "m.onnx", "ckpt.safetensors", "x"],
+    }[command]
+
+    assert main([*argv, "--no-progress"]) == 0
+
+    err = capsys.readouterr().err
+    assert f"warning: the destination model {tmp_path / 'x'} does not end in .onnx" in err
+    assert "e.g. x/model.onnx" in err
+    assert onnx.load_model(str(tmp_path / "x"), load_external_data=False).graph.initializer  # written, as asked
+    assert main([*argv[:-1], "y.ONNX", "--no-progress"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_unaligned_tensors_are_counted_and_a_few_named(tmp_path, monkeypatch, capsys, caplog):
+    """199 names on one line were unreadable (issue 29): the summary and the library's warning count them."""
+    monkeypatch.chdir(tmp_path)
+    make_external_model(tmp_path, {f"t{i}": np.full(4100 + i, i, np.uint8) for i in range(10)}, name="odd.onnx")
+
+    with caplog.at_level(logging.WARNING, logger="onnx_light_ref"):
+        assert main(["align", "odd.onnx", "st/odd.onnx", "--format", "safetensors", "--no-progress"]) == 0
+
+    out = capsys.readouterr().out
+    assert re.search(r"\(9 large tensor\(s\) not aligned: t\d, t\d, t\d and 6 more\)", out), out
+    (record,) = [r for r in caplog.records if "could not start aligned" in r.getMessage()]
+    assert record.getMessage().startswith("9 tensor(s) of at least align_threshold bytes")
+    assert record.getMessage().endswith(" and 6 more")

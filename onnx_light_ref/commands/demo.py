@@ -14,6 +14,7 @@ import tempfile
 from typing import Any
 
 from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.paths import shown_path
 from onnx_light_ref.commands.sizes import size_argument
 
 __all__ = ["demo_command", "register"]
@@ -64,7 +65,7 @@ def demo_command(args: argparse.Namespace) -> int:
         return error_exit(exc)
     print("\n".join(result.lines))
     if args.keep is not None:
-        print(f"files kept in {result.workdir}")
+        print(f"files kept in {shown_path(result.workdir)}")
     for problem in result.problems:
         print(f"MISMATCH: {problem}", file=sys.stderr)
     return 0 if result.ok else 1

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from onnx_light_ref.commands.errors import describe_error, error_exit
 from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders, remove_own_temp_files
+from onnx_light_ref.commands.paths import shown_path
 from onnx_light_ref.commands.text import printable
 
 if TYPE_CHECKING:  # numpy, onnx and the library are imported when the command runs, not when the CLI starts
@@ -333,7 +334,7 @@ def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray], read: 
     _check_not_read(names, [target for _, target, _ in planned], read)  # a link made while the model ran
     _save_outputs(args.output_dir, planned)
     for name, target, array in planned:
-        print(printable(f"{name}: shape {list(array.shape)} dtype {array.dtype} -> {target}"))
+        print(f"{printable(name)}: shape {list(array.shape)} dtype {array.dtype} -> {shown_path(target)}")
     print(f"built in {built - start:.3f} s (load_device={args.load_device}), ran in {done - built:.3f} s")
     return 0
 

@@ -17,6 +17,7 @@ import os
 from onnx_light_ref.commands.align import weights_path
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.folders import created_folders
+from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument
 from onnx_light_ref.errors import InvalidModelError
@@ -59,6 +60,7 @@ def undelay_command(args: argparse.Namespace) -> int:
     from onnx_light_ref import undelay_initializers
 
     weights = weights_path(args.dst, args.weights)
+    warn_unless_onnx(args.dst)
     try:
         nodes = count_delayed_nodes(args.src)
         folders = [os.path.dirname(os.path.abspath(path)) for path in (args.dst, weights or args.dst)]
@@ -75,13 +77,13 @@ def undelay_command(args: argparse.Namespace) -> int:
             )
     except (OSError, ValueError, TypeError, InvalidModelError) as exc:
         return error_exit(exc)
-    shown = weights if weights is not None else f"{args.dst}.data"
+    shown = shown_path(weights if weights is not None else f"{args.dst}.data")
     where = f" and {shown} ({written} bytes)" if written else " (no weights file needed)"
-    print(f"wrote {args.dst}{where}")
+    print(f"wrote {shown_path(args.dst)}{where}")
     if nodes == 0:
         print(
-            f"note: {args.src} has no ai.rt::DelayedInitializer node; {args.dst} is the same model (its external "
-            "tensors, if any, gathered into the weights file)"
+            f"note: {shown_path(args.src)} has no ai.rt::DelayedInitializer node; {shown_path(args.dst)} is the same "
+            "model (its external tensors, if any, gathered into the weights file)"
         )
     return 0
 
