@@ -51,7 +51,7 @@ from onnx_light_ref.io.read.locations import (
 from onnx_light_ref.io.read.model_file import load_model_metadata, open_model_folder, serialize_model
 from onnx_light_ref.io.read.safetensors_header import SafetensorsEntry, read_header, require_covered
 from onnx_light_ref.io.read.walker import iter_tensors
-from onnx_light_ref.io.results import LinkResult
+from onnx_light_ref.io.results import LinkResult, summarize_names
 from onnx_light_ref.io.write.copy_engine import CopyRange, ProgressCallback, RangeCopier
 from onnx_light_ref.io.write.destinations import check_outputs, weights_location
 from onnx_light_ref.io.write.publish import OutputTransaction
@@ -353,6 +353,8 @@ def link_external_data(
         placed = [(tensor, item, layout.place(_length(item))) for tensor, item in copies]
         size = layout.total_size if copies else 0
         check_outputs(dst_onnx, [dst_weights] if copies else [], sources)
+        if copies and not links:
+            _warn_nothing_linked(dst_weights, copies, checkpoint_tensors, mapping)
 
         written_bytes = 0
         with OutputTransaction(durable=durable, keep=frozenset(sources)) as outputs:
@@ -406,6 +408,30 @@ def link_external_data(
         dst_onnx,
     )
     return result
+
+
+def _warn_nothing_linked(
+    dst_weights: str,
+    copies: list[tuple[onnx.TensorProto, CopyRange | bytes]],
+    checkpoint: Mapping[str, CheckpointTensor],
+    mapping: Mapping[str, str],
+) -> None:
+    """Log that the link is a full copy: no tensor matched a checkpoint key, so every one is written.
+
+    The usual cause is names that differ (``W0`` vs ``model.layers.0.w``); the call still succeeds (a full copy is a
+    valid model), but it silently cost the whole checkpoint's size. A few names of each side help write the map.
+    """
+    logger.warning(
+        "no tensor was linked: none of the model's names%s is a checkpoint key with the same data type and shape, "
+        "so %s holds a full copy of the weights (%d tensors, %d bytes). Map the model's names to the checkpoint's "
+        "keys with name_map= (command line: --map names.json). Model tensors: %s; checkpoint keys: %s.",
+        " (through name_map)" if mapping else "",
+        dst_weights,
+        len(copies),
+        sum(_length(item) for _, item in copies),
+        summarize_names([tensor.name for tensor, _ in copies]),
+        summarize_names(sorted(checkpoint)),
+    )
 
 
 def _length(item: CopyRange | bytes) -> int:

@@ -166,6 +166,8 @@ def save_model_with_shared_external_data(
     )
     if plan.new:
         check_not_shared([plan.secondary_path], plan.dst_onnx, replace_shared=replace_shared)
+    if plan.new and not plan.reused:
+        _warn_nothing_shared(plan)
     with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
         weights = _write_new_tensors(outputs, plan, progress)
         _publish(model, plan, outputs, weights)
@@ -186,6 +188,22 @@ def save_model_with_shared_external_data(
         plan.total_size,
     )
     return result
+
+
+def _warn_nothing_shared(plan: _SavePlan) -> None:
+    """Log that the save is a full copy: the model has no external tensor left to reuse.
+
+    The usual slip is a model loaded with its weights (``onnx.load(path)`` reads every external tensor into memory
+    and drops its reference); the save then succeeds and silently writes every byte again.
+    """
+    logger.warning(
+        "nothing is shared: no tensor of the model is external, so all %d of them (%d bytes) are written to %s. A "
+        "model loaded with its weights has no reference left to reuse: load the base model with "
+        "onnx.load(path, load_external_data=False) so its tensors keep pointing at their files.",
+        len(plan.new),
+        plan.payload_bytes,
+        plan.secondary_path,
+    )
 
 
 def _publish(model: onnx.ModelProto, plan: _SavePlan, outputs: OutputTransaction, weights: StagedFile | None) -> None:
