@@ -20,6 +20,14 @@ from onnx_light_ref.commands.text import printable
 
 __all__ = ["register", "verify_command"]
 
+# verify_models' words when the tensors paired by position have different names: after a tool reordered them
+# (undelay: the DelayedInitializer nodes' outputs become initializers in another order), --by-name is the fix.
+_BY_POSITION_NAME_MISMATCH = "name differs (A: "
+_BY_NAME_HINT = (
+    "note: tensors are paired by position; if a tool reordered them (undelay does), pair them by graph and name "
+    "with --by-name"
+)
+
 MAX_CHUNK_SIZE = 1024 * 1024 * 1024
 """``verify_models``' own cap (``onnx_light_ref.io.verify.MAX_CHUNK_SIZE``, not imported at start-up; a test checks)."""
 
@@ -94,6 +102,8 @@ def verify_command(args: argparse.Namespace) -> int:
         print(f"checksum mismatch: {printable(mismatch)}")
     if not result.equal:
         print(f"different: {printable(result.first_difference or '')}")
+        if not args.by_name and _BY_POSITION_NAME_MISMATCH in (result.first_difference or ""):
+            print(_BY_NAME_HINT)
         return 1
     print(f"equal: {result.tensors} tensors, {result.bytes_compared} bytes compared")
     return 1 if result.checksum_mismatches else 0
