@@ -124,6 +124,12 @@ _LABELS: dict[str, dict[str, str]] = {
         "inspect": "ours: the layout report of one (inspect)",
         "externalize": "reference: align size_threshold=1024 of one (streaming reader of issue 12)",
     },
+    "startup": {
+        "bare": "python -c pass (the bare interpreter)",
+        "version": "onnx-light-ref --version",
+        "help": "onnx-light-ref --help",
+        "inspect_help": "onnx-light-ref inspect --help",
+    },
     "evaluator": {
         "plain": "onnx ReferenceEvaluator(path)",
         "lazy_file": "reference_evaluator(path, 'file')",
@@ -134,7 +140,7 @@ _REFERENCE_METHOD = {"align": "streaming", "chunk-sizes": "chunk_4MiB", "shared-
                      "delayed": "np_fromfile", "evaluator": "plain", "dedup": "streaming", "shards": "one_file",
                      "verify": "read_both", "externalize": "cfr_ranges_fsync", "in-place": "fresh_folder",
                      "reflink": "unaligned", "node-count": "delay", "safetensors": "onnx_ir_fsync",
-                     "link": "copy_safetensors", "inline-readers": "externalize"}  # fmt: skip
+                     "link": "copy_safetensors", "inline-readers": "externalize", "startup": "bare"}  # fmt: skip
 # Families whose groups move or read ``payload_bytes``: their tables show a throughput column.
 _THROUGHPUT_FAMILIES = (
     "align", "chunk-sizes", "delayed", "dedup", "shards", "verify", "externalize", "in-place", "reflink", "safetensors"
@@ -295,6 +301,12 @@ def evaluate_targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[Targ
     targets += _layout_targets(groups, main_size)
     targets += _durability_targets(groups, main_size)
     targets += _format_targets(groups, main_size)
+    startup = groups.get("startup")
+    slowest = max(("version", "help", "inspect_help"), key=lambda method: _get(startup, method, "above_bare_s"))
+    above = _get(startup, slowest, "above_bare_s")
+    targets.append(Target("#29 CLI start-up above the bare interpreter (s), slowest printing command", main_size,
+                          above, 0.25, True, f"{slowest}: {_get(startup, slowest):.3f} s vs "
+                          f"{_get(startup, 'bare'):.3f} s"))  # fmt: skip
 
     evaluator = groups.get("evaluator")
     weights_mib = (evaluator or {}).get("weight_bytes", float("nan")) / MIB
@@ -571,6 +583,9 @@ def _group_title(group: str, info: dict[str, Any]) -> str:
     if family == "inline-readers":
         return (f"verify and inspect of inline single-file models ({info['file_bytes'] / MIB:,.0f} MiB .onnx, "
                 f"{_shape_label(info)} inline) (issue 29)")  # fmt: skip
+    if family == "startup":
+        return ("CLI start-up: the whole fresh process, wall time and peak RSS (Δ: above the bare interpreter) "
+                "(issue 29)")  # fmt: skip
     return (f"Lazy evaluation: MLP of {info['layers']} x (MatMul {info['width']}x{info['width']} + Add), "
             f"{info['weight_bytes'] / MIB:,.0f} MiB of weights (construct + first run)")  # fmt: skip
 

@@ -46,7 +46,7 @@ from onnx_light_ref.io.read.entries import write_entries
 from onnx_light_ref.io.read.locations import TYPED_VALUE_FIELDS
 from onnx_light_ref.io.read.model_file import serialize_model
 from onnx_light_ref.io.read.walker import iter_tensors
-from onnx_light_ref.io.results import AlignResult
+from onnx_light_ref.io.results import AlignResult, summarize_names
 from onnx_light_ref.io.write.contract import (
     PlannedFile,
     PlannedModel,
@@ -322,7 +322,7 @@ def _publish(plan: AlignPlan, contract: WritePlan, outputs: OutputTransaction, s
             "%d tensor(s) of at least align_threshold bytes could not start aligned in the safetensors data "
             "section (it must be covered without holes): %s",
             len(result.unaligned_tensors),
-            ", ".join(result.unaligned_tensors),
+            summarize_names(result.unaligned_tensors),  # 199 names on one line were unreadable; all are on result
         )
     if result.stale_weights_files:
         # Not ours to delete: another model may use them. Naming them is the least we owe the user.
