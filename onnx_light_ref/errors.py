@@ -18,6 +18,7 @@ __all__ = [
     "SharedWeightsError",
     "TensorAllocationError",
     "UnsafeLocationError",
+    "UnsupportedElementTypeError",
 ]
 
 
@@ -58,3 +59,13 @@ class TensorAllocationError(MemoryError):
     when the tensor is larger than the machine's memory and swap (or the process's address-space limit), or when
     numpy's allocation itself fails; the message names the tensor, its shape, dtype and byte size.
     """
+
+
+class UnsupportedElementTypeError(ValueError):
+    """An element type ``ai.rt::DelayedInitializer`` cannot produce here: not raw bytes (STRING), not an ONNX type,
+    or one the installed onnx does not define or cannot represent (float4 on onnx 1.17). The message names the
+    type, the reason and the types that are accepted; :attr:`data_type` is the refused value."""
+
+    def __init__(self, message: str, data_type: object = None) -> None:
+        super().__init__(message)
+        self.data_type = data_type

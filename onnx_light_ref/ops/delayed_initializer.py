@@ -50,7 +50,6 @@ from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder, relative_below
 from onnx_light_ref.io.read.locations import check_location_syntax
-from onnx_light_ref.ops.allocation import allocate_tensor
 from onnx_light_ref.ops.attributes import (
     ATTRIBUTE_TYPES,
     DelayedInitializerParams,
@@ -58,7 +57,7 @@ from onnx_light_ref.ops.attributes import (
     describe_node,
     validate_attributes,
 )
-from onnx_light_ref.ops.dtypes import little_endian_dtype
+from onnx_light_ref.ops.raw_arrays import array_from_raw, raw_buffer, writable_bytes
 from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE
 
 __all__ = ["DelayedInitializer"]
@@ -346,23 +345,30 @@ class DelayedInitializer(OpRun):
         fd, st = self._rt_open(source, params)
         try:
             self._rt_check_stamp(source, st)
-            out = allocate_tensor(params.shape, little_endian_dtype(params.dtype), where=self._rt_where)
-            try:
-                done = pread_exact(fd, out.data.cast("B"), params.offset)
-            except OSError as exc:
-                raise ExternalDataError(
-                    f"{self._rt_where}: file {source.shown!r} cannot be read: {exc.strerror or exc} "
-                    f"(needed {self._rt_wanted(params)})."
-                ) from exc
+            return self._rt_read_array(fd, source, params)
         finally:
             os.close(fd)
+
+    def _rt_read_array(self, fd: int, source: _Source, params: DelayedInitializerParams) -> np.ndarray:
+        """Bytes -> array: read the raw bytes at ``offset`` and turn them into onnx's own array for ``dtype``.
+
+        Byte-sized types are read straight into the output; packed ones (int4, float4...) are unpacked by onnx
+        (:mod:`onnx_light_ref.ops.raw_arrays`).
+        """
+        buffer = raw_buffer(params.dtype, params.shape, where=self._rt_where)
+        try:
+            done = pread_exact(fd, writable_bytes(buffer), params.offset)
+        except OSError as exc:
+            raise ExternalDataError(
+                f"{self._rt_where}: file {source.shown!r} cannot be read: {exc.strerror or exc} "
+                f"(needed {self._rt_wanted(params)})."
+            ) from exc
         if done < params.nbytes:
             raise ValueError(
                 f"{self._rt_where}: file {source.shown!r} ended early: read {done} of {self._rt_wanted(params)} "
                 "(the file changed while read)."
             )
-        # A no-op on little-endian hosts; a converting copy on big-endian ones.
-        return out.astype(params.np_dtype, copy=False)
+        return array_from_raw(params.dtype, buffer, params.shape, where=self._rt_where)
 
     def _run(self, **kwargs: Any) -> tuple[np.ndarray]:
         if self._rt_cache is not None:
