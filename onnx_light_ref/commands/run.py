@@ -28,13 +28,14 @@ import os
 import re
 import stat
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
 
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders, remove_own_temp_files
+from onnx_light_ref.commands.npy_types import NpyForm, evaluator_array_dtype, feed_dtype, input_from_npy, output_for_npy
 from onnx_light_ref.commands.text import printable
 from onnx_light_ref.io.read.locations import FileIdentity, is_external
 from onnx_light_ref.io.read.model_file import load_model_metadata
@@ -127,7 +128,7 @@ def _check_feed(name: str, value: np.ndarray, declared: Any) -> None:
         return
     tensor_type = declared.tensor_type
     if tensor_type.elem_type:
-        expected = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+        expected = evaluator_array_dtype(tensor_type.elem_type)
         if value.dtype != expected:
             raise _RunError(f"input {name!r} has dtype {value.dtype}, the model expects {expected}.")
     if tensor_type.HasField("shape"):
@@ -136,6 +137,21 @@ def _check_feed(name: str, value: np.ndarray, declared: Any) -> None:
         mismatch = len(dims) != value.ndim or any(d not in (None, v) for d, v in zip(dims, value.shape, strict=False))
         if mismatch:
             raise _RunError(f"input {name!r} has shape {list(value.shape)}, the model expects {shown}.")
+
+
+def _narrow_feeds(sess: Any, feeds: dict[str, np.ndarray], raw_bits: bool) -> None:
+    """Inputs of a type ``.npy`` cannot carry (bfloat16, float8, int4...) arrive widened (or as bits): narrow them
+    exactly to onnx's representation (:mod:`~onnx_light_ref.commands.npy_types`), refusing what does not fit."""
+    for name, declared in zip(sess.input_names, sess.input_types, strict=False):
+        if name not in feeds or not isinstance(declared, onnx.TypeProto) or not declared.HasField("tensor_type"):
+            continue
+        elem_type = declared.tensor_type.elem_type
+        if feed_dtype(elem_type) is None:
+            continue
+        try:
+            feeds[name] = input_from_npy(name, feeds[name], elem_type, raw_bits=raw_bits)
+        except ValueError as exc:
+            raise _RunError(f"{exc} Nothing was evaluated.") from exc
 
 
 def _check_feeds(sess: Any, feeds: dict[str, np.ndarray]) -> None:
@@ -149,7 +165,16 @@ def _check_feeds(sess: Any, feeds: dict[str, np.ndarray]) -> None:
         _check_feed(name, feeds[name], declared)
 
 
-def _as_savable(name: str, value: object) -> np.ndarray:
+class _Planned(NamedTuple):
+    """One output to write: its name, its file, the array saved and how it was converted for ``.npy`` (or None)."""
+
+    name: str
+    path: str
+    array: np.ndarray
+    note: str | None
+
+
+def _as_savable(name: str, value: object, raw_bits: bool = False) -> NpyForm:
     if isinstance(value, (list, tuple)):
         raise _RunError(
             f"output {name!r} is a sequence of {len(value)} values; only tensor outputs can be saved as .npy "
@@ -163,7 +188,7 @@ def _as_savable(name: str, value: object) -> np.ndarray:
             array = array.astype(str)  # string tensors: save as fixed-width unicode, never pickled
         except (TypeError, ValueError) as exc:
             raise _RunError(f"output {name!r} holds Python objects that .npy cannot store: {exc}") from exc
-    return array
+    return output_for_npy(array, raw_bits=raw_bits)  # bfloat16, float8, int4...: widened exactly, or bits
 
 
 def _output_paths(folder: str, names: list[str]) -> list[str]:
@@ -181,9 +206,13 @@ def _output_paths(folder: str, names: list[str]) -> list[str]:
     return paths
 
 
-def _plan_outputs(folder: str, names: list[str], values: list[object]) -> list[tuple[str, str, np.ndarray]]:
+def _plan_outputs(folder: str, names: list[str], values: list[object], raw_bits: bool = False) -> list[_Planned]:
     paths = _output_paths(folder, names)
-    return [(name, path, _as_savable(name, value)) for name, path, value in zip(names, paths, values, strict=True)]
+    planned = []
+    for name, path, value in zip(names, paths, values, strict=True):
+        form = _as_savable(name, value, raw_bits)
+        planned.append(_Planned(name, path, form.array, form.note))
+    return planned
 
 
 def _identity(path: str) -> FileIdentity | None:
@@ -250,10 +279,10 @@ def _check_not_read(names: list[str], paths: list[str], read: dict[FileIdentity,
             )
 
 
-def _save_outputs(folder: str, planned: list[tuple[str, str, np.ndarray]]) -> None:
+def _save_outputs(folder: str, planned: list[_Planned]) -> None:
     try:
         with staged_files() as files:
-            for _, target, array in planned:
+            for _, target, array, _ in planned:
                 buffer = io.BytesIO()
                 np.save(buffer, array, allow_pickle=False)
                 staged = StagedFile(target)
@@ -292,6 +321,7 @@ def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray], read: 
     except _USER_ERRORS as exc:
         raise _RunError(f"cannot evaluate {args.model!r}: {exc}") from exc
     built = time.perf_counter()
+    _narrow_feeds(sess, feeds, args.raw_bits)
     _check_feeds(sess, feeds)
     try:
         read.update(_model_files(args.model))
@@ -306,11 +336,12 @@ def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray], read: 
         # the data's problem, reported without a traceback.
         raise _RunError(f"evaluation failed: {type(exc).__name__}: {exc}") from exc
     done = time.perf_counter()
-    planned = _plan_outputs(args.output_dir, names, list(outputs))
-    _check_not_read(names, [target for _, target, _ in planned], read)  # a link made while the model ran
+    planned = _plan_outputs(args.output_dir, names, list(outputs), args.raw_bits)
+    _check_not_read(names, [item.path for item in planned], read)  # a link made while the model ran
     _save_outputs(args.output_dir, planned)
-    for name, target, array in planned:
-        print(printable(f"{name}: shape {list(array.shape)} dtype {array.dtype} -> {target}"))
+    for name, target, array, note in planned:
+        shown = f" ({note})" if note else ""
+        print(printable(f"{name}: shape {list(array.shape)} dtype {array.dtype}{shown} -> {target}"))
     print(f"built in {built - start:.3f} s (load_device={args.load_device}), ran in {done - built:.3f} s")
     return 0
 
@@ -361,5 +392,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="trust the model: let DelayedInitializer nodes read absolute filenames outside the model's folder "
         "(the spec's examples use /tmp paths); refused by default",
+    )
+    parser.add_argument(
+        "--raw-bits",
+        action="store_true",
+        help="outputs (and inputs) of types .npy cannot carry (bfloat16, float8, float4, float6, int4, uint4, int2, "
+        "uint2) as each element's bits: uint16 for bfloat16, uint8 for the others (a sub-byte code in the low bits); "
+        "by default they are widened exactly (float32, int8, uint8)",
     )
     parser.set_defaults(func=run_command)

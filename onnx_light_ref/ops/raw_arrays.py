@@ -29,7 +29,7 @@ from onnx_light_ref.io.read.dtype_sizes import packed_nbytes
 from onnx_light_ref.ops.allocation import allocate_tensor
 from onnx_light_ref.ops.dtypes import dtype_name, is_packed_dtype, np_dtype_for
 
-__all__ = ["array_from_raw", "raw_buffer", "writable_bytes"]
+__all__ = ["array_from_bytes", "array_from_raw", "raw_buffer", "writable_bytes"]
 
 
 def raw_buffer(dtype: int, shape: tuple[int, ...], *, where: str) -> np.ndarray:
@@ -88,3 +88,18 @@ def array_from_raw(dtype: int, buffer: np.ndarray, shape: tuple[int, ...], *, wh
         ) from exc
     # onnx 1.17 returns a read-only view for some paths; every kernel output is a writable array of its own.
     return array if array.flags.writeable else array.copy()
+
+
+def array_from_bytes(dtype: int, raw: bytes, shape: tuple[int, ...], *, where: str) -> np.ndarray:
+    """:func:`raw_buffer`, filled with ``raw``, through :func:`array_from_raw`: raw bytes held in memory -> array.
+
+    Raises:
+        ValueError: ``raw`` is not the tensor's byte count.
+        TensorAllocationError: the array cannot be held in memory.
+    """
+    buffer = raw_buffer(dtype, shape, where=where)
+    view = writable_bytes(buffer)
+    if len(raw) != len(view):
+        raise ValueError(f"{where}: {len(raw)} bytes given for {len(view)} bytes of {dtype_name(dtype)} {list(shape)}.")
+    view[:] = raw
+    return array_from_raw(dtype, buffer, shape, where=where)
