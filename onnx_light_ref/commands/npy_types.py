@@ -218,7 +218,7 @@ def input_from_npy(name: str, array: np.ndarray, data_type: int, *, raw_bits: bo
         index = [int(i) for i in np.unravel_index(first, array.shape)]
         raise ValueError(
             f"input {name!r} is {type_name} in the model: {wrong.size} of its {array.size} values cannot be held "
-            f"exactly by {type_name}; the first, at index {index}, is {array.reshape(-1)[first]} ({array.dtype}). "
+            f"exactly by {type_name}; the first, at index {index}, is {array.reshape(-1)[first]!s} ({array.dtype}). "
             f"Give values {type_name} holds (or its raw bits with --raw-bits)."
         )
     return codes[order[position]].reshape(array.shape)

@@ -56,7 +56,8 @@ def raw_buffer(dtype: int, shape: tuple[int, ...], *, where: str) -> np.ndarray:
 
 def writable_bytes(buffer: np.ndarray) -> memoryview:
     """The buffer's bytes as a flat writable memoryview (``ndarray.data`` refuses ml_dtypes' formats)."""
-    return memoryview(buffer.reshape(-1).view(np.uint8))
+    flat: memoryview = buffer.reshape(-1).view(np.uint8).data
+    return flat
 
 
 def array_from_raw(dtype: int, buffer: np.ndarray, shape: tuple[int, ...], *, where: str) -> np.ndarray:
