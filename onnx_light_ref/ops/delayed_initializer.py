@@ -57,7 +57,7 @@ from onnx_light_ref.ops.attributes import (
     describe_node,
     validate_attributes,
 )
-from onnx_light_ref.ops.raw_arrays import array_from_raw, raw_buffer, writable_bytes
+from onnx_light_ref.ops.raw_arrays import read_array
 from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE
 
 __all__ = ["DelayedInitializer"]
@@ -350,14 +350,17 @@ class DelayedInitializer(OpRun):
             os.close(fd)
 
     def _rt_read_array(self, fd: int, source: _Source, params: DelayedInitializerParams) -> np.ndarray:
-        """Bytes -> array: read the raw bytes at ``offset`` and turn them into onnx's own array for ``dtype``.
+        """Bytes -> array: the raw bytes at ``offset``, as onnx's own evaluator would hold them for ``dtype``.
 
-        Byte-sized types are read straight into the output; packed ones (int4, float4...) are unpacked by onnx
-        (:mod:`onnx_light_ref.ops.raw_arrays`).
+        Byte-sized types are read straight into the output; packed ones (int4, float4...) are read in chunks that
+        onnx unpacks (:mod:`onnx_light_ref.ops.raw_arrays`).
         """
-        buffer = raw_buffer(params.dtype, params.shape, where=self._rt_where)
+
+        def read(view: memoryview, position: int) -> int:
+            return pread_exact(fd, view, params.offset + position)
+
         try:
-            done = pread_exact(fd, writable_bytes(buffer), params.offset)
+            array, done = read_array(params.dtype, params.shape, read, where=self._rt_where)
         except OSError as exc:
             raise ExternalDataError(
                 f"{self._rt_where}: file {source.shown!r} cannot be read: {exc.strerror or exc} "
@@ -368,7 +371,7 @@ class DelayedInitializer(OpRun):
                 f"{self._rt_where}: file {source.shown!r} ended early: read {done} of {self._rt_wanted(params)} "
                 "(the file changed while read)."
             )
-        return array_from_raw(params.dtype, buffer, params.shape, where=self._rt_where)
+        return array
 
     def _run(self, **kwargs: Any) -> tuple[np.ndarray]:
         if self._rt_cache is not None:

@@ -35,7 +35,13 @@ from onnx_light_ref.onnx_compat import (
     raw_type_refusal,
     to_array_reads_raw_data,
 )
-from onnx_light_ref.ops import DelayedInitializer, delay_initializers, reference_evaluator, undelay_initializers
+from onnx_light_ref.ops import (
+    DelayedInitializer,
+    delay_initializers,
+    raw_arrays,
+    reference_evaluator,
+    undelay_initializers,
+)
 from onnx_light_ref.ops.codes import every_code, pack_codes
 from onnx_light_ref.ops.convert import plan_delayed_initializers
 from onnx_light_ref.ops.dtypes import (
@@ -174,6 +180,20 @@ def test_packed_types_at_odd_counts_and_unaligned_offsets(tmp_path: Path, dtype:
             graph, opset_imports=[helper.make_opsetid("", NEWEST_OPSET), helper.make_opsetid("ai.rt", 1)]
         )
         (got,) = ReferenceEvaluator(model, new_ops=[DelayedInitializer.bind(tmp_path)]).run(None, {})
+        assert_bit_equal(got, expected)
+
+
+@pytest.mark.parametrize("chunk", [3, 6, 24])
+@pytest.mark.parametrize("dtype", [t for t in EXTENDED_DTYPES if is_packed_dtype(t)], ids=dtype_name)
+def test_packed_tensors_unpacked_chunk_by_chunk_are_unpacked_as_a_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: int, chunk: int
+) -> None:
+    """The kernel unpacks PACKED_CHUNK_BYTES at a time (memory: the output and one chunk); tiny chunks here."""
+    monkeypatch.setattr(raw_arrays, "PACKED_CHUNK_BYTES", chunk)
+    path = save_external(outputs_model([every_code_tensor(dtype)]), tmp_path / "model.onnx")
+    for load_device in ("file", "cpu"):
+        (got,) = reference_evaluator(path, load_device).run(None, {})
+        (expected,) = onnx_oracle(path)
         assert_bit_equal(got, expected)
 
 
