@@ -212,3 +212,30 @@ def test_bfloat16_outputs_are_what_np_load_reads_back(tmp_path: Path) -> None:
     assert saved[0x80, 0x00] == 0.0 and np.signbit(saved[0x80, 0x00])
     assert saved[0x00, 0x01] == np.float32(2.0**-133)  # the smallest subnormal
     assert saved.view(np.uint32)[0x7F, 0xC1] == 0x7FC10000  # a NaN payload survives
+
+
+REFUSED = [(29, "<unknown 29>", "element type 29 is not an ONNX element type")]
+if not hasattr(TensorProto, "FLOAT4E2M1"):  # onnx 1.17: the newer types are named in the refusal
+    REFUSED.append((23, "float4e2m1", "does not define element type 23 (FLOAT4E2M1)"))
+
+
+@pytest.mark.parametrize(("dtype", "name", "why"), REFUSED)
+def test_a_node_of_a_type_this_onnx_cannot_produce_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dtype: int, name: str, why: str
+) -> None:
+    from onnx_light_ref.ops.schema import make_delayed_initializer_node
+
+    (tmp_path / "w.bin").write_bytes(bytes(8))
+    node = make_delayed_initializer_node("y", shape=[4], dtype=dtype, load_device="file", filename="w.bin", offset=0)
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("ai.rt", 1)])
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    before = sha256_of_tree(tmp_path)
+
+    assert main(["run", str(tmp_path / "model.onnx"), "--output-dir", str(tmp_path / "out")]) == 1
+
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"error: cannot evaluate {str(tmp_path / 'model.onnx')!r}: DelayedInitializer node ")
+    assert f"dtype {dtype} ({name}) is not supported: " in line and why in line
+    assert captured.out == "" and sha256_of_tree(tmp_path) == before

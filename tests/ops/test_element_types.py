@@ -326,3 +326,12 @@ def test_types_this_onnx_lacks_are_refused_naming_the_type_and_the_onnx(tmp_path
     tensor = onnx.TensorProto(name="W", data_type=dtype, dims=[4], raw_data=bytes(packed_nbytes(dtype, 4) or 4))
     path = save_external(outputs_model([tensor]), tmp_path / "model.onnx")
     assert plan_delayed_initializers(path).kept_dtype == ["W"]
+
+
+def test_undelay_refuses_a_node_of_a_type_this_onnx_cannot_produce(tmp_path: Path) -> None:
+    model = refused_model(tmp_path, 29)
+    onnx.save(model, str(tmp_path / "delayed.onnx"))
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(UnsupportedElementTypeError, match=r"dtype 29 \(<unknown 29>\) is not supported"):
+        undelay_initializers(tmp_path / "delayed.onnx", tmp_path / "standard.onnx")
+    assert sha256_of_tree(tmp_path) == before
