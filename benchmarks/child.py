@@ -656,6 +656,36 @@ def _evaluator(args: dict[str, Any]) -> list[Phase]:
     return [("construct", construct), ("run", run)]
 
 
+def _typed_evaluator(args: dict[str, Any]) -> list[Phase]:
+    """A model without inputs whose weights are of one element type (bfloat16): onnx's evaluator vs the lazy one."""
+    import numpy as np
+    import onnx.reference
+
+    mode = args["mode"]
+    if mode == "plain":
+
+        def construct(_: Any) -> Any:
+            return onnx.reference.ReferenceEvaluator(args["model"])
+
+    else:
+        try:
+            from onnx_light_ref.ops import reference_evaluator
+            from onnx_light_ref.ops.dtypes import ALLOWED_DTYPES
+        except ImportError as exc:
+            raise ScenarioUnavailableError(f"onnx_light_ref.ops.reference_evaluator is not available: {exc}") from None
+        if args["data_type"] not in ALLOWED_DTYPES:
+            raise ScenarioUnavailableError(f"DelayedInitializer cannot produce element type {args['data_type']} yet")
+
+        def construct(_: Any) -> Any:
+            return reference_evaluator(args["model"], load_device=mode)
+
+    def run(evaluator: Any) -> dict[str, Any]:
+        outputs = evaluator.run(None, {})
+        return {"checksum": float(sum(np.asarray(o).astype(np.float64) for o in outputs))}
+
+    return [("construct", construct), ("run", run)]
+
+
 def _undelay(args: dict[str, Any]) -> list[Phase]:
     try:
         from onnx_light_ref.ops import undelay_initializers
@@ -705,6 +735,7 @@ _SCENARIOS: dict[str, Callable[[dict[str, Any]], list[Phase]]] = {
     "delayed_run": _delayed_run,
     "np_fromfile": _np_fromfile,
     "evaluator": _evaluator,
+    "typed_evaluator": _typed_evaluator,
     "undelay": _undelay,
     "delay": _delay,
 }

@@ -45,9 +45,11 @@ from benchmarks.models import (
     AlignModel,
     DelayedModel,
     MlpModel,
+    TypedModel,
     make_align_model,
     make_delayed_model,
     make_mlp_model,
+    make_typed_model,
     parse_size,
     scaled,
 )
@@ -138,6 +140,7 @@ class ModelCache:
         self._align: dict[str, AlignModel] = {}
         self._delayed: DelayedModel | None = None
         self._mlp: MlpModel | None = None
+        self._typed: TypedModel | None = None
 
     def align(self, shape: str) -> AlignModel:
         if shape not in self._align:
@@ -156,6 +159,13 @@ class ModelCache:
             self._mlp = make_mlp_model(self.root / "mlp", scaled(self.total, 512 * 1024 * 1024))
             os.sync()
         return self._mlp
+
+    def typed(self) -> TypedModel:
+        """The bfloat16 model, with as many weights as the float32 MLP (512 MiB at the 1G reference size)."""
+        if self._typed is None:
+            self._typed = make_typed_model(self.root / "typed", scaled(self.total, 512 * 1024 * 1024))
+            os.sync()
+        return self._typed
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

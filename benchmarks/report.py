@@ -317,7 +317,24 @@ def evaluate_targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[Targ
                           f"{construct:.1f} MiB / {weights_mib:.0f} MiB"))  # fmt: skip
     targets.append(Target("reference_evaluator file mode, run peak RSS Δ / weights", main_size,
                           _ratio(run, weights_mib), 1.2, True, f"{run:.1f} MiB / {weights_mib:.0f} MiB"))  # fmt: skip
+    targets += _bfloat16_targets(groups, main_size)
     return targets
+
+
+def _bfloat16_targets(groups: dict[str, Any], main_size: str) -> list[Target]:
+    """Issue 27: the lazy evaluator on bfloat16 weights, as P7 for float32 (construction <= 0.1x, run <= 1.2x)."""
+    typed = groups.get("evaluator-bfloat16")
+    weights_mib = (typed or {}).get("weight_bytes", float("nan")) / MIB
+    construct = _get(typed, "lazy_file", "delta_mib", phase="construct")
+    run = _get(typed, "lazy_file", "delta_mib")
+    plain = _get(typed, "plain", "delta_mib", phase="construct")
+    return [
+        Target("#27 bfloat16: reference_evaluator file mode, construction peak RSS Δ / weights", main_size,
+               _ratio(construct, weights_mib), 0.1, True,
+               f"{construct:.1f} MiB / {weights_mib:.0f} MiB (plain ReferenceEvaluator: {plain:.1f} MiB)"),
+        Target("#27 bfloat16: reference_evaluator file mode, run peak RSS Δ / weights", main_size,
+               _ratio(run, weights_mib), 1.2, True, f"{run:.1f} MiB / {weights_mib:.0f} MiB"),
+    ]  # fmt: skip
 
 
 def _time_target(name: str, size: str, info: dict[str, Any] | None, method: str, reference: str,

@@ -154,7 +154,6 @@ def align_command(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     weights = weights_path(args.dst, args.weights)
-    warn_unless_onnx(args.dst)
     try:
         folders = [os.path.dirname(os.path.abspath(path)) for path in (args.dst, weights or args.dst)]
         with created_folders(folders), byte_progress("align", hidden=args.no_progress) as progress:
@@ -181,6 +180,7 @@ def align_command(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         return error_exit(exc)  # created_folders removed the folders it made; an interrupt propagates to the CLI
     elapsed = time.perf_counter() - started
+    warn_unless_onnx(args.dst)  # after success: a refusal's one error line says enough
     print(_summary(args.dst, result, elapsed))
     return 0
 

@@ -96,7 +96,6 @@ def link_command(args: argparse.Namespace) -> int:
     from onnx_light_ref.io.link import link_external_data
     from onnx_light_ref.io.results import summarize_names
 
-    warn_unless_onnx(args.dst)
     try:
         name_map = _read_map(args.map) if args.map is not None else None
         with byte_progress("link", hidden=args.no_progress) as progress:
@@ -118,6 +117,7 @@ def link_command(args: argparse.Namespace) -> int:
         return published_exit(exc)
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         return error_exit(exc)
+    warn_unless_onnx(args.dst)  # after success: a refusal's one error line says enough
     line = (
         f"{shown_path(args.dst)}: {result.linked_tensors} tensors linked to the checkpoint ({result.linked_bytes} "
         f"bytes, none copied), {result.written_tensors} written ({result.written_bytes} bytes"

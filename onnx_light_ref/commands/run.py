@@ -32,7 +32,7 @@ import math
 import os
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from onnx_light_ref.commands.errors import describe_error, error_exit, published_exit
 from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders, remove_own_temp_files
@@ -43,6 +43,7 @@ from onnx_light_ref.errors import PublishedWithErrorsError
 if TYPE_CHECKING:  # numpy, onnx and the library are imported when the command runs, not when the CLI starts
     import numpy as np
 
+    from onnx_light_ref.commands.npy_types import NpyForm
     from onnx_light_ref.io.read.locations import FileIdentity
     from onnx_light_ref.io.write.contract import WritePlan
 
@@ -157,12 +158,12 @@ def _check_feed(name: str, value: np.ndarray, declared: Any) -> None:
 
 
 def _declared_dtype(name: str, elem_type: int) -> np.dtype:
-    """The numpy dtype of a graph input's declared element type; one error line for a type onnx does not know."""
-    import numpy as np
-    import onnx
+    """The dtype onnx's evaluator holds a graph input's declared element type in; one error line for a type onnx
+    does not know."""
+    from onnx_light_ref.commands.npy_types import evaluator_array_dtype
 
     try:
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+        return evaluator_array_dtype(elem_type)
     except (KeyError, ValueError, TypeError) as exc:
         raise _RunError(
             f"input {name!r} is declared with element type {elem_type}, which is not a TensorProto.DataType this "
@@ -178,6 +179,25 @@ def _defaults(sess: Any) -> set[str]:
     return {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
 
 
+def _narrow_feeds(sess: Any, feeds: dict[str, np.ndarray], raw_bits: bool) -> None:
+    """Inputs of a type ``.npy`` cannot carry (bfloat16, float8, int4...) arrive widened (or as bits): narrow them
+    exactly to onnx's representation (:mod:`~onnx_light_ref.commands.npy_types`), refusing what does not fit."""
+    import onnx
+
+    from onnx_light_ref.commands.npy_types import feed_dtype, input_from_npy
+
+    for name, declared in zip(sess.input_names, sess.input_types, strict=False):
+        if name not in feeds or not isinstance(declared, onnx.TypeProto) or not declared.HasField("tensor_type"):
+            continue
+        elem_type = declared.tensor_type.elem_type
+        if feed_dtype(elem_type) is None:
+            continue
+        try:
+            feeds[name] = input_from_npy(name, feeds[name], elem_type, raw_bits=raw_bits)
+        except ValueError as exc:
+            raise _RunError(f"{exc} Nothing was evaluated.") from exc
+
+
 def _check_feeds(sess: Any, feeds: dict[str, np.ndarray]) -> None:
     unknown = [name for name in feeds if name not in sess.input_names]
     if unknown:
@@ -191,8 +211,19 @@ def _check_feeds(sess: Any, feeds: dict[str, np.ndarray]) -> None:
             _check_feed(name, feeds[name], declared)
 
 
-def _as_savable(name: str, value: object) -> np.ndarray:
+class _Planned(NamedTuple):
+    """One output to write: its name, its file, the array saved and how it was converted for ``.npy`` (or None)."""
+
+    name: str
+    path: str
+    array: np.ndarray
+    note: str | None
+
+
+def _as_savable(name: str, value: object, raw_bits: bool = False) -> NpyForm:
     import numpy as np
+
+    from onnx_light_ref.commands.npy_types import output_for_npy
 
     if isinstance(value, (list, tuple)):
         raise _RunError(
@@ -207,7 +238,7 @@ def _as_savable(name: str, value: object) -> np.ndarray:
             array = array.astype(str)  # string tensors: save as fixed-width unicode, never pickled
         except (TypeError, ValueError) as exc:
             raise _RunError(f"output {name!r} holds Python objects that .npy cannot store: {exc}") from exc
-    return array
+    return output_for_npy(array, raw_bits=raw_bits)  # bfloat16, float8, int4...: widened exactly, or bits
 
 
 def _output_paths(folder: str, names: list[str]) -> list[str]:
@@ -225,9 +256,13 @@ def _output_paths(folder: str, names: list[str]) -> list[str]:
     return paths
 
 
-def _plan_outputs(folder: str, names: list[str], values: list[object]) -> list[tuple[str, str, np.ndarray]]:
+def _plan_outputs(folder: str, names: list[str], values: list[object], raw_bits: bool = False) -> list[_Planned]:
     paths = _output_paths(folder, names)
-    return [(name, path, _as_savable(name, value)) for name, path, value in zip(names, paths, values, strict=True)]
+    planned = []
+    for name, path, value in zip(names, paths, values, strict=True):
+        form = _as_savable(name, value, raw_bits)
+        planned.append(_Planned(name, path, form.array, form.note))
+    return planned
 
 
 def _model_files(model_path: str) -> dict[FileIdentity, str]:
@@ -268,7 +303,7 @@ def _output_plan(args: argparse.Namespace, names: list[str], read: dict[FileIden
     return plan
 
 
-def _save_outputs(folder: str, planned: list[tuple[str, str, np.ndarray]], plan: WritePlan) -> None:
+def _save_outputs(folder: str, planned: list[_Planned], plan: WritePlan) -> None:
     import numpy as np
 
     from onnx_light_ref.io.write.contract import recheck_plan
@@ -276,7 +311,7 @@ def _save_outputs(folder: str, planned: list[tuple[str, str, np.ndarray]], plan:
 
     try:
         with staged_files() as files:
-            for _, target, array in planned:
+            for _, target, array, _ in planned:
                 buffer = io.BytesIO()
                 np.save(buffer, array, allow_pickle=False)
                 staged = StagedFile(target)
@@ -317,6 +352,7 @@ def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray], read: 
     except _USER_ERRORS as exc:
         raise _RunError(f"cannot evaluate {args.model!r}: {describe_error(exc)}") from exc
     built = time.perf_counter()
+    _narrow_feeds(sess, feeds, args.raw_bits)
     _check_feeds(sess, feeds)
     try:
         read.update(_model_files(args.model))
@@ -331,10 +367,11 @@ def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray], read: 
         # the data's problem, reported without a traceback.
         raise _RunError(f"evaluation failed: {type(exc).__name__}: {describe_error(exc)}") from exc
     done = time.perf_counter()
-    planned = _plan_outputs(args.output_dir, names, list(outputs))
+    planned = _plan_outputs(args.output_dir, names, list(outputs), args.raw_bits)
     _save_outputs(args.output_dir, planned, plan)
-    for name, target, array in planned:
-        print(f"{printable(name)}: shape {list(array.shape)} dtype {array.dtype} -> {shown_path(target)}")
+    for name, target, array, note in planned:
+        converted = f" ({note})" if note else ""
+        print(f"{printable(name)}: shape {list(array.shape)} dtype {array.dtype}{converted} -> {shown_path(target)}")
     print(f"built in {built - start:.3f} s (load_device={args.load_device}), ran in {done - built:.3f} s")
     return 0
 
@@ -398,5 +435,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--replace-shared",
         action="store_true",
         help="replace an output file even when a model (in its folder or above) uses it as weights; refused by default",
+    )
+    parser.add_argument(
+        "--raw-bits",
+        action="store_true",
+        help="outputs (and inputs) of types .npy cannot carry (bfloat16, float8, float4, float6, int4, uint4, int2, "
+        "uint2) as each element's bits: uint16 for bfloat16, uint8 for the others (a sub-byte code in the low bits); "
+        "by default they are widened exactly (float32, int8, uint8)",
     )
     parser.set_defaults(func=run_command)

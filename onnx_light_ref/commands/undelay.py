@@ -61,7 +61,6 @@ def undelay_command(args: argparse.Namespace) -> int:
     from onnx_light_ref import undelay_initializers
 
     weights = weights_path(args.dst, args.weights)
-    warn_unless_onnx(args.dst)
     try:
         nodes = count_delayed_nodes(args.src)
         folders = [os.path.dirname(os.path.abspath(path)) for path in (args.dst, weights or args.dst)]
@@ -83,6 +82,7 @@ def undelay_command(args: argparse.Namespace) -> int:
         return error_exit(exc)
     shown = shown_path(weights if weights is not None else f"{args.dst}.data")
     where = f" and {shown} ({written} bytes)" if written else " (no weights file needed)"
+    warn_unless_onnx(args.dst)  # after success: a refusal's one error line says enough
     print(f"wrote {shown_path(args.dst)}{where}")
     if nodes == 0:
         print(
