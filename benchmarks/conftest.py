@@ -9,8 +9,8 @@ How a comparison is measured, and why this way:
   report uses medians per method and the ratios of those medians;
 * every child gets a fresh, empty destination, and ``os.sync()`` runs first (outside the measurement), so writeback
   of the previous run's dirty pages does not land on the next one. Sources are warm (in the page cache);
-* at tiny size (the normal test run) the children of a round run side by side and without ``os.sync()``: those
-  numbers are start-up noise, the run only proves every scenario still works.
+* at tiny size (the normal test run) the children are forks of the test process (no interpreter start-up and
+  imports each), without ``os.sync()``: those numbers are noise, the run only proves every scenario still works.
 
 pytest-benchmark integration: one test = one comparison. ``benchmark.pedantic(one_round, rounds=N)`` drives the
 rounds; what pytest-benchmark times is a whole round of child processes (interpreter start-up included), which is
@@ -32,7 +32,6 @@ import statistics
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,9 +45,11 @@ from benchmarks.models import (
     AlignModel,
     DelayedModel,
     MlpModel,
+    TypedModel,
     make_align_model,
     make_delayed_model,
     make_mlp_model,
+    make_typed_model,
     parse_size,
     scaled,
 )
@@ -139,6 +140,7 @@ class ModelCache:
         self._align: dict[str, AlignModel] = {}
         self._delayed: DelayedModel | None = None
         self._mlp: MlpModel | None = None
+        self._typed: TypedModel | None = None
 
     def align(self, shape: str) -> AlignModel:
         if shape not in self._align:
@@ -157,6 +159,13 @@ class ModelCache:
             self._mlp = make_mlp_model(self.root / "mlp", scaled(self.total, 512 * 1024 * 1024))
             os.sync()
         return self._mlp
+
+    def typed(self) -> TypedModel:
+        """The bfloat16 model, with as many weights as the float32 MLP (512 MiB at the 1G reference size)."""
+        if self._typed is None:
+            self._typed = make_typed_model(self.root / "typed", scaled(self.total, 512 * 1024 * 1024))
+            os.sync()
+        return self._typed
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -228,7 +237,7 @@ def compare(benchmark: Any, bench_config: BenchConfig, scratch: Path) -> Callabl
             if not bench_config.is_tiny:
                 os.sync()
             try:
-                record = run_in_child(method.scenario, args)
+                record = run_in_child(method.scenario, args, fork=bench_config.is_tiny)
             except ScenarioUnavailableError as exc:
                 skipped[method.label] = str(exc)
                 return
@@ -244,15 +253,10 @@ def compare(benchmark: Any, bench_config: BenchConfig, scratch: Path) -> Callabl
             nonlocal rounds_done
             shift = rounds_done % len(methods)
             order = [m for m in [*methods[shift:], *methods[:shift]] if m.label not in skipped]
-            if bench_config.is_tiny:
-                # Tiny runs only prove that every scenario works (their numbers are start-up noise): run the children
-                # side by side so the whole suite stays within seconds of the normal test command.
-                with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-                    for future in [pool.submit(run_one, i, m) for i, m in enumerate(order)]:
-                        future.result()
-            else:
-                for position, method in enumerate(order):
-                    run_one(position, method)
+            # Tiny runs only prove that every scenario works (their numbers are start-up noise): their children are
+            # forks of this process (run_in_child(fork=True)), which start at once, so one after the other is quick.
+            for position, method in enumerate(order):
+                run_one(position, method)
             rounds_done += 1
 
         benchmark.pedantic(one_round, rounds=bench_config.rounds, iterations=1, warmup_rounds=0)

@@ -48,12 +48,14 @@ __all__ = [
     "DelayedModel",
     "InlineModel",
     "MlpModel",
+    "TypedModel",
     "make_align_model",
     "make_aligned_copy",
     "make_dedup_model",
     "make_delayed_model",
     "make_inline_model",
     "make_mlp_model",
+    "make_typed_model",
     "parse_size",
     "scaled",
 ]
@@ -207,8 +209,10 @@ def _fill_range(fd: int, offset: int, length: int, block: bytes, phase: int) -> 
             done += moved
 
 
-def _external_tensor(name: str, dims: list[int], location: str, offset: int, length: int) -> TensorProto:
-    tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=dims, data_location=TensorProto.EXTERNAL)
+def _external_tensor(
+    name: str, dims: list[int], location: str, offset: int, length: int, data_type: int = TensorProto.FLOAT
+) -> TensorProto:
+    tensor = TensorProto(name=name, data_type=data_type, dims=dims, data_location=TensorProto.EXTERNAL)
     for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
         entry = tensor.external_data.add()
         entry.key = key
@@ -504,6 +508,51 @@ def make_mlp_model(folder: str | os.PathLike[str], weight_bytes: int, layers: in
     onnx_path = os.path.join(folder, "mlp.onnx")
     _save_proto(model, onnx_path)
     return MlpModel(onnx_path, width, layers, layers * (matrix + bias))
+
+
+@dataclass(frozen=True)
+class TypedModel:
+    """``tensors`` external weights of one element type (bfloat16: an LLM checkpoint), each reduced by ReduceMax."""
+
+    onnx_path: str
+    data_type: int
+    tensors: int
+    weight_bytes: int
+
+
+def _bfloat16_block() -> bytes:
+    """Small finite bfloat16 values: the high halves of the float32 block (bfloat16 is float32's upper 16 bits)."""
+    floats = np.frombuffer(_random_block(float_values=True), dtype="<u2")
+    return floats[1::2].tobytes()
+
+
+def make_typed_model(folder: str | os.PathLike[str], weight_bytes: int, tensors: int = 8) -> TypedModel:
+    """``tensors`` bfloat16 matrices of about ``weight_bytes`` in total in ``typed.data``; ``M<i> = ReduceMax(W<i>)``.
+
+    The graph reads every weight once and keeps only scalars, so a lazy run needs the weights and nothing more
+    (onnx's evaluator keeps every intermediate until the run returns).
+    """
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    width = max(16, math.isqrt(weight_bytes // tensors // 2) // 16 * 16)
+    length, location = width * width * 2, "typed.data"
+    initializers = [
+        _external_tensor(f"W{i}", [width, width], location, i * length, length, TensorProto.BFLOAT16)
+        for i in range(tensors)
+    ]
+    nodes = [helper.make_node("ReduceMax", [f"W{i}"], [f"M{i}"], keepdims=0) for i in range(tensors)]
+    _write_repeated(os.path.join(folder, location), tensors * length, _bfloat16_block())
+    graph = helper.make_graph(
+        nodes,
+        "typed",
+        [],
+        [helper.make_tensor_value_info(f"M{i}", TensorProto.BFLOAT16, []) for i in range(tensors)],
+        initializer=initializers,
+    )
+    model = helper.make_model(graph, ir_version=_IR_VERSION, opset_imports=[helper.make_opsetid("", _OPSET)])
+    onnx_path = os.path.join(folder, "typed.onnx")
+    _save_proto(model, onnx_path)
+    return TypedModel(onnx_path, TensorProto.BFLOAT16, tensors, tensors * length)
 
 
 def _main() -> None:  # pragma: no cover - manual check: python -m benchmarks.models DIR SIZE

@@ -129,6 +129,12 @@ _LABELS: dict[str, dict[str, str]] = {
         "inspect": "ours: the layout report of one (inspect)",
         "externalize": "reference: align size_threshold=1024 of one (streaming reader of issue 12)",
     },
+    "startup": {
+        "bare": "python -c pass (the bare interpreter)",
+        "version": "onnx-light-ref --version",
+        "help": "onnx-light-ref --help",
+        "inspect_help": "onnx-light-ref inspect --help",
+    },
     "evaluator": {
         "plain": "onnx ReferenceEvaluator(path)",
         "lazy_file": "reference_evaluator(path, 'file')",
@@ -139,7 +145,8 @@ _REFERENCE_METHOD = {"align": "streaming", "chunk-sizes": "chunk_4MiB", "shared-
                      "delayed": "np_fromfile", "evaluator": "plain", "dedup": "streaming", "shards": "one_file",
                      "verify": "read_both", "externalize": "cfr_ranges_fsync", "in-place": "fresh_folder",
                      "reflink": "unaligned", "node-count": "delay", "safetensors": "onnx_ir_fsync",
-                     "link": "copy_safetensors", "inline-readers": "externalize", "family": "copy_unique"}  # fmt: skip
+                     "link": "copy_safetensors", "inline-readers": "externalize", "startup": "bare",
+                     "family": "copy_unique"}  # fmt: skip
 # Families whose groups move or read ``payload_bytes``: their tables show a throughput column.
 _THROUGHPUT_FAMILIES = (
     "align", "chunk-sizes", "delayed", "dedup", "shards", "verify", "externalize", "in-place", "reflink", "safetensors",
@@ -301,6 +308,12 @@ def evaluate_targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[Targ
     targets += _layout_targets(groups, main_size)
     targets += _durability_targets(groups, main_size)
     targets += _format_targets(groups, main_size)
+    startup = groups.get("startup")
+    slowest = max(("version", "help", "inspect_help"), key=lambda method: _get(startup, method, "above_bare_s"))
+    above = _get(startup, slowest, "above_bare_s")
+    targets.append(Target("#29 CLI start-up above the bare interpreter (s), slowest printing command", main_size,
+                          above, 0.25, True, f"{slowest}: {_get(startup, slowest):.3f} s vs "
+                          f"{_get(startup, 'bare'):.3f} s"))  # fmt: skip
 
     evaluator = groups.get("evaluator")
     weights_mib = (evaluator or {}).get("weight_bytes", float("nan")) / MIB
@@ -311,7 +324,24 @@ def evaluate_targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[Targ
                           f"{construct:.1f} MiB / {weights_mib:.0f} MiB"))  # fmt: skip
     targets.append(Target("reference_evaluator file mode, run peak RSS Δ / weights", main_size,
                           _ratio(run, weights_mib), 1.2, True, f"{run:.1f} MiB / {weights_mib:.0f} MiB"))  # fmt: skip
+    targets += _bfloat16_targets(groups, main_size)
     return targets
+
+
+def _bfloat16_targets(groups: dict[str, Any], main_size: str) -> list[Target]:
+    """Issue 27: the lazy evaluator on bfloat16 weights, as P7 for float32 (construction <= 0.1x, run <= 1.2x)."""
+    typed = groups.get("evaluator-bfloat16")
+    weights_mib = (typed or {}).get("weight_bytes", float("nan")) / MIB
+    construct = _get(typed, "lazy_file", "delta_mib", phase="construct")
+    run = _get(typed, "lazy_file", "delta_mib")
+    plain = _get(typed, "plain", "delta_mib", phase="construct")
+    return [
+        Target("#27 bfloat16: reference_evaluator file mode, construction peak RSS Δ / weights", main_size,
+               _ratio(construct, weights_mib), 0.1, True,
+               f"{construct:.1f} MiB / {weights_mib:.0f} MiB (plain ReferenceEvaluator: {plain:.1f} MiB)"),
+        Target("#27 bfloat16: reference_evaluator file mode, run peak RSS Δ / weights", main_size,
+               _ratio(run, weights_mib), 1.2, True, f"{run:.1f} MiB / {weights_mib:.0f} MiB"),
+    ]  # fmt: skip
 
 
 def _time_target(name: str, size: str, info: dict[str, Any] | None, method: str, reference: str,
@@ -581,6 +611,9 @@ def _group_title(group: str, info: dict[str, Any]) -> str:
     if family == "inline-readers":
         return (f"verify and inspect of inline single-file models ({info['file_bytes'] / MIB:,.0f} MiB .onnx, "
                 f"{_shape_label(info)} inline) (issue 29)")  # fmt: skip
+    if family == "startup":
+        return ("CLI start-up: the whole fresh process, wall time and peak RSS (Δ: above the bare interpreter) "
+                "(issue 29)")  # fmt: skip
     return (f"Lazy evaluation: MLP of {info['layers']} x (MatMul {info['width']}x{info['width']} + Add), "
             f"{info['weight_bytes'] / MIB:,.0f} MiB of weights (construct + first run)")  # fmt: skip
 

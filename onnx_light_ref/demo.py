@@ -1,17 +1,25 @@
 """The whole job on a generated model, end to end: what ``onnx-light-ref demo`` runs.
 
-1. Build a 4-layer MLP whose float32 weights (``size`` bytes in total) are spread over two data files, written
-   block by block (the weights are never all in memory).
-2. Re-align it to 4096 into one data file with :func:`~onnx_light_ref.io.align.align_external_data_streaming`,
-   check the alignment from the files themselves (:func:`~onnx_light_ref.io.layout_report.build_layout_report`),
-   and prove the rewrite changed no tensor with :func:`~onnx_light_ref.io.verify.verify_models` (aligned model vs
-   source: every name, dtype, dims and byte, streamed from both layouts).
+1. Build a 4-layer MLP (input ``x`` of shape ``[N, 64]``, output ``y`` ``[N, 16]``; initializers ``W0``, ``b0``,
+   ``W1``, ``b1``, ``W2``, ``b2``, ``head.weight``, ``head.bias``, and the inline ``shape`` of a final ``Reshape``)
+   whose float32 weights (``size`` bytes in total) are spread over two data files, written block by block (the
+   weights are never all in memory): ``source/mlp.onnx``.
+2. Re-align it to 4096 into one data file with :func:`~onnx_light_ref.io.align.align_external_data_streaming`
+   (``model.onnx`` + ``model.onnx.data``), check the alignment from the files themselves
+   (:func:`~onnx_light_ref.io.layout_report.build_layout_report`), and prove the rewrite changed no tensor with
+   :func:`~onnx_light_ref.io.verify.verify_models` (aligned model vs source: every name, dtype, dims and byte,
+   streamed from both layouts).
 3. Save a variant with a new head next to it with
-   :func:`~onnx_light_ref.io.shared_save.save_model_with_shared_external_data`: only the head is written, every
-   other tensor still points into the aligned model's data file.
-4. Evaluate the source, the aligned model and the variant with
+   :func:`~onnx_light_ref.io.shared_save.save_model_with_shared_external_data` (``new_head.onnx``): only the head is
+   written, every other tensor still points into ``model.onnx.data``.
+4. Write ``light.onnx``, the model for onnx-light (:func:`~onnx_light_ref.ops.convert.delay_initializers`: every
+   external initializer a ``DelayedInitializer`` node reading ``model.onnx.data``).
+5. Evaluate the source, the aligned model and the variant with
    :func:`~onnx_light_ref.ops.evaluate.reference_evaluator` (``file`` and ``cpu``) and with onnxruntime when it is
-   installed, and check that every output agrees.
+   installed, ``light.onnx`` with onnx's ``ReferenceEvaluator`` and the bound op, and check that every output
+   agrees.
+
+``model.onnx`` and ``light.onnx`` are the inputs of the README's examples (``demo --keep DIR``).
 
 This module only works inside the folder it is given and never prints: it returns a :class:`DemoResult` whose lines
 the command prints (progress bars go to stderr through tqdm). Peak memory is read from ``getrusage``.
@@ -42,7 +50,7 @@ from onnx_light_ref.io.layout_report import build_layout_report
 from onnx_light_ref.io.read.entries import write_entries
 from onnx_light_ref.io.verify import verify_models
 from onnx_light_ref.onnx_compat import evaluator_shape_checks
-from onnx_light_ref.ops import reference_evaluator
+from onnx_light_ref.ops import DelayedInitializer, delay_initializers, reference_evaluator
 
 __all__ = ["DemoResult", "MlpShape", "build_two_file_mlp", "mlp_shape", "run_demo"]
 
@@ -65,6 +73,10 @@ _OPSET = 18
 _IR_VERSION = 10  # what onnxruntime >= 1.17 reads
 
 
+# What the README's snippets use: the last layer is the "head" a fine-tuned variant replaces.
+_HEAD_WEIGHT, _HEAD_BIAS = "head.weight", "head.bias"
+
+
 @dataclass(frozen=True)
 class MlpShape:
     """Widths of the demo MLP: x[batch, d_in] -> h -> h -> h -> y[batch, d_out], ReLU between layers."""
@@ -85,6 +97,10 @@ class MlpShape:
     @property
     def nbytes(self) -> int:
         return 4 * sum(fan_in * fan_out + fan_out for fan_in, fan_out in self.layers)
+
+    def names(self, index: int) -> tuple[str, str]:
+        """The weight and bias names of layer ``index``: ``W<i>``, ``b<i>``, the last one ``head.weight``/``bias``."""
+        return (_HEAD_WEIGHT, _HEAD_BIAS) if index == len(self.layers) - 1 else (f"W{index}", f"b{index}")
 
 
 def mlp_shape(size: int) -> MlpShape:
@@ -127,22 +143,26 @@ def _external_tensor(name: str, dims: list[int], location: str, offset: int) -> 
 
 
 def _mlp_graph(shape: MlpShape, initializers: list[TensorProto]) -> onnx.ModelProto:
+    """The MLP's graph, ending in a ``Reshape`` whose 16-byte ``shape`` stays inline: exporters write such shape
+    tensors, and onnxruntime reads them only inline (what the README's ``--size-threshold 1K`` advice is about)."""
     nodes: list[onnx.NodeProto] = []
     current = "x"
     for index in range(len(shape.layers)):
-        nodes.append(helper.make_node("MatMul", [current, f"W{index}"], [f"m{index}"], name=f"matmul{index}"))
-        last = index == len(shape.layers) - 1
-        added = "y" if last else f"a{index}"
-        nodes.append(helper.make_node("Add", [f"m{index}", f"b{index}"], [added], name=f"add{index}"))
-        if not last:
-            nodes.append(helper.make_node("Relu", [added], [f"h{index}"], name=f"relu{index}"))
+        weight, bias = shape.names(index)
+        nodes.append(helper.make_node("MatMul", [current, weight], [f"m{index}"], name=f"matmul{index}"))
+        nodes.append(helper.make_node("Add", [f"m{index}", bias], [f"a{index}"], name=f"add{index}"))
+        current = f"a{index}"
+        if index < len(shape.layers) - 1:
+            nodes.append(helper.make_node("Relu", [current], [f"h{index}"], name=f"relu{index}"))
             current = f"h{index}"
+    nodes.append(helper.make_node("Reshape", [current, "shape"], ["y"], name="reshape"))
+    reshape = numpy_helper.from_array(np.array([-1, shape.d_out], np.int64), "shape")
     graph = helper.make_graph(
         nodes,
         "demo_mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", shape.d_in])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", shape.d_out])],
-        initializers,
+        [*initializers, reshape],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], ir_version=_IR_VERSION)
 
@@ -163,7 +183,8 @@ def build_two_file_mlp(folder: str, shape: MlpShape, *, seed: int = 0, progress:
                 for index in layer_indices:
                     fan_in, fan_out = shape.layers[index]
                     scale = np.float32(1 / math.sqrt(fan_in))
-                    for name, dims in ((f"W{index}", [fan_in, fan_out]), (f"b{index}", [fan_out])):
+                    weight, bias = shape.names(index)
+                    for name, dims in ((weight, [fan_in, fan_out]), (bias, [fan_out])):
                         initializers.append(_external_tensor(name, dims, location, data.tell()))
                         remaining = math.prod(dims)
                         while remaining:
@@ -179,11 +200,10 @@ def build_two_file_mlp(folder: str, shape: MlpShape, *, seed: int = 0, progress:
 def _new_head(model: onnx.ModelProto, shape: MlpShape, seed: int) -> None:
     """Replace the last layer's external weights with new inline tensors (what fine-tuning a head produces)."""
     rng = np.random.default_rng(seed)
-    last = len(shape.layers) - 1
-    fan_in, fan_out = shape.layers[last]
+    fan_in, fan_out = shape.layers[-1]
     new = {
-        f"W{last}": (rng.standard_normal((fan_in, fan_out), dtype=np.float32) / np.float32(math.sqrt(fan_in))),
-        f"b{last}": rng.standard_normal(fan_out, dtype=np.float32),
+        _HEAD_WEIGHT: (rng.standard_normal((fan_in, fan_out), dtype=np.float32) / np.float32(math.sqrt(fan_in))),
+        _HEAD_BIAS: rng.standard_normal(fan_out, dtype=np.float32),
     }
     for index, tensor in enumerate(model.graph.initializer):
         if tensor.name in new:
@@ -228,6 +248,20 @@ def _evaluate(result: DemoResult, label: str, path: str, x: np.ndarray, ort_modu
     return outputs["file"]
 
 
+def _evaluate_light(result: DemoResult, light: str, folder: str, x: np.ndarray) -> np.ndarray:
+    """Run ``light.onnx`` as onnx-light's users do: onnx's ``ReferenceEvaluator`` with the op bound to ``folder``."""
+    from onnx.reference import ReferenceEvaluator
+
+    sess, built = _timed(functools.partial(ReferenceEvaluator, light, new_ops=[DelayedInitializer.bind(folder)]))
+    ran_outputs, ran = _timed(functools.partial(sess.run, None, {"x": x}))
+    assert isinstance(ran_outputs, list)
+    result.lines.append(
+        f"  {'light':<8} {'ReferenceEvaluator, op bound':<37}build {built:6.3f} s  run {ran:6.3f} s  "
+        f"peak RSS so far {_peak_rss_mib():7.1f} MiB"
+    )
+    return np.asarray(ran_outputs[0])
+
+
 def _check_alignment(result: DemoResult, label: str, path: str, *, expect_aligned: bool = True) -> None:
     """Read the layout back from the files; every reference must be valid, and aligned when expected."""
     report = build_layout_report(path)
@@ -253,9 +287,10 @@ def _check_sharing(result: DemoResult, shape: MlpShape, variant: str, base_data:
     shared = _shared_bytes(variant, base_data)
     if shared != shape.nbytes - head:
         result.problems.append(
-            f"variant: references {shared} bytes of mlp.onnx.data, expected {shape.nbytes - head} (all but the head)."
+            f"variant: references {shared} bytes of model.onnx.data, expected {shape.nbytes - head} (all but the head)."
         )
-    if saved < 4 * shape.hidden * shape.d_out or saved >= shape.nbytes:
+    head_weight = 4 * shape.hidden * shape.d_out  # what the variant's own file holds, padded to the alignment
+    if not head_weight <= saved < head_weight + _ALIGNMENT:
         result.problems.append(f"variant: wrote {saved} bytes for a {head}-byte head; its weights were not shared.")
 
 
@@ -282,9 +317,7 @@ def run_demo(size: int, workdir: str, *, progress: bool = False, seed: int = 0) 
     except ImportError:
         ort_module = None
     source_dir = os.path.join(workdir, "source")
-    model_dir = os.path.join(workdir, "model")
     os.makedirs(source_dir, exist_ok=True)
-    os.makedirs(model_dir, exist_ok=True)
     result.lines.append(
         f"MLP {shape.d_in} -> {shape.hidden} -> {shape.hidden} -> {shape.hidden} -> {shape.d_out}: "
         f"{shape.nbytes:,} bytes of float32 weights in {workdir}"
@@ -294,19 +327,19 @@ def run_demo(size: int, workdir: str, *, progress: bool = False, seed: int = 0) 
     result.lines.append(f"1. wrote source/mlp.onnx, weights over 2 files (packed) in {took:.3f} s")
     _check_alignment(result, "source", source, expect_aligned=False)
 
-    aligned = os.path.join(model_dir, "mlp.onnx")
+    aligned = os.path.join(workdir, "model.onnx")
     with _byte_progress("align", progress) as callback:
         written, took = _timed(
             lambda: align_external_data_streaming(source, aligned, alignment=_ALIGNMENT, progress=callback)
         )
     result.lines.append(
-        f"2. re-aligned to {_ALIGNMENT} (streaming) into model/mlp.onnx.data: {written:,} bytes "
+        f"2. re-aligned to {_ALIGNMENT} (streaming) into model.onnx + model.onnx.data: {written:,} bytes "
         f"({written - shape.nbytes:,} padding) in {took:.3f} s ({written / 2**20 / max(took, 1e-9):.0f} MiB/s)"
     )
     _check_alignment(result, "aligned", aligned)
     _check_same_tensors(result, "aligned", source, aligned, progress)
 
-    variant = os.path.join(model_dir, "variant.onnx")
+    variant = os.path.join(workdir, "new_head.onnx")
     model = onnx.load_model(aligned, load_external_data=False)
     _new_head(model, shape, seed + 1)
     with _byte_progress("save variant", progress) as callback:
@@ -314,20 +347,27 @@ def run_demo(size: int, workdir: str, *, progress: bool = False, seed: int = 0) 
             functools.partial(save_model_with_shared_external_data, model, variant, _ALIGNMENT, progress=callback)
         )
     result.lines.append(
-        f"3. saved model/variant.onnx with a new head: wrote {saved:,} bytes to variant.onnx.data, shares "
-        f"{_shared_bytes(variant, aligned + '.data'):,} bytes with mlp.onnx.data (read back from its references), "
+        f"3. saved new_head.onnx, a variant with a new head: wrote {saved:,} bytes to new_head.onnx.data, shares "
+        f"{_shared_bytes(variant, aligned + '.data'):,} bytes with model.onnx.data (read back from its references), "
         f"in {took:.3f} s"
     )
     _check_sharing(result, shape, variant, aligned + ".data", saved)
     _check_alignment(result, "variant", variant)
 
-    result.lines.append("4. evaluate (outputs compared across evaluators and models)")
+    light = os.path.join(workdir, "light.onnx")
+    onnx.save_model(delay_initializers(aligned), light)
+    result.lines.append("4. wrote light.onnx: model.onnx for onnx-light, DelayedInitializer nodes read model.onnx.data")
+
+    result.lines.append("5. evaluate (outputs compared across evaluators and models)")
     x = np.random.default_rng(seed + 2).standard_normal((_BATCH, shape.d_in), dtype=np.float32)
     y_source = _evaluate(result, "source", source, x, ort_module)
     y_aligned = _evaluate(result, "aligned", aligned, x, ort_module)
     y_variant = _evaluate(result, "variant", variant, x, ort_module)
+    y_light = _evaluate_light(result, light, workdir, x)
     if not np.array_equal(y_source, y_aligned):
         result.problems.append("aligned model's output differs from the source model's: re-alignment changed bytes.")
+    if not np.array_equal(y_light, y_aligned):
+        result.problems.append("light.onnx's output differs from model.onnx's: delay_initializers changed a weight.")
     if np.allclose(y_variant, y_aligned):
         result.problems.append("variant's output equals the base model's: its new head was not used.")
     if ort_module is None:

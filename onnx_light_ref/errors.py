@@ -27,6 +27,7 @@ __all__ = [
     "SharedWeightsError",
     "TensorAllocationError",
     "UnsafeLocationError",
+    "UnsupportedElementTypeError",
 ]
 
 
@@ -136,3 +137,13 @@ class PublishedWithErrorsError(RuntimeError):
 
 def _rebuild_published(message: str, fields: dict[str, Any]) -> PublishedWithErrorsError:
     return PublishedWithErrorsError(message, **fields)
+
+
+class UnsupportedElementTypeError(ValueError):
+    """An element type ``ai.rt::DelayedInitializer`` cannot produce here: not raw bytes (STRING), not an ONNX type,
+    or one the installed onnx does not define or cannot represent (float4 on onnx 1.17). The message names the
+    type, the reason and the types that are accepted; :attr:`data_type` is the refused value."""
+
+    def __init__(self, message: str, data_type: object = None) -> None:
+        super().__init__(message)
+        self.data_type = data_type

@@ -13,8 +13,18 @@ version string only appears in messages. What differs:
   numpy dtypes came with ml_dtypes), so an ``itemsize`` read from it is the wrong byte size in ``raw_data``:
   :func:`raw_element_size` gives the stored size of those types whatever onnx says.
 * ``numpy_helper.from_array`` refuses an odd number of INT4/UINT4 values on onnx 1.17 ("requires an even
-  size"), although ``make_tensor`` writes them and ``to_array`` reads them: :func:`typed_raw_bytes` pads the values
-  with zeros to whole bytes (onnx pads the last byte's unused bits with zeros) and keeps the bytes the tensor needs.
+  size"), although ``make_tensor`` writes them and ``to_array`` reads them: :func:`array_raw_bytes` (and
+  :func:`typed_raw_bytes`) pad the values with zeros to whole bytes (onnx pads the last byte's unused bits with
+  zeros) and keep the bytes the tensor needs.
+* The numpy representation of the element types beyond numpy's (bfloat16, float8, int4/uint4, float4, int2/uint2,
+  float6) differs: ml_dtypes types on current onnx, onnx's own structured dtypes on onnx 1.17 (bfloat16 is
+  ``(np.uint16, [("bfloat16", "<u2")])``), none for a type the installed onnx does not define.
+  :func:`evaluator_dtype` asks ``numpy_helper.to_array`` (what ``ReferenceEvaluator`` converts initializers with)
+  and :func:`raw_type_refusal` says why a type cannot be produced from raw bytes here, if it cannot.
+* onnx 1.17's ``numpy_helper.to_array`` ignores the ``raw_data`` of a BFLOAT16 tensor (it reads ``int32_data``
+  only and returns uninitialized memory), so its own evaluator returns garbage for an external bfloat16
+  initializer: :func:`to_array_reads_raw_data` detects it and :func:`onnx_readable_tensor` writes such values in the
+  typed field that onnx reads.
 
 This module must never change onnx's behaviour for the newest onnx (on it every shim is a pass-through), and must
 never import ``onnx.reference`` at import time (the io tools import this module; the evaluator's signature is
@@ -41,12 +51,19 @@ __all__ = [
     "HAS_PYTHON_SHAPE_INFERENCE",
     "ONNX_VERSION",
     "UnsupportedOnnxFeatureError",
+    "array_raw_bytes",
     "attach_inference_function",
+    "element_type_name",
     "evaluator_checks_shapes",
+    "evaluator_dtype",
     "evaluator_shape_checks",
+    "onnx_readable_tensor",
     "raw_element_size",
+    "raw_type_refusal",
+    "readable_tensor_from_array",
     "refuse_unsupported_evaluator_options",
     "register_schema_until_exit",
+    "to_array_reads_raw_data",
     "typed_raw_bytes",
 ]
 
@@ -194,9 +211,8 @@ def raw_element_size(data_type: int) -> int | None:
 def typed_raw_bytes(tensor: TensorProto) -> bytes:
     """The ``raw_data`` bytes of a tensor held in typed fields, as onnx converts them (sub-byte packing included).
 
-    ``numpy_helper.from_array(numpy_helper.to_array(tensor))``; where this onnx's ``from_array`` cannot pack an odd
-    count of sub-byte values (INT4/UINT4 on onnx 1.17), the values are padded with zeros (of their own numpy
-    type) to whole bytes, packed by onnx, and cut to the bytes the tensor's count needs: the bytes newer onnx writes.
+    ``numpy_helper.from_array(numpy_helper.to_array(tensor))``, through :func:`array_raw_bytes` (which packs an odd
+    count of sub-byte values where this onnx's ``from_array`` refuses to).
 
     Args:
         tensor: a tensor whose values are in its typed fields (``float_data``, ``int32_data``...).
@@ -208,14 +224,35 @@ def typed_raw_bytes(tensor: TensorProto) -> bytes:
         ValueError: the typed data do not fit the dims and data type (also ``TypeError`` or ``KeyError``, as onnx
             raises them for an unknown or unconvertible type).
     """
-    array = numpy_helper.to_array(tensor)
+    return array_raw_bytes(numpy_helper.to_array(tensor), tensor.data_type)
+
+
+def array_raw_bytes(array: np.ndarray, data_type: int | None = None) -> bytes:
+    """The ``raw_data`` onnx writes for an array of its own representation (``numpy_helper.from_array``).
+
+    Where this onnx's ``from_array`` cannot pack an odd count of sub-byte values (INT4/UINT4 on onnx 1.17), the
+    values are padded with zeros (of their own numpy type) to whole bytes, packed by onnx, and cut to the bytes the
+    tensor's count needs: the bytes newer onnx writes.
+
+    Args:
+        array: values in the numpy type onnx maps the element type to (:func:`evaluator_dtype`).
+        data_type: the ``TensorProto.DataType`` the array stands for (default: what onnx maps its dtype to).
+
+    Returns:
+        The little-endian raw bytes, packed as onnx.proto documents.
+
+    Raises:
+        ValueError: onnx cannot convert the array (also ``TypeError`` or ``KeyError``, as onnx raises them).
+    """
     try:
         return numpy_helper.from_array(array).raw_data
     except ValueError:
         # Imported here: onnx_light_ref.io's package imports modules that import this one (an import cycle).
         from onnx_light_ref.io.read.dtype_sizes import element_bits, packed_nbytes
 
-        bits = element_bits(tensor.data_type)
+        if data_type is None:
+            data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+        bits = element_bits(data_type)
         if bits is None or bits >= 8 or (array.size * bits) % 8 == 0:
             raise  # not the odd-count packing refusal: a real mismatch
         count = array.size
@@ -223,6 +260,200 @@ def typed_raw_bytes(tensor: TensorProto) -> bytes:
             count += 1
         padded = np.zeros(count, dtype=array.dtype)  # keeps onnx's custom sub-byte dtype, which from_array packs
         padded[: array.size] = array.ravel()
-        needed = packed_nbytes(tensor.data_type, array.size)
+        needed = packed_nbytes(data_type, array.size)
         assert needed is not None
         return numpy_helper.from_array(padded).raw_data[:needed]
+
+
+# Element types of onnx.proto that an older supported onnx may not define, by number, so that a refusal can name
+# the type on every release (the names are onnx.proto's).
+_NAMES_OF_NEWER_TYPES = {
+    23: "FLOAT4E2M1",
+    24: "FLOAT8E8M0",
+    25: "UINT2",
+    26: "INT2",
+    27: "FLOAT6E2M3",
+    28: "FLOAT6E3M2",
+}
+
+
+def element_type_name(data_type: int) -> str | None:
+    """onnx.proto's upper-case name of an element type, also for types newer than the installed onnx; else None."""
+    try:
+        return str(TensorProto.DataType.Name(data_type))
+    except ValueError:
+        return _NAMES_OF_NEWER_TYPES.get(data_type)
+
+
+def _defined(data_type: int) -> bool:
+    try:
+        TensorProto.DataType.Name(data_type)
+    except ValueError:
+        return False
+    return True
+
+
+@functools.cache
+def evaluator_dtype(data_type: int) -> np.dtype | None:
+    """The numpy dtype onnx's evaluator holds a tensor of ``data_type`` in, or None when this onnx has none.
+
+    It is the dtype of ``numpy_helper.to_array`` on an empty tensor of that type: ``ReferenceEvaluator`` converts
+    initializers with that function, so it is the representation every operator of this onnx expects (an
+    ml_dtypes type on current onnx, an onnx structured dtype on onnx 1.17). ``helper.tensor_dtype_to_np_dtype``
+    is not asked: onnx 1.17 maps bfloat16 and the float8 types to float32 there.
+
+    Args:
+        data_type: a ``TensorProto.DataType`` value (any int).
+
+    Returns:
+        The dtype; None for UNDEFINED, STRING, a type this onnx does not define or cannot convert.
+    """
+    if data_type in (TensorProto.UNDEFINED, TensorProto.STRING) or not _defined(data_type):
+        return None
+    try:
+        return numpy_helper.to_array(TensorProto(data_type=data_type, dims=[0])).dtype
+    except (KeyError, TypeError, ValueError, NotImplementedError):
+        return None
+
+
+# Every 4-bit code twice, as packed bytes: 0x10, 0x32, ... (low nibble first, as onnx.proto packs them).
+_SUB_BYTE_PROBE = bytes(range(256))
+
+
+@functools.cache
+def raw_type_refusal(data_type: int) -> str | None:
+    """Why raw bytes of ``data_type`` cannot become onnx's own array on the installed onnx; None when they can.
+
+    A type qualifies when this onnx defines it, it has a fixed size in ``raw_data``, ``numpy_helper.to_array``
+    gives it a numpy representation (:func:`evaluator_dtype`), and that representation holds the raw layout: one
+    element per ``itemsize`` bytes for byte-sized types, and for packed sub-byte types (two int4 per byte, four
+    int2, four float6 in three bytes) onnx's own unpacking (``to_array``) and packing (``from_array``) agree on
+    every code.
+
+    Args:
+        data_type: a ``TensorProto.DataType`` value (any int).
+
+    Returns:
+        None, or a sentence naming the type, the installed onnx and what is missing.
+    """
+    from onnx_light_ref.io.read.dtype_sizes import element_bits
+
+    name = element_type_name(data_type)
+    label = f"element type {data_type} ({name})" if name else f"element type {data_type}"
+    if not _defined(data_type):
+        if name is None:
+            return f"{label} is not an ONNX element type"
+        return f"the installed onnx {ONNX_VERSION} does not define {label}; a newer onnx does"
+    if data_type == TensorProto.STRING:
+        return f"{label} is not stored as raw bytes"
+    bits = element_bits(data_type)
+    dtype = evaluator_dtype(data_type)
+    if bits is None or dtype is None:
+        return f"onnx {ONNX_VERSION}'s numpy_helper.to_array has no numpy representation for {label}"
+    if bits % 8 == 0:
+        if dtype.itemsize * 8 != bits:
+            return (
+                f"onnx {ONNX_VERSION} represents {label} as {dtype} ({dtype.itemsize} bytes), not in its {bits // 8}-"
+                "byte raw layout"
+            )
+        return None
+    return _sub_byte_refusal(data_type, label, bits, dtype)
+
+
+def _sub_byte_refusal(data_type: int, label: str, bits: int, dtype: np.dtype) -> str | None:
+    """The packed types: onnx must unpack every code and pack it back to the same bytes."""
+    nbytes = len(_SUB_BYTE_PROBE) // 24 * 24  # whole groups of every packing (3 bytes hold four 6-bit values)
+    raw = _SUB_BYTE_PROBE[:nbytes]
+    count = nbytes * 8 // bits
+    try:
+        array = numpy_helper.to_array(TensorProto(data_type=data_type, dims=[count], raw_data=raw))
+        packed = array_raw_bytes(array, data_type)
+    except (KeyError, TypeError, ValueError, NotImplementedError) as exc:
+        return f"onnx {ONNX_VERSION} cannot unpack and pack {label} ({type(exc).__name__}: {exc})"
+    if array.dtype != dtype or array.shape != (count,) or packed != raw:
+        return f"onnx {ONNX_VERSION}'s numpy_helper does not unpack and pack {label} back to the same bytes"
+    return None
+
+
+@functools.cache
+def to_array_reads_raw_data(data_type: int) -> bool:
+    """Whether ``numpy_helper.to_array`` reads the ``raw_data`` of ``data_type`` back as those bytes.
+
+    onnx 1.17's BFLOAT16 branch does not: it reads ``int32_data`` only and returns uninitialized memory.
+
+    Args:
+        data_type: a ``TensorProto.DataType`` value.
+
+    Returns:
+        True when eight elements written as raw bytes come back as the same bytes (packed types: packed again by
+        onnx); False for a type without a representation.
+    """
+    from onnx_light_ref.io.read.dtype_sizes import element_bits, packed_nbytes
+
+    bits = element_bits(data_type)
+    if evaluator_dtype(data_type) is None or bits is None:
+        return False
+    count = 8  # whole bytes in every packing: 8 six-bit values are 6 bytes
+    nbytes = packed_nbytes(data_type, count)
+    assert nbytes is not None
+    # bool: only 0 and 1 are values; elsewhere distinct bytes no uninitialized buffer is likely to hold.
+    raw = bytes(i % 2 if data_type == TensorProto.BOOL else 0x41 + i for i in range(nbytes))
+    try:
+        array = numpy_helper.to_array(TensorProto(data_type=data_type, dims=[count], raw_data=raw))
+        back = array_raw_bytes(array, data_type) if bits % 8 else array.tobytes()
+    except (KeyError, TypeError, ValueError, NotImplementedError):
+        return False
+    return bool(back == raw)
+
+
+def onnx_readable_tensor(data_type: int, dims: list[int], raw: bytes, name: str = "") -> TensorProto:
+    """A TensorProto holding ``raw`` (a tensor's raw bytes) in the form the installed onnx reads back exactly.
+
+    ``raw_data`` where ``numpy_helper.to_array`` reads it; otherwise (BFLOAT16 on onnx 1.17) the typed field
+    onnx.proto stores the type in, ``int32_data``, one element's bits per entry. Conformance outputs and test
+    oracles are written this way, so that onnx's own loader and evaluator see the intended values.
+
+    Args:
+        data_type: the element type.
+        dims: the tensor's dimensions.
+        raw: its little-endian raw bytes (``ceil(count * bits / 8)`` of them).
+        name: the tensor's name.
+
+    Returns:
+        A new TensorProto.
+
+    Raises:
+        ValueError: onnx ignores the raw bytes of a type without a known typed field (no onnx release is known to).
+    """
+    tensor = TensorProto(name=name, data_type=data_type, dims=dims)
+    if evaluator_dtype(data_type) is None or to_array_reads_raw_data(data_type):
+        tensor.raw_data = raw
+        return tensor
+    size = _FIXED_RAW_SIZES.get(data_type)
+    if size is None:
+        raise ValueError(
+            f"onnx {ONNX_VERSION}'s numpy_helper.to_array ignores raw_data of element type {data_type} "
+            f"({element_type_name(data_type)}), and no typed field is known to hold it."
+        )
+    tensor.int32_data.extend(np.frombuffer(raw, dtype=f"<u{size}").astype(np.int32).tolist())
+    return tensor
+
+
+def readable_tensor_from_array(array: np.ndarray, name: str = "") -> TensorProto:
+    """``numpy_helper.from_array``, in the form the installed onnx reads back as the same array.
+
+    Differs from ``from_array`` only where that would not round-trip: an odd count of int4/uint4 (refused by
+    onnx 1.17's ``from_array``, see :func:`array_raw_bytes`) and bfloat16 on onnx 1.17 (written in ``int32_data``,
+    see :func:`onnx_readable_tensor`). Used for conformance outputs, which onnx's Runner loads with ``to_array``.
+
+    Args:
+        array: values in onnx's representation of their type (strings: any numpy string or object array).
+        name: the tensor's name.
+
+    Returns:
+        A new TensorProto.
+    """
+    if array.dtype == object or np.issubdtype(array.dtype, np.str_):
+        return numpy_helper.from_array(array, name)
+    data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+    return onnx_readable_tensor(data_type, list(array.shape), array_raw_bytes(array, data_type), name)

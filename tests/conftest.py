@@ -8,12 +8,15 @@ It also registers the hypothesis profile ``ci`` (see :data:`HYPOTHESIS_CI_PROFIL
 ``HYPOTHESIS_PROFILE=ci`` or ``CI`` set (CI runs ``.ci/run`` with ``CI=true``): the same examples on every run, so a
 test passes or fails alike on every clone. Developers' runs keep hypothesis' random exploration, which is how new
 failing examples are found; each one found gets pinned with ``@example`` in its test.
+
+Every test process (each xdist worker) gets a system temp folder of its own (:func:`_private_system_temp_dir`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import onnx
@@ -46,6 +49,22 @@ def _hypothesis_profile(environ: os._Environ[str] | dict[str, str]) -> str | Non
 _PROFILE = _hypothesis_profile(os.environ)
 if _PROFILE is not None:
     settings.load_profile(_PROFILE)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_system_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``tempfile.gettempdir()`` and the ``TMPDIR`` children inherit: a folder of this test process's own.
+
+    Some code writes fixed names in the system temp folder by design (the two seed conformance cases' weights,
+    ``/tmp/onnx_light_backend_delayedinitializer_*.bin``, as onnx-light does). Two xdist workers, or two test runs on
+    one machine (CI's floor and newest passes run side by side), generating them at once collided: one removed the
+    file the other had just created, whose exclusive create then failed. Each process now has its own.
+    """
+    folder = tmp_path_factory.mktemp("system-tmp")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(folder))
+        patch.setattr(tempfile, "tempdir", str(folder))
+        yield folder
 
 
 @pytest.fixture(name="make_external_model")

@@ -51,3 +51,33 @@ def test_version_comes_from_the_package(capsys):
 
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"onnx-light-ref {__version__}"
+
+
+# What a command that only prints (``--version``, every ``--help``) may import: onnx, numpy and onnxruntime take most
+# of a second and 40+ MiB to import, so the CLI imports them only when a command runs (benchmarks/test_bench_startup.py
+# measures the start-up itself).
+_HEAVY_MODULES = ("onnx", "numpy", "onnxruntime", "google.protobuf", "onnx_light_ref.io.align", "onnx_light_ref.ops")
+_PRINT_ONLY = """
+import contextlib, io, json, sys
+from onnx_light_ref.cli import build_parser, main
+commands = list(next(a for a in build_parser()._actions if a.dest == "command").choices)
+for argv in (["--version"], ["--help"], *([name, "--help"] for name in commands)):
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+        main(argv)
+    assert out.getvalue(), argv
+print(json.dumps({"commands": commands, "modules": sorted(sys.modules)}))
+"""
+
+
+def test_version_and_every_help_import_neither_onnx_nor_numpy() -> None:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _PRINT_ONLY], capture_output=True, text=True, check=False, timeout=60)
+
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert len(printed["commands"]) == len(cli._COMMAND_MODULES)
+    heavy = [name for name in printed["modules"] if any(name == m or name.startswith(f"{m}.") for m in _HEAVY_MODULES)]
+    assert heavy == []

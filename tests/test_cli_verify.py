@@ -114,20 +114,25 @@ def test_a_bad_chunk_size_is_a_usage_error(source, capsys):
     assert "invalid size 'lots'" in capsys.readouterr().err
 
 
-def test_a_zero_chunk_size_is_one_error_line(source, capsys):
-    status, _, err = verify(capsys, str(source), str(source), "--chunk-size", "0")
-    assert status == 1 and err.startswith("error: ") and "chunk_size" in err
+def test_a_zero_chunk_size_is_a_usage_error(source, capsys):
+    with pytest.raises(SystemExit) as done:
+        verify(capsys, str(source), str(source), "--chunk-size", "0")
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.startswith("usage: ") and "chunk_size must be >= 1, got 0." in err
 
 
-def test_a_chunk_size_over_1_gib_is_one_error_line_and_1_gib_works(tmp_path, source, capsys):
+def test_a_chunk_size_over_1_gib_is_a_usage_error_and_1_gib_works(tmp_path, source, capsys):
     aligned = tmp_path / "aligned.onnx"
     align_external_data_streaming(source, aligned, alignment=4096)
 
-    status, out, err = verify(capsys, str(source), str(aligned), "--chunk-size", "64G")
+    with pytest.raises(SystemExit) as done:
+        verify(capsys, str(source), str(aligned), "--chunk-size", "64G")
 
     # It used to allocate two 64 GiB buffers and die with a MemoryError traceback.
-    assert (status, out) == (1, "")
-    assert err == "error: chunk_size must be <= 1073741824, got 68719476736.\n"
+    captured = capsys.readouterr()
+    assert (done.value.code, captured.out) == (2, "")
+    assert captured.err.startswith("usage: onnx-light-ref verify")
+    assert captured.err.endswith("error: argument --chunk-size: chunk_size must be <= 1073741824, got 68719476736.\n")
     assert verify(capsys, str(source), str(aligned), "--chunk-size", "1G") == (
         0,
         "equal: 2 tensors, 4616 bytes compared\n",
@@ -146,7 +151,11 @@ def test_by_name_verifies_a_delay_undelay_round_trip_that_differs_by_position(tm
     assert verify(capsys, str(source), str(restored), "--by-name") == (0, "equal: 2 tensors, 4616 bytes compared\n", "")
     status, out, err = verify(capsys, str(source), str(restored))
     assert (status, err) == (1, "")
-    assert out == "different: tensor #0 'w0' (initializer in graph 'identity'): name differs (A: 'w0', B: 'w1')\n"
+    assert out == (
+        "different: tensor #0 'w0' (initializer in graph 'identity'): name differs (A: 'w0', B: 'w1')\n"
+        "note: tensors are paired by position; if a tool reordered them (undelay does), pair them by graph and name "
+        "with --by-name\n"  # issue 29: the fix was nowhere in sight
+    )
 
 
 def test_by_name_reports_a_name_on_one_side_only_and_refuses_a_duplicate(tmp_path, source, capsys):
@@ -159,6 +168,8 @@ def test_by_name_reports_a_name_on_one_side_only_and_refuses_a_duplicate(tmp_pat
         "different: tensor #1 'w1' (initializer in graph 'identity') is only in A\n",
         "",
     )
+    status, out, _ = verify(capsys, str(source), str(renamed))  # by position: a renamed tensor, no reordering
+    assert status == 1 and "name differs (A: 'w1', B: 'w9')" in out and "--by-name" in out
 
     model.graph.initializer[1].name = "w0"
     twice = source.parent / "twice.onnx"

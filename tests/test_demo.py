@@ -21,7 +21,7 @@ def test_demo_runs_end_to_end_in_a_temporary_folder(capsys):
     assert status == 0, out
     assert "re-aligned to 4096 (streaming)" in out
     assert "aligned  every offset aligned to 4096 bytes" in out
-    assert "aligned  verify_models: same 8 tensors as the source (names, dtypes, dims," in out
+    assert "aligned  verify_models: same 9 tensors as the source (names, dtypes, dims," in out
     assert "result: OK, all outputs agree" in out
     workdir = out.splitlines()[0].rsplit(" in ", 1)[1]
     assert not os.path.exists(workdir)
@@ -33,16 +33,35 @@ def test_demo_keep_leaves_aligned_model_and_sharing_variant(tmp_path, capsys):
     assert main(["demo", "--size", "1M", "--keep", str(keep), "--no-progress"]) == 0
 
     assert f"files kept in {keep}" in capsys.readouterr().out
-    aligned = build_layout_report(keep / "model" / "mlp.onnx")
+    aligned = build_layout_report(keep / "model.onnx")
     assert aligned.ok and all(t.offset % 4096 == 0 for t in aligned.tensors)
-    variant = onnx.load_model(str(keep / "model" / "variant.onnx"), load_external_data=False)
+    variant = onnx.load_model(str(keep / "new_head.onnx"), load_external_data=False)
     locations = {
         t.name: next((e.value for e in t.external_data if e.key == "location"), None) for t in variant.graph.initializer
     }
-    assert locations["W0"] == locations["W2"] == "mlp.onnx.data"
-    assert locations["W3"] == "variant.onnx.data"
-    assert locations["b3"] is None  # 64 bytes: under the saver's default 1 KiB size_threshold, stays inline
-    assert os.path.getsize(keep / "model" / "variant.onnx.data") < os.path.getsize(keep / "model" / "mlp.onnx.data")
+    assert locations["W0"] == locations["W2"] == "model.onnx.data"
+    assert locations["head.weight"] == "new_head.onnx.data"
+    assert locations["head.bias"] is None  # 64 bytes: under the saver's default 1 KiB size_threshold, stays inline
+    assert os.path.getsize(keep / "new_head.onnx.data") < os.path.getsize(keep / "model.onnx.data")
+
+
+def test_demo_keep_writes_the_readme_examples_inputs(tmp_path, capsys):
+    """``model.onnx`` (input x [N, 64], head.weight, an inline Reshape shape) and ``light.onnx`` for onnx-light."""
+    keep = tmp_path / "demo"
+
+    assert main(["demo", "--size", "1M", "--keep", str(keep), "--no-progress"]) == 0
+
+    assert "light    ReferenceEvaluator, op bound" in capsys.readouterr().out
+    model = onnx.load_model(str(keep / "model.onnx"), load_external_data=False)
+    (x,) = model.graph.input
+    assert x.name == "x" and [d.dim_param or d.dim_value for d in x.type.tensor_type.shape.dim] == ["batch", 64]
+    initializers = {t.name: t for t in model.graph.initializer}
+    assert {"head.weight", "head.bias", "W0"} <= set(initializers)
+    assert initializers["shape"].data_location == onnx.TensorProto.DEFAULT  # the Reshape's shape stays inline
+    onnx.checker.check_model(str(keep / "model.onnx"), full_check=True)
+    light = onnx.load_model(str(keep / "light.onnx"))
+    assert sum(node.op_type == "DelayedInitializer" for node in light.graph.node) == 8
+    assert {t.name for t in light.graph.initializer} == {"shape"}
 
 
 def test_demo_keep_refuses_a_non_empty_folder(tmp_path, capsys):
@@ -91,15 +110,15 @@ def test_demo_checks_its_sharing_claim_from_the_variants_references(monkeypatch,
     def save_everything(model, path, alignment, progress=None):
         folder = os.path.dirname(path)
         onnx.load_external_data_for_model(model, folder)
-        onnx.save_model(model, path, save_as_external_data=True, location="variant.onnx.data", size_threshold=0)
-        return os.path.getsize(os.path.join(folder, "variant.onnx.data"))
+        onnx.save_model(model, path, save_as_external_data=True, location="new_head.onnx.data")
+        return os.path.getsize(os.path.join(folder, "new_head.onnx.data"))
 
     monkeypatch.setattr(demo, "save_model_with_shared_external_data", save_everything)
 
     assert main(["demo", "--size", "1M", "--no-progress"]) == 1
     captured = capsys.readouterr()
-    assert "shares 0 bytes with mlp.onnx.data (read back from its references)" in captured.out
-    assert "MISMATCH: variant: references 0 bytes of mlp.onnx.data, expected" in captured.err
+    assert "shares 0 bytes with model.onnx.data (read back from its references)" in captured.out
+    assert "MISMATCH: variant: references 0 bytes of model.onnx.data, expected" in captured.err
     assert "its weights were not shared" in captured.err
 
 
@@ -112,8 +131,10 @@ def test_size_too_small_or_malformed(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--size", "two"])
     assert "optional K/M/G suffix" in capsys.readouterr().err
-    assert main(["demo", "--size", "1K", "--no-progress"]) == 1
-    assert "at least 65536 bytes" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        main(["demo", "--size", "1K", "--no-progress"])
+    assert done.value.code == 2  # a bad value is a usage error, as a malformed one is
+    assert "argument --size: size must be at least 65536 bytes (64K), got 1024." in capsys.readouterr().err
 
 
 def test_mlp_shape_stays_under_the_requested_size():

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
 from onnx.defs import OpSchema
 from onnx.reference import ReferenceEvaluator
@@ -29,9 +29,16 @@ from onnx_light_ref.onnx_compat import (
     HAS_PYTHON_SHAPE_INFERENCE,
     ONNX_VERSION,
     UnsupportedOnnxFeatureError,
+    array_raw_bytes,
+    element_type_name,
     evaluator_checks_shapes,
+    evaluator_dtype,
     evaluator_shape_checks,
+    onnx_readable_tensor,
     raw_element_size,
+    raw_type_refusal,
+    readable_tensor_from_array,
+    to_array_reads_raw_data,
     typed_raw_bytes,
 )
 from onnx_light_ref.ops import reference_evaluator
@@ -225,3 +232,59 @@ def test_typed_bytes_still_refuse_values_that_do_not_fit_the_dims() -> None:
     floats = TensorProto(name="f", data_type=TensorProto.FLOAT, dims=[3], float_data=[1.0, 2.0])
     with pytest.raises(ValueError):
         typed_raw_bytes(floats)
+
+
+# ----------------------------------------------------------------------------------- element types beyond numpy's
+
+
+def test_the_representation_of_the_extended_types_is_what_this_onnx_evaluates_with() -> None:
+    """ml_dtypes on current onnx, onnx's own structured dtypes on onnx 1.17: whatever to_array returns."""
+    bfloat16 = evaluator_dtype(TensorProto.BFLOAT16)
+    assert bfloat16 is not None and bfloat16.itemsize == 2
+    if bfloat16.names is not None:  # onnx 1.17: np.dtype((np.uint16, [("bfloat16", "<u2")]))
+        assert bfloat16.names == ("bfloat16",)
+        assert np.dtype(oh.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16)) == np.float32  # the helper's other answer
+    else:
+        assert bfloat16.name == "bfloat16"
+    assert evaluator_dtype(TensorProto.FLOAT) == np.float32
+    assert evaluator_dtype(TensorProto.STRING) is None and evaluator_dtype(TensorProto.UNDEFINED) is None
+    assert evaluator_dtype(999) is None
+
+
+def test_raw_type_refusals_name_the_type_and_the_onnx() -> None:
+    assert raw_type_refusal(TensorProto.FLOAT) is None
+    assert raw_type_refusal(TensorProto.BFLOAT16) is None and raw_type_refusal(TensorProto.INT4) is None
+    assert raw_type_refusal(TensorProto.STRING) == "element type 8 (STRING) is not stored as raw bytes"
+    assert raw_type_refusal(999) == "element type 999 is not an ONNX element type"
+    defined = hasattr(TensorProto, "FLOAT4E2M1")
+    assert element_type_name(23) == "FLOAT4E2M1"  # named even where onnx does not define it
+    if not defined:
+        assert raw_type_refusal(23) == (
+            f"the installed onnx {ONNX_VERSION} does not define element type 23 (FLOAT4E2M1); a newer onnx does"
+        )
+
+
+def test_to_array_reads_raw_data_detects_onnx_117s_bfloat16() -> None:
+    reads = to_array_reads_raw_data(TensorProto.BFLOAT16)
+    assert reads == (evaluator_dtype(TensorProto.BFLOAT16).names is None)  # only onnx 1.17's structured dtype fails
+    assert to_array_reads_raw_data(TensorProto.FLOAT8E4M3FN) and to_array_reads_raw_data(TensorProto.INT4)
+    assert not to_array_reads_raw_data(TensorProto.STRING)
+
+
+@pytest.mark.parametrize("data_type", [TensorProto.BFLOAT16, TensorProto.FLOAT8E5M2, TensorProto.UINT4])
+def test_onnx_readable_tensors_come_back_as_their_bytes(data_type: int) -> None:
+    raw = bytes([0x01, 0x80, 0xFF, 0x7F, 0xC1, 0x00])
+    count = len(raw) * 8 // (16 if data_type == TensorProto.BFLOAT16 else 8 if data_type != TensorProto.UINT4 else 4)
+    tensor = onnx_readable_tensor(data_type, [count], raw, "t")
+    assert tensor.HasField("raw_data") == to_array_reads_raw_data(data_type)
+    array = numpy_helper.to_array(tensor)
+    assert array.dtype == evaluator_dtype(data_type)
+    assert array_raw_bytes(array, data_type) == raw
+    again = readable_tensor_from_array(array, "u")
+    assert numpy_helper.to_array(again).tobytes() == array.tobytes()
+
+
+def test_odd_int4_arrays_are_packed_where_from_array_refuses() -> None:
+    array = numpy_helper.to_array(TensorProto(data_type=TensorProto.INT4, dims=[3], raw_data=bytes([0x21, 0x0F])))
+    assert array_raw_bytes(array, TensorProto.INT4) == bytes([0x21, 0x0F])
+    assert numpy_helper.to_array(readable_tensor_from_array(array)).tobytes() == array.tobytes()

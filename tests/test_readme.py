@@ -1,13 +1,16 @@
-"""The README as a newcomer uses it (issue 22): every snippet runs as written, links work on a package index page,
-and the documented temp-file names are the code's.
+"""The README as a newcomer uses it (issues 22, 29): every example and snippet runs as written, in order, in a fresh
+folder; links work on a package index page; the documented temp-file names are the code's; the synopsis shows every
+option and the test-extra list is the extra's.
 
-The README's examples run next to a ``model.onnx`` with external weights (``model.onnx.data``) and a ``light.onnx``
-written for onnx-light; :func:`newcomer_folder` builds exactly that (an MLP whose last layer is ``head.weight``, with
-a ``Reshape`` whose 16-byte ``shape`` is inline, the case onnxruntime refused in issue 22). Every ```python block and
-every line of every ```bash block then runs in that folder, in document order, in a child process (the console
-script ``onnx-light-ref`` of this environment). The two set-up lines are checked verbatim (``.ci/run`` calls the
-test line); of the first, the part after the ``pip install`` (``onnx-light-ref demo``) is run as written, the
-install itself is what CI does.
+The examples get their inputs from the README itself: its command-line examples start with ``onnx-light-ref demo
+--size 4M --keep demo && cd demo``, which writes ``model.onnx`` (+ ``model.onnx.data``: the demo's MLP, input ``x``
+``[N, 64]``, last layer ``head.weight``/``head.bias``, an inline 16-byte ``Reshape`` shape, the case onnxruntime
+refused in issue 22) and ``light.onnx`` (for onnx-light). Every ```python block and every line of every ```bash
+block then runs in document order, in a child process (the console script ``onnx-light-ref`` of this environment),
+in the folder a reader would be in: a line ending in ``&& cd DIR`` moves the next ones into ``DIR``. The set-up
+lines are checked verbatim; of those, the virtual environment is this interpreter's, the installs are what
+``.ci/run`` does, and the quick start's ``onnx-light-ref demo`` runs with ``--size 1M`` (its 64 MiB default is not
+the point: every step is the same, and the examples' own demo runs as written).
 """
 
 from __future__ import annotations
@@ -21,59 +24,28 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 import onnx_light_ref
+from onnx_light_ref.cli import build_parser
 from onnx_light_ref.io.write.publish import StagedFile
 from tests.checks import run_onnxruntime
-from tests.models import IR_VERSION, OPSET
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 BASE = "https://github.com/onnx-light-ref/onnx-light-ref/blob/main/"
+MAKE_VENV = "python3 -m venv .venv && . .venv/bin/activate"
 INSTALL_AND_DEMO = "python -m pip install . && onnx-light-ref demo"
 INSTALL_AND_TEST = 'python -m pip install ".[test]" && python -m pytest'
+QUICK_START_DEMO = "onnx-light-ref demo --size 1M"
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+THEN_CD = re.compile(r"^(?P<command>.+?) && cd (?P<folder>[\w./-]+)$")
 
 
 def blocks(language: str) -> list[str]:
     return [body for lang, body in BLOCK.findall(README) if lang == language]
-
-
-def newcomer_folder(folder: Path) -> None:
-    """``model.onnx`` (+ ``model.onnx.data``, tensors of 1 KiB or more) and ``light.onnx`` in ``folder``."""
-    from onnx_light_ref import delay_initializers
-
-    rng = np.random.default_rng(22)
-    weights = {
-        "W0": rng.standard_normal((64, 64), dtype=np.float32),
-        "b0": rng.standard_normal(64, dtype=np.float32),
-        "head.weight": rng.standard_normal((64, 16), dtype=np.float32),
-        "head.bias": rng.standard_normal(16, dtype=np.float32),
-    }
-    nodes = [
-        helper.make_node("MatMul", ["x", "W0"], ["h0"]),
-        helper.make_node("Add", ["h0", "b0"], ["h1"]),
-        helper.make_node("Relu", ["h1"], ["h2"]),
-        helper.make_node("MatMul", ["h2", "head.weight"], ["h3"]),
-        helper.make_node("Add", ["h3", "head.bias"], ["h4"]),
-        helper.make_node("Reshape", ["h4", "shape"], ["y"]),
-    ]
-    initializers = [numpy_helper.from_array(array, name) for name, array in weights.items()]
-    initializers.append(numpy_helper.from_array(np.array([-1, 16], np.int64), "shape"))
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
-        initializers,
-    )
-    model = helper.make_model(graph, ir_version=IR_VERSION, opset_imports=[helper.make_opsetid("", OPSET)])
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save_model(model, str(folder / "model.onnx"), save_as_external_data=True, location="model.onnx.data")
-    onnx.save(delay_initializers(folder / "model.onnx"), folder / "light.onnx")
 
 
 def run(command: list[str] | str, cwd: Path, *, shell: bool = False) -> subprocess.CompletedProcess[str]:
@@ -83,32 +55,45 @@ def run(command: list[str] | str, cwd: Path, *, shell: bool = False) -> subproce
     )
 
 
-def test_the_two_set_up_commands_are_unchanged() -> None:
-    assert blocks("bash")[0].strip() == INSTALL_AND_DEMO
+def test_the_set_up_commands_are_unchanged() -> None:
+    assert blocks("bash")[0].strip() == f"{MAKE_VENV}\n{INSTALL_AND_DEMO}"
     assert blocks("bash")[1].strip() == INSTALL_AND_TEST
 
 
-def test_every_snippet_runs_as_written_and_the_results_load_in_onnxruntime(tmp_path: Path) -> None:
-    newcomer_folder(tmp_path)
-    x = np.random.default_rng(0).standard_normal((4, 64), dtype=np.float32)
-    expected = run_onnxruntime(tmp_path / "model.onnx", {"x": x})[0]
+def run_bash_line(line: str, cwd: Path) -> tuple[str | None, Path]:
+    """Run one README shell line in ``cwd`` as a reader would; return what ran (None: a set-up line CI does) and the
+    folder the reader is in afterwards."""
+    if line in (MAKE_VENV, INSTALL_AND_TEST):
+        return None, cwd
+    command = QUICK_START_DEMO if line == INSTALL_AND_DEMO else line
+    moved = THEN_CD.fullmatch(command)
+    if moved is not None:
+        command = moved["command"]
+    result = run(command, cwd, shell=True)
+    assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+    return command, cwd / moved["folder"] if moved is not None else cwd
+
+
+def test_every_example_and_snippet_runs_as_written_in_order_in_a_fresh_folder(tmp_path: Path) -> None:
+    cwd = tmp_path
     ran = []
     for language, body in BLOCK.findall(README):
         if language == "python":
-            result = run([sys.executable, "-c", body], tmp_path)
+            result = run([sys.executable, "-c", body], cwd)
             assert result.returncode == 0, f"{body}\n{result.stderr}"
             ran.append(body)
         elif language == "bash":
             for line in body.splitlines():
-                if not line.strip() or line.startswith("#") or line.strip() == INSTALL_AND_TEST:
-                    continue
-                command = line.split("&&")[1].strip() if line.strip() == INSTALL_AND_DEMO else line
-                result = run(command, tmp_path, shell=True)
-                assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
-                ran.append(command)
-    assert len(ran) >= 12  # 6 python blocks, the demo and the 6 command-line examples
+                if line.strip() and not line.startswith("#"):
+                    command, cwd = run_bash_line(line.strip(), cwd)
+                    ran += [command] if command is not None else []
+    assert len(ran) >= 14  # 6 python blocks, the quick start's demo, the examples' demo and its 6 examples
+    folder = tmp_path / "demo"
+    assert cwd == folder
 
     # What the snippets wrote is what they say, and loads where they say it does.
+    x = np.random.default_rng(0).standard_normal((4, 64), dtype=np.float32)
+    expected = run_onnxruntime(folder / "model.onnx", {"x": x})[0]
     for path in (
         "out/model.onnx",
         "aligned/model.onnx",
@@ -116,16 +101,41 @@ def test_every_snippet_runs_as_written_and_the_results_load_in_onnxruntime(tmp_p
         "external/model.onnx",
         "standard/model.onnx",
     ):
-        np.testing.assert_allclose(run_onnxruntime(tmp_path / path, {"x": x})[0], expected, rtol=1e-5, atol=1e-5)
-    assert (tmp_path / "hub" / "weights.bin").is_file() and not (tmp_path / "weights.bin").exists()
-    variant = onnx.load_model(str(tmp_path / "variant.onnx"), load_external_data=False)
+        np.testing.assert_allclose(run_onnxruntime(folder / path, {"x": x})[0], expected, rtol=1e-5, atol=1e-5)
+    assert (folder / "hub" / "weights.bin").is_file() and not (folder / "weights.bin").exists()
+    variant = onnx.load_model(str(folder / "variant.onnx"), load_external_data=False)
     shape = next(t for t in variant.graph.initializer if t.name == "shape")
     assert shape.data_location == TensorProto.DEFAULT  # the 16-byte Reshape shape stayed inline (issue 22)
-    got = run_onnxruntime(tmp_path / "variant.onnx", {"x": x})[0]  # the variant runs in onnxruntime
+    got = run_onnxruntime(folder / "variant.onnx", {"x": x})[0]  # the variant runs in onnxruntime
     bias = numpy_helper.to_array(
-        next(t for t in onnx.load(tmp_path / "model.onnx").graph.initializer if t.name == "head.bias")
+        next(t for t in onnx.load(folder / "model.onnx").graph.initializer if t.name == "head.bias")
     )
     np.testing.assert_allclose(got, np.broadcast_to(bias, (4, 16)), rtol=1e-6)  # zero head: only the bias is left
+
+
+def test_the_test_extra_list_is_the_test_extra() -> None:
+    listed = re.search(r"installs the test extra: ([^)]+)\)", README)
+    assert listed is not None
+    named = [name.strip() for name in " ".join(listed[1].split()).split(",")]
+    extra = (ROOT / "pyproject.toml").read_text().split("\ntest = [", 1)[1].split("]", 1)[0]
+    assert named == re.findall(r'"([\w-]+)', extra)
+
+
+def test_the_synopsis_shows_every_option_of_every_command() -> None:
+    synopsis = next(body for body in blocks("text") if body.startswith("onnx-light-ref align"))
+    lines: dict[str, str] = {}
+    command = ""
+    for line in synopsis.splitlines():
+        if line.startswith("onnx-light-ref "):
+            command = line.split()[1]
+        lines[command] = lines.get(command, "") + " " + line.split("#")[0]
+    parser = build_parser()
+    commands = next(action for action in parser._actions if action.dest == "command").choices
+    assert set(lines) == set(commands)
+    for name, subparser in commands.items():
+        options = {o for a in subparser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+        shown = set(re.findall(r"--[\w-]+", lines[name]))
+        assert shown == options, f"{name}: missing {sorted(options - shown)}, unknown {sorted(shown - options)}"
 
 
 def test_the_readme_imports_every_function_from_the_package_root() -> None:

@@ -28,7 +28,8 @@ from onnx import TensorProto
 from onnx import helper as oh
 
 from onnx_light_ref.backend.expect import CaseRegistry, SideFile
-from onnx_light_ref.ops.dtypes import ALLOWED_DTYPES, dtype_name, np_dtype_for
+from onnx_light_ref.backend.typed_cases import add_extended_cases
+from onnx_light_ref.ops.dtypes import PORTABLE_DTYPES, dtype_name, np_dtype_for
 from onnx_light_ref.ops.schema import make_delayed_initializer_node
 
 __all__ = [
@@ -220,9 +221,11 @@ def _add_seed_cases(registry: CaseRegistry, temp_dir: str | None) -> None:
 def build_cases(temp_dir: str | None = None, *, case_root: str | os.PathLike[str] | None = None) -> CaseRegistry:
     """Every DelayedInitializer conformance case, seeds first.
 
-    Extra cases: each allowed dtype in both modes (shape [2, 3], extremes of the type), a scalar, a zero-size
-    tensor (its weights file is empty and never opened), and a tensor at an unaligned offset inside a larger file
-    with trailing bytes. The seed cases are the same whatever the arguments.
+    Extra cases: each portable dtype in both modes (shape [2, 4], extremes of the type), a scalar, a zero-size
+    tensor (its weights file is empty and never opened), a tensor at an unaligned offset inside a larger file
+    with trailing bytes, the signed-zero probes, and every extended type the installed onnx represents (bfloat16,
+    float8, int4, float4...: :mod:`onnx_light_ref.backend.typed_cases`). The seed cases are the same whatever the
+    arguments.
 
     Args:
         temp_dir: Where the seed weights live (default ``tempfile.gettempdir()``, evaluated now).
@@ -243,7 +246,7 @@ def build_cases(temp_dir: str | None = None, *, case_root: str | os.PathLike[str
     _add_seed_cases(registry, temp_dir)
     modes = ("cpu", "file")
 
-    for dtype in ALLOWED_DTYPES:
+    for dtype in PORTABLE_DTYPES:
         expected = _sample(dtype, [2, 4])
         for mode in modes:
             _add_case(
@@ -300,4 +303,5 @@ def build_cases(temp_dir: str | None = None, *, case_root: str | os.PathLike[str
             offset=_OFFSET_CASE_OFFSET,
         )
     _add_signed_zero_cases(registry, root)
+    add_extended_cases(registry, root)
     return registry

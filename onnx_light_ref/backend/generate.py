@@ -28,13 +28,12 @@ import shutil
 from pathlib import Path
 
 import onnx
-from onnx import numpy_helper
 
 from onnx_light_ref.backend.cases import build_cases
 from onnx_light_ref.backend.expect import CaseRegistry, NodeCase, SideFile
 from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.read.locations import check_location_syntax
-from onnx_light_ref.onnx_compat import HAS_PYTHON_SHAPE_INFERENCE
+from onnx_light_ref.onnx_compat import HAS_PYTHON_SHAPE_INFERENCE, readable_tensor_from_array
 from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE, check_delayed_initializer_node, register_schemas
 
 __all__ = ["DATA_JSON_FILENAME", "DATA_SET_DIRNAME", "MODEL_FILENAME", "generate", "write_case"]
@@ -105,7 +104,7 @@ def _write_checked_case(case: NodeCase, node_dir: Path) -> Path:
     graph = case.model.graph
     for prefix, values, infos in (("input", case.inputs, graph.input), ("output", case.outputs, graph.output)):
         for j, (array, info) in enumerate(zip(values, infos, strict=True)):
-            tensor = numpy_helper.from_array(array, info.name)
+            tensor = readable_tensor_from_array(array, info.name)  # from_array, read back exactly by this onnx
             (data_dir / f"{prefix}_{j}.pb").write_bytes(tensor.SerializeToString())
     # The tolerances onnx's loader reads for an on-disk case (``data.json``; the Runner compares with them).
     (case_dir / DATA_JSON_FILENAME).write_text(json.dumps({"rtol": case.rtol, "atol": case.atol}) + "\n")

@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
+from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx
 from onnx_light_ref.commands.progress import byte_progress
-from onnx_light_ref.commands.sizes import size_argument
+from onnx_light_ref.commands.sizes import alignment_argument, bounded_size, size_argument
+from onnx_light_ref.commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
 
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
@@ -61,14 +63,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--alignment",
         metavar="N",
-        type=size_argument,
+        type=alignment_argument,
         default=4096,
         help="power of two every tensor offset is a multiple of, e.g. 4096 or 64K; 0 or 1 = packed (default: 4096)",
     )
     parser.add_argument(
         "--chunk-size",
         metavar="SIZE",
-        type=size_argument,
+        type=bounded_size("chunk_size", minimum=1),
         default=4 * 1024 * 1024,
         help="bytes moved per system call, the only buffer in the read/write fallback (default: 4M)",
     )
@@ -82,7 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-shard-size",
         metavar="SIZE",
-        type=size_argument,
+        type=bounded_size("max_shard_size", minimum=1),
         default=None,
         help="split the weights over files of at most SIZE bytes (W, W.1, W.2...; a tensor is never split, one "
         "larger than SIZE gets its own file); default: one file",
@@ -178,7 +180,8 @@ def align_command(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         return error_exit(exc)  # created_folders removed the folders it made; an interrupt propagates to the CLI
     elapsed = time.perf_counter() - started
-    print(_summary(args.dst, weights, result, elapsed))
+    warn_unless_onnx(args.dst)  # after success: a refusal's one error line says enough
+    print(_summary(args.dst, result, elapsed))
     return 0
 
 
@@ -200,26 +203,31 @@ def weights_path(dst_onnx: str, weights: str | None) -> str | None:
     return os.path.join(os.path.dirname(dst_onnx), weights)
 
 
-def _summary(dst_onnx: str, dst_weights: str | None, result: AlignResult, elapsed: float) -> str:
-    """One line (tensors, files, bytes, padding, dedup, externalized tensors, time and throughput), plus one naming
-    the files an earlier run left at this destination, if any."""
-    line = _written(dst_onnx, dst_weights, result, elapsed)
+def _summary(dst_onnx: str, result: AlignResult, elapsed: float) -> str:
+    """One line (the files written, tensors, bytes, padding, dedup, externalized tensors, time and throughput), plus
+    one naming the files an earlier run left at this destination, if any. Paths are shown by
+    :func:`~onnx_light_ref.commands.paths.shown_path`; names from the model are escaped."""
+    line = _written(dst_onnx, result, elapsed)
     stale = result.stale_weights_files
     if stale:
         line += (
-            f"\nnote: {len(stale)} file(s) left by an earlier run at this destination are not used by {dst_onnx} and "
-            f"were not deleted: {', '.join(stale)} (delete them if nothing else uses them)"
+            f"\nnote: {len(stale)} file(s) left by an earlier run at this destination are not used by "
+            f"{shown_path(dst_onnx)} and were not deleted: {', '.join(shown_path(path) for path in stale)} (delete "
+            "them if nothing else uses them)"
         )
     return line
 
 
-def _written(dst_onnx: str, dst_weights: str | None, result: AlignResult, elapsed: float) -> str:
+def _written(dst_onnx: str, result: AlignResult, elapsed: float) -> str:
+    from onnx_light_ref.io.results import summarize_names
+
     if result.tensors == 0:
-        return f"{dst_onnx}: no external tensor, nothing to align (model written, no weights file)."
-    weights = dst_weights if dst_weights is not None else result.weights_files[0]
+        return f"{shown_path(dst_onnx)}: no external tensor, nothing to align (model written, no weights file)."
     speed = result / (1024 * 1024) / elapsed if elapsed > 0 else float("inf")
-    files = len(result.weights_files)
-    where = os.fspath(weights) if files == 1 else f"{os.fspath(weights)} (+{files - 1} shards: {files} files)"
+    files = result.weights_files  # what was written (shards, hub names), not the --weights asked for
+    where = shown_path(files[0])
+    if len(files) > 1:
+        where += f" (+{len(files) - 1} shards: {len(files)} files)"
     extras = []
     if result.externalized_tensors:
         extras.append(f"{result.externalized_tensors} moved out of the .onnx")
@@ -229,11 +237,10 @@ def _written(dst_onnx: str, dst_weights: str | None, result: AlignResult, elapse
     if result.deduplicated_tensors:
         extras.append(f"{result.deduplicated_tensors} deduplicated ({result.deduplicated_bytes} bytes saved)")
     if result.unaligned_tensors:
-        extras.append(
-            f"{len(result.unaligned_tensors)} large tensor(s) not aligned: {', '.join(result.unaligned_tensors)}"
-        )
+        names = summarize_names([printable(name) for name in result.unaligned_tensors])
+        extras.append(f"{len(result.unaligned_tensors)} large tensor(s) not aligned: {names}")
     if result.index_file:
-        extras.append(f"index {result.index_file}")
+        extras.append(f"index {shown_path(result.index_file)}")
     detail = f" ({', '.join(extras)})" if extras else ""
     return (
         f"{where}: {result.tensors} tensors{detail}, {result} bytes written ({result.padding} padding) "

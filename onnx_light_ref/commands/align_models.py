@@ -18,12 +18,14 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
+from onnx_light_ref.commands.paths import shown_path
 from onnx_light_ref.commands.progress import byte_progress
-from onnx_light_ref.commands.sizes import size_argument
+from onnx_light_ref.commands.sizes import alignment_argument, bounded_size, size_argument
 from onnx_light_ref.errors import PublishedWithErrorsError
 
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
@@ -31,26 +33,36 @@ if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, n
 
 __all__ = ["align_models_command", "register"]
 
-# (flag, default, help) of the size options, in the order --help lists them.
-_SIZE_OPTIONS: tuple[tuple[str, int | None, str], ...] = (
+# (flag, type, default, help) of the size options, in the order --help lists them. A value the library refuses
+# (an alignment that is not one, a chunk or shard size below 1) is a usage error (exit 2), as for align.
+_SIZE_OPTIONS: tuple[tuple[str, Callable[[str], int], int | None, str], ...] = (
     (
         "--alignment",
+        alignment_argument,
         4096,
         "power of two every tensor offset is a multiple of, e.g. 4096 or 64K; 0 or 1 = packed (default: 4096)",
     ),
-    ("--chunk-size", 4 * 1024 * 1024, "bytes moved per system call, and each dedup compare buffer (default: 4M)"),
+    (
+        "--chunk-size",
+        bounded_size("chunk_size", minimum=1),
+        4 * 1024 * 1024,
+        "bytes moved per system call, and each dedup compare buffer (default: 4M)",
+    ),
     (
         "--align-threshold",
+        size_argument,
         0,
         "only tensors of at least SIZE bytes are aligned; smaller ones are packed (default: 0, align all)",
     ),
     (
         "--max-shard-size",
+        bounded_size("max_shard_size", minimum=1),
         None,
         "split the shared weights over files of at most SIZE bytes (a tensor is never split); default: one file",
     ),
     (
         "--size-threshold",
+        size_argument,
         None,
         "also move inline tensors of at least SIZE bytes to the shared weights; keep it at 1K or more so that shape "
         "tensors stay inline (default: inline tensors stay inline)",
@@ -77,9 +89,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the (first) shared weights file, relative to DIR and inside it (default: weights.data; "
         "model.safetensors with --format safetensors; weights.onnx_data with --shard-names transformers.js)",
     )
-    for flag, default, text in _SIZE_OPTIONS:
+    for flag, kind, default, text in _SIZE_OPTIONS:
         metavar = "N" if flag == "--alignment" else "SIZE"
-        parser.add_argument(flag, metavar=metavar, type=size_argument, default=default, help=text)
+        parser.add_argument(flag, metavar=metavar, type=kind, default=default, help=text)
     parser.add_argument(
         "--format",
         choices=("onnx", "safetensors"),
@@ -158,7 +170,8 @@ def align_models_command(args: argparse.Namespace) -> int:
 
 
 def _summary(result: FamilyResult, elapsed: float) -> str:
-    """One line per member, one for the family, and a note naming the files no model uses any more."""
+    """One line per member, one for the family, and a note naming the files no model uses any more (paths shown by
+    :func:`~onnx_light_ref.commands.paths.shown_path`: absolute and escaped)."""
     lines = []
     for member in result.members:
         extras = []
@@ -168,12 +181,12 @@ def _summary(result: FamilyResult, elapsed: float) -> str:
             kept = sum(member.kept_inline_reasons.values())
             extras.append(f"{kept} kept inline where onnx would not load them back")
         detail = f" ({', '.join(extras)})" if extras else ""
-        lines.append(f"{member.path}: {member.tensors} tensors, {member.shared_tensors} shared{detail}")
+        lines.append(f"{shown_path(member.path)}: {member.tensors} tensors, {member.shared_tensors} shared{detail}")
     if result.weights_files:
         files = len(result.weights_files)
-        where = result.weights_files[0] + (f" (+{files - 1} shards: {files} files)" if files > 1 else "")
+        where = shown_path(result.weights_files[0]) + (f" (+{files - 1} shards: {files} files)" if files > 1 else "")
         speed = result.unique_bytes / (1024 * 1024) / elapsed if elapsed > 0 else float("inf")
-        index = f", index {result.index_file}" if result.index_file else ""
+        index = f", index {shown_path(result.index_file)}" if result.index_file else ""
         lines.append(
             f"{where}: {len(result.members)} members, {result.tensors} tensors, {result} bytes written "
             f"({result.unique_bytes} unique, {result.padding} padding{index}), {result.saved_bytes} bytes saved "
@@ -185,6 +198,7 @@ def _summary(result: FamilyResult, elapsed: float) -> str:
     if result.stale_weights_files:
         lines.append(
             f"note: {len(result.stale_weights_files)} file(s) of the folder are used by no model any more and were "
-            f"not deleted: {', '.join(result.stale_weights_files)} (delete them if nothing else uses them)"
+            f"not deleted: {', '.join(shown_path(path) for path in result.stale_weights_files)} (delete them if "
+            "nothing else uses them)"
         )
     return "\n".join(lines)

@@ -14,6 +14,7 @@ import tempfile
 from typing import Any
 
 from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.paths import shown_path
 from onnx_light_ref.commands.sizes import size_argument
 
 __all__ = ["demo_command", "register"]
@@ -31,6 +32,18 @@ def _check_keep_folder(keep: str) -> str | None:
     if not os.path.isdir(parent):
         return f"--keep {keep!r} cannot be created: {parent!r} is not a folder."
     return None
+
+
+def _demo_size(text: str) -> int:
+    """``--size``: a size the demo can build a model of (64K and up), else a usage error (exit 2)."""
+    from onnx_light_ref.demo import mlp_shape  # imports onnx: only once the command line asks for a demo
+
+    size = size_argument(text)
+    try:
+        mlp_shape(size)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return size
 
 
 def demo_command(args: argparse.Namespace) -> int:
@@ -52,7 +65,7 @@ def demo_command(args: argparse.Namespace) -> int:
         return error_exit(exc)
     print("\n".join(result.lines))
     if args.keep is not None:
-        print(f"files kept in {result.workdir}")
+        print(f"files kept in {shown_path(result.workdir)}")
     for problem in result.problems:
         print(f"MISMATCH: {problem}", file=sys.stderr)
     return 0 if result.ok else 1
@@ -68,7 +81,7 @@ def register(subparsers: Any) -> None:
         "peak memory and times. Exit status 1 if any output disagrees.",
     )
     parser.add_argument(
-        "--size", type=size_argument, default="64M", help="total weight bytes, with optional K/M/G suffix (default 64M)"
+        "--size", type=_demo_size, default="64M", help="total weight bytes, with optional K/M/G suffix (default 64M)"
     )
     parser.add_argument("--keep", metavar="DIR", help="work in DIR (created, must be empty) and keep the files")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (default: shown on a terminal)")

@@ -8,16 +8,39 @@ surface.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from onnx_light_ref.commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
 
-__all__ = ["PUBLISHED_WITH_ERRORS", "error_exit", "published_exit"]
+__all__ = ["PUBLISHED_WITH_ERRORS", "describe_error", "error_exit", "published_exit"]
 
 PUBLISHED_WITH_ERRORS = 3
 """Exit status of a command whose model is published but a step after the commit failed (not 1: 1 says nothing
 was written, and a script that retries or restores on 1 must not undo a published model)."""
+
+
+def describe_error(error: object) -> str:
+    """The words of an error for a person: an ``OSError`` without Python's ``[Errno N]`` prefix.
+
+    ``str(OSError)`` is ``[Errno 20] Not a directory: 'out/m.onnx'``: the errno number means nothing to a user, and
+    when the message already names the file (the library's do) the file would be repeated. This keeps the message
+    (``strerror``) and adds each file name it does not already contain.
+
+    Args:
+        error: an exception (or any object: its ``str``).
+
+    Returns:
+        One line of text.
+    """
+    if not isinstance(error, OSError) or not error.strerror:
+        return str(error)
+    text = str(error.strerror)
+    for name in (error.filename, error.filename2):
+        if name is not None and os.fsdecode(name) not in text:
+            text += f": {os.fsdecode(name)!r}"
+    return text
 
 
 def error_exit(message: object) -> int:
@@ -26,12 +49,13 @@ def error_exit(message: object) -> int:
     Args:
         message: what went wrong, usually the caught exception. Its ``str`` is printed through
             :func:`~onnx_light_ref.commands.text.printable`: messages quote model-controlled names (op types, domains,
-            tensor names), and an ESC, OSC 52 or bidi character in them must reach the terminal escaped.
+            tensor names), and an ESC, OSC 52 or bidi character in them must reach the terminal escaped. An
+            ``OSError`` is described by :func:`describe_error` (no raw ``[Errno 20]``).
 
     Returns:
         1, the status every command exits with on an ordinary mistake.
     """
-    print(f"error: {printable(str(message))}", file=sys.stderr)
+    print(f"error: {printable(describe_error(message))}", file=sys.stderr)
     return 1
 
 

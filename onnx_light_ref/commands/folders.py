@@ -17,11 +17,10 @@ but a temp file named with this process's pid, and never creates anything but fo
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
-
-from onnx_light_ref.io.write.publish import _TEMP_PREFIX, _TEMP_SUFFIX
 
 __all__ = [
     "FolderError",
@@ -50,8 +49,8 @@ def make_folders(folders: Iterable[str | os.PathLike[str]]) -> list[str]:
         created meanwhile by someone else is not listed.
 
     Raises:
-        FolderError: a folder cannot be created (e.g. a parent is a file); the folders this call had already
-            created are removed first.
+        FolderError: a folder cannot be created or used (e.g. it, or a parent, is a file); the folders this call
+            had already created are removed first.
     """
     created: list[str] = []
     for given in folders:
@@ -60,6 +59,9 @@ def make_folders(folders: Iterable[str | os.PathLike[str]]) -> list[str]:
         while not os.path.lexists(folder):
             missing.append(folder)
             folder = os.path.dirname(folder)
+        if not missing and not os.path.isdir(folder):  # a file where the folder must be: say so now, not as a raw
+            remove_created_folders(created)  # ENOTDIR from the command later (under a file, mkdir says it below)
+            raise FolderError(errno.ENOTDIR, f"{folder!r} exists and is not a folder", folder)
         for folder in reversed(missing):
             try:
                 os.mkdir(folder)
@@ -118,6 +120,8 @@ def remove_own_temp_files(folders: Iterable[str | os.PathLike[str]]) -> list[str
     Returns:
         The paths removed.
     """
+    from onnx_light_ref.io.write.publish import _TEMP_PREFIX, _TEMP_SUFFIX  # imports onnx: not at CLI start-up
+
     pattern = re.compile(
         re.escape(_TEMP_PREFIX) + r"[0-9a-f]{12}~" + str(os.getpid()) + r"~[0-9a-f]{16}" + re.escape(_TEMP_SUFFIX)
     )

@@ -22,6 +22,7 @@ from typing import Any
 
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.folders import remove_created_folders
+from onnx_light_ref.commands.paths import shown_path
 
 __all__ = ["generate_tests_command", "register"]
 
@@ -43,7 +44,7 @@ def generate_tests_command(args: argparse.Namespace) -> int:
     for case_dir in case_dirs:
         logger.info("wrote %s", case_dir)
     node_dir = case_dirs[0].parent if case_dirs else args.output_dir
-    print(f"wrote {len(case_dirs)} cases under {node_dir}")
+    print(f"wrote {len(case_dirs)} cases under {shown_path(node_dir)}")
     return 0
 
 

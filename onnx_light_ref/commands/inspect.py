@@ -27,12 +27,11 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.errors import describe_error, error_exit
 from onnx_light_ref.commands.text import printable
-from onnx_light_ref.errors import InvalidModelError
-from onnx_light_ref.io.layout_report import LayoutReport, TensorLayout, build_layout_report
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
+    from onnx_light_ref.io.layout_report import LayoutReport, TensorLayout
     from onnx_light_ref.io.read.sharing import SharedFile
 
 __all__ = [
@@ -194,13 +193,14 @@ def build_folder_report(folder: str, *, allow_outside_folder: bool = False) -> F
     Returns:
         The :class:`FolderReport`; a model that cannot be read is listed with its error.
     """
+    from onnx_light_ref.io.layout_report import build_layout_report
     from onnx_light_ref.io.read.sharing import folder_sharing, is_model_name
 
     models = []
     for name in sorted(name for name in os.listdir(folder) if is_model_name(name)):
         try:
             report = build_layout_report(os.path.join(folder, name), allow_outside_folder=allow_outside_folder)
-        except (FileNotFoundError, InvalidModelError) as exc:
+        except (ValueError, OSError) as exc:  # InvalidModelError, ExternalDataError (a folder that cannot be held)
             models.append(FolderModel(name, None, exc))
             continue
         models.append(FolderModel(name, report))
@@ -229,7 +229,7 @@ def format_folder_report(report: FolderReport) -> str:
 
     for model in report.models:
         if model.report is None:
-            lines.append(f"  {printable(model.name)}: not readable: {printable(str(model.error))}")
+            lines.append(f"  {printable(model.name)}: not readable: {printable(describe_error(model.error))}")
         else:
             lines.append(f"  {printable(model.name)}: {'OK' if model.ok else f'{len(model.report.errors)} error(s)'}")
     lines.append("")
@@ -280,9 +280,11 @@ def inspect_command(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(format_folder_report(folder))
         return 0 if folder.ok else 1
+    from onnx_light_ref.io.layout_report import build_layout_report
+
     try:
         report = build_layout_report(args.model, allow_outside_folder=args.allow_outside_folder)
-    except (FileNotFoundError, InvalidModelError) as exc:
+    except (ValueError, OSError) as exc:  # InvalidModelError, ExternalDataError: e.g. MODEL.onnx's folder is a file
         return _failed(exc, as_json)
     if as_json:
         from onnx_light_ref.commands.inspect_json import model_document

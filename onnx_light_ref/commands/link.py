@@ -15,8 +15,10 @@ import argparse
 
 from onnx_light_ref.commands.align import weights_path
 from onnx_light_ref.commands.errors import error_exit, published_exit
+from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx
 from onnx_light_ref.commands.progress import byte_progress
-from onnx_light_ref.commands.sizes import size_argument
+from onnx_light_ref.commands.sizes import alignment_argument, size_argument
+from onnx_light_ref.commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
 
 __all__ = ["link_command", "register"]
@@ -46,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--alignment",
         metavar="N",
-        type=size_argument,
+        type=alignment_argument,
         default=4096,
         help="alignment of the tensors written to DST.onnx.data (default: 4096; 0 or 1 = packed)",
     )
@@ -92,6 +94,7 @@ def _read_map(path: str) -> dict[str, str]:
 def link_command(args: argparse.Namespace) -> int:
     """Run the command; return the exit status."""
     from onnx_light_ref.io.link import link_external_data
+    from onnx_light_ref.io.results import summarize_names
 
     try:
         name_map = _read_map(args.map) if args.map is not None else None
@@ -114,15 +117,17 @@ def link_command(args: argparse.Namespace) -> int:
         return published_exit(exc)
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         return error_exit(exc)
+    warn_unless_onnx(args.dst)  # after success: a refusal's one error line says enough
     line = (
-        f"{args.dst}: {result.linked_tensors} tensors linked to the checkpoint ({result.linked_bytes} bytes, none "
-        f"copied), {result.written_tensors} written ({result.written_bytes} bytes"
-        + (f" to {result.weights_files[0]})" if result.weights_files else ")")
+        f"{shown_path(args.dst)}: {result.linked_tensors} tensors linked to the checkpoint ({result.linked_bytes} "
+        f"bytes, none copied), {result.written_tensors} written ({result.written_bytes} bytes"
+        + (f" to {shown_path(result.weights_files[0])})" if result.weights_files else ")")
     )
     if result.mismatched_tensors:
+        names = summarize_names([printable(name) for name in result.mismatched_tensors])
         line += (
             f"\nnote: {len(result.mismatched_tensors)} tensor(s) named like a checkpoint key have another data type "
-            f"or shape and were written, not linked: {', '.join(result.mismatched_tensors)}"
+            f"or shape and were written, not linked: {names}"
         )
     if result.kept_inline_tensors:
         reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(result.kept_inline_reasons.items()))

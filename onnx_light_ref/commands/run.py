@@ -32,19 +32,20 @@ import math
 import os
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
-import onnx
-
-from onnx_light_ref.commands.errors import error_exit, published_exit
+from onnx_light_ref.commands.errors import describe_error, error_exit, published_exit
 from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders, remove_own_temp_files
+from onnx_light_ref.commands.paths import shown_path
 from onnx_light_ref.commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
-from onnx_light_ref.io.read.folder import open_unconfined
-from onnx_light_ref.io.read.locations import FileIdentity
-from onnx_light_ref.io.write.contract import WritePlan
-from onnx_light_ref.io.write.publish import StagedFile, publish_all, staged_files
+
+if TYPE_CHECKING:  # numpy, onnx and the library are imported when the command runs, not when the CLI starts
+    import numpy as np
+
+    from onnx_light_ref.commands.npy_types import NpyForm
+    from onnx_light_ref.io.read.locations import FileIdentity
+    from onnx_light_ref.io.write.contract import WritePlan
 
 __all__ = ["output_file_name", "parse_input_spec", "register", "run_command"]
 
@@ -74,6 +75,8 @@ def output_file_name(name: str) -> str:
 
 def _load_feeds(specs: list[tuple[str, str]], read: dict[FileIdentity, str]) -> dict[str, np.ndarray]:
     """Load every ``--input``; record the identity of each file in ``read``."""
+    import numpy as np
+
     feeds: dict[str, np.ndarray] = {}
     for name, path in specs:
         if name in feeds:
@@ -85,7 +88,7 @@ def _load_feeds(specs: list[tuple[str, str]], read: dict[FileIdentity, str]) -> 
                 f"cannot load input {name!r} from {path!r}: the file ends before a whole .npy header ({exc})."
             ) from exc
         except (OSError, ValueError) as exc:
-            raise _RunError(f"cannot load input {name!r} from {path!r}: {exc}") from exc
+            raise _RunError(f"cannot load input {name!r} from {path!r}: {describe_error(exc)}") from exc
         if not isinstance(feeds[name], np.ndarray):  # an .npz archive
             raise _RunError(f"input {name!r} from {path!r} is not a single array (.npy); .npz is not supported.")
     return feeds
@@ -95,6 +98,11 @@ def _load_array(name: str, path: str, read: dict[FileIdentity, str]) -> Any:
     """``np.load`` without pickle, refusing first what it would choke on: a FIFO or device (it would block or read
     forever) and a ``.npy`` whose header announces more data than the file holds (numpy allocates the announced
     size before reading: a 40-byte file claiming 2**40 floats raised MemoryError)."""
+    import numpy as np
+
+    from onnx_light_ref.io.read.folder import open_unconfined
+    from onnx_light_ref.io.read.locations import FileIdentity
+
     # Looked at before it is opened: a FIFO or a device is refused saying what it is, and never opened.
     opened = open_unconfined(os.path.abspath(path), subject="the file", expected="a .npy file")
     with os.fdopen(opened.detach(), "rb") as f:
@@ -132,6 +140,8 @@ def _check_output_dir(folder: str) -> None:
 
 def _check_feed(name: str, value: np.ndarray, declared: Any) -> None:
     """Compare a feed with the graph input's declared tensor type (element type, rank, fixed dimensions)."""
+    import onnx
+
     if not isinstance(declared, onnx.TypeProto) or not declared.HasField("tensor_type"):
         return
     tensor_type = declared.tensor_type
@@ -148,9 +158,12 @@ def _check_feed(name: str, value: np.ndarray, declared: Any) -> None:
 
 
 def _declared_dtype(name: str, elem_type: int) -> np.dtype:
-    """The numpy dtype of a graph input's declared element type; one error line for a type onnx does not know."""
+    """The dtype onnx's evaluator holds a graph input's declared element type in; one error line for a type onnx
+    does not know."""
+    from onnx_light_ref.commands.npy_types import evaluator_array_dtype
+
     try:
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+        return evaluator_array_dtype(elem_type)
     except (KeyError, ValueError, TypeError) as exc:
         raise _RunError(
             f"input {name!r} is declared with element type {elem_type}, which is not a TensorProto.DataType this "
@@ -166,6 +179,25 @@ def _defaults(sess: Any) -> set[str]:
     return {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
 
 
+def _narrow_feeds(sess: Any, feeds: dict[str, np.ndarray], raw_bits: bool) -> None:
+    """Inputs of a type ``.npy`` cannot carry (bfloat16, float8, int4...) arrive widened (or as bits): narrow them
+    exactly to onnx's representation (:mod:`~onnx_light_ref.commands.npy_types`), refusing what does not fit."""
+    import onnx
+
+    from onnx_light_ref.commands.npy_types import feed_dtype, input_from_npy
+
+    for name, declared in zip(sess.input_names, sess.input_types, strict=False):
+        if name not in feeds or not isinstance(declared, onnx.TypeProto) or not declared.HasField("tensor_type"):
+            continue
+        elem_type = declared.tensor_type.elem_type
+        if feed_dtype(elem_type) is None:
+            continue
+        try:
+            feeds[name] = input_from_npy(name, feeds[name], elem_type, raw_bits=raw_bits)
+        except ValueError as exc:
+            raise _RunError(f"{exc} Nothing was evaluated.") from exc
+
+
 def _check_feeds(sess: Any, feeds: dict[str, np.ndarray]) -> None:
     unknown = [name for name in feeds if name not in sess.input_names]
     if unknown:
@@ -179,7 +211,20 @@ def _check_feeds(sess: Any, feeds: dict[str, np.ndarray]) -> None:
             _check_feed(name, feeds[name], declared)
 
 
-def _as_savable(name: str, value: object) -> np.ndarray:
+class _Planned(NamedTuple):
+    """One output to write: its name, its file, the array saved and how it was converted for ``.npy`` (or None)."""
+
+    name: str
+    path: str
+    array: np.ndarray
+    note: str | None
+
+
+def _as_savable(name: str, value: object, raw_bits: bool = False) -> NpyForm:
+    import numpy as np
+
+    from onnx_light_ref.commands.npy_types import output_for_npy
+
     if isinstance(value, (list, tuple)):
         raise _RunError(
             f"output {name!r} is a sequence of {len(value)} values; only tensor outputs can be saved as .npy "
@@ -193,7 +238,7 @@ def _as_savable(name: str, value: object) -> np.ndarray:
             array = array.astype(str)  # string tensors: save as fixed-width unicode, never pickled
         except (TypeError, ValueError) as exc:
             raise _RunError(f"output {name!r} holds Python objects that .npy cannot store: {exc}") from exc
-    return array
+    return output_for_npy(array, raw_bits=raw_bits)  # bfloat16, float8, int4...: widened exactly, or bits
 
 
 def _output_paths(folder: str, names: list[str]) -> list[str]:
@@ -211,15 +256,20 @@ def _output_paths(folder: str, names: list[str]) -> list[str]:
     return paths
 
 
-def _plan_outputs(folder: str, names: list[str], values: list[object]) -> list[tuple[str, str, np.ndarray]]:
+def _plan_outputs(folder: str, names: list[str], values: list[object], raw_bits: bool = False) -> list[_Planned]:
     paths = _output_paths(folder, names)
-    return [(name, path, _as_savable(name, value)) for name, path, value in zip(names, paths, values, strict=True)]
+    planned = []
+    for name, path, value in zip(names, paths, values, strict=True):
+        form = _as_savable(name, value, raw_bits)
+        planned.append(_Planned(name, path, form.array, form.note))
+    return planned
 
 
 def _model_files(model_path: str) -> dict[FileIdentity, str]:
     """The model and every file it names (external data locations, DelayedInitializer filenames), by identity;
     names resolving to nothing are left out (the evaluator reports those)."""
     from onnx_light_ref.io.read.delayed_names import DELAYED_OP_TYPE
+    from onnx_light_ref.io.read.locations import FileIdentity
     from onnx_light_ref.io.read.sharing import file_key, read_references
 
     files: dict[FileIdentity, str] = {}
@@ -253,12 +303,15 @@ def _output_plan(args: argparse.Namespace, names: list[str], read: dict[FileIden
     return plan
 
 
-def _save_outputs(folder: str, planned: list[tuple[str, str, np.ndarray]], plan: WritePlan) -> None:
+def _save_outputs(folder: str, planned: list[_Planned], plan: WritePlan) -> None:
+    import numpy as np
+
     from onnx_light_ref.io.write.contract import recheck_plan
+    from onnx_light_ref.io.write.publish import StagedFile, publish_all, staged_files
 
     try:
         with staged_files() as files:
-            for _, target, array in planned:
+            for _, target, array, _ in planned:
                 buffer = io.BytesIO()
                 np.save(buffer, array, allow_pickle=False)
                 staged = StagedFile(target)
@@ -268,7 +321,7 @@ def _save_outputs(folder: str, planned: list[tuple[str, str, np.ndarray]], plan:
     except ValueError as exc:  # the writer contract, re-checked under the folder lock
         raise _RunError(f"{exc}") from exc
     except OSError as exc:
-        raise _RunError(f"cannot write the outputs to {folder!r}: {exc}") from exc
+        raise _RunError(f"cannot write the outputs to {folder!r}: {describe_error(exc)}") from exc
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -297,13 +350,14 @@ def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray], read: 
     try:
         sess = reference_evaluator(args.model, args.load_device, allow_outside_folder=args.allow_outside_folder)
     except _USER_ERRORS as exc:
-        raise _RunError(f"cannot evaluate {args.model!r}: {exc}") from exc
+        raise _RunError(f"cannot evaluate {args.model!r}: {describe_error(exc)}") from exc
     built = time.perf_counter()
+    _narrow_feeds(sess, feeds, args.raw_bits)
     _check_feeds(sess, feeds)
     try:
         read.update(_model_files(args.model))
     except _USER_ERRORS as exc:
-        raise _RunError(f"cannot read {args.model!r}: {exc}") from exc
+        raise _RunError(f"cannot read {args.model!r}: {describe_error(exc)}") from exc
     names = list(sess.output_names)
     plan = _output_plan(args, names, read)
     try:
@@ -311,12 +365,13 @@ def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray], read: 
     except _USER_ERRORS as exc:
         # A weight file that vanished or shrank since construction, an op failing on these values: the model's or
         # the data's problem, reported without a traceback.
-        raise _RunError(f"evaluation failed: {type(exc).__name__}: {exc}") from exc
+        raise _RunError(f"evaluation failed: {type(exc).__name__}: {describe_error(exc)}") from exc
     done = time.perf_counter()
-    planned = _plan_outputs(args.output_dir, names, list(outputs))
+    planned = _plan_outputs(args.output_dir, names, list(outputs), args.raw_bits)
     _save_outputs(args.output_dir, planned, plan)
-    for name, target, array in planned:
-        print(printable(f"{name}: shape {list(array.shape)} dtype {array.dtype} -> {target}"))
+    for name, target, array, note in planned:
+        converted = f" ({note})" if note else ""
+        print(f"{printable(name)}: shape {list(array.shape)} dtype {array.dtype}{converted} -> {shown_path(target)}")
     print(f"built in {built - start:.3f} s (load_device={args.load_device}), ran in {done - built:.3f} s")
     return 0
 
@@ -380,5 +435,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--replace-shared",
         action="store_true",
         help="replace an output file even when a model (in its folder or above) uses it as weights; refused by default",
+    )
+    parser.add_argument(
+        "--raw-bits",
+        action="store_true",
+        help="outputs (and inputs) of types .npy cannot carry (bfloat16, float8, float4, float6, int4, uint4, int2, "
+        "uint2) as each element's bits: uint16 for bfloat16, uint8 for the others (a sub-byte code in the low bits); "
+        "by default they are widened exactly (float32, int8, uint8)",
     )
     parser.set_defaults(func=run_command)

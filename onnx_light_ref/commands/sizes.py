@@ -1,15 +1,18 @@
 """Byte sizes on the command line (``4096``, ``64K``, ``4M``, ``1G``, ``64MiB``): the one parser every command uses.
 
-It only parses; whether a size is acceptable (a power of two, within a cap) is the library's check, so that the
-command line and the Python API refuse the same values with the same words.
+:func:`parse_size` only parses. Whether a size is acceptable (a power of two, within a cap) is the library's check,
+so that the command line and the Python API refuse the same values with the same words; :func:`alignment_argument`
+and :func:`bounded_size` run that check while the command line is parsed, so a bad value is a usage error (exit
+status 2, with the usage), as a malformed one is, and never reaches the command.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 
-__all__ = ["parse_size", "size_argument"]
+__all__ = ["alignment_argument", "bounded_size", "parse_size", "size_argument"]
 
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 _PATTERN = re.compile(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", re.IGNORECASE)
@@ -51,3 +54,52 @@ def size_argument(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def bounded_size(name: str, *, minimum: int = 0, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type=`` for a size the library bounds: a value out of range is a usage error (exit 2), like a
+    malformed one, in the library's words (``max_shard_size must be >= 1, got 0.``).
+
+    Args:
+        name: the library parameter's name, as its message says it.
+        minimum: the smallest value accepted.
+        maximum: the largest value accepted (None: int64's).
+
+    Returns:
+        The ``type=`` function.
+    """
+
+    def convert(text: str) -> int:
+        from onnx_light_ref.io.arguments import INT64_MAX, check_int  # the library's words; imported when used
+
+        value = size_argument(text)
+        try:
+            return check_int(name, value, minimum=minimum, maximum=INT64_MAX if maximum is None else maximum)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = name  # argparse names the type in some messages
+    return convert
+
+
+def alignment_argument(text: str) -> int:
+    """An argparse ``type=`` for ``--alignment``: a size the library accepts as an alignment (0, 1 or a power of two
+    up to 1 GiB), else a usage error (exit 2) in the library's words.
+
+    Args:
+        text: the argument as typed.
+
+    Returns:
+        The alignment in bytes, as given (0 and 1 both mean packed).
+
+    Raises:
+        argparse.ArgumentTypeError: ``text`` is not a size or not an alignment.
+    """
+    from onnx_light_ref.io.plan.alignment import validate_alignment  # the library's check; imported when used
+
+    value = size_argument(text)
+    try:
+        validate_alignment(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value

@@ -18,8 +18,9 @@ import os
 from onnx_light_ref.commands.align import weights_path
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
+from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx
 from onnx_light_ref.commands.progress import byte_progress
-from onnx_light_ref.commands.sizes import size_argument
+from onnx_light_ref.commands.sizes import alignment_argument
 from onnx_light_ref.errors import InvalidModelError, PublishedWithErrorsError
 
 __all__ = ["count_delayed_nodes", "register", "undelay_command"]
@@ -79,13 +80,14 @@ def undelay_command(args: argparse.Namespace) -> int:
         return published_exit(exc)
     except (OSError, ValueError, TypeError, InvalidModelError) as exc:
         return error_exit(exc)
-    shown = weights if weights is not None else f"{args.dst}.data"
+    shown = shown_path(weights if weights is not None else f"{args.dst}.data")
     where = f" and {shown} ({written} bytes)" if written else " (no weights file needed)"
-    print(f"wrote {args.dst}{where}")
+    warn_unless_onnx(args.dst)  # after success: a refusal's one error line says enough
+    print(f"wrote {shown_path(args.dst)}{where}")
     if nodes == 0:
         print(
-            f"note: {args.src} has no ai.rt::DelayedInitializer node; {args.dst} is the same model (its external "
-            "tensors, if any, gathered into the weights file)"
+            f"note: {shown_path(args.src)} has no ai.rt::DelayedInitializer node; {shown_path(args.dst)} is the same "
+            "model (its external tensors, if any, gathered into the weights file)"
         )
     return 0
 
@@ -111,7 +113,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--alignment",
         metavar="N",
-        type=size_argument,
+        type=alignment_argument,
         default=4096,
         help="power of two every tensor offset is a multiple of, e.g. 4096 or 64K; 0 or 1 = packed (default: 4096)",
     )

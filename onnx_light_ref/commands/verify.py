@@ -17,10 +17,21 @@ import argparse
 
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.progress import byte_progress
-from onnx_light_ref.commands.sizes import size_argument
+from onnx_light_ref.commands.sizes import bounded_size
 from onnx_light_ref.commands.text import printable
 
 __all__ = ["register", "verify_command"]
+
+# verify_models' words when the tensors paired by position have different names: after a tool reordered them
+# (undelay: the DelayedInitializer nodes' outputs become initializers in another order), --by-name is the fix.
+_BY_POSITION_NAME_MISMATCH = "name differs (A: "
+_BY_NAME_HINT = (
+    "note: tensors are paired by position; if a tool reordered them (undelay does), pair them by graph and name "
+    "with --by-name"
+)
+
+MAX_CHUNK_SIZE = 1024 * 1024 * 1024
+"""``verify_models``' own cap (``onnx_light_ref.io.verify.MAX_CHUNK_SIZE``, not imported at start-up; a test checks)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--chunk-size",
         metavar="SIZE",
-        type=size_argument,
+        type=bounded_size("chunk_size", minimum=1, maximum=MAX_CHUNK_SIZE),
         default=4 * 1024 * 1024,
         help="bytes read per system call and model, at most 1G; the two read buffers grow up to this size "
         "(default: 4M)",
@@ -147,6 +158,8 @@ def verify_command(args: argparse.Namespace) -> int:
     if not result.equal:
         for difference in result.differences:
             print(f"different: {printable(difference.message)}")
+        if not args.by_name and _BY_POSITION_NAME_MISMATCH in (result.first_difference or ""):
+            print(_BY_NAME_HINT)
         return status
     print(f"equal: {result.tensors} tensors, {result.bytes_compared} bytes compared")
     return status

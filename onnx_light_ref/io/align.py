@@ -47,7 +47,7 @@ from onnx_light_ref.io.read.entries import write_entries
 from onnx_light_ref.io.read.locations import TYPED_VALUE_FIELDS, FileIdentity
 from onnx_light_ref.io.read.model_file import serialize_model
 from onnx_light_ref.io.read.walker import iter_tensors
-from onnx_light_ref.io.results import AlignResult
+from onnx_light_ref.io.results import AlignResult, summarize_names
 from onnx_light_ref.io.write.contract import (
     PlannedFile,
     PlannedModel,
@@ -351,7 +351,7 @@ def warn_unaligned(unaligned: Sequence[str]) -> None:
             "%d tensor(s) of at least align_threshold bytes could not start aligned in the safetensors data "
             "section (it must be covered without holes): %s",
             len(unaligned),
-            ", ".join(unaligned),
+            summarize_names(unaligned),  # 199 names on one line were unreadable; all are on the result
         )
 
 

@@ -36,7 +36,7 @@ from onnx_light_ref.io.plan.shard_names import ShardNames
 from onnx_light_ref.io.read.model_file import serialize_model
 from onnx_light_ref.io.read.sharing import model_references, scan_users
 from onnx_light_ref.io.read.walker import iter_tensors
-from onnx_light_ref.io.results import FamilyMember, FamilyResult, SharedTensor
+from onnx_light_ref.io.results import FamilyMember, FamilyResult, SharedTensor, summarize_names
 from onnx_light_ref.io.write.contract import (
     PlannedFile,
     PlannedModel,
@@ -258,13 +258,12 @@ def _refuse_shared_basenames(sources: Sequence[str]) -> None:
 
 def _named_outputs(plan: FamilyPlan, options: WriteOptions) -> WritePlan:
     """The family's :class:`~onnx_light_ref.io.write.contract.WritePlan` before the layout: every member's ``.onnx``
-    and the first weights file (the only names known before the payloads are compared and placed)."""
+    and the first weights file (the only names known before the payloads are compared and placed). Its content is
+    not known yet either: rule 4 (a safetensors header's limit) applies to the complete plan."""
     safetensors = plan.layout.weights_format == "safetensors"
     shard_set = ShardSet(plan.weights_base, plan.layout.shard_names, safetensors)
     files = [PlannedFile(path, "model", format="onnx") for path in plan.destinations]
-    files.append(
-        PlannedFile(plan.weights_base, "weights", shard_set=shard_set, format="safetensors" if safetensors else "raw")
-    )
+    files.append(PlannedFile(plan.weights_base, "weights", shard_set=shard_set))
     models = [PlannedModel(path) for path in plan.destinations]
     return WritePlan(_WRITER, models, files, dict(plan.source_files), options=options, rename_hint=_RENAME_HINT)
 
@@ -374,5 +373,5 @@ def _log(result: FamilyResult) -> None:
         logger.warning(
             "%d file(s) of the folder are used by no model any more (an earlier run's), not deleted: %s",
             len(result.stale_weights_files),
-            ", ".join(result.stale_weights_files),
+            summarize_names(result.stale_weights_files),
         )

@@ -63,7 +63,7 @@ from onnx_light_ref.io.read.model_file import load_model_metadata, open_model_fo
 from onnx_light_ref.io.read.safetensors_header import SafetensorsEntry, read_header, require_covered
 from onnx_light_ref.io.read.sharing import file_key
 from onnx_light_ref.io.read.walker import TensorSite, iter_tensors
-from onnx_light_ref.io.results import LinkResult
+from onnx_light_ref.io.results import LinkResult, summarize_names
 from onnx_light_ref.io.write.contract import (
     PlannedFile,
     PlannedModel,
@@ -389,6 +389,8 @@ def link_external_data(
         )
         plan.contract.source_checks.append(lambda: _check_unchanged(_checkpoint_files(checkpoint_tensors), dst_folder))
         check_plan(plan.contract)  # every rule of the writer contract, before the first byte
+        if plan.copies and not plan.links:
+            _warn_nothing_linked(dst_weights, [(t, item) for t, item, _ in plan.copies], checkpoint_tensors, mapping)
         checkpoint_names = sorted({found.path for found in checkpoint_tensors.values()})
         result = _write(plan, dst_onnx, dst_weights, weights_loc, chunk_size, durable, progress, checkpoint_names)
     _log(result, dst_onnx)
@@ -598,6 +600,30 @@ def _log(result: LinkResult, dst_onnx: str) -> None:
         result.written_tensors,
         result.written_bytes,
         dst_onnx,
+    )
+
+
+def _warn_nothing_linked(
+    dst_weights: str,
+    copies: list[tuple[onnx.TensorProto, CopyRange | bytes]],
+    checkpoint: Mapping[str, CheckpointTensor],
+    mapping: Mapping[str, str],
+) -> None:
+    """Log that the link is a full copy: no tensor matched a checkpoint key, so every one is written.
+
+    The usual cause is names that differ (``W0`` vs ``model.layers.0.w``); the call still succeeds (a full copy is a
+    valid model), but it silently cost the whole checkpoint's size. A few names of each side help write the map.
+    """
+    logger.warning(
+        "no tensor was linked: none of the model's names%s is a checkpoint key with the same data type and shape, "
+        "so %s holds a full copy of the weights (%d tensors, %d bytes). Map the model's names to the checkpoint's "
+        "keys with name_map= (command line: --map names.json). Model tensors: %s; checkpoint keys: %s.",
+        " (through name_map)" if mapping else "",
+        dst_weights,
+        len(copies),
+        sum(_length(item) for _, item in copies),
+        summarize_names([tensor.name for tensor, _ in copies]),
+        summarize_names(sorted(checkpoint)),
     )
 
 

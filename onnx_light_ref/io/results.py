@@ -1,27 +1,73 @@
 """What the io writers return: the documented size as an ``int``, carrying the facts a caller reports.
 
-:class:`AlignResult` and :class:`SaveResult` *are* ints (the weights file size, padding included), so code written
-against the documented ``int`` return value keeps working: comparisons, arithmetic, ``%d``, JSON and ``repr`` all see
-the plain number. The extra facts are read-only attributes, so a command line can print its summary without
-re-reading the model it just wrote. This module never does I/O.
+:class:`AlignResult`, :class:`SaveResult`, :class:`LinkResult` and :class:`FamilyResult` *are* ints (the weights
+file size, padding included), so code written against the documented ``int`` return value keeps working:
+comparisons, arithmetic, ``str``, ``%d``, f-strings and JSON all see the plain number. The extra facts are read-only
+attributes, so a command line can print its summary without re-reading the model it just wrote; ``repr`` shows them
+(files, bytes, tensors, unaligned, stale...), since a bare ``196`` at the prompt said nothing of what was written.
+This module never does I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AlignResult", "FamilyMember", "FamilyResult", "LinkResult", "SaveResult", "SharedTensor"]
+__all__ = [
+    "AlignResult",
+    "FamilyMember",
+    "FamilyResult",
+    "LinkResult",
+    "SaveResult",
+    "SharedTensor",
+    "summarize_names",
+]
+
+_NAMES_SHOWN = 3  # a warning or a repr names this many items of a long list, then counts the rest
+
+
+def summarize_names(names: Sequence[str], shown: int = _NAMES_SHOWN) -> str:
+    """``"a, b, c and 196 more"``: a long list of names (tensors, files) counted, a few of them shown.
+
+    A warning listing 199 tensor names on one line is unreadable; the full list stays on the result.
+
+    Args:
+        names: the names, in their order.
+        shown: how many to name before counting the rest.
+
+    Returns:
+        The names joined by ``", "`` when there are at most ``shown + 1`` of them, else the first ``shown`` and
+        ``and N more``.
+    """
+    if len(names) <= shown + 1:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
+
+
+def _shown(value: object) -> str:
+    """A field's value in a ``repr``: a long tuple as its first items and its length."""
+    if isinstance(value, tuple) and len(value) > _NAMES_SHOWN + 1:
+        head = ", ".join(repr(item) for item in value[:_NAMES_SHOWN])
+        return f"({head}, ... {len(value)} in all)"
+    return repr(value)
 
 
 class _SizeResult(int):
     """An ``int`` with keyword fields; pickles and copies with them (``int`` alone would drop them)."""
 
     kept_inline_reasons: dict[str, int]  # every writer's result has it
+    _REPR_FIELDS: tuple[str, ...] = ()
+    """What ``repr`` shows after the size, in this order (attributes or properties)."""
 
     def __getnewargs_ex__(self) -> tuple[tuple[int], dict[str, Any]]:
         return (int(self),), dict(vars(self))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={_shown(getattr(self, name))}" for name in self._REPR_FIELDS)
+        return f"{type(self).__name__}({int(self)} bytes, {fields})"
+
+    __str__ = int.__repr__  # str(), f"{result}" and "%s" stay the plain number the API documents
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"{type(self).__name__} is read-only")
@@ -67,6 +113,20 @@ class AlignResult(_SizeResult):
             ``training_info``); see ``docs/align.md``.
         kept_inline_reasons: the same tensors counted by reason (``"sparse tensor"``, ``"training_info"``...).
     """
+
+    _REPR_FIELDS = (
+        "weights_files",
+        "tensors",
+        "payload_bytes",
+        "padding",
+        "deduplicated_tensors",
+        "externalized_tensors",
+        "kept_inline_tensors",
+        "unaligned_tensors",
+        "stale_weights_files",
+        "weights_format",
+        "index_file",
+    )
 
     tensors: int
     payload_bytes: int
@@ -141,6 +201,8 @@ class SaveResult(_SizeResult):
         kept_inline_reasons: the same tensors counted by reason.
     """
 
+    _REPR_FIELDS = ("weights_files", "new_tensors", "reused_tensors", "payload_bytes", "padding", "kept_inline_tensors")
+
     new_tensors: int
     reused_tensors: int
     payload_bytes: int
@@ -192,6 +254,16 @@ class LinkResult(_SizeResult):
         kept_inline_reasons: inline tensors of at least ``size_threshold`` bytes left inline (not linked, not written)
             by reason: ``"shape tensor"``, ``"training_info"``, ``"function default attribute"``...
     """
+
+    _REPR_FIELDS = (
+        "weights_files",
+        "linked_tensors",
+        "linked_bytes",
+        "written_tensors",
+        "written_bytes",
+        "mismatched_tensors",
+        "checkpoint_files",
+    )
 
     linked_tensors: int
     linked_bytes: int
@@ -374,10 +446,7 @@ class FamilyResult(_SizeResult):
         """Bytes of the weights files that no tensor uses (alignment gaps, safetensors headers)."""
         return int(self) - self.unique_bytes
 
-    def __str__(self) -> str:  # the number, as for every int (f-strings and ``format`` use it)
-        return int.__repr__(self)
-
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # the family's totals (its members and shared tensors are too many for a line)
         return (
             f"FamilyResult({int(self)} bytes in {len(self.weights_files)} weights file(s): {len(self.members)} "
             f"members, {self.tensors} tensors, unique_bytes={self.unique_bytes}, saved_bytes={self.saved_bytes}, "

@@ -193,6 +193,8 @@ def save_model_with_shared_external_data(
         check_references,
         options,
     )
+    if plan.new and not plan.reused:
+        _warn_nothing_shared(plan)
     result = SaveResult(
         plan.total_size,
         new_tensors=len(plan.new),
@@ -213,6 +215,22 @@ def save_model_with_shared_external_data(
         plan.total_size,
     )
     return result
+
+
+def _warn_nothing_shared(plan: _SavePlan) -> None:
+    """Log that the save is a full copy: the model has no external tensor left to reuse.
+
+    The usual slip is a model loaded with its weights (``onnx.load(path)`` reads every external tensor into memory
+    and drops its reference); the save then succeeds and silently writes every byte again.
+    """
+    logger.warning(
+        "nothing is shared: no tensor of the model is external, so all %d of them (%d bytes) are written to %s. A "
+        "model loaded with its weights has no reference left to reuse: load the base model with "
+        "onnx.load(path, load_external_data=False) so its tensors keep pointing at their files.",
+        len(plan.new),
+        plan.payload_bytes,
+        plan.secondary_path,
+    )
 
 
 def _publish(

@@ -26,7 +26,7 @@ from onnx import AttributeProto
 
 from onnx_light_ref.io.arguments import INT64_MAX
 from onnx_light_ref.io.read.dtype_sizes import packed_nbytes
-from onnx_light_ref.ops.dtypes import describe_allowed, dtype_name, is_allowed_dtype, np_dtype_for
+from onnx_light_ref.ops.dtypes import dtype_name, np_dtype_for, refuse_dtype
 
 __all__ = [
     "ATTRIBUTE_TYPES",
@@ -266,10 +266,7 @@ def validate_attributes(values: Mapping[str, object], *, where: str) -> DelayedI
     too_large = [d for d in shape if d > INT64_MAX]
     if too_large:
         raise ValueError(f"{where}: shape dimension {too_large[0]} does not fit in int64.")
-    if not is_allowed_dtype(dtype):
-        raise ValueError(
-            f"{where}: dtype {dtype} ({dtype_name(dtype)}) is not supported; expected one of {describe_allowed()}."
-        )
+    refuse_dtype(dtype, where=where)  # UnsupportedElementTypeError (a ValueError) naming the type and why
     params = DelayedInitializerParams(
         shape=shape,
         dtype=dtype,

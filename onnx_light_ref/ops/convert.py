@@ -14,8 +14,10 @@ What is left as it was (the evaluator then loads those external tensors eagerly,
 
 * initializers also listed in their graph's inputs (overridable defaults, see :func:`_shadowed_by_inputs`);
 * initializers smaller than ``min_size`` bytes;
-* initializers whose element type the op cannot produce (bfloat16, float8, int4, string...: see
-  :mod:`onnx_light_ref.ops.dtypes`), logged and listed in :attr:`ConversionPlan.kept_dtype`;
+* initializers whose element type the op cannot produce (string, or a type the installed onnx cannot represent:
+  see :mod:`onnx_light_ref.ops.dtypes`), and with ``portable=True`` every type outside the seed spec's 14
+  (bfloat16, float8, int4...: onnx-light's C++ runtime has no kernel for them), logged and listed in
+  :attr:`ConversionPlan.kept_dtype`;
 * subgraph initializers named like a value of an enclosing graph (see below);
 * initializers of ``ModelProto.training_info`` graphs, which inference never runs;
 * sparse initializers and tensors held in node attributes (``Constant``'s ``value``...): the op produces dense
@@ -46,7 +48,7 @@ from dataclasses import dataclass
 import onnx
 import onnx.inliner
 
-from onnx_light_ref.io.arguments import PathLike, check_int
+from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
 from onnx_light_ref.io.read.folder import ModelFolder
 from onnx_light_ref.io.read.locations import (
     ExternalRef,
@@ -59,7 +61,14 @@ from onnx_light_ref.io.read.locations import (
 from onnx_light_ref.io.read.model_file import load_model_metadata
 from onnx_light_ref.io.read.walker import defined_names, iter_graphs, iter_tensors
 from onnx_light_ref.ops.attributes import LOAD_DEVICES
-from onnx_light_ref.ops.dtypes import describe_allowed, dtype_name, is_allowed_dtype
+from onnx_light_ref.ops.dtypes import (
+    ALLOWED_DTYPES,
+    PORTABLE_DTYPES,
+    dtype_name,
+    is_allowed_dtype,
+    is_portable_dtype,
+    refusal_reason,
+)
 from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE, SINCE_VERSION, make_delayed_initializer_node
 
 __all__ = ["ConversionPlan", "DelayedTensor", "delay_initializers", "plan_delayed_initializers"]
@@ -122,7 +131,11 @@ def _load(
 
 
 def plan_delayed_initializers(
-    model_or_path: onnx.ModelProto | PathLike, *, base_dir: PathLike | ModelFolder | None = None, min_size: int = 0
+    model_or_path: onnx.ModelProto | PathLike,
+    *,
+    base_dir: PathLike | ModelFolder | None = None,
+    min_size: int = 0,
+    portable: bool = False,
 ) -> ConversionPlan:
     """Load (metadata only) or copy the model, inline its functions, and validate every initializer to convert.
 
@@ -131,15 +144,19 @@ def plan_delayed_initializers(
         base_dir: Folder the locations are relative to (default: the model's folder for a path), or a held
             :class:`~onnx_light_ref.io.read.folder.ModelFolder` to validate through.
         min_size: Initializers smaller than this many bytes are kept.
+        portable: Convert only the seed spec's 14 element types (onnx-light's runtime); others are kept.
 
     Returns:
         The plan: the private model copy, the validated tensors to convert and the names kept, by reason.
 
     Raises:
         ValueError: a bad ``min_size``, or a proto with external initializers to convert and no ``base_dir``.
+        TypeError: ``portable`` is not a bool.
         UnsafeLocationError, ExternalDataError, FileNotFoundError: a bad reference (see :func:`delay_initializers`).
     """
     check_int("min_size", min_size)
+    check_bool("portable", portable)
+    convertible = is_portable_dtype if portable else is_allowed_dtype
     model, folder = _load(model_or_path, base_dir)
     if len(model.functions) > 0:
         # new_ops never reaches the evaluators onnx builds for model-local functions: inline them so that every
@@ -184,16 +201,13 @@ def plan_delayed_initializers(
         if size is not None and size < min_size:
             kept_small.append(tensor.name)
             continue
-        if not is_allowed_dtype(tensor.data_type):
+        if not convertible(tensor.data_type):
             # Not an error: the evaluator loads such a tensor eagerly, as plain ReferenceEvaluator would.
             logger.info(
-                "initializer %r in %s stays an external initializer: its data type %d (%s) is not one "
-                "ai.rt::DelayedInitializer can produce (%s)",
+                "initializer %r in %s stays an external initializer: %s",
                 site.label,
                 site.where,
-                tensor.data_type,
-                dtype_name(tensor.data_type),
-                describe_allowed(),
+                _kept_reason(tensor.data_type, portable),
             )
             kept_dtype.append(tensor.name)
             continue
@@ -207,6 +221,18 @@ def plan_delayed_initializers(
         check_not_hard_linked(ref)
         delayed.append(DelayedTensor(tensor, graph, ref, site.where))
     return ConversionPlan(model, folder or "", delayed, kept_shadowed, kept_small, kept_dtype, kept_shadowing)
+
+
+def _kept_reason(data_type: int, portable: bool) -> str:
+    """Why an initializer of ``data_type`` is not converted, for the log."""
+    if portable and is_allowed_dtype(data_type):
+        return (
+            f"its data type {data_type} ({dtype_name(data_type)}) is outside the portable set (portable=True: "
+            f"{', '.join(dtype_name(t) for t in PORTABLE_DTYPES)})"
+        )
+    reason = refusal_reason(data_type)
+    allowed = ", ".join(dtype_name(t) for t in ALLOWED_DTYPES)
+    return f"ai.rt::DelayedInitializer cannot produce it ({reason}; it produces {allowed})"
 
 
 def _make_node(item: DelayedTensor, load_device: str, name: str) -> onnx.NodeProto:
@@ -276,6 +302,7 @@ def delay_initializers(
     *,
     base_dir: PathLike | ModelFolder | None = None,
     min_size: int = 0,
+    portable: bool = False,
 ) -> onnx.ModelProto:
     """Return a new model where every external initializer of at least ``min_size`` bytes is a DelayedInitializer.
 
@@ -287,7 +314,8 @@ def delay_initializers(
     outer-scope value. A ``value_info`` entry with the dtype and shape is added so evaluators checking shape
     annotations verify what the op produces. The ``ai.rt`` opset import (version 1) is added. Initializers the op
     cannot stand for are kept as they are (see the module docstring): graph-input defaults, those below
-    ``min_size``, those of a dtype the op cannot produce (bfloat16, float8, int4...), subgraph initializers named
+    ``min_size``, those of a dtype the op cannot produce here (string; float4 on an onnx without it...; with
+    ``portable=True`` every type outside the seed spec's 14: bfloat16, float8, int4...), subgraph initializers named
     like an outer value, and training graphs' initializers.
 
     Every converted reference is validated first (relative, inside ``base_dir``, file present, range in bounds,
@@ -299,6 +327,9 @@ def delay_initializers(
         base_dir: Folder the locations are relative to; defaults to the model's folder for a path, and is
             required for a proto with external initializers.
         min_size: Initializers smaller than this many bytes stay initializers.
+        portable: Write a model for onnx-light's C++ runtime: only initializers of the seed spec's 14 element types
+            (:data:`~onnx_light_ref.ops.dtypes.PORTABLE_DTYPES`) become nodes; bfloat16, float8, int4... stay
+            initializers. Default False: every type the installed onnx's evaluator represents is converted.
 
     Returns:
         The converted model: always a new ModelProto, a copy even when nothing was converted.
@@ -306,6 +337,7 @@ def delay_initializers(
     Raises:
         ValueError: an unsupported ``load_device`` or ``min_size``, a proto with external initializers and no
             ``base_dir``, or an ``ai.rt`` opset import of another version.
+        TypeError: ``portable`` is not a bool.
         UnsafeLocationError: a location escaping ``base_dir``, or a data file with several hard links (refused as
             onnx refuses it).
         ExternalDataError: a malformed reference (bad entries, range out of the file, length disagreeing with the
@@ -314,7 +346,7 @@ def delay_initializers(
     """
     if load_device not in LOAD_DEVICES:
         raise ValueError(f"load_device must be one of {list(LOAD_DEVICES)}, got {load_device!r}.")
-    plan = plan_delayed_initializers(model_or_path, base_dir=base_dir, min_size=min_size)
+    plan = plan_delayed_initializers(model_or_path, base_dir=base_dir, min_size=min_size, portable=portable)
     model = plan.model
     if not plan.delayed:
         logger.info("no external initializer to delay")

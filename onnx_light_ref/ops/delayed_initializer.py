@@ -91,7 +91,6 @@ from onnx_light_ref.io.read.folder import (
     stat_unconfined,
 )
 from onnx_light_ref.io.read.locations import check_location_syntax
-from onnx_light_ref.ops.allocation import allocate_tensor
 from onnx_light_ref.ops.attributes import (
     ATTRIBUTE_TYPES,
     DelayedInitializerParams,
@@ -99,8 +98,8 @@ from onnx_light_ref.ops.attributes import (
     describe_node,
     validate_attributes,
 )
-from onnx_light_ref.ops.dtypes import little_endian_dtype
 from onnx_light_ref.ops.evaluator_cycle import weaken_log_callback
+from onnx_light_ref.ops.raw_arrays import read_array
 from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE
 
 __all__ = ["DelayedInitializer"]
@@ -572,11 +571,15 @@ def _check_size(where: str, source: _Source, size: int, params: DelayedInitializ
 
 
 def _read_tensor(fd: int, params: DelayedInitializerParams, where: str, shown: str) -> np.ndarray:
-    """The one step from file bytes to the output array: ``params.nbytes`` bytes at ``params.offset`` of ``fd``,
-    read straight into a new array (no intermediate copy), native-endian, of the node's shape and dtype."""
-    out = allocate_tensor(params.shape, little_endian_dtype(params.dtype), where=where)
+    """The one step from file bytes to the output array: ``params.nbytes`` raw bytes at ``params.offset`` of ``fd``,
+    as onnx's own evaluator would hold them for ``dtype`` (:func:`~onnx_light_ref.ops.raw_arrays.read_array`:
+    byte-sized types read straight into the output, packed ones such as int4 unpacked by onnx in chunks)."""
+
+    def read(view: memoryview, position: int) -> int:
+        return pread_exact(fd, view, params.offset + position)
+
     try:
-        done = pread_exact(fd, out.data.cast("B"), params.offset)
+        array, done = read_array(params.dtype, params.shape, read, where=where)
     except OSError as exc:
         raise ExternalDataError(
             f"{where}: file {shown!r} cannot be read: {exc.strerror or exc} (needed {_wanted(params)})."
@@ -585,5 +588,4 @@ def _read_tensor(fd: int, params: DelayedInitializerParams, where: str, shown: s
         raise ValueError(
             f"{where}: file {shown!r} ended early: read {done} of {_wanted(params)} (the file changed while read)."
         )
-    # A no-op on little-endian hosts; a converting copy on big-endian ones.
-    return out.astype(params.np_dtype, copy=False)
+    return array

@@ -195,3 +195,42 @@ def test_format_checks_run_with_the_plan(tmp_path: Path) -> None:
     plan.format_checks.append(refuse)
     with pytest.raises(ValueError, match="test: a format limit"):
         check_plan(plan)
+
+
+# ------------------------------------------------------------------------------------------- rule 4: format limits
+
+
+@pytest.mark.parametrize("header", [0, 100_000_001])
+def test_a_safetensors_file_whose_header_the_library_would_refuse_is_refused_before_writing(
+    tmp_path: Path, header: int
+) -> None:
+    """Every writer of safetensors passes its files through the contract: a header of 0 bytes or above the
+    library's 100,000,000 is refused by ``check_plan`` whatever the writer's own layout code let through."""
+    from onnx_light_ref.errors import SafetensorsError
+
+    weights = tmp_path / "m.safetensors"
+    plan = WritePlan(
+        "align",
+        [PlannedModel(str(tmp_path / "m.onnx"))],
+        [
+            PlannedFile(str(tmp_path / "m.onnx"), "model", format="onnx"),
+            PlannedFile(str(weights), "weights", 8 + header + 16, 8 + header, format="safetensors"),
+        ],
+    )
+    with pytest.raises(SafetensorsError, match=rf"would have a {header:,}-byte header; the safetensors library"):
+        check_plan(plan)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_safetensors_header_within_the_limit_passes(tmp_path: Path) -> None:
+    plan = WritePlan(
+        "align",
+        [PlannedModel(str(tmp_path / "m.onnx"))],
+        [
+            PlannedFile(str(tmp_path / "m.onnx"), "model", format="onnx"),
+            PlannedFile(
+                str(tmp_path / "m.safetensors"), "weights", 8 + 100_000_000, 8 + 100_000_000, format="safetensors"
+            ),
+        ],
+    )
+    check_plan(plan)

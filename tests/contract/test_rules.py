@@ -242,7 +242,7 @@ def test_a_sharer_saved_while_the_writer_works_is_refused_under_the_folder_lock(
         real_publish_all(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(publish.OutputTransaction, "_publish", publish_model)
-    monkeypatch.setattr("onnx_light_ref.commands.run.publish_all", publish_files)
+    monkeypatch.setattr(publish, "publish_all", publish_files)  # run imports it when it runs
     with pytest.raises(SharedWeightsError, match=r"other\.onnx"):
         writer.call(scene, overwrite=not writer.owns_previous)
     assert {path.name: path.read_bytes() for path in scene.out.iterdir() if path.is_file() and path != sharers[0]} == (

@@ -118,6 +118,27 @@ def test_missing_arguments_exit_2_with_the_usage(tmp_path: Path, capsys: pytest.
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "words"),
+    [
+        ("--alignment", "3", "alignment"),
+        ("--alignment", "2G", "alignment"),
+        ("--max-shard-size", "0", "max_shard_size must be >= 1, got 0."),
+        ("--chunk-size", "0", "chunk_size must be >= 1, got 0."),
+    ],
+)
+def test_a_value_the_library_refuses_is_a_usage_error_in_its_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, words: str
+) -> None:
+    """As for align: exit 2 with the usage, before anything is read or a folder created."""
+    with pytest.raises(SystemExit) as done:
+        main(["align-models", "a.onnx", "--out", str(tmp_path / "family"), option, value])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: onnx-light-ref align-models") and words in err and option in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_console_script_runs_the_command(tmp_path: Path) -> None:
     family = write_family(tmp_path / "exports")
     out = tmp_path / "family"

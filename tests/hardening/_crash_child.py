@@ -16,6 +16,7 @@ just before calling the function and ``done <return value>`` after it; the paren
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -36,14 +37,18 @@ def variant_model(src_onnx: str, new_bytes: int, seed: int) -> onnx.ModelProto:
     return model
 
 
-def main(argv: list[str]) -> int:
+def make_call(command: str, src: object, dst: object, first: object, second: object) -> Callable[[], object]:
+    """The call ``command`` makes (see the module docstring), prepared: only the write itself is left to run.
+
+    Also what :class:`tests.hardening.forked.ForkedCall` runs in a forked child (prepared once in the parent).
+    """
     from onnx_light_ref import align_external_data_streaming, save_model_with_shared_external_data
 
-    command, src, dst, first, second = argv
+    src, dst = str(src), str(dst)
     if command == "align":
-        call = lambda: align_external_data_streaming(src, dst, chunk_size=int(first), alignment=int(second))  # noqa: E731
-    elif command == "align-sharded":
-        call = lambda: align_external_data_streaming(  # noqa: E731
+        return lambda: align_external_data_streaming(src, dst, chunk_size=int(first), alignment=int(second))
+    if command == "align-sharded":
+        return lambda: align_external_data_streaming(
             src,
             dst,
             chunk_size=int(first),
@@ -53,11 +58,14 @@ def main(argv: list[str]) -> int:
             dedup=True,
             size_threshold=1024,
         )
-    elif command == "shared":
+    if command == "shared":
         model = variant_model(src, int(first), int(second))
-        call = lambda: save_model_with_shared_external_data(model, dst, alignment=4096)  # noqa: E731
-    else:
-        raise SystemExit(f"unknown command {command!r}")
+        return lambda: save_model_with_shared_external_data(model, dst, alignment=4096)
+    raise SystemExit(f"unknown command {command!r}")
+
+
+def main(argv: list[str]) -> int:
+    call = make_call(*argv)
     print("ready", flush=True)
     result = call()
     print(f"done {result}", flush=True)

@@ -10,8 +10,6 @@ disturb each other.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,11 +22,11 @@ from onnx import helper, numpy_helper
 from onnx_light_ref import align_external_data_in_memory
 from onnx_light_ref.ops.evaluate import reference_evaluator
 from tests.checks import snapshot_tree, temp_files_under
+from tests.hardening import _race_child
+from tests.hardening._crash_child import make_call
+from tests.hardening.forked import ForkedCall
 from tests.models import IR_VERSION, OPSET, externalize, write_external_model, write_model
 
-CHILD = Path(__file__).with_name("_crash_child.py")
-RACE_CHILD = "tests.hardening._race_child"
-REPOSITORY = str(Path(__file__).resolve().parents[2])
 THREADS = 8
 RUNS_PER_THREAD = 50
 PASSED_THROUGH = ("w_i64", "w_u8", "w_f16", "w_bool")  # returned by Identity nodes
@@ -123,13 +121,9 @@ def test_eight_threads_sharing_one_evaluator_always_get_the_right_values(tmp_pat
     assert snapshot_tree(tmp_path) == before
 
 
-def align_in_child(src: Path, dst: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(CHILD), "align", str(src), str(dst), "65536", "4096"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def align_in_child(src: Path, dst: Path) -> ForkedCall:
+    """The streaming aligner in a child process of its own (forked: it starts at once, so two of them overlap)."""
+    return ForkedCall(make_call("align", src, dst, 65536, 4096))
 
 
 @pytest.fixture(scope="module")
@@ -140,11 +134,9 @@ def big_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_external_model(tmp_path_factory.mktemp("concurrent_source"), arrays)
 
 
-def wait_all(children: list[subprocess.Popen[str]]) -> None:
+def wait_all(children: list[ForkedCall]) -> None:
     for child in children:
-        out, err = child.communicate(timeout=120)
-        assert child.returncode == 0, err
-        assert out.splitlines()[-1].startswith("done"), out
+        child.finish(timeout=120)  # exit status 0 and a ``done`` line, else the child's traceback
 
 
 def test_two_processes_aligning_one_source_into_different_destinations(big_source: Path, tmp_path: Path):
@@ -178,29 +170,21 @@ def test_two_processes_aligning_into_the_same_destination_leave_one_complete_out
 # ------------------------------------------------------------------------------- writers racing to one destination
 
 
-def race_child(dst: Path, writer: int, times: int, *pause: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", RACE_CHILD, str(dst), str(writer), str(times), *pause],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPOSITORY,  # the child imports its helpers as tests.models
-    )
+def race_child(dst: Path, writer: int, times: int, *pause: str) -> ForkedCall:
+    """Writer ``writer`` publishing ``times`` times into ``dst`` from a child process (``_race_child``'s job)."""
+    return ForkedCall(lambda: _race_child.main([str(dst), str(writer), str(times), *pause]))
 
 
-def finish(child: subprocess.Popen[str]) -> None:
-    _out, err = child.communicate(timeout=120)
-    assert child.returncode == 0, err
+def finish(child: ForkedCall) -> None:
+    child.finish(timeout=120)
 
 
 def assert_consistent_pair(dst: Path) -> int:
     """The published .onnx describes the weights beside it: its own writer's bytes, read through onnx's loader."""
-    from tests.hardening._race_child import writer_array
-
     model = onnx.load_model(str(dst))  # loads the external data through onnx's own checks
     writer = int(model.graph.name.removeprefix("writer"))
     (tensor,) = model.graph.initializer
-    np.testing.assert_array_equal(onnx.numpy_helper.to_array(tensor), writer_array(writer))
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(tensor), _race_child.writer_array(writer))
     entries = {
         e.key: e.value for e in onnx.load_model(str(dst), load_external_data=False).graph.initializer[0].external_data
     }
@@ -223,24 +207,40 @@ def test_racing_writers_always_leave_a_consistent_pair(tmp_path: Path):
     assert winners <= {1, 2, 3}
 
 
+def blocked_on_a_lock(pid: int) -> bool:
+    """Whether the kernel lists process ``pid`` as waiting for a lock (``/proc/locks``: ``->`` marks a request
+    blocked behind the lock above it)."""
+    with open("/proc/locks") as locks:
+        return any(line.split()[1] == "->" and line.split()[5] == str(pid) for line in locks)
+
+
 def test_a_writer_waits_while_another_is_between_its_two_renames(tmp_path: Path):
     """Writer 1 stops after renaming its weights; writer 2, started then, must not publish in that window.
 
     Without the publication lock writer 2 would finish inside the window and writer 1's .onnx would land beside writer
-    2's weights. With it, writer 2 waits for writer 1's .onnx rename, so the pair left is writer 2's, whole.
+    2's weights. With it, writer 2 waits for writer 1's .onnx rename (seen in ``/proc/locks``: writer 2 blocked on
+    the folder's lock while writer 1 holds it), so the pair left is writer 2's, whole.
     """
     dst = tmp_path / "out" / "m.onnx"
     dst.parent.mkdir()
     mid, resume = tmp_path / "mid", tmp_path / "resume"
     first = race_child(dst, 1, 1, "pause", str(mid), str(resume))
     for _ in range(6000):  # the child creates the marker once its weights are renamed
-        if mid.exists() or first.poll() is not None:
+        if mid.exists():
             break
         time.sleep(0.01)
-    assert mid.exists(), first.communicate()[1]
+    else:
+        finish(first)  # fails with what the child said
+    assert mid.exists()
     second = race_child(dst, 2, 1)
-    finish(second)
+    for _ in range(6000):  # writer 1 pauses for at most _race_child.PAUSE_SECONDS: writer 2 must block before
+        if blocked_on_a_lock(second.pid):
+            break
+        time.sleep(0.001)
+    assert blocked_on_a_lock(second.pid), "writer 2 did not wait for writer 1's publication"
+    assert not (dst.parent / "m.onnx").exists()  # writer 1's .onnx is not published yet, writer 2's cannot be
     resume.touch()
     finish(first)
+    finish(second)
     assert assert_consistent_pair(dst) == 2
     assert temp_files_under(dst.parent) == []

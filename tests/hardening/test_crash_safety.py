@@ -1,7 +1,8 @@
 """Crash safety: SIGKILL the aligner and the shared saver at random points; the destination is never half-written.
 
-Each function runs in a child process (``_crash_child.py``) on a 64 MiB model, with a small ``chunk_size`` so the
-copy takes a while, and is killed after a random delay (seeded) drawn over the length of an uninterrupted run.
+Each function runs in a child process (forked, :mod:`tests.hardening.forked`; the calls are :mod:`._crash_child`'s)
+on a 64 MiB model, with a small ``chunk_size`` so the copy takes a while, and is killed after a random delay (seeded)
+drawn over the length of an uninterrupted run.
 Afterwards the destination must be, file by file, either absent, the previous version, or complete and equal to a
 reference output, and the sources must be intact. Half the trials start with no destination, half with a
 previous complete one (made distinguishable by a marker in its ``.onnx``).
@@ -19,11 +20,9 @@ and the final normal run must remove those of dead processes.
 from __future__ import annotations
 
 import random
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +32,10 @@ import pytest
 from onnx_light_ref import align_external_data_in_memory, save_model_with_shared_external_data
 from onnx_light_ref.io.write import publish
 from tests.checks import snapshot_tree, temp_files_under
+from tests.hardening._crash_child import make_call
+from tests.hardening.forked import ForkedCall
 from tests.models import write_external_model
 
-CHILD = Path(__file__).with_name("_crash_child.py")
 SEED = 20240607
 CHUNK_SIZE = 4096  # 16,384 copy calls for 64 MiB: long enough to be killed mid-copy
 ALIGNMENT = 4096
@@ -56,42 +56,21 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_external_model(folder, arrays)
 
 
-def run_child(*args: object) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(CHILD), *map(str, args)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_ready(child: subprocess.Popen[str]) -> None:
-    assert child.stdout is not None
-    line = child.stdout.readline()
-    if line.strip() != "ready":
-        child.kill()
-        _, err = child.communicate()
-        pytest.fail(f"child did not start: {line!r} {err}")
-
-
-def timed_full_run(*args: object) -> float:
-    """Run the child to completion; return the seconds between ``ready`` and its exit."""
-    child = run_child(*args)
-    wait_ready(child)
+def timed_full_run(call: Callable[[], object]) -> float:
+    """Run ``call`` in a child to completion; return the seconds between ``ready`` and its exit."""
+    child = ForkedCall(call)
+    child.wait_ready()
     start = time.monotonic()
-    out, err = child.communicate(timeout=120)
-    assert child.returncode == 0, err
-    assert out.startswith("done"), out
+    child.finish(timeout=120)
     return time.monotonic() - start
 
 
-def kill_at_random(rng: random.Random, duration: float, *args: object) -> int:
-    """Start a child, SIGKILL it after a random delay, return its pid (its temp files carry it)."""
-    child = run_child(*args)
-    wait_ready(child)
+def kill_at_random(rng: random.Random, duration: float, call: Callable[[], object]) -> int:
+    """Start ``call`` in a child, SIGKILL it after a random delay, return its pid (its temp files carry it)."""
+    child = ForkedCall(call)
+    child.wait_ready()
     time.sleep(rng.uniform(0.0, duration * 1.1))
-    child.send_signal(signal.SIGKILL)
-    child.communicate(timeout=60)
+    child.kill()
     return child.pid
 
 
@@ -140,7 +119,7 @@ def with_marker(onnx_path: Path) -> bytes:
 
 
 def run_trials(
-    rng: random.Random, trials: int, duration: float, dst_onnx: Path, dst_weights: Path, references, args
+    rng: random.Random, trials: int, duration: float, dst_onnx: Path, dst_weights: Path, references, call
 ) -> Counter:
     """Kill ``trials`` runs; alternate an absent and a previous destination; return the outcome counts."""
     ref_onnx, ref_weights = references
@@ -155,7 +134,7 @@ def run_trials(
         else:
             for path in (dst_onnx, dst_weights):
                 path.unlink(missing_ok=True)
-        pid = kill_at_random(rng, duration, *args)
+        pid = kill_at_random(rng, duration, call)
         onnx_state = file_state(dst_onnx, ref_onnx, previous_onnx, {dst_weights.name: ref_weights})
         weights_state = file_state(dst_weights, ref_weights, ref_weights if with_previous else None)
         if with_previous:
@@ -163,7 +142,7 @@ def run_trials(
             assert weights_state == "complete"  # previous and new weights are the same bytes (see module doc)
         elif onnx_state == "complete":
             assert weights_state == "complete", "the .onnx was published before its weights"
-        killed_mid_write = any(f".{pid}." in Path(p).name for p in temp_files_under(dst_onnx.parent))
+        killed_mid_write = any(f"~{pid}~" in Path(p).name for p in temp_files_under(dst_onnx.parent))
         outcomes[
             f"{'previous' if with_previous else 'absent'} -> onnx {onnx_state}, weights {weights_state}"
             f"{', temp file left' if killed_mid_write else ''}"
@@ -194,18 +173,18 @@ def test_sigkilled_aligner_leaves_absent_previous_or_complete_destination(source
     dst_dir = tmp_path / "dst"
     dst_dir.mkdir()
     dst_onnx, dst_weights = dst_dir / "out.onnx", dst_dir / "out.onnx.data"
-    args = ("align", source, dst_onnx, CHUNK_SIZE, ALIGNMENT)
-    duration = timed_full_run(*args)
+    call = make_call("align", source, dst_onnx, CHUNK_SIZE, ALIGNMENT)
+    duration = timed_full_run(call)
     assert dst_onnx.read_bytes() == references[0]  # streaming in a child == in-memory oracle, byte for byte
     assert dst_weights.read_bytes() == references[1]
 
-    outcomes = run_trials(random.Random(SEED), ALIGN_TRIALS, duration, dst_onnx, dst_weights, references, args)
+    outcomes = run_trials(random.Random(SEED), ALIGN_TRIALS, duration, dst_onnx, dst_weights, references, call)
     print(f"aligner: {ALIGN_TRIALS} SIGKILL trials over a {duration:.2f} s run: {dict(outcomes)}")
     assert snapshot_tree(source.parent) == sources_before
 
     dst_onnx.unlink(missing_ok=True)
     dst_weights.unlink(missing_ok=True)
-    timed_full_run(*args)  # stale temp files of the killed children must not get in the way...
+    timed_full_run(call)  # stale temp files of the killed children must not get in the way...
     assert temp_files_under(dst_dir) == []  # ...and are removed, their pids being dead
     assert (dst_onnx.read_bytes(), dst_weights.read_bytes()) == references
     loads_equal_to_source(dst_onnx, source)
@@ -233,8 +212,8 @@ def test_sigkilled_sharded_aligner_leaves_every_file_absent_previous_or_complete
     dst_dir.mkdir()
     dst_onnx = dst_dir / "out.onnx"
     shards = shard_paths(dst_onnx, len(ref_shards))
-    args = ("align-sharded", source, dst_onnx, CHUNK_SIZE, SHARD_SIZE)
-    duration = timed_full_run(*args)
+    call = make_call("align-sharded", source, dst_onnx, CHUNK_SIZE, SHARD_SIZE)
+    duration = timed_full_run(call)
     assert dst_onnx.read_bytes() == ref_onnx  # streaming in a child == in-memory oracle, byte for byte
     assert [p.read_bytes() for p in shards] == ref_shards
 
@@ -251,7 +230,7 @@ def test_sigkilled_sharded_aligner_leaves_every_file_absent_previous_or_complete
         else:
             for path in (dst_onnx, *shards):
                 path.unlink(missing_ok=True)
-        kill_at_random(rng, duration, *args)
+        kill_at_random(rng, duration, call)
         onnx_state = file_state(
             dst_onnx, ref_onnx, previous_onnx, {p.name: c for p, c in zip(shards, ref_shards, strict=True)}
         )
@@ -272,7 +251,7 @@ def test_sigkilled_sharded_aligner_leaves_every_file_absent_previous_or_complete
 
     for path in (dst_onnx, *shards):
         path.unlink(missing_ok=True)
-    timed_full_run(*args)
+    timed_full_run(call)
     assert temp_files_under(dst_dir) == []
     assert dst_onnx.read_bytes() == ref_onnx and [p.read_bytes() for p in shards] == ref_shards
     loads_equal_to_source(dst_onnx, source)
@@ -298,16 +277,16 @@ def test_sigkilled_shared_saver_leaves_absent_previous_or_complete_destination(s
     references = ((reference_dir / "variant.onnx").read_bytes(), (reference_dir / "variant.onnx.data").read_bytes())
 
     dst_onnx, dst_weights = folder / "variant.onnx", folder / "variant.onnx.data"
-    args = ("shared", src, dst_onnx, NEW_BYTES, SEED)
-    duration = timed_full_run(*args)
+    call = make_call("shared", src, dst_onnx, NEW_BYTES, SEED)  # the 64 MiB variant is built once, here
+    duration = timed_full_run(call)
     assert (dst_onnx.read_bytes(), dst_weights.read_bytes()) == references
 
-    outcomes = run_trials(random.Random(SEED + 1), SHARED_TRIALS, duration, dst_onnx, dst_weights, references, args)
+    outcomes = run_trials(random.Random(SEED + 1), SHARED_TRIALS, duration, dst_onnx, dst_weights, references, call)
     print(f"shared saver: {SHARED_TRIALS} SIGKILL trials over a {duration:.2f} s run: {dict(outcomes)}")
 
     dst_onnx.unlink(missing_ok=True)
     dst_weights.unlink(missing_ok=True)
-    timed_full_run(*args)
+    timed_full_run(call)
     assert temp_files_under(folder) == []
     assert (dst_onnx.read_bytes(), dst_weights.read_bytes()) == references
     loaded = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load_model(dst_onnx).graph.initializer}

@@ -73,13 +73,15 @@ def test_shared_saver_refuses_before_writing(tmp_path, source):
     assert sha256_of_tree(tmp_path) == before
 
 
-def test_cli_prints_one_error_line(tmp_path, source, capsys):
+def test_cli_refuses_it_as_a_usage_error(tmp_path, source, capsys):
     before = sha256_of_tree(tmp_path)
 
-    status = main(["align", str(source), str(tmp_path / "out.onnx"), "--alignment", "2G", "--no-progress"])
+    with pytest.raises(SystemExit) as done:  # issue 29: a value the option refuses is a usage error (exit 2)
+        main(["align", str(source), str(tmp_path / "out.onnx"), "--alignment", "2G", "--no-progress"])
 
     err = capsys.readouterr().err
-    assert status == 1
-    assert err.startswith("error: alignment must be at most 1073741824") and err.count("\n") == 1
+    assert done.value.code == 2 and err.startswith("usage: onnx-light-ref align")
+    assert err.endswith("error: argument --alignment: alignment must be at most 1073741824 (1 GiB, the largest page "
+                        "size a loader can map), got 2147483648.\n")  # fmt: skip
     assert sha256_of_tree(tmp_path) == before
     assert not os.path.exists(tmp_path / "out.onnx")

@@ -16,7 +16,7 @@ from onnx_light_ref import (
     align_external_data_streaming,
     save_model_with_shared_external_data,
 )
-from onnx_light_ref.io.results import AlignResult, SaveResult
+from onnx_light_ref.io.results import AlignResult, LinkResult, SaveResult, summarize_names
 from tests.models import identity_model, make_external_model
 from tests.zoo import reference_tensors
 
@@ -42,8 +42,46 @@ def test_a_result_behaves_as_the_plain_int():
 
     assert isinstance(result, int) and result == 196 and hash(result) == hash(196)
     assert result + 4 == 200 and result // 2 == 98
-    assert repr(result) == str(result) == f"{result}" == "196" and f"{result:d}" == "196"
+    assert str(result) == f"{result}" == "%s" % result == "196" and f"{result:d}" == "196"  # noqa: UP031
     assert json.dumps({"size": result}) == '{"size": 196}'
+
+
+def test_the_repr_shows_the_facts_not_a_bare_int():
+    """Issue 29: ``repr`` was ``196``; at the prompt it now says what was written."""
+    assert repr(_align_result()) == (
+        "AlignResult(196 bytes, weights_files=('/x/w.bin',), tensors=3, payload_bytes=108, padding=88, "
+        "deduplicated_tensors=1, externalized_tensors=2, kept_inline_tensors=0, unaligned_tensors=(), "
+        "stale_weights_files=('/x/w.bin.1',), weights_format='onnx', index_file=None)"
+    )
+    many = AlignResult(
+        0,
+        tensors=199,
+        payload_bytes=0,
+        weights_files=[],
+        copy_methods=(),
+        unaligned_tensors=[f"t{i}" for i in range(199)],
+    )
+    assert "unaligned_tensors=('t0', 't1', 't2', ... 199 in all)" in repr(many)
+    saved = SaveResult(4160, new_tensors=1, reused_tensors=7, payload_bytes=4096, weights_files=["/x/v.onnx.data"])
+    assert repr(saved) == (
+        "SaveResult(4160 bytes, weights_files=('/x/v.onnx.data',), new_tensors=1, reused_tensors=7, "
+        "payload_bytes=4096, padding=64, kept_inline_tensors=0)"
+    )
+    linked = LinkResult(0, linked_tensors=4, linked_bytes=4096, written_tensors=0, written_bytes=0)
+    assert repr(linked).startswith("LinkResult(0 bytes, weights_files=(), linked_tensors=4, linked_bytes=4096, ")
+
+
+@pytest.mark.parametrize(
+    ("names", "text"),
+    [
+        ([], ""),
+        (["a"], "a"),
+        (["a", "b", "c", "d"], "a, b, c, d"),
+        ([f"t{i}" for i in range(199)], "t0, t1, t2 and 196 more"),
+    ],
+)
+def test_summarize_names_counts_a_long_list(names, text):
+    assert summarize_names(names) == text
 
 
 def test_a_result_keeps_its_facts_through_pickle_and_copy():

@@ -12,6 +12,7 @@ from typing import Any
 
 from onnx_light_ref.commands.inspect import format_alignment
 from onnx_light_ref.commands.text import printable
+from onnx_light_ref.commands.verify import _BY_NAME_HINT, _BY_POSITION_NAME_MISMATCH
 
 __all__ = ["display", "inspect_text", "path_text", "verify_text"]
 
@@ -127,6 +128,9 @@ def verify_text(document: dict[str, Any]) -> str:
     lines = [f"checksum mismatch: {printable(path_text(m['message']))}" for m in document["checksum_mismatches"]]
     if not document["equal"]:
         lines += [f"different: {printable(path_text(d['message']))}" for d in document["differences"]]
+        first = path_text(document["differences"][0]["message"]) if document["differences"] else ""
+        if document["pairing"] == "position" and _BY_POSITION_NAME_MISMATCH in first:
+            lines.append(_BY_NAME_HINT)  # presentation only: the facts (pairing, the name difference) are in the JSON
     else:
         lines.append(f"equal: {document['tensors']} tensors, {document['bytes_compared']} bytes compared")
     return "\n".join(lines) + "\n"

@@ -24,14 +24,13 @@ from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.read.walker import iter_graphs
 from onnx_light_ref.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.ops import (
-    ALLOWED_DTYPES,
     DelayedInitializer,
     delay_initializers,
     reference_evaluator,
     register_schemas,
 )
 from onnx_light_ref.ops.convert import plan_delayed_initializers
-from onnx_light_ref.ops.dtypes import np_dtype_for
+from onnx_light_ref.ops.dtypes import PORTABLE_DTYPES, np_dtype_for
 from onnx_light_ref.ops.schema import make_delayed_initializer_node
 from tests.checks import run_onnxruntime, sha256_of_tree
 from tests.models import (
@@ -106,8 +105,9 @@ def test_each_initializer_becomes_a_node_at_the_front_of_its_own_graph(tmp_path)
     onnx.checker.check_model(converted)
 
 
-@pytest.mark.parametrize("dtype", ALLOWED_DTYPES, ids=lambda t: TensorProto.DataType.Name(t).lower())
-def test_every_allowed_dtype_round_trips(tmp_path, dtype):
+@pytest.mark.parametrize("dtype", PORTABLE_DTYPES, ids=lambda t: TensorProto.DataType.Name(t).lower())
+def test_every_portable_dtype_round_trips(tmp_path, dtype):
+    """The seed's 14 types; the extended ones are tests/ops/test_element_types.py's."""
     np_dtype = np_dtype_for(dtype)
     rng = np.random.default_rng(dtype)
     raw = rng.integers(0, 100, size=(2, 3))
@@ -256,7 +256,7 @@ def test_length_disagreeing_with_shape_is_refused(tmp_path):
 
 
 def _exotic_dtype_model(tmp_path: Path) -> Path:
-    """bfloat16, float8 and int4 external initializers (no numpy dtype: the op cannot produce them) and a float one."""
+    """bfloat16, float8 and int4 external initializers (outside the portable set) and a float one."""
     exotic = [
         helper.make_tensor(
             "H", TensorProto.BFLOAT16, [4], np.array([0x3F80, 0xC000, 0x4049, 0], np.uint16).tobytes(), raw=True
@@ -279,12 +279,12 @@ def _exotic_dtype_model(tmp_path: Path) -> Path:
     return save_external(model, tmp_path / "model.onnx")
 
 
-def test_initializers_of_a_dtype_the_op_cannot_produce_are_kept(tmp_path, caplog):
+def test_portable_keeps_initializers_of_types_outside_the_seed_set(tmp_path, caplog):
     path = _exotic_dtype_model(tmp_path)
 
     with caplog.at_level(logging.INFO, logger="onnx_light_ref.ops.convert"):
-        plan = plan_delayed_initializers(path)
-        converted = delay_initializers(path)
+        plan = plan_delayed_initializers(path, portable=True)
+        converted = delay_initializers(path, portable=True)
 
     assert plan.kept_dtype == ["H", "E", "Q"]
     assert [item.tensor.name for item in plan.delayed] == ["F"]
@@ -292,6 +292,26 @@ def test_initializers_of_a_dtype_the_op_cannot_produce_are_kept(tmp_path, caplog
     assert all(t.data_location == TensorProto.EXTERNAL for t in converted.graph.initializer)
     assert [n.output[0] for n in delayed_nodes(converted.graph)] == ["F"]
     assert "'H'" in caplog.text and "bfloat16" in caplog.text and "float8e4m3fn" in caplog.text
+    assert "outside the portable set (portable=True" in caplog.text
+
+
+def test_by_default_the_extended_types_become_nodes_too(tmp_path):
+    path = _exotic_dtype_model(tmp_path)
+
+    plan = plan_delayed_initializers(path)
+    converted = delay_initializers(path)
+
+    assert plan.kept_dtype == []
+    assert [n.output[0] for n in delayed_nodes(converted.graph)] == ["H", "E", "Q", "F"]
+    dtypes = {n.output[0]: next(a.i for a in n.attribute if a.name == "dtype") for n in delayed_nodes(converted.graph)}
+    assert dtypes == {"H": TensorProto.BFLOAT16, "E": TensorProto.FLOAT8E4M3FN, "Q": TensorProto.INT4, "F": 1}
+    assert list(converted.graph.initializer) == []
+
+
+def test_portable_must_be_a_bool(tmp_path):
+    path = _exotic_dtype_model(tmp_path)
+    with pytest.raises(TypeError, match="portable must be a bool, got int 1"):
+        delay_initializers(path, portable=1)
 
 
 @pytest.mark.parametrize("load_device", ["file", "cpu"])

@@ -288,7 +288,8 @@ def _map_open_error(err: int, what: str, shown: str, folder: str | None) -> Exce
     """The typed error for a failed open of ``shown`` (``folder``: the held folder it was opened through)."""
     if err in (errno.ENOENT, errno.ENOTDIR):
         where = f" in the model's folder {folder!r} (looked for {shown!r})" if folder is not None else ""
-        return FileNotFoundError(errno.ENOENT, f"{what} does not exist{where}", shown)
+        why = " (a component of its path is a file, not a folder)" if err == errno.ENOTDIR else ""
+        return FileNotFoundError(errno.ENOENT, f"{what} does not exist{where}{why}", shown)
     if err in (errno.EMFILE, errno.ENFILE):
         return descriptor_limit_error(err, what)
     if err in (errno.ELOOP, errno.EMLINK) and folder is not None:

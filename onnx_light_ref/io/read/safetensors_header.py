@@ -37,6 +37,7 @@ __all__ = [
     "DTYPE_BITS",
     "MAX_DATA_ALIGNMENT",
     "MAX_HEADER_SIZE",
+    "SIZE_PREFIX",
     "SafetensorsEntry",
     "SafetensorsHeader",
     "encode_header",

@@ -24,7 +24,9 @@ first move (writers pass it as the publisher's ``before_commit``). No writer dec
 * rule 3, replace only what the destination owns (:mod:`~onnx_light_ref.io.write.ownership`): any other existing
   file is refused, all of them named at once (``ExistingFileError``), unless ``overwrite``; a file rule 1 found
   users for is rule 1's alone (``replace_shared`` is the caller's word on it);
-* rule 4, format limits: the checks in :attr:`WritePlan.format_checks` (each writer adds those of its formats);
+* rule 4, format limits: every safetensors file the plan writes has a header the ``safetensors`` library opens
+  (:data:`~onnx_light_ref.io.read.safetensors_header.MAX_HEADER_SIZE`; the layout refuses earlier while planning,
+  this re-checks what every writer will write), plus a writer's own :attr:`WritePlan.format_checks`;
 * rule 5, report what happened: the publisher's (:mod:`~onnx_light_ref.io.write.publish`), with the identities
   :func:`recheck_plan` returns.
 
@@ -40,7 +42,7 @@ from typing import Literal
 
 import onnx
 
-from onnx_light_ref.errors import ExistingFileError, SharedWeightsError
+from onnx_light_ref.errors import ExistingFileError, SafetensorsError, SharedWeightsError
 from onnx_light_ref.io.plan.sites import (
     SITE_EXTERNALIZED,
     SITE_INLINE,
@@ -52,6 +54,7 @@ from onnx_light_ref.io.plan.sites import (
 )
 from onnx_light_ref.io.read.delayed_names import DELAYED_OP_TYPE
 from onnx_light_ref.io.read.locations import FileIdentity
+from onnx_light_ref.io.read.safetensors_header import MAX_HEADER_SIZE, SIZE_PREFIX
 from onnx_light_ref.io.read.sharing import ModelReference, SharingScan, scan_users
 from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.write.destinations import DestinationKey, check_output_files, weights_location
@@ -179,15 +182,31 @@ def check_plan(plan: WritePlan) -> None:
         SharedWeightsError: an existing output another model references (without ``replace_shared``).
         ExistingFileError: existing outputs the destination does not own (without ``overwrite``).
         AssertionError: a writer placed a tensor where rule 2 forbids it (a bug; nothing written).
-        Exception: what a rule 4 check raises (``SafetensorsError``...).
+        SafetensorsError: a safetensors file's header above the library's limit (rule 4).
+        Exception: what a writer's own rule 4 check raises.
     """
     _check_locations(plan)
     check_output_files([f.path for f in plan.files], plan.sources, plan.source_names)
     for model in plan.models:
         _check_sites(plan, model)
+    _check_format_limits(plan)
     for check in plan.format_checks:
         check(plan)
     plan.protected = _check_replacements(plan)
+
+
+def _check_format_limits(plan: WritePlan) -> None:
+    """Rule 4: a safetensors file's header (``data_start``: its 8-byte size and the header) within the library's
+    limit, so that nothing is written that ``safetensors`` refuses to open."""
+    for planned in plan.files:
+        if planned.format != "safetensors":
+            continue
+        header = planned.data_start - SIZE_PREFIX
+        if not 0 < header <= MAX_HEADER_SIZE:
+            raise SafetensorsError(
+                f"{plan.writer}: safetensors file {planned.path!r} would have a {header:,}-byte header; the "
+                f"safetensors library opens headers of 1 to {MAX_HEADER_SIZE:,} bytes; nothing was written."
+            )
 
 
 def recheck_plan(plan: WritePlan) -> frozenset[FileIdentity]:
