@@ -716,6 +716,45 @@ def _delay(args: dict[str, Any]) -> list[Phase]:
     return [("delay", run)]
 
 
+def _align_models(args: dict[str, Any]) -> list[Phase]:
+    """A family of models into one fresh folder over one set of weights (issue 28)."""
+    import onnx_light_ref.io as io
+
+    align_models = getattr(io, "align_models", None)
+    if align_models is None:
+        raise ScenarioUnavailableError("onnx_light_ref.io.align_models is not available")
+
+    def run(_: Any) -> dict[str, Any]:
+        written = align_models(
+            args["srcs"], args["dst"], alignment=args["alignment"], chunk_size=args["chunk_size"], durable=True
+        )
+        return {
+            "bytes_written": int(written),
+            "unique_bytes": written.unique_bytes,
+            "separate_bytes": written.separate_bytes,
+            "saved_bytes": written.saved_bytes,
+            "shared_tensors": len(written.shared_tensors),
+            "weights_files": [os.path.basename(path) for path in written.weights_files],
+            "copy_methods": sorted(written.copy_methods),
+            "bytes_by_method": {method: int(n) for method, n in sorted(written.bytes_by_method.items())},
+        }
+
+    return [("align_models", run)]
+
+
+def _align_each(args: dict[str, Any]) -> list[Phase]:
+    """Each member of a family aligned on its own (the streaming aligner once per member, durable)."""
+    align = _aligner("align_external_data_streaming", {})
+
+    def run(_: Any) -> dict[str, Any]:
+        written = [
+            align(src, dst, alignment=args["alignment"], chunk_size=args["chunk_size"]) for src, dst in args["pairs"]
+        ]
+        return {"bytes_written": sum(int(item) for item in written), "files": len(written)}
+
+    return [("align_each", run)]
+
+
 _SCENARIOS: dict[str, Callable[[dict[str, Any]], list[Phase]]] = {
     "align_streaming": _align_streaming,
     "align_in_memory": _align_in_memory,
@@ -738,6 +777,8 @@ _SCENARIOS: dict[str, Callable[[dict[str, Any]], list[Phase]]] = {
     "typed_evaluator": _typed_evaluator,
     "undelay": _undelay,
     "delay": _delay,
+    "align_models": _align_models,
+    "align_each": _align_each,
 }
 
 

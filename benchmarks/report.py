@@ -119,6 +119,11 @@ _LABELS: dict[str, dict[str, str]] = {
         "link_no_fsync": "ours: link_external_data, durable=False",
         "copy_safetensors": "writing the same safetensors file again (streaming)",
     },
+    "family": {
+        "align_models": "ours: align_models, one set of weights for the family (durable)",
+        "align_each": "align_external_data_streaming of each member alone (durable)",
+        "copy_unique": "limit: copy_file_range of the unique ranges to aligned offsets + fsync",
+    },
     "inline-readers": {
         "verify": "ours: verify_models of two inline models (4 MiB chunks)",
         "inspect": "ours: the layout report of one (inspect)",
@@ -140,10 +145,12 @@ _REFERENCE_METHOD = {"align": "streaming", "chunk-sizes": "chunk_4MiB", "shared-
                      "delayed": "np_fromfile", "evaluator": "plain", "dedup": "streaming", "shards": "one_file",
                      "verify": "read_both", "externalize": "cfr_ranges_fsync", "in-place": "fresh_folder",
                      "reflink": "unaligned", "node-count": "delay", "safetensors": "onnx_ir_fsync",
-                     "link": "copy_safetensors", "inline-readers": "externalize", "startup": "bare"}  # fmt: skip
+                     "link": "copy_safetensors", "inline-readers": "externalize", "startup": "bare",
+                     "family": "copy_unique"}  # fmt: skip
 # Families whose groups move or read ``payload_bytes``: their tables show a throughput column.
 _THROUGHPUT_FAMILIES = (
-    "align", "chunk-sizes", "delayed", "dedup", "shards", "verify", "externalize", "in-place", "reflink", "safetensors"
+    "align", "chunk-sizes", "delayed", "dedup", "shards", "verify", "externalize", "in-place", "reflink", "safetensors",
+    "family",
 )  # fmt: skip
 
 
@@ -597,6 +604,10 @@ def _group_title(group: str, info: dict[str, Any]) -> str:
         return f"Safetensors output at 4096, {info['shape']} tensors: {_shape_label(info)} (issue 21)"
     if family == "link":
         return f"link_external_data to a safetensors checkpoint of {_shape_label(info)} (issue 21)"
+    if family == "family":
+        return (f"A family of {info['members']} models x {_fmt_bytes(info['member_bytes'])} sharing "
+                f"{info['shared_fraction']:.0%} of their weights: one set of weights vs each alone "
+                "(issue 28)")  # fmt: skip
     if family == "inline-readers":
         return (f"verify and inspect of inline single-file models ({info['file_bytes'] / MIB:,.0f} MiB .onnx, "
                 f"{_shape_label(info)} inline) (issue 29)")  # fmt: skip

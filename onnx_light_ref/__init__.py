@@ -7,6 +7,8 @@ Public API (names are stable)::
         register_schemas,                      # registers ai.rt::DelayedInitializer v1 (idempotent)
         align_external_data_streaming,         # re-align external weights, memory bounded by one chunk
         align_external_data_in_memory,         # same output, reads every weight into memory (the oracle)
+        align_models,                          # a family of models over one set of weights, each payload once
+        FamilyResult,                          # what align_models returns: an int (the size) with the facts
         save_model_with_shared_external_data,  # save a variant writing only its new weights
         AlignResult,                           # what the aligners return: an int (the size) with the facts
         SaveResult,                            # what the shared saver returns: an int (the size) with the facts
@@ -35,11 +37,13 @@ __version__ = "0.1.0"
 __all__ = [
     "AlignResult",
     "DelayedInitializer",
+    "FamilyResult",
     "LinkResult",
     "SaveResult",
     "__version__",
     "align_external_data_in_memory",
     "align_external_data_streaming",
+    "align_models",
     "delay_initializers",
     "link_external_data",
     "reference_evaluator",
@@ -57,6 +61,8 @@ _LAZY = {
     "reference_evaluator": "onnx_light_ref.ops",
     "align_external_data_streaming": "onnx_light_ref.io",
     "align_external_data_in_memory": "onnx_light_ref.io",
+    "align_models": "onnx_light_ref.io",
+    "FamilyResult": "onnx_light_ref.io.results",
     "save_model_with_shared_external_data": "onnx_light_ref.io",
     "AlignResult": "onnx_light_ref.io.results",
     "SaveResult": "onnx_light_ref.io.results",
@@ -68,10 +74,12 @@ _LAZY = {
 if TYPE_CHECKING:
     from onnx_light_ref.io import (
         AlignResult,
+        FamilyResult,
         LinkResult,
         SaveResult,
         align_external_data_in_memory,
         align_external_data_streaming,
+        align_models,
         link_external_data,
         save_model_with_shared_external_data,
         verify_models,

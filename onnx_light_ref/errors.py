@@ -87,13 +87,18 @@ class PublishedWithErrorsError(RuntimeError):
     published, and code that restores or retries on it must not undo this model.
 
     Attributes:
-        model_path: the published ``.onnx`` (absolute).
+        model_path: the published ``.onnx`` (absolute); for a family, the first member published.
         errors: each ``OSError`` that a step after the commit raised, in order (the first is also ``__cause__``).
         leftover_files: hidden files that could not be removed (previous versions, bridge files), absolute paths.
         sync_failed: True when an ``fsync`` after the commit failed (the commit may not survive a power loss); False
             when only removals failed (the model is published, and durable when ``durable=True`` was asked).
-        result: what the writer returns on success (an ``AlignResult``, ``SaveResult``, ``LinkResult`` or the
-            ``int`` of ``undelay_initializers``); None when raised by the publisher alone.
+        result: what the writer returns on success (an ``AlignResult``, ``SaveResult``, ``LinkResult``,
+            ``FamilyResult`` or the ``int`` of ``undelay_initializers``); None when raised by the publisher alone.
+        published_models: every ``.onnx`` whose new version is in place (``(model_path,)`` for a one-model writer;
+            a family's members that are new).
+        previous_models: the ``.onnx`` files of the same publication still at their previous version (a family
+            whose publication failed between two members' commits, without ``RENAME_EXCHANGE`` to undo them);
+            empty for a one-model writer. Each of them loads and computes its previous values.
     """
 
     def __init__(
@@ -105,6 +110,8 @@ class PublishedWithErrorsError(RuntimeError):
         leftover_files: Iterable[str] = (),
         sync_failed: bool = False,
         result: Any = None,
+        published_models: Iterable[str] = (),
+        previous_models: Iterable[str] = (),
     ) -> None:
         super().__init__(message)
         self.model_path = model_path
@@ -112,6 +119,8 @@ class PublishedWithErrorsError(RuntimeError):
         self.leftover_files = tuple(leftover_files)
         self.sync_failed = sync_failed
         self.result = result
+        self.published_models = tuple(published_models) or (model_path,)
+        self.previous_models = tuple(previous_models)
 
     def __reduce__(self) -> tuple[Any, ...]:
         fields = {
@@ -120,6 +129,8 @@ class PublishedWithErrorsError(RuntimeError):
             "leftover_files": self.leftover_files,
             "sync_failed": self.sync_failed,
             "result": self.result,
+            "published_models": self.published_models,
+            "previous_models": self.previous_models,
         }
         return (_rebuild_published, (str(self), fields))
 

@@ -6,7 +6,8 @@ The folders are the stages of every writer's pipeline (data flows one way, no mo
 * ``plan/``: where each byte goes (alignment, thresholds, shards, dedup, safetensors layout, file names);
 * ``write/``: the checks on destinations, the copy engine and the publisher (one transaction for every output).
 
-On top, the public functions: the writers ``align`` (re-align, streaming or in memory), ``shared_save`` (a variant
+On top, the public functions: the writers ``align`` (re-align, streaming or in memory), ``align_models`` (a
+family of models over one set of weights files), ``shared_save`` (a variant
 writing only its new weights), ``link`` (point a model at a safetensors checkpoint's bytes), the readers ``verify``
 (two models hold the same tensors) and ``layout_report`` (``inspect``), what they return (``results``), and the two
 modules every stage shares: ``arguments`` (argument types and checks) and ``posix`` (exact positional reads and
@@ -18,18 +19,21 @@ Nothing here imports ``onnx_light_ref.ops``.
 from __future__ import annotations
 
 from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
+from onnx_light_ref.io.align_models import align_models
 from onnx_light_ref.io.link import link_external_data
-from onnx_light_ref.io.results import AlignResult, LinkResult, SaveResult
+from onnx_light_ref.io.results import AlignResult, FamilyResult, LinkResult, SaveResult
 from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
 from onnx_light_ref.io.verify import VerifyResult, verify_models
 
 __all__ = [
     "AlignResult",
+    "FamilyResult",
     "LinkResult",
     "SaveResult",
     "VerifyResult",
     "align_external_data_in_memory",
     "align_external_data_streaming",
+    "align_models",
     "link_external_data",
     "save_model_with_shared_external_data",
     "verify_models",

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
@@ -43,7 +44,7 @@ from onnx_light_ref.io.plan.align_plan import (
 from onnx_light_ref.io.plan.shard_names import ShardNames
 from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.read.entries import write_entries
-from onnx_light_ref.io.read.locations import TYPED_VALUE_FIELDS
+from onnx_light_ref.io.read.locations import TYPED_VALUE_FIELDS, FileIdentity
 from onnx_light_ref.io.read.model_file import serialize_model
 from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.results import AlignResult, summarize_names
@@ -72,7 +73,11 @@ __all__ = [
     "AlignResult",
     "align_external_data_in_memory",
     "align_external_data_streaming",
+    "copy_streaming",
     "plan_alignment",
+    "rewrite_entries",
+    "warn_unaligned",
+    "write_plan",
 ]
 
 logger = logging.getLogger(__name__)
@@ -80,8 +85,9 @@ logger = logging.getLogger(__name__)
 _BUFFER_METHOD: CopyMethod = "pread_pwrite"  # bytes written from a Python buffer are reported under the buffered method
 
 
-def _rewrite_entries(plan: AlignPlan) -> None:
-    """Point every moved tensor at its new place (``checksum`` kept, other keys dropped, inline data cleared).
+def rewrite_entries(plan: AlignPlan) -> None:
+    """Point every moved tensor of ``plan.model`` at its new place (``checksum`` kept, other keys dropped, inline
+    data cleared), in memory; ``align_models`` rewrites each member with it.
 
     The plan keeps columns, not tensors: the moved tensors are found again by walking the model, which planning
     left as it was, in the same order (``plan.sites`` has one byte per tensor of that walk).
@@ -169,10 +175,13 @@ def _write_from_memory(weights: StagedFile, shard: Shard, stats: CopyStats, prog
         progress.advance(len(data))
 
 
-def _copy_streaming(
+def copy_streaming(
     plan: AlignPlan, outputs: OutputTransaction, chunk_size: int, durable: bool, progress: ProgressCallback | None
 ) -> CopyStats:
-    """Stage every weights file, reserve its space, copy its ranges file-to-file and write its in-memory payloads."""
+    """Stage every weights file of ``plan`` in ``outputs``, reserve its space (all files together, before the first
+    byte), copy its ranges file to file through the copy engine (reflinks kept, at most ``chunk_size`` bytes per
+    call) and write its in-memory payloads; return how the bytes moved. ``align_models`` copies a family's shared
+    weights files with it too."""
     stats = CopyStats()
     tracker = _Progress(progress, plan.payload_bytes)
     for shard, weights in zip(plan.shards, _stage_all(plan, outputs, chunk_size, durable, clones=True), strict=True):
@@ -243,12 +252,19 @@ def _write_payloads(
     return stats
 
 
-def write_plan(plan: AlignPlan, options: WriteOptions, writer: str = "align") -> WritePlan:
-    """The aligners' plan as the writer contract's :class:`~onnx_light_ref.io.write.contract.WritePlan`: the
-    ``.onnx``, every weights file (size, header, shard set) and the index, every site, every source."""
-    safetensors = plan.weights_format == "safetensors"
-    shard_set = ShardSet(plan.weights_base, plan.shard_names, safetensors)
-    files = [PlannedFile(plan.dst_onnx_path, "model", format="onnx")]
+def write_plan(
+    plans: Sequence[AlignPlan],
+    options: WriteOptions,
+    writer: str = "align",
+    rename_hint: str = "another name (dst_weights_path / --weights)",
+) -> WritePlan:
+    """Aligner plans as the writer contract's :class:`~onnx_light_ref.io.write.contract.WritePlan`: every plan's
+    ``.onnx`` with its sites (one for the aligners; several for ``align_models``, whose members share the weights
+    files of the first), every weights file (size, header, shard set) and the index, every source."""
+    first = plans[0]
+    safetensors = first.weights_format == "safetensors"
+    shard_set = ShardSet(first.weights_base, first.shard_names, safetensors)
+    files = [PlannedFile(plan.dst_onnx_path, "model", format="onnx") for plan in plans]
     files += [
         PlannedFile(
             shard.path,
@@ -258,25 +274,24 @@ def write_plan(plan: AlignPlan, options: WriteOptions, writer: str = "align") ->
             shard_set,
             "safetensors" if safetensors else "raw",
         )
-        for shard in plan.shards
+        for shard in first.shards
     ]
-    if plan.index is not None:
-        files.append(PlannedFile(plan.index[0], "index", len(plan.index[1]), shard_set=shard_set, format="json"))
-    model = PlannedModel(plan.dst_onnx_path, plan.model, plan.site_columns(), plan.size_threshold, plan.policy)
-    return WritePlan(
-        writer,
-        [model],
-        files,
-        dict(plan.source_paths),
-        options=options,
-        rename_hint="another name (dst_weights_path / --weights)",
-    )
+    if first.index is not None:
+        files.append(PlannedFile(first.index[0], "index", len(first.index[1]), shard_set=shard_set, format="json"))
+    models = [
+        PlannedModel(plan.dst_onnx_path, plan.model, plan.site_columns(), plan.size_threshold, plan.policy)
+        for plan in plans
+    ]
+    sources: dict[FileIdentity, str] = {}
+    for plan in plans:
+        sources.update(plan.source_paths)
+    return WritePlan(writer, models, files, sources, options=options, rename_hint=rename_hint)
 
 
 def _publish(plan: AlignPlan, contract: WritePlan, outputs: OutputTransaction, stats: CopyStats) -> AlignResult:
     """Rewrite the entries, then publish the staged weights and the ``.onnx`` as one transaction (the contract
     re-checked under the folder lock right before the first move)."""
-    _rewrite_entries(plan)
+    rewrite_entries(plan)
     if plan.index is not None:  # a sharded safetensors set's index.json, in the same transaction
         index_path, index_bytes = plan.index
         staged = outputs.stage(index_path)
@@ -317,13 +332,7 @@ def _publish(plan: AlignPlan, contract: WritePlan, outputs: OutputTransaction, s
         result.padding,
         plan.dst_onnx_path,
     )
-    if result.unaligned_tensors:
-        logger.warning(
-            "%d tensor(s) of at least align_threshold bytes could not start aligned in the safetensors data "
-            "section (it must be covered without holes): %s",
-            len(result.unaligned_tensors),
-            summarize_names(result.unaligned_tensors),  # 199 names on one line were unreadable; all are on result
-        )
+    warn_unaligned(result.unaligned_tensors)
     if result.stale_weights_files:
         # Not ours to delete: another model may use them. Naming them is the least we owe the user.
         logger.warning(
@@ -333,6 +342,17 @@ def _publish(plan: AlignPlan, contract: WritePlan, outputs: OutputTransaction, s
             ", ".join(result.stale_weights_files),
         )
     return result
+
+
+def warn_unaligned(unaligned: Sequence[str]) -> None:
+    """Log the safetensors keys of at least ``align_threshold`` bytes that could not start aligned (a warning)."""
+    if unaligned:
+        logger.warning(
+            "%d tensor(s) of at least align_threshold bytes could not start aligned in the safetensors data "
+            "section (it must be covered without holes): %s",
+            len(unaligned),
+            summarize_names(unaligned),  # 199 names on one line were unreadable; all are on the result
+        )
 
 
 def _align(
@@ -376,13 +396,13 @@ def _align(
         weights_format=layout.weights_format,
         shard_names=layout.shard_names,
     )
-    contract = write_plan(plan, options, f"align ({mode.replace('_', '-')})")
+    contract = write_plan([plan], options, f"align ({mode.replace('_', '-')})")
     check_plan(contract)  # every rule of the writer contract, before the first byte
     payloads = _read_all(plan) if mode == "in_memory" else None
     with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
         if payloads is None:
             assert chunk_size is not None
-            stats = _copy_streaming(plan, outputs, chunk_size, durable, progress)
+            stats = copy_streaming(plan, outputs, chunk_size, durable, progress)
         else:
             stats = _write_payloads(plan, payloads, outputs, durable, progress)
         return _publish(plan, contract, outputs, stats)

@@ -1,19 +1,28 @@
 """What the io writers return: the documented size as an ``int``, carrying the facts a caller reports.
 
-:class:`AlignResult`, :class:`SaveResult` and :class:`LinkResult` *are* ints (the weights file size, padding
-included), so code written against the documented ``int`` return value keeps working: comparisons, arithmetic,
-``str``, ``%d``, f-strings and JSON all see the plain number. The extra facts are read-only attributes, so a command
-line can print its summary without re-reading the model it just wrote; ``repr`` shows them (files, bytes, tensors,
-unaligned, stale...), since a bare ``196`` at the prompt said nothing of what was written. This module never does
-I/O.
+:class:`AlignResult`, :class:`SaveResult`, :class:`LinkResult` and :class:`FamilyResult` *are* ints (the weights
+file size, padding included), so code written against the documented ``int`` return value keeps working:
+comparisons, arithmetic, ``str``, ``%d``, f-strings and JSON all see the plain number. The extra facts are read-only
+attributes, so a command line can print its summary without re-reading the model it just wrote; ``repr`` shows them
+(files, bytes, tensors, unaligned, stale...), since a bare ``196`` at the prompt said nothing of what was written.
+This module never does I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AlignResult", "LinkResult", "SaveResult", "summarize_names"]
+__all__ = [
+    "AlignResult",
+    "FamilyMember",
+    "FamilyResult",
+    "LinkResult",
+    "SaveResult",
+    "SharedTensor",
+    "summarize_names",
+]
 
 _NAMES_SHOWN = 3  # a warning or a repr names this many items of a long list, then counts the rest
 
@@ -47,6 +56,7 @@ def _shown(value: object) -> str:
 class _SizeResult(int):
     """An ``int`` with keyword fields; pickles and copies with them (``int`` alone would drop them)."""
 
+    kept_inline_reasons: dict[str, int]  # every writer's result has it
     _REPR_FIELDS: tuple[str, ...] = ()
     """What ``repr`` shows after the size, in this order (attributes or properties)."""
 
@@ -65,6 +75,12 @@ class _SizeResult(int):
     def _set(self, **fields: object) -> None:
         for name, value in fields.items():
             object.__setattr__(self, name, value)
+
+    @property
+    def kept_inline_tensors(self) -> int:
+        """Inline tensors of at least ``size_threshold`` bytes left inline by rule 2 of the writer contract (onnx's
+        loader would not read them back, or a shape tensor), see ``kept_inline_reasons``."""
+        return sum(self.kept_inline_reasons.values())
 
 
 class AlignResult(_SizeResult):
@@ -170,11 +186,6 @@ class AlignResult(_SizeResult):
         """Bytes of the weights files that no tensor uses (alignment gaps)."""
         return int(self) - self.payload_bytes
 
-    @property
-    def kept_inline_tensors(self) -> int:
-        """Inline tensors left inline because onnx's loader would not read them back (see ``kept_inline_reasons``)."""
-        return sum(self.kept_inline_reasons.values())
-
 
 class SaveResult(_SizeResult):
     """The result of :func:`~onnx_light_ref.io.shared_save.save_model_with_shared_external_data`: the secondary
@@ -217,11 +228,6 @@ class SaveResult(_SizeResult):
             kept_inline_reasons=dict(kept_inline_reasons or {}),
         )
         return result
-
-    @property
-    def kept_inline_tensors(self) -> int:
-        """Inline tensors left inline because onnx's loader would not read them back (see ``kept_inline_reasons``)."""
-        return sum(self.kept_inline_reasons.values())
 
     @property
     def padding(self) -> int:
@@ -297,7 +303,152 @@ class LinkResult(_SizeResult):
         )
         return result
 
+
+@dataclass(frozen=True)
+class FamilyMember:
+    """One member of a family written by :func:`~onnx_light_ref.io.align_models.align_models`.
+
+    Attributes:
+        source: absolute path of the source ``.onnx``.
+        path: absolute path of the ``.onnx`` written (``<folder>/<basename of source>``).
+        tensors: external tensors of the written model.
+        payload_bytes: distinct bytes its external tensors reference.
+        shared_tensors: its external tensors whose bytes another member uses too.
+        externalized_tensors: tensors that were inline in the source (``size_threshold``).
+        kept_inline_reasons: inline tensors of at least ``size_threshold`` bytes left inline by rule 2 of the
+            writer contract (onnx's loader would not read them back, or a shape tensor), by reason.
+    """
+
+    source: str
+    path: str
+    tensors: int
+    payload_bytes: int
+    shared_tensors: int = 0
+    externalized_tensors: int = 0
+    kept_inline_reasons: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SharedTensor:
+    """A payload stored once in the family's weights files and used by several members.
+
+    Attributes:
+        weights_file: absolute path of the weights file holding it.
+        offset: its offset in that file.
+        length: its size in bytes.
+        users: ``(member path, tensor)`` of every tensor using it, in member then walk order (a tensor named by its
+            walker label, e.g. ``'embed.weight'`` or a subgraph's ``'If_0/then_branch/bias'``).
+    """
+
+    weights_file: str
+    offset: int
+    length: int
+    users: tuple[tuple[str, str], ...]
+
+
+class FamilyResult(_SizeResult):
+    """The result of :func:`~onnx_light_ref.io.align_models.align_models`: the bytes of the family's weights files
+    together (an ``int``, padding included), plus what was written for each member and for the family.
+
+    ``str``, ``format``, ``%d`` and JSON see the plain number; ``repr`` shows the family's totals.
+
+    Attributes:
+        members: one :class:`FamilyMember` per source, in the order given.
+        weights_files: absolute paths of the shared weights files, in shard order (empty when no tensor is external).
+        unique_bytes: distinct payload bytes written, each stored once for the whole family (``int(result) -
+            unique_bytes`` is padding).
+        separate_bytes: payload bytes the members would store aligned one by one (each member's identical source
+            ranges once, as ``align`` stores them, byte-identical tensors again).
+        shared_tensors: the payloads several members use (:class:`SharedTensor`).
+        tensors: external tensors of all members together.
+        deduplicated_tensors: tensors pointing at bytes stored for an earlier tensor (of any member).
+        deduplicated_bytes: bytes those tensors would have taken if stored again.
+        externalized_tensors: tensors of all members that were inline in their source (``size_threshold``).
+        copy_methods, bytes_by_method, clone_eligible_bytes: how the bytes moved (as :class:`AlignResult`).
+        stale_weights_files: files of the folder named like further shards of the weights, or that the replaced
+            members referenced, that no model written uses now; never deleted (also logged as a warning).
+        weights_format: ``"onnx"`` or ``"safetensors"``.
+        index_file: the ``.safetensors.index.json`` of a sharded safetensors family, else None.
+        unaligned_tensors: safetensors only: keys of tensors of at least ``align_threshold`` bytes not aligned.
+        kept_inline_reasons: every member's inline tensors left inline where onnx would not load them back, by
+            reason.
+    """
+
+    members: tuple[FamilyMember, ...]
+    weights_files: tuple[str, ...]
+    unique_bytes: int
+    separate_bytes: int
+    shared_tensors: tuple[SharedTensor, ...]
+    tensors: int
+    deduplicated_tensors: int
+    deduplicated_bytes: int
+    externalized_tensors: int
+    copy_methods: frozenset[str]
+    bytes_by_method: dict[str, int]
+    clone_eligible_bytes: int
+    stale_weights_files: tuple[str, ...]
+    weights_format: str
+    index_file: str | None
+    unaligned_tensors: tuple[str, ...]
+    kept_inline_reasons: dict[str, int]
+
+    def __new__(
+        cls,
+        total_size: int,
+        *,
+        members: Iterable[FamilyMember],
+        weights_files: Iterable[str],
+        unique_bytes: int,
+        separate_bytes: int,
+        shared_tensors: Iterable[SharedTensor] = (),
+        tensors: int = 0,
+        deduplicated_tensors: int = 0,
+        deduplicated_bytes: int = 0,
+        externalized_tensors: int = 0,
+        copy_methods: Iterable[str] = (),
+        bytes_by_method: Mapping[str, int] | None = None,
+        clone_eligible_bytes: int = 0,
+        stale_weights_files: Iterable[str] = (),
+        weights_format: str = "onnx",
+        index_file: str | None = None,
+        unaligned_tensors: Iterable[str] = (),
+        kept_inline_reasons: Mapping[str, int] | None = None,
+    ) -> FamilyResult:
+        result = super().__new__(cls, total_size)
+        result._set(
+            members=tuple(members),
+            weights_files=tuple(weights_files),
+            unique_bytes=unique_bytes,
+            separate_bytes=separate_bytes,
+            shared_tensors=tuple(shared_tensors),
+            tensors=tensors,
+            deduplicated_tensors=deduplicated_tensors,
+            deduplicated_bytes=deduplicated_bytes,
+            externalized_tensors=externalized_tensors,
+            copy_methods=frozenset(copy_methods),
+            bytes_by_method=dict(bytes_by_method or {}),
+            clone_eligible_bytes=clone_eligible_bytes,
+            stale_weights_files=tuple(stale_weights_files),
+            weights_format=weights_format,
+            index_file=index_file,
+            unaligned_tensors=tuple(unaligned_tensors),
+            kept_inline_reasons=dict(kept_inline_reasons or {}),
+        )
+        return result
+
     @property
-    def kept_inline_tensors(self) -> int:
-        """Inline tensors left inline by rule 2 of the writer contract (see ``kept_inline_reasons``)."""
-        return sum(self.kept_inline_reasons.values())
+    def saved_bytes(self) -> int:
+        """Payload bytes saved against storing each member separately (``separate_bytes - unique_bytes``)."""
+        return self.separate_bytes - self.unique_bytes
+
+    @property
+    def padding(self) -> int:
+        """Bytes of the weights files that no tensor uses (alignment gaps, safetensors headers)."""
+        return int(self) - self.unique_bytes
+
+    def __repr__(self) -> str:  # the family's totals (its members and shared tensors are too many for a line)
+        return (
+            f"FamilyResult({int(self)} bytes in {len(self.weights_files)} weights file(s): {len(self.members)} "
+            f"members, {self.tensors} tensors, unique_bytes={self.unique_bytes}, saved_bytes={self.saved_bytes}, "
+            f"shared_tensors={len(self.shared_tensors)})"
+        )

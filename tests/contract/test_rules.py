@@ -1,10 +1,11 @@
 """The writer conformance suite: every rule of the writer contract (``docs/safety.md``) against every writer.
 
-Parametrized over :data:`tests.contract.writers.WRITERS` (both aligners in every format and shard scheme, the
-shared saver, ``undelay``, ``link``, ``run --output-dir``): a writer added to the package gets every test here by
-adding one row there. Each refusal checks the exception type, the message (it names the file and the opt-in), that
-nothing was written (the whole tree byte for byte, no temp file) and that the other model still computes what it
-did (onnxruntime); each opt-in checks that the writer then succeeds and its output computes the right values.
+Parametrized over :data:`tests.contract.writers.WRITERS` (both aligners in every format and shard scheme,
+``align_models``, the shared saver, ``undelay``, ``link``, ``run --output-dir``): a writer added to the package gets
+every test here by adding one row there. Each refusal checks the exception type, the message (it names the file and
+the opt-in), that nothing was written (the whole tree byte for byte, no temp file) and that the other model still
+computes what it did (onnxruntime); each opt-in checks that the writer then succeeds and its output computes the
+right values.
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ def foreign_name(writer: Writer) -> str:
 
 
 def main_output(tmp_path: Path, writer: Writer, weights_name: str | None) -> str:
-    """The name of the writer's first weights file (``run``: its output file), found by a dry run."""
-    created = [name for name in dry_run_outputs(tmp_path / "dry", writer, weights_name) if not name.endswith(".json")]
-    return created[0]
+    """The name of the writer's first weights file (``run``: its output file), found by a dry run (a multi-model
+    writer's other ``.onnx`` files are not weights)."""
+    created = dry_run_outputs(tmp_path / "dry", writer, weights_name)
+    return next(name for name in created if not name.endswith((".json", ".onnx")))
 
 
 def scene_with_file_at_output(tmp_path: Path, writer: Writer, content: bytes) -> tuple[Scene, Path]:
@@ -228,7 +230,8 @@ def test_a_sharer_saved_while_the_writer_works_is_refused_under_the_folder_lock(
         if not sharers:
             sharers.append(make_sharer("sibling", target))
 
-    real_publish, real_publish_all = publish.OutputTransaction.publish, publish.publish_all
+    # Every model publication (one model, or a family's members) goes through OutputTransaction._publish.
+    real_publish, real_publish_all = publish.OutputTransaction._publish, publish.publish_all
 
     def publish_model(self: publish.OutputTransaction, *args: object, **kwargs: object) -> object:
         save_a_variant()
@@ -238,7 +241,7 @@ def test_a_sharer_saved_while_the_writer_works_is_refused_under_the_folder_lock(
         save_a_variant()
         real_publish_all(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(publish.OutputTransaction, "publish", publish_model)
+    monkeypatch.setattr(publish.OutputTransaction, "_publish", publish_model)
     monkeypatch.setattr(publish, "publish_all", publish_files)  # run imports it when it runs
     with pytest.raises(SharedWeightsError, match=r"other\.onnx"):
         writer.call(scene, overwrite=not writer.owns_previous)

@@ -30,6 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_light_ref import (
     align_external_data_in_memory,
     align_external_data_streaming,
+    align_models,
     link_external_data,
     save_model_with_shared_external_data,
 )
@@ -120,6 +121,15 @@ def _checkpoint_source(scene: Scene) -> None:
     st_numpy.save_file({"a": ARRAYS["a"]}, str(scene.out / "ck.safetensors"))  # b and c go to the own weights
 
 
+def _family_source(scene: Scene) -> None:
+    """The first member is the usual source; the second, ``past/with_past.onnx`` (outside ``src/``, so that a
+    scene rewriting ``src/`` keeps it), holds two of its tensors under other names and one of its own."""
+    _external_source(scene)
+    past = {"past.a": ARRAYS["a"], "past.b": ARRAYS["b"], "d": RNG.standard_normal(200).astype(np.float32)}
+    (scene.root / "past").mkdir()
+    write_external_model(scene.root / "past", past, name="with_past.onnx")
+
+
 def _run_source(scene: Scene) -> None:
     output = scene.weights_name or "y"
     weight = numpy_helper.from_array(ARRAYS["a"][:4], "w")
@@ -201,6 +211,63 @@ def _link_argv(scene: Scene) -> list[str]:
     return args + (["--weights", scene.weights_name] if scene.weights_name is not None else [])
 
 
+def _first_member(scene: Scene) -> Path:
+    """The family's first member, whose destination is ``scene.dst``: ``align_models`` names each member after its
+    source, so a test naming another destination gets a copy of the source (and its data file) under that name,
+    made outside the scene's tree (the tree a test snapshots is the scene's alone)."""
+    assert scene.dst.parent == scene.out, "a family writes every member into its folder"
+    if scene.dst.name == "model.onnx":
+        return scene.src / "model.onnx"
+    members = scene.root.parent / f"{scene.root.name}-members"
+    members.mkdir(exist_ok=True)
+    for name in ("model.onnx", "model.onnx.data"):
+        if (scene.src / name).exists():
+            shutil.copyfile(scene.src / name, members / (scene.dst.name if name == "model.onnx" else name))
+    return members / scene.dst.name
+
+
+def _family(weights_format: str, sharded: bool) -> Callable[..., object]:
+    def call(scene: Scene, **options: Any) -> object:
+        return align_models(
+            [_first_member(scene), scene.root / "past" / "with_past.onnx"],
+            scene.out,
+            weights_name=scene.weights,
+            alignment=ALIGNMENT,
+            weights_format=weights_format,
+            max_shard_size=SHARD_SIZE if sharded else None,
+            **options,
+        )
+
+    return call
+
+
+def _family_argv(weights_format: str, sharded: bool) -> Callable[[Scene], list[str]]:
+    def argv(scene: Scene) -> list[str]:
+        args = ["align-models", str(_first_member(scene)), str(scene.root / "past" / "with_past.onnx")]
+        args += ["--out", str(scene.out), "--alignment", str(ALIGNMENT), "--format", weights_format, "--no-progress"]
+        if sharded:
+            args += ["--max-shard-size", str(SHARD_SIZE)]
+        if scene.weights_name is not None:
+            args += ["--weights", scene.weights_name]
+        return args
+
+    return argv
+
+
+def _family_rows() -> Iterator[Writer]:
+    """``align_models`` over a family of two (the second in ``past/``), raw and safetensors, one file and sharded
+    (ours and hf names): the first member's destination is the scene's ``model.onnx``."""
+    for weights_format, sharded in (("onnx", False), ("onnx", True), ("safetensors", False), ("safetensors", True)):
+        scheme = "hf" if weights_format == "safetensors" else "ours"
+        yield Writer(
+            f"align-models-{weights_format}-{f'{scheme}-sharded' if sharded else 'single'}",
+            _family_source,
+            _family(weights_format, sharded),
+            _family_argv(weights_format, sharded),
+            tags=frozenset({"align", "family", weights_format}),
+        )
+
+
 def _run_argv(scene: Scene) -> list[str]:
     return ["run", str(scene.src / "model.onnx"), "--output-dir", str(scene.out)]
 
@@ -242,9 +309,11 @@ def _align_rows() -> Iterator[Writer]:
 
 WRITERS: list[Writer] = [
     *_align_rows(),
+    *_family_rows(),
     Writer("shared-save", _inline_source, _shared, None, tags=frozenset({"shared-save"})),
     Writer("undelay", _delayed_source, _undelay, _undelay_argv, tags=frozenset({"undelay"})),
     Writer("link", _checkpoint_source, _link, _link_argv, tags=frozenset({"link"})),
     Writer("run", _run_source, _run, _run_argv, owns_previous=False, has_model=False, tags=frozenset({"run"})),
 ]
-"""Every writer of the package (align: both modes x onnx/safetensors x shard schemes), one row each."""
+"""Every writer of the package (align: both modes x onnx/safetensors x shard schemes; align_models: onnx and
+safetensors, one file and sharded), one row each."""

@@ -2,8 +2,9 @@
 
 ``onnx_light_ref.io.write.publish.before_syscall`` is called before every system call the publication makes (the test
 seam of that module). A forked child runs one writer with a hook that counts those calls during
-:meth:`OutputTransaction.publish` and SIGKILLs the child at the k-th; a first child, never killed, counts them. For
-every k the destination left behind must be the previous model or the new one, *without any recovery*: it loads in
+:meth:`OutputTransaction.publish` (its ``_publish``, which ``FamilyTransaction.publish_models`` shares) and SIGKILLs
+the child at the k-th; a first child, never killed, counts them. For every k the destination left behind must be
+the previous model or the new one, *without any recovery*: it loads in
 ``onnx.load`` (with its external data), passes ``onnx.checker.check_model(path, full_check=True)``, runs in
 onnxruntime and computes exactly the previous or the new values (the two runs use different values *and* different
 offsets, so new bytes read through old offsets would show), and no file it references has more than one link.
@@ -76,7 +77,8 @@ def in_child(
                 if cleanup_fails and name == "unlink":
                     raise OSError(errno.EIO, "unlink failed (injected)")
 
-            real_publish = publish.OutputTransaction.publish
+            # Every model publication goes through it: OutputTransaction.publish, FamilyTransaction.publish_models.
+            real_publish = publish.OutputTransaction._publish
 
             def counted_publish(self: publish.OutputTransaction, *args: object, **kwargs: object) -> object:
                 publish.before_syscall = hook
@@ -85,7 +87,7 @@ def in_child(
                 finally:
                     publish.before_syscall = None
 
-            publish.OutputTransaction.publish = counted_publish  # type: ignore[method-assign]
+            publish.OutputTransaction._publish = counted_publish  # type: ignore[method-assign]
             if not exchange:  # as on a kernel, libc or filesystem without renameat2(RENAME_EXCHANGE)
                 publish._renameat2 = None
             try:

@@ -72,10 +72,20 @@ __all__ = [
     "AlignPlan",
     "LayoutKeywords",
     "LayoutOptions",
+    "PayloadColumns",
+    "PayloadPlacement",
     "Shard",
     "SourceFile",
+    "SourceTable",
+    "SourceWalk",
+    "build_shards",
     "check_layout_options",
+    "place_payloads",
     "plan_alignment",
+    "representatives",
+    "safetensors_index",
+    "stale_shards",
+    "walk_source",
 ]
 
 logger = logging.getLogger(__name__)
@@ -201,7 +211,7 @@ class AlignPlan:
     externalized_tensors: int = 0  # tensors that were inline in the source
     deduplicated_tensors: int = 0  # tensors sharing bytes stored for an earlier tensor
     deduplicated_bytes: int = 0  # bytes those tensors would have taken
-    stale_weights_files: list[str] = field(default_factory=list)  # see _stale_shards
+    stale_weights_files: list[str] = field(default_factory=list)  # see stale_shards
     sources: frozenset[FileIdentity] = frozenset()  # every file this job reads: never removed by a temp-file sweep
     weights_format: WeightsFormat = "onnx"
     index: tuple[str, bytes] | None = None  # a sharded safetensors set's index.json: path and content
@@ -360,6 +370,119 @@ def plan_alignment(
     )
     weights_location(dst_onnx, dst_weights)  # refuse a bad destination before reading anything (the contract's rule)
 
+    table = SourceTable()
+    payloads = PayloadColumns()
+    walk = walk_source(
+        src_onnx,
+        mode=mode,
+        inline_threshold=inline_threshold,
+        allow_outside_folder=allow_outside_folder,
+        safetensors=safetensors,
+        table=table,
+        payloads=payloads,
+    )
+    sources = walk.sources()
+    src_identity = walk.onnx_identity or file_identity(src_onnx)
+    if src_identity is not None and src_identity != file_identity(dst_onnx):
+        # The source .onnx may be the destination .onnx (replaced atomically once its payloads were copied), but
+        # no weights file may overwrite it.
+        sources[src_identity] = src_onnx
+    # The base weights path first (the layout is not known yet), so that "destination is a source" is reported
+    # before any hard-link refusal of the same file and before any byte is read for dedup.
+    check_outputs(dst_onnx, [dst_weights], sources)
+    for ref in walk.refs.values():
+        check_not_hard_linked(ref)
+
+    # safetensors: every key owns its bytes (the format forbids overlaps), so no two tensors share a payload.
+    first = (
+        array("q", range(len(payloads))) if safetensors else representatives(table.files, payloads, dedup, chunk_size)
+    )
+    placed = place_payloads(payloads.lengths, first, walk.named, step, threshold, shard_cap, safetensors=safetensors)
+    paths = shard_paths(dst_weights, len(placed.sizes), scheme)
+    shards = build_shards(paths, dst_onnx, table.files, placed, payloads, first)
+    index_file = safetensors_index(dst_onnx, dst_weights, shards, walk.named, placed.shards) if safetensors else None
+    # Every output is checked by the writer contract (io/write/contract.py) before the first byte is written.
+    outputs = [s.path for s in shards] + ([index_file[0]] if index_file else [])
+    stale = stale_shards(dst_onnx, dst_weights, outputs, set(sources))
+    return AlignPlan(
+        walk.model,
+        walk.stripped,
+        dst_onnx,
+        shards,
+        table.files,
+        walk.sites,
+        placed.shards,
+        placed.offsets,
+        payloads.lengths,
+        walk.checksums,
+        walk.externalized,
+        placed.deduplicated_tensors,
+        placed.deduplicated_bytes,
+        stale,
+        frozenset(sources) | ({src_identity} if src_identity is not None else set()),
+        weights_format,
+        index_file,
+        placed.unaligned,
+        walk.kept_inline,
+        dst_weights,
+        scheme,
+        inline_threshold,
+        sources,
+        walk.policy,
+    )
+
+
+@dataclass
+class SourceWalk:
+    """One source model walked by :func:`walk_source`: its parsed metadata and what each of its tensors becomes.
+
+    Its moved tensors are the payloads ``start`` to ``start + moved`` of the :class:`PayloadColumns` it was walked
+    into (a family walks several sources into one set of columns); ``checksums`` is keyed by the move index *within
+    this model* (0 for its first moved tensor).
+    """
+
+    src_onnx: str
+    model: onnx.ModelProto
+    stripped: StrippedModel | None  # the stripped parse (streaming with size_threshold), to find placeholders
+    onnx_identity: FileIdentity | None  # the .onnx, when its inline payloads are copied out of it
+    start: int
+    sites: bytearray = field(default_factory=bytearray)
+    checksums: dict[int, str] = field(default_factory=dict)
+    moved: int = 0
+    externalized: int = 0
+    named: list[SafetensorsTensor] = field(default_factory=list)  # safetensors: each moved tensor's key, type, dims
+    kept_inline: dict[str, int] = field(default_factory=dict)
+    refs: dict[FileIdentity, ExternalRef] = field(default_factory=dict)  # first reference to each data file
+    policy: SitePolicy | None = None  # rule 2's decision for this model (with size_threshold)
+
+    def sources(self) -> dict[FileIdentity, str]:
+        """Identity -> path of every data file this model references (its ``.onnx`` not included)."""
+        return {identity: ref.path for identity, ref in self.refs.items()}
+
+
+def walk_source(
+    src_onnx: str,
+    *,
+    mode: Mode,
+    inline_threshold: int | None,
+    allow_outside_folder: bool,
+    safetensors: bool,
+    table: SourceTable,
+    payloads: PayloadColumns,
+) -> SourceWalk:
+    """Parse ``src_onnx`` (metadata only), validate every external reference and add each moved tensor's payload.
+
+    Every tensor of :func:`~onnx_light_ref.io.read.walker.iter_tensors` gets one byte in ``sites``; the payloads of
+    the moved ones are appended to ``payloads`` (ranges of files indexed in ``table``, or bytes in memory). Reads
+    no weight byte except the few typed-field tensors (converted in memory) and inline payloads that must stay
+    inline (restored from the ``.onnx``).
+
+    Raises:
+        InvalidModelError: ``src_onnx`` is not an ONNX model, or has a string field that is not UTF-8.
+        ExternalDataError: a malformed or out-of-bounds reference, an inline tensor whose data does not match its
+            dims and data type (``UnsafeLocationError`` for an unsafe location).
+        FileNotFoundError: the source model or a referenced file does not exist.
+    """
     # Held from now on: the .onnx is parsed through it and every data file is opened relative to it.
     folder = open_model_folder(src_onnx, allow_outside_folder=allow_outside_folder)
     model, stripped, onnx_identity = _load(src_onnx, inline_threshold, mode, folder)
@@ -373,26 +496,18 @@ def plan_alignment(
             "written."
         ) from exc
     resolver = LocationResolver(folder)
-    table = _SourceTable()
-    refs: dict[FileIdentity, ExternalRef] = {}  # the first reference to each data file, for the hard-link check
-    # One entry per moved tensor, in walk order: where its payload is now (file index and offset, or -1 and its
-    # bytes in `memory`) and its length. Columns, not objects: see docs/align.md, design notes.
-    payloads = _Payloads()
-    checksums: dict[int, str] = {}
-    sites = bytearray()
-    externalized = 0
-    named: list[SafetensorsTensor] = []  # safetensors only: each moved tensor's key, type and dims
-    kept_inline: dict[str, int] = {}
     policy = SitePolicy(model, inline_threshold) if inline_threshold is not None else None
+    walk = SourceWalk(src_onnx, model, stripped, onnx_identity, len(payloads), policy=policy)
+    sites = walk.sites
     for site in iter_tensors(model):
         tensor = site.tensor
         if is_external(tensor):
             # Each reference is checked and reduced to columns right away, never kept (docs/align.md).
             ref = parse_external_data(tensor, resolver, label=site.label)
             identity = ref.identity
-            refs.setdefault(identity, ref)
+            walk.refs.setdefault(identity, ref)
             if ref.checksum is not None:
-                checksums[len(payloads)] = ref.checksum
+                walk.checksums[len(payloads) - walk.start] = ref.checksum
             payloads.add_range(table.index(ref.path, identity, ref.folder, ref.location), ref.offset, ref.length)
             sites.append(SITE_EXTERNAL)
         elif policy is not None:
@@ -402,75 +517,111 @@ def plan_alignment(
                 if inline.payload is not None:
                     _restore_payload(tensor, site.label, inline.payload, payload_source, onnx_identity)
                 if decision.reason is not None:
-                    kept_inline[decision.reason] = kept_inline.get(decision.reason, 0) + 1
+                    walk.kept_inline[decision.reason] = walk.kept_inline.get(decision.reason, 0) + 1
                 sites.append(SITE_KEPT)
                 continue
             _add_inline(tensor, site.label, inline, payload_source, onnx_identity, table, payloads)
             sites.append(SITE_INLINE)
-            externalized += 1
+            walk.externalized += 1
         else:
             sites.append(SITE_KEPT)
             continue
         if safetensors:
             name = tensor.name if isinstance(tensor.name, str) else ""
-            named.append(
+            walk.named.append(
                 SafetensorsTensor(
                     name, f"{site.label} in {site.where}", tensor.data_type, tuple(tensor.dims), payloads.lengths[-1]
                 )
             )
+    walk.moved = len(payloads) - walk.start
+    return walk
 
-    sources = {identity: ref.path for identity, ref in refs.items()}
-    src_identity = onnx_identity or file_identity(src_onnx)
-    if src_identity is not None and src_identity != file_identity(dst_onnx):
-        # The source .onnx may be the destination .onnx (replaced atomically once its payloads were copied), but
-        # no weights file may overwrite it.
-        sources[src_identity] = src_onnx
-    # The base weights path first (the layout is not known yet), so that "destination is a source" is reported
-    # before any hard-link refusal of the same file and before any byte is read for dedup.
-    check_outputs(dst_onnx, [dst_weights], sources)
-    for ref in refs.values():
-        check_not_hard_linked(ref)
-    del refs
 
-    # safetensors: every key owns its bytes (the format forbids overlaps), so no two tensors share a payload.
-    first = (
-        array("q", range(len(payloads))) if safetensors else _representatives(table.files, payloads, dedup, chunk_size)
-    )
-    move_shards: array[int] = array("i")
-    move_offsets: array[int] = array("q")
-    headers: list[bytes] = []
-    unaligned: list[str] = []
-    deduplicated_tensors = deduplicated_bytes = 0
+@dataclass
+class PayloadPlacement:
+    """Where :func:`place_payloads` put every payload (``shards[i]``, ``offsets[i]``) and what each file holds."""
+
+    shards: array[int]
+    offsets: array[int]
+    sizes: list[int]  # size of every weights file
+    headers: list[bytes]  # safetensors: each file's header
+    unaligned: list[str]  # safetensors: names of tensors >= align_threshold not starting aligned
+    deduplicated_tensors: int = 0  # payloads stored at the place of an earlier one
+    deduplicated_bytes: int = 0
+
+
+def place_payloads(
+    lengths: Sequence[int],
+    first: Sequence[int],
+    named: Sequence[SafetensorsTensor],
+    step: int,
+    threshold: int,
+    shard_cap: int | None,
+    *,
+    safetensors: bool,
+) -> PayloadPlacement:
+    """Give each distinct payload (``first[i] == i``) its file and offset; every other one shares its first's.
+
+    Raw files: :class:`~onnx_light_ref.io.plan.placement.ShardedLayout`, in payload order. safetensors:
+    :func:`~onnx_light_ref.io.plan.safetensors_layout.plan_safetensors` over the distinct payloads, keyed by their
+    entries of ``named`` (one per payload).
+
+    Raises:
+        SafetensorsError: safetensors keys that are empty or repeated, or data types it cannot store.
+    """
+    placement = PayloadPlacement(array("i"), array("q"), [], [], [])
     if safetensors:
-        st_layout = plan_safetensors(named, step, threshold, shard_cap)
-        move_shards.extend(st_layout.shards)
-        move_offsets.extend(st_layout.offsets)
-        sizes, headers, unaligned = st_layout.sizes, st_layout.headers, st_layout.unaligned
-        if not named:
-            sizes = []
-    else:
-        layout = ShardedLayout(step, threshold, shard_cap)
-        placed: list[Placement] = []
-        for index, length in enumerate(payloads.lengths):
-            representative = first[index]
-            if representative != index:  # always an earlier tensor: its place is known
-                placed.append(placed[representative])
-                deduplicated_tensors += 1
-                deduplicated_bytes += length
-                continue
-            placed.append(layout.place(length))
-        # Read once every blob is placed: a zero-length one's offset is the final end of its file.
-        move_shards.extend(where.shard for where in placed)
-        move_offsets.extend(where.offset for where in placed)
-        sizes = layout.sizes
-    paths = shard_paths(dst_weights, len(sizes), scheme)
+        distinct = [index for index in range(len(lengths)) if first[index] == index]
+        st_layout = plan_safetensors([named[index] for index in distinct], step, threshold, shard_cap)
+        where = dict(zip(distinct, zip(st_layout.shards, st_layout.offsets, strict=True), strict=True))
+        for index in range(len(lengths)):
+            shard, offset = where[first[index]]
+            placement.shards.append(shard)
+            placement.offsets.append(offset)
+            if first[index] != index:
+                placement.deduplicated_tensors += 1
+                placement.deduplicated_bytes += lengths[index]
+        placement.headers, placement.unaligned = st_layout.headers, st_layout.unaligned
+        placement.sizes = st_layout.sizes if distinct else []
+        return placement
+    layout = ShardedLayout(step, threshold, shard_cap)
+    placed: list[Placement] = []
+    for index, length in enumerate(lengths):
+        representative = first[index]
+        if representative != index:  # always an earlier tensor: its place is known
+            placed.append(placed[representative])
+            placement.deduplicated_tensors += 1
+            placement.deduplicated_bytes += length
+            continue
+        placed.append(layout.place(length))
+    # Read once every blob is placed: a zero-length one's offset is the final end of its file.
+    placement.shards.extend(where.shard for where in placed)
+    placement.offsets.extend(where.offset for where in placed)
+    placement.sizes = layout.sizes
+    return placement
+
+
+def build_shards(
+    paths: Sequence[str],
+    dst_onnx: str,
+    files: Sequence[SourceFile],
+    placement: PayloadPlacement,
+    payloads: PayloadColumns,
+    first: Sequence[int],
+) -> list[Shard]:
+    """The weights files of a placement: each one's location from ``dst_onnx``'s folder, header and content, its
+    distinct payloads in destination order (the copy engine and the in-memory writer go through each front to back).
+
+    Raises:
+        UnsafeLocationError: a weights file outside the folder of ``dst_onnx`` or reached through a symlink.
+    """
     shards = [
-        Shard(path, weights_location(dst_onnx, path), table.files, size)
-        for path, size in zip(paths, sizes, strict=True)
+        Shard(path, weights_location(dst_onnx, path), files, size)
+        for path, size in zip(paths, placement.sizes, strict=True)
     ]
-    for shard, header in zip(shards, headers, strict=False):
+    for shard, header in zip(shards, placement.headers, strict=False):
         shard.header = header
-    # Payloads in destination order (the copy engine and the in-memory writer go through each file front to back).
+    move_shards, move_offsets = placement.shards, placement.offsets
     for index in sorted(
         (i for i in range(len(payloads)) if first[i] == i), key=lambda i: (move_shards[i], move_offsets[i])
     ):
@@ -483,39 +634,10 @@ def plan_alignment(
             shard.writes.append((move_offsets[index], payloads.memory[index]))
         else:
             shard.add_range(file_index, payloads.offsets[index], move_offsets[index], length)
-    index_file = _safetensors_index(dst_onnx, dst_weights, shards, named, move_shards) if safetensors else None
-    # Every output is checked by the writer contract (io/write/contract.py) before the first byte is written.
-    outputs = [s.path for s in shards] + ([index_file[0]] if index_file else [])
-    stale = _stale_shards(dst_onnx, dst_weights, outputs, set(sources))
-    return AlignPlan(
-        model,
-        stripped,
-        dst_onnx,
-        shards,
-        table.files,
-        sites,
-        move_shards,
-        move_offsets,
-        payloads.lengths,
-        checksums,
-        externalized,
-        deduplicated_tensors,
-        deduplicated_bytes,
-        stale,
-        frozenset(sources) | ({src_identity} if src_identity is not None else set()),
-        weights_format,
-        index_file,
-        unaligned,
-        kept_inline,
-        dst_weights,
-        scheme,
-        inline_threshold,
-        sources,
-        policy,
-    )
+    return shards
 
 
-class _SourceTable:
+class SourceTable:
     """One index per source file (by identity), for the range columns and the range keys."""
 
     def __init__(self) -> None:
@@ -532,7 +654,7 @@ class _SourceTable:
         return index
 
 
-class _Payloads:
+class PayloadColumns:
     """The payload of every moved tensor, in walk order, as columns: a range of a source file, or bytes in memory."""
 
     def __init__(self) -> None:
@@ -608,8 +730,8 @@ def _add_inline(
     inline: _InlineData,
     src_onnx: str,
     onnx_identity: FileIdentity | None,
-    table: _SourceTable,
-    payloads: _Payloads,
+    table: SourceTable,
+    payloads: PayloadColumns,
 ) -> None:
     """Add the payload of an inline tensor rule 2 moves out to ``payloads``, refusing a malformed one."""
     assert inline.length is not None and inline.expected is not None
@@ -674,7 +796,7 @@ def _dtype_name(data_type: int) -> str:
         return f"unknown data type {data_type}"
 
 
-def _representatives(files: Sequence[SourceFile], payloads: _Payloads, dedup: bool, chunk_size: int) -> array[int]:
+def representatives(files: Sequence[SourceFile], payloads: PayloadColumns, dedup: bool, chunk_size: int) -> array[int]:
     """For each payload, the first payload whose bytes it shares (itself when it is the first)."""
     if dedup:
         with _open_files(files) as fds:
@@ -691,7 +813,7 @@ def _representatives(files: Sequence[SourceFile], payloads: _Payloads, dedup: bo
 class _Blobs(Sequence[BlobSource]):
     """The payloads as :class:`BlobSource` descriptors for :func:`find_duplicates`, built on demand."""
 
-    def __init__(self, files: Sequence[SourceFile], fds: Sequence[int], payloads: _Payloads) -> None:
+    def __init__(self, files: Sequence[SourceFile], fds: Sequence[int], payloads: PayloadColumns) -> None:
         self._files = files
         self._fds = fds
         self._payloads = payloads
@@ -735,8 +857,8 @@ def _open_files(files: Sequence[SourceFile]) -> Iterator[list[int]]:
             os.close(fd)
 
 
-def _stale_shards(dst_onnx: str, base: str, written: list[str], sources: set[FileIdentity]) -> list[str]:
-    """Files named like weights files of this destination (any scheme or format) that this run does not write.
+def stale_shards(dst_onnx: str, base: str, written: list[str], sources: set[FileIdentity]) -> list[str]:
+    """Files named like weights files of ``dst_onnx`` (any scheme or format) that this run does not write.
 
     A source of this run is not listed. They are never deleted (this job did not create them); the aligners name
     them so the user can (:func:`~onnx_light_ref.io.plan.shard_names.stale_candidates`).
@@ -744,7 +866,7 @@ def _stale_shards(dst_onnx: str, base: str, written: list[str], sources: set[Fil
     return [path for path in stale_candidates(dst_onnx, base, written) if not _is_source(path, sources)]
 
 
-def _safetensors_index(
+def safetensors_index(
     dst_onnx: str, base: str, shards: list[Shard], named: list[SafetensorsTensor], move_shards: array[int]
 ) -> tuple[str, bytes] | None:
     """``<base>.index.json`` of a sharded safetensors set (transformers' form); None for a single file."""

@@ -9,7 +9,9 @@ A writer may replace, without being told:
 3. its own leftovers: files named after the destination model (``model.onnx.data``, ``model.onnx.data.3``,
    ``model.onnx_data_1``: the name starts with the model's file name and ``.`` or ``_``, in its folder), files named
    like shards of a weights set the previous ``.onnx`` uses (``W.3`` beside ``W`` and ``W.1``; the ``-0000i-of-0000N``
-   names of another ``N``), and that set's ``.index.json``.
+   names of another ``N``), and that set's ``.index.json``; and the files a killed publication of that set named in
+   its journal (:func:`~onnx_light_ref.io.write.publish.journal_leftovers`: a family run killed after moving a
+   weights name in and before any member referenced it, so that no previous ``.onnx`` can vouch for the file).
 
 Any other existing file is someone else's (a PyTorch ``model.safetensors``, a checkpoint's index, a user's
 ``dataset.npy``): :mod:`~onnx_light_ref.io.write.contract` refuses to replace it unless the caller passes
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 from onnx_light_ref.io.plan.shard_names import ShardNames, existing_shards, index_path
 from onnx_light_ref.io.read.sharing import FileKey, ModelReference, file_key, is_model_name, read_references
+from onnx_light_ref.io.write.publish import journal_leftovers
 
 __all__ = ["Ownership", "ReferenceCache", "ShardSet"]
 
@@ -64,6 +67,7 @@ class Ownership:
         self._cache: ReferenceCache = cache if cache is not None else {}
         self._previous: dict[str, dict[FileKey, ModelReference] | None] = {}
         self._families: dict[ShardSet, frozenset[str]] = {}
+        self._journals: dict[str, frozenset[str]] = {}
 
     def is_model(self, path: str) -> bool:
         """Whether the destination ``.onnx`` at ``path`` is an ONNX model now (it parses as one)."""
@@ -87,10 +91,13 @@ class Ownership:
         referenced = self._referenced()
         if file_key(absolute) in referenced:
             return True
-        if shard_set is not None and referenced:
+        if shard_set is None:
+            return False
+        if referenced:
             family = self._family(shard_set)
-            return absolute in family and any(file_key(member) in referenced for member in family)
-        return False
+            if absolute in family and any(file_key(member) in referenced for member in family):
+                return True
+        return absolute in self._journaled(shard_set)
 
     def _referenced(self) -> set[FileKey]:
         found: set[FileKey] = set()
@@ -117,4 +124,11 @@ class Ownership:
         known = self._families.get(shard_set)
         if known is None:
             known = self._families[shard_set] = shard_set.family()
+        return known
+
+    def _journaled(self, shard_set: ShardSet) -> frozenset[str]:
+        base = os.path.normpath(os.path.abspath(shard_set.base))
+        known = self._journals.get(base)
+        if known is None:
+            known = self._journals[base] = journal_leftovers(base)
         return known

@@ -17,6 +17,16 @@ process killed at *any* system call leaves the destination ``.onnx`` describing 
   in (commit B: same values, final names) and the bridge deleted. Between A and B a killed run leaves a complete
   new model that references its bridge file; the next publication to that destination deletes it.
 
+A family of models sharing one set of weights files is published the same way by
+:meth:`FamilyTransaction.publish_models` (the same :class:`_Publication`, with several models): the weights names no
+previous member references first, then, when a previous member references one, every member's commit A before the
+copies to the final names, then every member's final commit, one after the other (a kill between two members leaves
+some new and some previous, each consistent). Before its first move it records the weights names it writes in a
+*journal* (``.olr~<tag>~<pid>~<random>.journal`` beside the first weights file, deleted after the last commit): a run
+killed after moving a weights name in and before any member references it leaves a file no model uses, and the
+journal is what tells the next run that this file is the family's own leftover (:func:`journal_leftovers`, read by
+:mod:`~onnx_light_ref.io.write.ownership`).
+
 Temp names are ``.olr~<hash of the final name>~<pid>~<random>.tmp`` (at most 50 bytes whatever the final name) and
 their writer holds an ``flock`` on them until they are published or deleted. :func:`sweep_dead_writers` removes such
 files (every final name's, so a killed sharded run's shards do not stay when later runs write fewer) only when the
@@ -36,7 +46,7 @@ are raised together as :class:`~onnx_light_ref.errors.PublishedWithErrorsError` 
 only "not supported" answers (EINVAL, ENOTSUP) are ignored.
 
 This module never writes outside the destination folders, never creates a hard link, and never deletes a file that
-is not one of its own temp or bridge files.
+is not one of its own temp, bridge or journal files.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ import ctypes
 import errno
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import re
@@ -69,11 +80,14 @@ from onnx_light_ref.io.write.space import reserve_space
 
 __all__ = [
     "AfterCommit",
+    "FamilyTransaction",
     "OutputTransaction",
     "StagedFile",
     "folder_lock",
     "fsync_folder",
     "fsync_or_raise",
+    "is_publisher_file",
+    "journal_leftovers",
     "publish_all",
     "remove_stale_temp_files",
     "staged_files",
@@ -285,17 +299,25 @@ class StagedFile:
     """A new file written under a temp name next to ``final_path``; it takes the final name only when published.
 
     Created with mode ``0o666 & ~umask`` like any file the user creates (``mkstemp`` would give 0600). With
-    ``durable=False`` neither the file nor its folder is ever fsynced (the moves stay atomic).
+    ``durable=False`` neither the file nor its folder is ever fsynced (the moves stay atomic). ``suffix``: the temp
+    name's (``.tmp``; a family publication's journal, which is never published, uses ``.journal``).
     """
 
-    def __init__(self, final_path: str, *, durable: bool = True, keep: Collection[FileIdentity] = ()) -> None:
+    def __init__(
+        self,
+        final_path: str,
+        *,
+        durable: bool = True,
+        keep: Collection[FileIdentity] = (),
+        suffix: str = _TEMP_SUFFIX,
+    ) -> None:
         self.durable = check_bool("durable", durable)
         self.final_path = os.path.abspath(final_path)
         folder = os.path.dirname(self.final_path)
         if not os.path.isdir(folder):
             raise FileNotFoundError(errno.ENOENT, f"destination folder does not exist: {folder!r}", folder)
         remove_stale_temp_files(self.final_path, keep=keep)
-        self.temp_path = _own_name(self.final_path, _TEMP_SUFFIX)
+        self.temp_path = _own_name(self.final_path, suffix)
         _LIVE_TEMPS.add(os.path.basename(self.temp_path))  # before it exists: a sweep in another thread skips it
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         try:
@@ -438,13 +460,14 @@ class AfterCommit:
     caller restoring its state on it would undo a published model. Each step's ``OSError`` is recorded instead;
     :meth:`finish` raises them together as :class:`~onnx_light_ref.errors.PublishedWithErrorsError`, naming what is
     published, which fsync failed (the commit may not survive a power loss) and which hidden files are left (a later
-    publication into the folder sweeps them). Used by every publication of this module, and meant for any other
-    (e.g. one publishing several models).
+    publication into the folder sweeps them). Used by every publication of this module: one model, a family of
+    models (``models``: every member now in place), or files that reference nothing (:func:`publish_all`).
     """
 
-    def __init__(self, published: str, *, what: str | None = None) -> None:
+    def __init__(self, published: str, *, what: str | None = None, models: Sequence[str] = ()) -> None:
         self.published = published  # the .onnx (or first file) that is now in place
-        self.what = what if what is not None else repr(published)
+        self.models = tuple(models) or (published,)
+        self.what = what if what is not None else ", ".join(repr(path) for path in self.models)
         self.errors: list[OSError] = []
         self.problems: list[str] = []
         self.leftover_files: list[str] = []
@@ -508,18 +531,21 @@ class AfterCommit:
         """
         if not self.errors:
             return
+        several = len(self.models) > 1
         hint = []
         if self.sync_failed:
-            hint.append("the new model is in place but may not survive a power loss: run the job again or sync")
+            hint.append(
+                f"the new model{'s are' if several else ' is'} in place but may not survive a power loss: run the job "
+                "again or sync"
+            )
         if self.leftover_files:
             hint.append(
                 f"{len(self.leftover_files)} hidden file(s) are left; the next publication into this folder removes "
                 "them"
             )
+        published = "are published (every new model is in place and loads)" if several else _PUBLISHED
         message = (
-            f"{self.what} is published (the new model is in place and loads), but "
-            + "; ".join(self.problems)
-            + (f" ({'; '.join(hint)})" if hint else "")
+            f"{self.what} {published}, but " + "; ".join(self.problems) + (f" ({'; '.join(hint)})" if hint else "")
         )
         raise PublishedWithErrorsError(
             message,
@@ -527,7 +553,11 @@ class AfterCommit:
             errors=self.errors,
             leftover_files=self.leftover_files,
             sync_failed=self.sync_failed,
+            published_models=self.models,
         ) from self.errors[0]
+
+
+_PUBLISHED = "is published (the new model is in place and loads)"
 
 
 # ------------------------------------------------------------------------------------------------- atomic moves
@@ -710,24 +740,41 @@ class OutputTransaction:
             PublishedWithErrorsError: the new model is published, but a step after the commit failed (or the final
                 names failed and the new model stays published on bridge names); see :class:`AfterCommit`.
         """
-        model_file = self.stage(model_path)
-        model_file.write_all(model_bytes, 0)
-        weights = self.files[:-1]
+        return self._publish([(model_path, model_bytes)], before_commit, result)[0]
+
+    def _publish(
+        self,
+        models: Sequence[tuple[str, bytes]],
+        before_commit: BeforeCommit | None,
+        result: object,
+        journal: str | None = None,
+    ) -> list[StagedFile]:
+        """Stage every model after the weights, then publish them all under the folder lock (:class:`_Publication`);
+        ``journal``: the first weights file beside which the names of the weights files are recorded first."""
+        model_files = []
+        for path, data in models:
+            model_file = self.stage(path)
+            model_file.write_all(data, 0)
+            model_files.append(model_file)
+        weights = self.files[: len(self.files) - len(model_files)]
         for staged in self.files:
             staged.flush()
         try:
             with folder_lock([os.path.dirname(staged.final_path) for staged in self.files]):
                 protected = before_commit() if before_commit is not None else None
-                publication = _Publication(weights, model_file, model_bytes, self.keep | frozenset(protected or ()))
+                record = _write_journal(journal, weights, self.durable) if journal is not None else None
+                publication = _Publication(
+                    weights, model_files, [data for _, data in models], self.keep | frozenset(protected or ()), record
+                )
                 try:
                     publication.run()
                 finally:
-                    self._published = publication.published
+                    self._published = bool(publication.published)
         except PublishedWithErrorsError as exc:
             if exc.result is None:
                 exc.result = result
             raise
-        return model_file
+        return model_files
 
 
 def _discard_all(files: Sequence[StagedFile]) -> None:
@@ -955,115 +1002,181 @@ def _copy_file(src_path: str, dst_fd: int, size: int, final_path: str) -> None:
 
 
 class _Publication:
-    """One model publication, run under the folder lock (see the module docstring for the order of the moves)."""
+    """One publication under the folder lock: the weights files, then every model that references them (one for
+    :meth:`OutputTransaction.publish`, every member of a family for :meth:`FamilyTransaction.publish_models`).
+
+    The order of the moves is the module docstring's; with several models, every model's commit A comes before the
+    copies to the final names (no previous model may read a final name that changes), and every model's final
+    commit after them. ``commits[i]`` lists where model ``i``'s commits are in ``moves``, so that after a failure
+    that could not be undone (no ``RENAME_EXCHANGE``) the models whose new version stands are known.
+    """
 
     def __init__(
-        self, weights: Sequence[StagedFile], model: StagedFile, model_bytes: bytes, keep: Collection[FileIdentity]
+        self,
+        weights: Sequence[StagedFile],
+        models: Sequence[StagedFile],
+        model_bytes: Sequence[bytes],
+        keep: Collection[FileIdentity],
+        journal: StagedFile | None = None,
     ) -> None:
         self.weights = weights
-        self.model = model
+        self.models = models
         self.model_bytes = model_bytes
         self.keep = keep
-        self.durable = model.durable
+        self.journal = journal
+        self.durable = models[0].durable
         self.moves: list[_Move] = []
         self.extra: list[StagedFile] = []  # temp files of the bridge step
         self.bridges: list[str] = []
-        self.previous = _References(known=False)
-        self.bridge_commit: int | None = None  # index of commit A in `moves`
-        self.bridge_synced = False  # the folder fsync after commit A succeeded
-        self.published = False  # a new model is in place (the final commit, or commit A that could not be undone)
+        self.previous: list[_References] = []
+        self.commits: list[list[int]] = [[] for _ in models]  # per model, the index in `moves` of each commit
+        self.bridge_commit: int | None = None  # index of the first commit A in `moves`
+        self.bridge_synced = False  # the folder fsync after the commits A succeeded
+        self.standing = 0  # moves done and not undone
+
+    @property
+    def published(self) -> list[StagedFile]:
+        """The models whose new version is in place (a commit done and not undone), in order."""
+        return [
+            model for model, done in zip(self.models, self.commits, strict=True) if done and done[0] < self.standing
+        ]
 
     def run(self) -> None:
-        previous = _read_references(self.model.final_path)
-        self.previous = previous
-        clashing = [staged for staged in self.weights if previous.has(staged.final_path)]
+        self.previous = [_read_references(model.final_path) for model in self.models]
+        clashing = [staged for staged in self.weights if any(p.has(staged.final_path) for p in self.previous)]
         try:
             self._sweep_before()
             for staged in self.weights:
                 if staged not in clashing:
                     self.moves.append(_move(staged.temp_path, staged.final_path))
+                    self.standing = len(self.moves)
             if clashing:
                 self._bridge(clashing)
             _fsync_folders([staged.final_path for staged in self.weights], self.durable)
-            self.moves.append(_move(self.model.temp_path, self.model.final_path))  # the commit
-            self.published = True
+            for index, model in enumerate(self.models):
+                self._commit(index, model.temp_path)  # commit B, or the only commit
         except BaseException as exc:
-            kept = _undo_all(self.moves)
-            bridged = bool(kept) and self.bridge_commit is not None and kept > self.bridge_commit
-            if bridged:
-                # Commit A could not be undone (no RENAME_EXCHANGE, or the undo failed): the destination is the new
-                # model through its bridge files, which must stay; the next publication to it removes them.
+            self.standing = _undo_all(self.moves)
+            if self.bridge_commit is not None and self.standing > self.bridge_commit:
+                # A commit A could not be undone (no RENAME_EXCHANGE, or the undo failed): that model is the new one
+                # through its bridge files, which must stay; the next publication to it removes them.
                 for staged in self.weights:
                     staged.keep_temp = True
             _discard_all(self.extra)
             # A bridge file is its weights file's temp name now (the caller may still read it back; its cleanup
             # deletes it unless kept above).
-            if bridged:
-                self.published = True  # the caller must not restore its state: a new model is in place
-            if bridged and isinstance(exc, Exception):
-                raise self._published_on_bridges(exc) from exc
+            self._journal_after_failure()
+            if self.published and isinstance(exc, Exception):
+                raise self._published_partly(exc) from exc
             raise
         self._after_commit()
 
-    def _published_on_bridges(self, exc: Exception) -> PublishedWithErrorsError:
-        """Commit A stands and the final names failed: the new model is published, its weights on bridge names."""
+    def _commit(self, index: int, temp_path: str) -> None:
+        self.commits[index].append(len(self.moves))
+        self.moves.append(_move(temp_path, self.models[index].final_path))
+        self.standing = len(self.moves)
+
+    def _published_partly(self, exc: Exception) -> PublishedWithErrorsError:
+        """A failure that could not be undone left new models in place: published, never an ``OSError``."""
+        published = [model.final_path for model in self.published]
+        previous = [model.final_path for model in self.models if model.final_path not in published]
+        on_bridges = self.bridge_commit is not None and self.standing > self.bridge_commit
+        names = ", ".join(repr(os.path.basename(b)) for b in self.bridges)
+        if len(self.models) == 1:
+            message = (
+                f"{published[0]!r} {_PUBLISHED}, but on hidden bridge names ({names}): moving its weights to their "
+                f"final names failed ({exc}) and could not be undone. The next publication to this destination "
+                "removes them."
+            )
+        else:
+            where = f" (some on hidden bridge names: {names}, which the next publication removes)" if on_bridges else ""
+            message = (
+                f"{', '.join(map(repr, published))} {'are' if len(published) > 1 else 'is'} published (each new "
+                f"model is in place and loads){where}, but the publication failed ({exc}) and could not be undone: "
+                + (
+                    f"{', '.join(map(repr, previous))} {'are' if len(previous) > 1 else 'is'} still the previous "
+                    "version (each loads and computes its previous values)"
+                    if previous
+                    else "every member is new"
+                )
+                + ". Run the job again to publish the whole family."
+            )
         return PublishedWithErrorsError(
-            f"{self.model.final_path!r} is published (the new model is in place and loads), but on hidden bridge "
-            f"names ({', '.join(repr(os.path.basename(b)) for b in self.bridges)}): moving its weights to their final "
-            f"names failed ({exc}) and could not be undone. The next publication to this destination removes them.",
-            model_path=self.model.final_path,
+            message,
+            model_path=published[0],
             errors=[exc] if isinstance(exc, OSError) else [],
             sync_failed=self.durable and not self.bridge_synced,
+            published_models=published,
+            previous_models=previous,
         )
 
     def _sweep_before(self) -> None:
         """Under the lock, before the first move: what dead writers left in the destination folders (bridges too).
 
-        Frees their disk before the bridge copies; a file the previous ``.onnx`` (or any model that can reach the
+        Frees their disk before the bridge copies; a file a previous ``.onnx`` (or any model that can reach the
         folder) references is kept. A removal that fails raises: nothing is moved yet.
         """
-        keep = set(self.keep) | set(self.previous.identities)
-        if not self.previous.known:
-            return  # what the destination uses is unknown: sweep nothing it might reference
-        for folder in _folders_of([staged.final_path for staged in [*self.weights, self.model]]):
+        if not all(previous.known for previous in self.previous):
+            return  # what a destination uses is unknown: sweep nothing it might reference
+        keep = set(self.keep)
+        for previous in self.previous:
+            keep |= previous.identities
+        for folder in _folders_of([staged.final_path for staged in [*self.weights, *self.models]]):
             sweep_dead_writers(folder, keep=keep, bridges=True)
 
     def _after_commit(self) -> None:
-        """Every step after the commit, each run even when one fails; failures raised together (:class:`AfterCommit`).
+        """Every step after the last commit, each run even when one fails; failures raised together
+        (:class:`AfterCommit`).
 
-        The bridge files of the replaced ``.onnx`` (a run killed between its two commits) are unreferenced now: the
+        The bridge files of a replaced ``.onnx`` (a run killed between its two commits) are unreferenced now: the
         sweep removes them with every other dead writer's file, unless another model references them.
         """
-        for staged in [*self.weights, self.model]:
+        for staged in [*self.weights, *self.models]:
             staged.committed = True
-        after = AfterCommit(self.model.final_path)
-        after.fsync_folders([self.model.final_path], self.durable)
+        paths = [model.final_path for model in self.models]
+        after = AfterCommit(paths[0], models=paths)
+        after.fsync_folders(paths, self.durable)
         _delete_previous(self.moves, after)
         for path in self.bridges:
             after.remove(path)
-        for staged in [*self.weights, self.model, *self.extra]:
+        if self.journal is not None:  # this run's journal, and those of dead runs of the same weights set
+            for path in [self.journal.temp_path, *_dead_journals(self.journal.final_path)]:
+                after.remove(path)
+        journal = [self.journal] if self.journal is not None else []
+        for staged in [*self.weights, *self.models, *self.extra, *journal]:
             after.attempt(staged._release_lock, f"releasing the lock of {staged.final_path!r} failed")
-        after.sweep(_folders_of([staged.final_path for staged in [*self.weights, self.model]]), self.keep)
-        if self.bridges:
-            after.fsync_folders(self.bridges, self.durable)
+        after.sweep(_folders_of([staged.final_path for staged in [*self.weights, *self.models]]), self.keep)
+        if self.bridges or journal:
+            after.fsync_folders([*self.bridges, *(staged.temp_path for staged in journal)], self.durable)
         after.finish()
 
+    def _journal_after_failure(self) -> None:
+        """Nothing of this run stands: its journal goes; else it stays, naming what this run left at final names."""
+        if self.journal is not None:
+            self.journal.keep_temp = self.standing > 0
+            self.journal.discard()
+
     def _bridge(self, clashing: Sequence[StagedFile]) -> None:
-        """Commit A (a bridge ``.onnx`` referencing the new files under bridge names), then the final names."""
+        """Every model's commit A (a bridge ``.onnx`` referencing the new files under bridge names), then the
+        final names."""
         mapping = {}
         for staged in clashing:
             bridge = _own_name(staged.final_path, _BRIDGE_SUFFIX)
             staged.rename_temp(bridge)  # after a failure the caller's cleanup deletes it (unless a model uses it)
             self.bridges.append(bridge)
             mapping[os.path.normpath(staged.final_path)] = bridge
-        bridge_model = StagedFile(self.model.final_path, durable=self.durable, keep=self.keep)
-        self.extra.append(bridge_model)
-        bridge_model.write_all(_bridge_model(self.model_bytes, self.model.final_path, mapping), 0)
-        bridge_model.flush()
+        bridge_models = []
+        for model, model_bytes in zip(self.models, self.model_bytes, strict=True):
+            bridge_model = StagedFile(model.final_path, durable=self.durable, keep=self.keep)
+            self.extra.append(bridge_model)
+            bridge_model.write_all(_bridge_model(model_bytes, model.final_path, mapping), 0)
+            bridge_model.flush()
+            bridge_models.append(bridge_model)
         _fsync_folders([*self.bridges, *(staged.final_path for staged in self.weights)], self.durable)
         self.bridge_commit = len(self.moves)
-        self.moves.append(_move(bridge_model.temp_path, self.model.final_path))  # commit A
-        _fsync_folders([self.model.final_path], self.durable)
+        for index, bridge_model in enumerate(bridge_models):
+            self._commit(index, bridge_model.temp_path)  # commit A of this model
+        _fsync_folders([model.final_path for model in self.models], self.durable)
         self.bridge_synced = True
         for staged, bridge in zip(clashing, self.bridges, strict=True):
             copy = StagedFile(staged.final_path, durable=self.durable, keep=self.keep)
@@ -1072,3 +1185,137 @@ class _Publication:
             _copy_file(bridge, copy.fd, os.stat(bridge).st_size, staged.final_path)
             copy.flush()
             self.moves.append(_move(copy.temp_path, staged.final_path))  # its temp name now holds the previous file
+            self.standing = len(self.moves)
+
+
+# ------------------------------------------------------------------------------------------ a family of models
+
+
+class FamilyTransaction(OutputTransaction):
+    """The outputs of a family of models, published together: shared weights files, then every member's ``.onnx``.
+
+    Stage the weights files with :meth:`stage` as for :class:`OutputTransaction`, then call :meth:`publish_models`
+    once with every member's path and serialized bytes. The publication is :class:`OutputTransaction`'s with
+    several models (module docstring): a process killed at *any* system call leaves every member loadable,
+    computing its previous or its new values (members are committed one after the other, so some may be new and
+    others previous); a failure that raises before any member is new undoes every move, leaving the whole family as
+    it was (an ``OSError``); one that leaves some member new is a
+    :class:`~onnx_light_ref.errors.PublishedWithErrorsError` naming which members are published and which are
+    still previous.
+    """
+
+    def __enter__(self) -> FamilyTransaction:
+        return self
+
+    def publish_models(
+        self,
+        models: Sequence[tuple[str, bytes]],
+        *,
+        before_commit: BeforeCommit | None = None,
+        result: object = None,
+        journal: str | None = None,
+    ) -> list[StagedFile]:
+        """Write each member's ``.onnx`` under a temp name, then publish the staged weights and every member.
+
+        ``before_commit`` runs after every file is flushed, under the folder locks, right before the first move, as
+        for :meth:`OutputTransaction.publish` (the writer contract's
+        :func:`~onnx_light_ref.io.write.contract.recheck_plan`): what it raises leaves every destination as it was;
+        the identities it returns are never deleted. ``result`` is attached to a
+        :class:`~onnx_light_ref.errors.PublishedWithErrorsError`.
+
+        ``journal`` (when given: the first weights file's path) records, before the first move, the names of the
+        staged weights files in a hidden file beside it, deleted after the last commit: a run killed in between
+        leaves it, and :func:`journal_leftovers` tells the next run which files at those names a dead run of this
+        weights set wrote (they are its own leftovers, rule 3 of the writer contract, though no member references
+        them yet). Dead runs' journals of the same weights set are deleted after the last commit too.
+
+        Returns:
+            The members' :class:`StagedFile` objects (committed), in the order given.
+
+        Raises:
+            OSError: writing, an fsync or a move failed while no member is new; every move is undone.
+            PublishedWithErrorsError: some or every member is published, but a step after its commit failed (its
+                ``published_models`` and ``previous_models`` say which are new and which are previous).
+        """
+        return self._publish(models, before_commit, result, journal)
+
+
+_JOURNAL_SUFFIX = ".journal"
+_JOURNAL_MAX_BYTES = 1024 * 1024  # a journal lists a few file names; a larger file at such a name is not read
+# A journal of this module, whatever weights set it was made for: group 1 the tag of the first weights file's name,
+# group 2 the pid. Not a temp or bridge name: sweep_dead_writers leaves it (it is evidence, until the set is
+# published again).
+_ANY_JOURNAL = re.compile(
+    re.escape(_TEMP_PREFIX) + r"([0-9a-f]{12})~(\d{1,10})~[0-9a-f]{16}" + re.escape(_JOURNAL_SUFFIX) + "$"
+)
+
+
+def _write_journal(weights_base: str, weights: Sequence[StagedFile], durable: bool) -> StagedFile:
+    """The journal of one publication (module docstring): the names of the weights files it moves in, durable
+    before the first move, locked by its writer while it lives (a :class:`StagedFile` that is never published)."""
+    journal = StagedFile(weights_base, durable=durable, suffix=_JOURNAL_SUFFIX)
+    try:
+        folder = os.path.dirname(journal.temp_path)
+        content = json.dumps({"files": [os.path.relpath(staged.final_path, folder) for staged in weights]})
+        journal.write_all(content.encode("utf-8"), 0)
+        journal.flush()
+        _fsync_folders([journal.temp_path], durable)
+    except BaseException:
+        journal.discard()
+        raise
+    return journal
+
+
+def is_publisher_file(name: str) -> bool:
+    """Whether ``name`` (a base name) is one of this module's hidden names: a temp, bridge or journal file.
+
+    Such files are the publisher's (swept, or deleted after the commit), never a user's file left to delete.
+    """
+    return bool(_ANY_OWN_NAME.match(name) or _ANY_JOURNAL.match(name))
+
+
+def _dead_journals(weights_base: str) -> list[str]:
+    """The journals of ``weights_base``'s set whose writer is gone (pid dead or no longer owning it, lock free)."""
+    folder, name = os.path.split(os.path.abspath(weights_base))
+    tag = _name_tag(name)
+    found = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(folder) as entries:
+        for entry in entries:
+            match = _ANY_JOURNAL.match(entry.name)
+            if not match or match.group(1) != tag or not entry.is_file(follow_symlinks=False):
+                continue
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                if _writer_gone(int(match.group(2)), entry.name) and _lock_free(entry.path, st):
+                    found.append(entry.path)
+    return sorted(found)
+
+
+def journal_leftovers(weights_base: str) -> frozenset[str]:
+    """Files a publication of the weights set ``weights_base`` named in its journal before its process died.
+
+    A run killed after moving a weights name into place and before any of its models referenced it leaves a file no
+    model uses; its journal (module docstring) says the file is that set's. Only journals of this module's pattern
+    for ``weights_base``'s name, whose writer is gone (pid dead, lock free), at most 1 MiB, naming files of their
+    own folder. Reads, never deletes.
+
+    Args:
+        weights_base: the first weights file of the set (absolute or relative).
+
+    Returns:
+        Absolute normalized paths of the files those journals name (existing or not).
+    """
+    folder = os.path.dirname(os.path.abspath(weights_base))
+    found: set[str] = set()
+    for path in _dead_journals(weights_base):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            if os.lstat(path).st_size > _JOURNAL_MAX_BYTES:
+                continue
+            with open(path, encoding="utf-8") as handle:
+                listed = json.load(handle).get("files", [])
+            found.update(
+                os.path.normpath(os.path.join(folder, item))
+                for item in listed
+                if isinstance(item, str) and item and item == os.path.basename(item)
+            )
+    return frozenset(found)
