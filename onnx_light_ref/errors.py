@@ -24,6 +24,7 @@ __all__ = [
     "InvalidModelError",
     "PublishedWithErrorsError",
     "SafetensorsError",
+    "SafetensorsReferenceError",
     "SharedWeightsError",
     "TensorAllocationError",
     "UnsafeLocationError",
@@ -46,6 +47,13 @@ class DestinationConflictError(ExternalDataError):
 class SafetensorsError(ExternalDataError):
     """A safetensors header is malformed (hostile input), or tensors cannot be stored as safetensors (a name that is
     empty or repeated, a data type safetensors has no code for)."""
+
+
+class SafetensorsReferenceError(ExternalDataError):
+    """A reference into a ``.safetensors`` file disagrees with the file's header: it overlaps the header, or it is
+    not exactly the bytes, dtype and shape of its tensor's key (or, for a name that is no key, of any key). Every
+    reader refuses it with the message ``inspect`` shows as ``header mismatch``: the model would read header text or
+    another tensor's bytes as its weights (a checkpoint re-saved after it was linked)."""
 
 
 class SharedWeightsError(DestinationConflictError):

@@ -10,13 +10,21 @@ a backend a ``ModelProto``, never the model's folder. Where ``filename`` attribu
   a path (its folder): the op bound to that folder, ``DelayedInitializer.bind(base_dir)``, which resolves relative
   names there and refuses files outside that folder unless ``allow_outside_folder=True``.
 
+Ownership: a bound op holds the folder's descriptor and, in file mode, each weights file
+(:mod:`~onnx_light_ref.ops.delayed_initializer`). The prepared model (:class:`DelayedInitializerBackendRep`) owns the
+op it was built with and releases those descriptors on ``close()``, at the end of a ``with`` block, or as soon as it
+is dropped (a class lives in reference cycles: left to the op, they would wait for the cyclic garbage collector);
+``run_model`` and ``run_node`` release theirs before returning, and a ``prepare`` that fails releases what it opened.
+
 This backend must never mutate the model it is given and never runs on anything but the CPU.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping, Sequence
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -40,14 +48,62 @@ def _kernel(base_dir: str | os.PathLike[str] | None, allow_outside_folder: bool)
     return DelayedInitializer.bind(base_dir, allow_outside_folder=allow_outside_folder)
 
 
-class DelayedInitializerBackendRep(BackendRep):
-    """A prepared model: one ReferenceEvaluator, reused by every :meth:`run`."""
+def _evaluator(
+    model: onnx.ModelProto, op: type[DelayedInitializer], kwargs: dict[str, Any]
+) -> DelayedInitializerBackendRep:
+    """The prepared model owning ``op``; ``op``'s descriptors are released if the evaluator cannot be built."""
+    try:
+        session = ReferenceEvaluator(model, new_ops=[op], **kwargs)
+    except BaseException:
+        if op is not DelayedInitializer:
+            op.close()
+        raise
+    return DelayedInitializerBackendRep(session, op)
 
-    def __init__(self, session: ReferenceEvaluator) -> None:
-        self._session = session
+
+class DelayedInitializerBackendRep(BackendRep):
+    """A prepared model: one ReferenceEvaluator, reused by every :meth:`run`, and the op bound for it.
+
+    It owns the bound op's descriptors (the folder, the weights files held in file mode): :meth:`close`, the end of
+    a ``with`` block, or the rep being dropped releases them. After :meth:`close`, :meth:`run` raises ``ValueError``.
+    """
+
+    def __init__(self, session: ReferenceEvaluator, op: type[DelayedInitializer] | None = None) -> None:
+        self._session: ReferenceEvaluator | None = session
+        # A finalizer, not __del__: it runs once, at close() or when the rep goes, and holds the op, not the rep. The
+        # unbound op owns nothing (its nodes hold the current directory, released with the evaluator).
+        bound = op is not None and op is not DelayedInitializer
+        self._closer = weakref.finalize(self, op.close) if op is not None and bound else None
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran."""
+        return self._session is None
+
+    def close(self) -> None:
+        """Release the op's descriptors and the evaluator (idempotent)."""
+        self._session = None  # an unbound op's nodes release their hold on the current directory with it
+        if self._closer is not None:
+            self._closer()
+
+    def __enter__(self) -> DelayedInitializerBackendRep:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Run once; ``inputs`` is a list of arrays (graph input order), a name->array mapping, or one array."""
+        """Run once; ``inputs`` is a list of arrays (graph input order), a name->array mapping, or one array.
+
+        Raises:
+            ValueError: the rep was closed, or ``inputs`` does not match the graph's inputs.
+        """
+        if self._session is None:
+            raise ValueError(
+                "this prepared model was closed (close(), or the end of its 'with' block); prepare it again."
+            )
         names = list(self._session.input_names)
         if isinstance(inputs, Mapping):
             feeds = dict(inputs)
@@ -97,7 +153,8 @@ class DelayedInitializerBackend(Backend):
             **kwargs: Passed to ``ReferenceEvaluator`` (``verbose``, ``check_shape_annotations``...).
 
         Returns:
-            The prepared model.
+            The prepared model; it owns the bound op's descriptors: ``close()`` it or use it in a ``with`` block
+            (dropping it releases them too).
 
         Raises:
             ValueError: a device other than the CPU.
@@ -115,13 +172,12 @@ class DelayedInitializerBackend(Backend):
         refuse_unsupported_evaluator_options(kwargs)
         register_schemas()
         onnx.checker.check_model(model, check_custom_domain=True)
-        op = _kernel(base_dir, allow_outside_folder)
-        session = ReferenceEvaluator(model, new_ops=[op], **kwargs)
-        return DelayedInitializerBackendRep(session)
+        return _evaluator(model, _kernel(base_dir, allow_outside_folder), kwargs)
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:
-        return cls.prepare(model, device, **kwargs).run(inputs)
+        with cls.prepare(model, device, **kwargs) as rep:
+            return rep.run(inputs)
 
     @classmethod
     def run_node(
@@ -153,5 +209,5 @@ class DelayedInitializerBackend(Backend):
         model.ir_version = DEFAULT_IR_VERSION
         refuse_unsupported_evaluator_options(kwargs)
         op = _kernel(kwargs.pop("base_dir", None), kwargs.pop("allow_outside_folder", False))
-        session = ReferenceEvaluator(model, new_ops=[op], **kwargs)
-        return DelayedInitializerBackendRep(session).run(values)
+        with _evaluator(model, op, kwargs) as rep:
+            return rep.run(values)

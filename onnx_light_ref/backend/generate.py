@@ -5,7 +5,11 @@ For each case: ``<output_dir>/node/<name>/model.onnx`` and ``<output_dir>/node/<
 ``generate-data`` writes them), ``<output_dir>/node/<name>/data.json`` with the case's ``rtol``/``atol`` (read by
 onnx's loader for on-disk cases and by ``load_cases``: 0 and 0 for every DelayedInitializer case), plus the
 case's weights files: relative ones inside the case directory, absolute ones (the two seed cases) where they are
-named, an old file being removed first.
+named. Each weights file is published as every output of this package is (:mod:`onnx_light_ref.io.write.publish`):
+written under a temp name in its own folder, fsynced, then renamed over the destination (``renameat2`` exchange, or
+``rename``), the folder fsynced. A rename replaces the name, never writes through it: a symbolic link planted at
+the seed path (a shared ``/tmp``) is replaced, its target untouched, and a reader of the previous file sees the
+previous bytes or the new ones, never a truncated file.
 
 By default the extra cases name their weights with the absolute path of their case directory (the resolved
 output folder), so onnx's own ``Runner``, which loads ``model.onnx`` and calls ``backend.prepare(model, device)``
@@ -33,6 +37,7 @@ from onnx_light_ref.backend.cases import build_cases
 from onnx_light_ref.backend.expect import CaseRegistry, NodeCase, SideFile
 from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.read.locations import check_location_syntax
+from onnx_light_ref.io.write.publish import StagedFile, publish_all, staged_files
 from onnx_light_ref.onnx_compat import HAS_PYTHON_SHAPE_INFERENCE, readable_tensor_from_array
 from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE, check_delayed_initializer_node, register_schemas
 
@@ -48,16 +53,26 @@ DATA_JSON_FILENAME = "data.json"
 def _write_side_file(case: NodeCase, case_dir: Path, side: SideFile) -> Path:
     if os.path.isabs(side.path):
         target = Path(side.path)
-        # Remove first: a stale file (or a link someone put there) is replaced, never written through.
-        if target.is_symlink() or target.exists():
-            target.unlink()
     else:
         check_location_syntax(side.path, tensor_name=case.name)
         target = case_dir / side.path
         target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target, "xb") as f:
-        f.write(side.data)
+    _publish_bytes(target, side.data)
     return target
+
+
+def _publish_bytes(target: Path, data: bytes) -> None:
+    """Replace ``target`` by a file holding ``data``: temp file beside it, fsync, rename, folder fsync.
+
+    Whatever was at ``target`` (a stale file, a symbolic link someone planted) is replaced by the rename, never
+    opened: a link's target keeps its bytes. A failure before the rename leaves ``target`` as it was and no temp
+    file.
+    """
+    with staged_files() as files:
+        staged = StagedFile(str(target))
+        files.append(staged)
+        staged.write_all(data, 0)
+        publish_all(files)
 
 
 def _check_model(case: NodeCase) -> None:

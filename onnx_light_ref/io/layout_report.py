@@ -52,7 +52,7 @@ from onnx_light_ref.io.read.loader_rule import Refusal, loader_refusals
 from onnx_light_ref.io.read.locations import LocationResolver, expected_nbytes, parse_external_data
 from onnx_light_ref.io.read.model_file import check_model_strings, open_model_folder
 from onnx_light_ref.io.read.safetensors_header import SafetensorsHeader
-from onnx_light_ref.io.read.safetensors_refs import check_reference, read_safetensors_file
+from onnx_light_ref.io.read.safetensors_refs import check_reference, is_safetensors_location, read_safetensors_file
 from onnx_light_ref.io.read.walker import SitePlace, TensorKind, TensorSite, iter_tensors
 from onnx_light_ref.io.read.wire import load_model_lean
 
@@ -374,7 +374,8 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
     # Inline payloads of a large .onnx stay in the file: only the metadata is parsed, whatever the inline weights.
     model, _ = load_model_lean(path, check_strings=False, folder=folder)
     check_bool("allow_outside_folder", allow_outside_folder)
-    resolver = LocationResolver(folder)
+    # The safetensors checks are reported below (check_reference, the one every reader raises), not raised.
+    resolver = LocationResolver(folder, check_safetensors=False)
     try:  # for the per-loader diagnosis only (what path-resolving loaders would see), never to decide a read
         real_model_dir: str | None = os.path.dirname(os.path.realpath(path))
     except OSError:  # a folder renamed during the lookup
@@ -404,7 +405,7 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
             file.tensors = len(members[key])
             continue
         _analyse_file(file, members[key])
-        if file.path.endswith(".safetensors"):
+        if is_safetensors_location(file.path):
             _check_safetensors(resolver.folder, file, members[key], protos)
     for layout in tensors:
         # With the opt-in the caller trusts symbolic links (the Hugging Face cache): still listed, not an error.

@@ -78,7 +78,7 @@ import numpy as np
 import onnx
 from onnx.reference.op_run import OpRun
 
-from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
+from onnx_light_ref.errors import ExternalDataError, SafetensorsReferenceError, UnsafeLocationError
 from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.read.folder import (
@@ -91,6 +91,7 @@ from onnx_light_ref.io.read.folder import (
     stat_unconfined,
 )
 from onnx_light_ref.io.read.locations import check_location_syntax
+from onnx_light_ref.io.read.safetensors_refs import HeaderCache, is_safetensors_location, refuse_disagreeing_reference
 from onnx_light_ref.ops.attributes import (
     ATTRIBUTE_TYPES,
     DelayedInitializerParams,
@@ -139,6 +140,7 @@ class _Holder:
         self._path = path  # a bound folder that did not exist at bind(): opened at the first construction
         self._allow_outside = allow_outside
         self._files: weakref.WeakValueDictionary[FileIdentity, _HeldFile] = weakref.WeakValueDictionary()
+        self.headers = HeaderCache()  # the safetensors headers of the files its nodes read, parsed once per file
         self._lock = threading.Lock()
         self._users = 0
         self._closed = False
@@ -200,6 +202,7 @@ class _Holder:
             self._release()
 
     def _release(self) -> None:
+        self.headers.clear()
         for held in list(self._files.values()):
             held.close()
         if self._folder is not None:
@@ -270,6 +273,7 @@ class _NodeState:
 
     where: str
     binding: _Binding | None
+    output: str = ""  # the tensor the node produces: its safetensors key when its file is one
     cwd: _Holder | None = None  # unbound: the current directory at construction (relative names)
     params: DelayedInitializerParams | None = None  # None: function-linked attributes, known per call
     source: _Source | None = None
@@ -338,9 +342,12 @@ class DelayedInitializer(OpRun, metaclass=_KernelClass):
     type) before onnx's ``OpRun`` stores any attribute, validates the six values (``ValueError`` naming the node),
     then checks where the file is (see the module docstring) and, for ``load_device="cpu"``, reads the bytes; for
     ``"file"``, opens and holds the file when it exists. File problems raise ``FileNotFoundError`` (missing),
-    :class:`~onnx_light_ref.errors.UnsafeLocationError` (outside the folder, hard-linked, replaced) or ``ValueError``
-    (not a regular file, too short, not accessible), each naming the node and the file. With function-linked
-    attributes the values are only known per call, so attribute and file checks happen in ``_run`` instead.
+    :class:`~onnx_light_ref.errors.UnsafeLocationError` (outside the folder, hard-linked, replaced),
+    :class:`~onnx_light_ref.errors.SafetensorsReferenceError` (a ``*.safetensors`` file whose header says the range
+    overlaps the header or is not the tensor's key: the message every reader gives, naming the output and the file)
+    or ``ValueError`` (not a regular file, too short, not accessible), each naming the node and the file. With
+    function-linked attributes the values are only known per call, so attribute and file checks happen in ``_run``
+    instead.
     """
 
     op_domain = DOMAIN
@@ -356,7 +363,7 @@ class DelayedInitializer(OpRun, metaclass=_KernelClass):
         where = describe_node(onnx_node)
         # Before OpRun stores the attributes (setattr for each): only the six names, each once, get that far.
         check_node_structure(onnx_node, where=where)
-        state = _NodeState(where, binding)
+        state = _NodeState(where, binding, output=onnx_node.output[0])
         with state.holder_for().in_use(where):  # a closed class builds nothing
             super().__init__(onnx_node, run_params, schema=schema)
             _STATES[self] = state
@@ -476,6 +483,7 @@ class DelayedInitializer(OpRun, metaclass=_KernelClass):
             raise FileNotFoundError(exc.errno, f"{exc.strerror} (needed {_wanted(params)})", exc.filename) from exc
         try:
             _check_size(state.where, source, opened.size, params)
+            _check_safetensors_header(state, source, params, opened.fd, opened.stat)
         except BaseException:
             opened.close()
             raise
@@ -484,12 +492,13 @@ class DelayedInitializer(OpRun, metaclass=_KernelClass):
     def _rt_hold_if_present(self, state: _NodeState, source: _Source, params: DelayedInitializerParams) -> None:
         """File mode at construction: hold the file now when it is there and holds the tensor.
 
-        A symbolic link or a hard link is refused now, before any run; a missing, short or non-regular file is left
-        for each run to report (the spec's file mode: the file may appear later).
+        A symbolic link, a hard link or a reference that disagrees with its safetensors header is refused now, before
+        any run; a missing, short or non-regular file is left for each run to report (the spec's file mode: the file
+        may appear later).
         """
         try:
             opened = self._rt_open(state, source, params)
-        except UnsafeLocationError:
+        except (UnsafeLocationError, SafetensorsReferenceError):
             raise
         except (FileNotFoundError, ValueError):
             return
@@ -527,6 +536,7 @@ class DelayedInitializer(OpRun, metaclass=_KernelClass):
                 f"{subject} was modified after it was validated (size {state.held_size} -> {now.st_size} bytes); "
                 "nothing was read. Build a new evaluator to read it."
             )
+        _check_safetensors_header(state, source, params, held.fd, now)  # a header rewritten in place: read again
         return held
 
     # ------------------------------------------------------------------------------------------------ reading
@@ -568,6 +578,17 @@ def _check_size(where: str, source: _Source, size: int, params: DelayedInitializ
         raise ValueError(
             f"{where}: file {source.shown!r} too short: needs {needed} bytes ({_wanted(params)}), has {size} bytes."
         )
+
+
+def _check_safetensors_header(
+    state: _NodeState, source: _Source, params: DelayedInitializerParams, fd: int, st: os.stat_result
+) -> None:
+    """Refuse a node whose ``*.safetensors`` file's header says its bytes are not its tensor (the readers' one check:
+    :func:`~onnx_light_ref.io.read.safetensors_refs.refuse_disagreeing_reference`, by the output's name)."""
+    if not is_safetensors_location(source.shown):
+        return
+    file = source.holder.headers.read(fd, source.shown, st, source.shown)
+    refuse_disagreeing_reference(file, state.output, params.dtype, params.shape, params.offset, params.nbytes)
 
 
 def _read_tensor(fd: int, params: DelayedInitializerParams, where: str, shown: str) -> np.ndarray:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx
 
@@ -55,6 +55,12 @@ from onnx_light_ref.io.read.locations import (
     parse_external_data,
 )
 from onnx_light_ref.io.read.model_file import load_model_metadata, open_model_folder, serialize_model
+from onnx_light_ref.io.read.safetensors_refs import (
+    SafetensorsFile,
+    is_safetensors_location,
+    read_safetensors_fd,
+    refuse_disagreeing_reference,
+)
 from onnx_light_ref.io.read.walker import defined_names, iter_graphs, iter_tensors
 from onnx_light_ref.io.write.contract import (
     PlannedFile,
@@ -96,6 +102,8 @@ class _Source:
     size: int
     folder: ModelFolder | None = None
     location: str | None = None
+    # The header of a ``*.safetensors`` filename, read at validation.
+    safetensors: SafetensorsFile | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -151,7 +159,10 @@ class _SourceResolver:
         with self.folder.open_file(
             name, subject=f"{where}: file {filename!r}", check_links=not trusted_absolute
         ) as opened:
-            return _Source(opened.path, opened.identity, opened.size, self.folder, name)
+            header = None
+            if is_safetensors_location(filename):
+                header = read_safetensors_fd(opened.fd, opened.path, opened.size, filename)
+            return _Source(opened.path, opened.identity, opened.size, self.folder, name, header)
 
 
 @dataclass
@@ -301,6 +312,10 @@ def _plan_delayed(
                     raise ExternalDataError(
                         f"{where}: file {params.filename!r} too short: needs {end} bytes ({params.nbytes} bytes at "
                         f"offset {params.offset}), has {source.size}; nothing was written."
+                    )
+                if source.safetensors is not None:  # the kernel's check, by the node's output name
+                    refuse_disagreeing_reference(
+                        source.safetensors, name, params.dtype, params.shape, params.offset, params.nbytes
                     )
                 payload = _Payload(name, source, params.offset, params.nbytes)
             tensor = graph.initializer.add()  # a reference into the graph: the layout step fills its entries later

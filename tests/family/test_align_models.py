@@ -23,7 +23,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light_ref import align_external_data_streaming, align_models, verify_models
 from onnx_light_ref.errors import ExistingFileError, SharedWeightsError
+from onnx_light_ref.io.layout_report import build_layout_report
 from onnx_light_ref.io.results import FamilyResult
+from onnx_light_ref.ops import reference_evaluator
 from tests.checks import assert_no_temp_files, external_payload, sha256_of_tree
 from tests.family.family_models import Family, outputs_of, write_family
 from tests.models import make_model, save_external, value_info
@@ -230,10 +232,44 @@ def test_safetensors_keys_that_two_members_give_to_different_bytes_stay_unique(t
     align_models([tmp_path / "a" / "a.onnx", tmp_path / "b" / "b.onnx"], out, weights_format="safetensors")
 
     checkpoint = load_file(str(out / "model.safetensors"))
-    assert set(checkpoint) == {"onnx::MatMul_1", "b.onnx/onnx::MatMul_1"}
+    # Neither member's bytes take the bare name: a key named like a tensor is that tensor's bytes in every member
+    # (what every reader checks), so the name two members give to different bytes is qualified for both.
+    assert set(checkpoint) == {"a.onnx/onnx::MatMul_1", "b.onnx/onnx::MatMul_1"}
+    assert checkpoint["a.onnx/onnx::MatMul_1"][0] == 1.0
     assert checkpoint["b.onnx/onnx::MatMul_1"][0] == 2.0
     for name in ("a", "b"):
         assert verify_models(tmp_path / name / f"{name}.onnx", out / f"{name}.onnx").equal
+        assert build_layout_report(out / f"{name}.onnx").ok
+
+
+def test_safetensors_equal_bytes_of_another_dtype_or_shape_get_a_key_of_their_own(tmp_path: Path, out: Path) -> None:
+    """A key has one dtype and shape: zeros as float32 [4], int32 [4] and float32 [2, 2] are three keys, each read
+    back by every reader as its own tensor (bytes shared by the same dtype and shape are still stored once)."""
+    from safetensors.numpy import load_file
+
+    from tests.models import identity_model
+
+    members = {
+        "a": {"f": np.zeros(4, np.float32), "g": np.ones(4, np.float32)},
+        "b": {"i": np.zeros(4, np.int32), "g2": np.ones(4, np.float32)},
+        "c": {"m": np.zeros((2, 2), np.float32)},
+    }
+    for folder, tensors in members.items():
+        (tmp_path / folder).mkdir()
+        save_external(identity_model(tensors), tmp_path / folder / f"{folder}.onnx", "data.bin")
+
+    result = align_models([tmp_path / f / f"{f}.onnx" for f in members], out, weights_format="safetensors")
+
+    checkpoint = load_file(str(out / "model.safetensors"))
+    assert set(checkpoint) == {"f", "g", "i", "m"}  # "g2" shares "g"'s bytes, dtype and shape
+    assert result.deduplicated_tensors == 1
+    for folder, tensors in members.items():
+        assert build_layout_report(out / f"{folder}.onnx").ok
+        assert verify_models(tmp_path / folder / f"{folder}.onnx", out / f"{folder}.onnx").equal
+        with reference_evaluator(out / f"{folder}.onnx") as sess:
+            for value, expected in zip(sess.run(None, {}), tensors.values(), strict=True):
+                assert value.dtype == expected.dtype
+                np.testing.assert_array_equal(value, expected)
 
 
 def test_size_threshold_moves_the_inline_weights_of_every_member_into_the_shared_file(

@@ -81,10 +81,27 @@ def test_every_problem_of_a_map_is_listed_in_one_message(tmp_path: Path) -> None
     assert "'c' names no tensor of the model" in message and "checkpoint key 'k' would be read by 2" in message
 
 
-def test_a_map_that_swaps_two_names_links_each_tensor_to_its_own_bytes(tmp_path: Path) -> None:
+def test_a_map_that_swaps_two_names_is_refused_since_every_reader_would_refuse_the_linked_model(
+    tmp_path: Path,
+) -> None:
+    """``{"a": "b", "b": "a"}`` over a checkpoint holding both keys: tensor 'a' would read key 'b' while key 'a'
+    exists, what a checkpoint re-saved with its tensors moved looks like; every reader refuses such a reference
+    (``SafetensorsReferenceError``), so ``link`` refuses the map instead of writing that model."""
     src = _setup(tmp_path, {"a": B, "b": A})  # the checkpoint calls them the other way round
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(ValueError, match="the name map does not fit the model and the checkpoint") as info:
+        link_external_data(src, tmp_path / "ckpt.safetensors", tmp_path / "linked.onnx", name_map={"a": "b", "b": "a"})
+    message = str(info.value)
+    assert "'a' -> 'b': the checkpoint also has a key 'a'" in message
+    assert "'b' -> 'a': the checkpoint also has a key 'b'" in message
+    assert sha256_of_tree(tmp_path) == before
+    assert_no_temp_files(tmp_path)
+
+
+def test_a_map_onto_keys_no_tensor_is_named_after_links_each_tensor_to_its_own_bytes(tmp_path: Path) -> None:
+    src = _setup(tmp_path, {"layers.0": B, "layers.1": A})
     result = link_external_data(
-        src, tmp_path / "ckpt.safetensors", tmp_path / "linked.onnx", name_map={"a": "b", "b": "a"}
+        src, tmp_path / "ckpt.safetensors", tmp_path / "linked.onnx", name_map={"a": "layers.1", "b": "layers.0"}
     )
     assert result.linked_tensors == 2 and result.written_tensors == 0
     out_a, out_b = run_onnxruntime(tmp_path / "linked.onnx", {})

@@ -19,6 +19,7 @@ import pytest
 import safetensors.numpy as st_numpy
 
 from onnx_light_ref import link_external_data, verify_models
+from onnx_light_ref.errors import SafetensorsReferenceError
 from onnx_light_ref.io.layout_report import build_layout_report
 from tests.checks import sha256_of_tree
 from tests.models import external_tensor, make_model, mlp_model, save_external, value_info
@@ -49,7 +50,6 @@ def _linked(folder: Path, checkpoint: dict[str, np.ndarray], name_map: dict[str,
 def test_a_checkpoint_re_saved_with_metadata_makes_every_linked_reference_a_header_mismatch(tmp_path: Path) -> None:
     linked = _linked(tmp_path, WEIGHTS)
     st_numpy.save_file(WEIGHTS, str(tmp_path / "ckpt.safetensors"), metadata={"format": "pt"})  # the header grows
-    assert not verify_models(tmp_path / "src.onnx", linked).equal  # what the model now reads is not its weights
     before = sha256_of_tree(tmp_path)
     report = build_layout_report(linked)
     assert not report.ok
@@ -60,7 +60,11 @@ def test_a_checkpoint_re_saved_with_metadata_makes_every_linked_reference_a_head
     assert out.returncode == 1
     assert f"status: {len(WEIGHTS)} error(s)" in out.stdout and "status: OK" not in out.stdout
     assert "header mismatch: tensor 'w1': bytes [" in out.stdout
-    assert sha256_of_tree(tmp_path) == before  # inspect reads headers, never writes
+    # verify refuses what inspect reports, with its message (before: it compared the wrong bytes, "different").
+    with pytest.raises(SafetensorsReferenceError) as refused:
+        verify_models(tmp_path / "src.onnx", linked)
+    assert str(refused.value) in {t.message for t in report.tensors}
+    assert sha256_of_tree(tmp_path) == before  # inspect and verify read headers, never write
 
 
 def test_a_reference_reaching_into_the_header_says_it_would_read_header_text(tmp_path: Path) -> None:

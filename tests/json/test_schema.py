@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -114,31 +115,43 @@ def test_the_package_data_globs_ship_every_schema_file():
     assert all(any(fnmatch.fnmatch(name, pattern) for pattern in globs) for name in shipped)
 
 
-def _setuptools_builds_this_project() -> bool:
-    try:
-        import setuptools
-    except ImportError:
-        return False
-    return int(setuptools.__version__.split(".")[0]) >= 77  # pyproject.toml's build requirement
+def _build_outputs_in_checkout() -> set[str]:
+    """What a build run in the checkout would leave there: ``build/``, ``dist/``, ``*.egg-info`` (other top-level
+    names come and go with other tests: ``.hypothesis``, ``.pytest_cache``)."""
+    return {e.name for e in ROOT.iterdir() if e.name in ("build", "dist") or e.name.endswith(".egg-info")}
 
 
-@pytest.mark.slow  # builds a wheel: a few seconds
-@pytest.mark.skipif(
-    not _setuptools_builds_this_project(), reason="needs setuptools >= 77 installed (the build requirement), offline"
-)
+@pytest.mark.slow  # builds a wheel in an isolated build environment: a few seconds
 def test_the_wheel_ships_the_schemas(tmp_path):
+    """pip builds the wheel as a user's ``pip install`` does: in an isolated environment holding pyproject.toml's
+    build requirement (setuptools >= 77, whatever is installed here: the test extra does not name it), from a copy of
+    the tree, every temp and cache folder inside ``tmp_path``."""
     source = tmp_path / "src"  # a copy: building writes build/ and *.egg-info next to the sources
     source.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         (source / name).write_bytes((ROOT / name).read_bytes())
     shutil.copytree(ROOT / "onnx_light_ref", source / "onnx_light_ref", ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), "."],
-        check=True,
+    (tmp_path / "tmp").mkdir()
+    env = {
+        **os.environ,
+        "TMPDIR": str(tmp_path / "tmp"),  # pip's build environment and unpacked requirements
+        "PIP_CACHE_DIR": str(tmp_path / "pip-cache"),  # the downloaded setuptools wheel
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    before = _build_outputs_in_checkout()
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), "."],
+        check=False,
         capture_output=True,
+        text=True,
         cwd=source,
+        env=env,
     )
-    (wheel,) = tmp_path.glob("onnx_light_ref-*.whl")
+    assert built.returncode == 0, built.stderr
+    assert _build_outputs_in_checkout() == before
+    assert sorted(os.listdir(tmp_path / "tmp")) == []  # pip removed its build environment
+    (wheel,) = (tmp_path / "dist").glob("onnx_light_ref-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         for command in SCHEMA_NAMES:

@@ -12,9 +12,10 @@ Two steps, so that the writer can refuse a bad destination before any weight byt
   each member an :class:`~onnx_light_ref.io.plan.align_plan.AlignPlan` view: its own model, sites and columns, the
   family's shards, so the aligner's entry rewriting and copy engine serve it unchanged.
 
-safetensors keys are the names of the distinct payloads' first tensors; a name already taken by another payload (two
-members holding different bytes under one name, common with exporters' ``onnx::MatMul_123`` names) becomes
-``<member file name>/<name>``, so every key stays unique and every payload is stored once.
+safetensors keys are the names of the distinct payloads' first tensors; a name that two distinct payloads carry (two
+members holding different bytes under one name, common with exporters' ``onnx::MatMul_123`` names) is neither's key:
+each becomes ``<member file name>/<name>``, so every key stays unique and names only its own tensor's bytes (what
+every reader checks). Payloads share a key only when their dtype and dims are equal too.
 
 Which inline tensors move out (``size_threshold``) is rule 2 of the writer contract, decided per site by
 :meth:`~onnx_light_ref.io.plan.sites.SitePolicy.decide` inside the walk. This module checks nothing about
@@ -217,7 +218,11 @@ def lay_out_family(plan: FamilyPlan, chunk_size: int) -> None:
     layout = plan.layout
     safetensors = layout.weights_format == "safetensors"
     plan.first = representatives(plan.table.files, plan.payloads, True, chunk_size)
-    named = _family_keys(plan) if safetensors else []
+    named: list[SafetensorsTensor] = []
+    if safetensors:
+        named = [tensor for walk in plan.walks for tensor in walk.named]
+        plan.first = _typed_representatives(plan.first, named)
+        _family_keys(plan, named)
     placement = place_payloads(
         plan.payloads.lengths,
         plan.first,
@@ -248,18 +253,38 @@ def lay_out_family(plan: FamilyPlan, chunk_size: int) -> None:
     plan.stale_weights_files = sorted(stale)
 
 
-def _family_keys(plan: FamilyPlan) -> list[SafetensorsTensor]:
-    """One safetensors entry per payload (the layout reads those of the distinct ones), with unique keys."""
-    named: list[SafetensorsTensor] = []
-    for walk in plan.walks:
-        named.extend(walk.named)
-    taken: set[str] = set()
+def _typed_representatives(first: array[int], named: list[SafetensorsTensor]) -> array[int]:
+    """``first`` where a payload shares a key only with payloads of its own dtype and dims, as well as its bytes.
+
+    A safetensors key has one dtype and shape, and every reader checks a reference against its key
+    (:func:`~onnx_light_ref.io.read.safetensors_refs.check_reference`): equal bytes under another type (a float
+    tensor and an int tensor of zeros) are stored under a key of their own (keys may not overlap).
+    """
+    typed: array[int] = array("q", first)
+    seen: dict[tuple[int, int, tuple[int, ...]], int] = {}
+    for index, tensor in enumerate(named):
+        typed[index] = seen.setdefault((first[index], tensor.data_type, tuple(tensor.dims)), index)
+    return typed
+
+
+def _family_keys(plan: FamilyPlan, named: list[SafetensorsTensor]) -> None:
+    """Give each distinct payload of ``named`` (one entry per payload) a unique key, in place.
+
+    A payload's key is the name of its first tensor when every tensor of that name, in every member, is that
+    payload: a key named like a tensor is then that tensor's bytes in each member, as every reader checks. A name
+    that two distinct payloads carry (two members holding different bytes under one name) is no payload's key:
+    each becomes ``<member file name>/<name>`` (``#2``, ``#3``... if needed), so keys stay unique too.
+    """
     owner = [index for index, walk in enumerate(plan.walks) for _ in range(walk.moved)]
+    payloads_named: dict[str, set[int]] = {}
+    for index, tensor in enumerate(named):
+        payloads_named.setdefault(tensor.name, set()).add(plan.first[index])
+    taken: set[str] = set(payloads_named)  # a qualified key never takes another tensor's name
     for index, tensor in enumerate(named):
         if plan.first[index] != index or not tensor.name:
             continue  # a duplicate has no key of its own; an empty name is refused by the layout
         key = tensor.name
-        if key in taken:
+        if len(payloads_named[key]) > 1:
             prefix = os.path.basename(plan.destinations[owner[index]])
             key = f"{prefix}/{tensor.name}"
             suffix = 2
@@ -267,9 +292,8 @@ def _family_keys(plan: FamilyPlan) -> list[SafetensorsTensor]:
                 key = f"{prefix}/{tensor.name}#{suffix}"
                 suffix += 1
             named[index] = SafetensorsTensor(key, tensor.label, tensor.data_type, tensor.dims, tensor.length)
-        taken.add(key)
+            taken.add(key)
         plan.keys[index] = key
-    return named
 
 
 def _member_plan(plan: FamilyPlan, index: int) -> AlignPlan:

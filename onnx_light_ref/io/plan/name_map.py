@@ -8,7 +8,11 @@ message:
 * a key naming no tensor of the model (a typo: the tensor it meant is then linked by its own name, or not at all);
 * a value naming no key of the checkpoint (the tensor would be silently written instead of linked);
 * two model tensors sent to one checkpoint key, through the map or a mapped one and another by its own name (both
-  would read the same bytes: at least one of them computes with another tensor's weights).
+  would read the same bytes: at least one of them computes with another tensor's weights);
+* a tensor sent to another key while its own name is a key of the checkpoint too (a swap ``{"a": "b", "b": "a"}``):
+  every reader checks a reference against the key of its tensor's name
+  (:func:`~onnx_light_ref.io.read.safetensors_refs.check_reference`: from the files alone it is a checkpoint
+  re-saved with its tensors moved), so the linked model would be refused by all of them.
 
 :func:`parse_name_map` reads the JSON text of a map file as untrusted input: UTF-8, one flat object of strings, no
 repeated name (``json`` would keep the last one silently), no nesting (a deep one is refused, never a
@@ -82,7 +86,8 @@ def parse_name_map(text: bytes, source: str) -> dict[str, str]:
 def check_name_map_targets(
     name_map: Mapping[str, str], sites: Iterable[TensorSite], checkpoint_keys: Collection[str]
 ) -> None:
-    """Refuse a map whose names or keys do not exist, or that sends two model tensors to one checkpoint key.
+    """Refuse a map whose names or keys do not exist, that sends two model tensors to one checkpoint key, or that
+    sends a tensor away from the key of its own name.
 
     Args:
         name_map: model tensor name -> checkpoint key (already through :func:`check_name_map`).
@@ -90,8 +95,8 @@ def check_name_map_targets(
         checkpoint_keys: every key of the checkpoint.
 
     Raises:
-        ValueError: listing every name the model lacks, every key the checkpoint lacks and every key several model
-            tensors would read; nothing has been written.
+        ValueError: listing every name the model lacks, every key the checkpoint lacks, every key several model
+            tensors would read and every tensor mapped away from a key of its own name; nothing has been written.
     """
     if not name_map:
         return
@@ -112,6 +117,12 @@ def check_name_map_targets(
         if name in names and key not in checkpoint_keys
     ]
     problems += [_shared(key, tensors) for key, tensors in readers.items() if len(tensors) > 1 and _mapped(tensors)]
+    problems += [
+        f"{name!r} -> {key!r}: the checkpoint also has a key {name!r}, and every reader checks a tensor against the "
+        f"key of its own name (the linked model would be refused as a re-saved checkpoint); rename the tensor first"
+        for name, key in name_map.items()
+        if name in names and key != name and key in checkpoint_keys and name in checkpoint_keys
+    ]
     if problems:
         shown = "; ".join(problems[:_LISTED])
         more = f"; and {len(problems) - _LISTED} more" if len(problems) > _LISTED else ""

@@ -5,12 +5,14 @@ here, before any byte is copied: the location is relative, free of ``..`` (the O
 and backslashes; the file is opened through the model's folder held by a
 :class:`~onnx_light_ref.io.read.folder.ModelFolder` (no symbolic link anywhere on the way unless the caller opted in, a
 regular file with one hard link: onnx's loader rule, see ``docs/safety.md``); ``offset + length`` fits in it;
-``length`` agrees with the tensor's dims and dtype. A validated :class:`ExternalRef` carries the folder, the
-location and the identity of the file, so that whoever reads it later opens it through the same held folder and
-notices a file replaced meanwhile.
+``length`` agrees with the tensor's dims and dtype; a reference into a ``*.safetensors`` file agrees with the file's
+header (:func:`~onnx_light_ref.io.read.safetensors_refs.check_reference`, the check ``inspect`` reports). A validated
+:class:`ExternalRef` carries the folder, the location and the identity of the file, so that whoever reads it later
+opens it through the same held folder and notices a file replaced meanwhile.
 
 This module never opens a file for writing, never reads weight bytes and never uses ``realpath`` to decide what may
-be read: it looks at files (``O_PATH`` and ``fstat``, never opened for reading) and closes them.
+be read: it looks at files (``O_PATH`` and ``fstat``, never opened for reading; a ``*.safetensors`` file's header is
+read, once per file) and closes them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ from onnx_light_ref.io.posix import check_single_link
 from onnx_light_ref.io.read.dtype_sizes import packed_nbytes
 from onnx_light_ref.io.read.entries import is_external, parse_entry_int, read_entries
 from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder
+from onnx_light_ref.io.read.safetensors_refs import (
+    SafetensorsFile,
+    is_safetensors_location,
+    read_safetensors_file,
+    refuse_disagreeing_reference,
+)
 
 __all__ = [
     "TYPED_VALUE_FIELDS",
@@ -162,13 +170,20 @@ class LocationResolver:
     Args:
         base_dir: the model's folder (opened and held now), or an already held :class:`ModelFolder`.
         allow_outside_folder: when ``base_dir`` is a path: follow symbolic links (trusted layouts only).
+        check_safetensors: refuse, in :func:`parse_external_data`, a reference that disagrees with the header of its
+            ``*.safetensors`` file (the default, every reader); False only for ``inspect``, which reports the same
+            check instead of raising it.
     """
 
-    def __init__(self, base_dir: str | ModelFolder, *, allow_outside_folder: bool = False) -> None:
+    def __init__(
+        self, base_dir: str | ModelFolder, *, allow_outside_folder: bool = False, check_safetensors: bool = True
+    ) -> None:
         self._folder = base_dir if isinstance(base_dir, ModelFolder) else None
         self.base_dir = base_dir.path if isinstance(base_dir, ModelFolder) else os.path.abspath(base_dir)
         self.allow_outside_folder = allow_outside_folder
+        self.check_safetensors = check_safetensors
         self._resolved: dict[str, tuple[str, os.stat_result]] = {}
+        self._headers: dict[str, SafetensorsFile] = {}
 
     @property
     def folder(self) -> ModelFolder:
@@ -191,6 +206,13 @@ class LocationResolver:
             st = self.folder.stat_file(location, tensor_name=tensor_name, check_links=False)
             hit = (self.folder.display_path(location), st)
             self._resolved[location] = hit
+        return hit
+
+    def safetensors_file(self, location: str) -> SafetensorsFile:
+        """The header of the ``*.safetensors`` file ``location`` (already resolved), read once per resolver."""
+        hit = self._headers.get(location)
+        if hit is None:
+            hit = self._headers[location] = read_safetensors_file(self.folder, location)
         return hit
 
 
@@ -300,7 +322,15 @@ def parse_external_data(
     Entries are read by :func:`~onnx_light_ref.io.read.entries.read_entries` (unknown or duplicated keys are an error
     here, not a warning: a writer that adds keys we would silently drop is better told) and numbers by
     :func:`~onnx_light_ref.io.read.entries.parse_entry_int` (ASCII digits only, within int64). ``length`` is required
-    unless dims and dtype give it; when both exist they must agree. ``offset + length`` must fit in the file.
+    unless dims and dtype give it; when both exist they must agree. ``offset + length`` must fit in the file. A
+    reference into a ``*.safetensors`` file must agree with its header (unless the resolver was made with
+    ``check_safetensors=False``): :func:`~onnx_light_ref.io.read.safetensors_refs.refuse_disagreeing_reference`.
+
+    Raises:
+        UnsafeLocationError: the location is unsafe (see :func:`check_location_syntax`, :class:`ModelFolder`).
+        FileNotFoundError: the file does not exist.
+        SafetensorsReferenceError: the reference overlaps its safetensors file's header or is not its key's bytes.
+        ExternalDataError: any other malformed entry, a range past the end of the file.
     """
     name = label or _text(tensor.name)
     check_external_structure(tensor, label=name)
@@ -318,6 +348,10 @@ def parse_external_data(
             f"tensor {name!r}: external data range [offset {offset}, +{length} bytes) exceeds the size of "
             f"{location!r} ({st.st_size} bytes)."
         )
+    if resolver.check_safetensors and is_safetensors_location(location):
+        key = tensor.name if isinstance(tensor.name, str) else ""  # a non-UTF-8 name is no safetensors key
+        file = resolver.safetensors_file(location)
+        refuse_disagreeing_reference(file, key, tensor.data_type, tensor.dims, offset, length)
     return ExternalRef(
         tensor_name=name,
         location=location,

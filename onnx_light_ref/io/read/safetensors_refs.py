@@ -16,23 +16,45 @@ safetensors file must agree with the header:
 
 :func:`read_safetensors_file` parses the header as hostile input through the model's held folder and says why the
 library would refuse the file (:mod:`~onnx_light_ref.io.read.safetensors_header`); :func:`check_reference` says why a
-reference disagrees. Neither reads a tensor byte nor writes anything.
+reference disagrees. That one function decides for every reader: ``inspect`` reports its answer (``header
+mismatch``); every other reader (the references validated by
+:func:`~onnx_light_ref.io.read.locations.parse_external_data`: the aligners, ``verify``, ``delay_initializers``,
+``reference_evaluator``, ``undelay``; the ``DelayedInitializer`` kernel and ``undelay``'s node filenames through
+:class:`HeaderCache`) raises it as :class:`~onnx_light_ref.errors.SafetensorsReferenceError`
+(:func:`refuse_disagreeing_reference`), before any weight byte is read. A header that does not parse names no key
+to compare with: readers then read the file as plain external data (``inspect`` says ``safetensors refuses``).
+Nothing here reads a tensor byte or writes anything.
 """
 
 from __future__ import annotations
 
 import bisect
+import os
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from onnx_light_ref.errors import ExternalDataError, SafetensorsError
+from onnx_light_ref.errors import ExternalDataError, SafetensorsError, SafetensorsReferenceError
 from onnx_light_ref.io.plan.safetensors_layout import safetensors_dtype, storage_shape
 from onnx_light_ref.io.read.folder import ModelFolder
 from onnx_light_ref.io.read.safetensors_header import SafetensorsEntry, SafetensorsHeader, read_header
 
-__all__ = ["SafetensorsFile", "check_reference", "entry_matches", "read_safetensors_file"]
+__all__ = [
+    "HeaderCache",
+    "SafetensorsFile",
+    "check_reference",
+    "entry_matches",
+    "is_safetensors_location",
+    "read_safetensors_fd",
+    "read_safetensors_file",
+    "refuse_disagreeing_reference",
+]
 
 _KEYS_SHOWN = 3  # keys named in a message about a range that cuts several
+# Files whose parsed header a HeaderCache keeps: a model's weights are in a few files, and a cache that lives as long
+# as the process (the unbound kernel's) must not grow with every file it ever read.
+_CACHED_FILES = 8
 
 
 @dataclass
@@ -71,11 +93,18 @@ class SafetensorsFile:
         return [e for e in self._ordered[first:last] if start + e.end > offset]
 
 
+def is_safetensors_location(location: str) -> bool:
+    """Whether references into the data file ``location`` (a ``location`` or a ``filename``, as written) are checked
+    against a safetensors header: its name ends with ``.safetensors``, the name every safetensors loader expects."""
+    return location.endswith(".safetensors")
+
+
 def read_safetensors_file(folder: ModelFolder, location: str) -> SafetensorsFile:
     """Read and judge the header of the ``.safetensors`` file at ``location`` of the held ``folder``.
 
     Args:
-        folder: the model's folder, held open (the file is opened through it, confined like every data file).
+        folder: the model's folder, held open (the file is opened through it, confined like every data file; a
+            hard-linked file is not read: the callers refuse it for that).
         location: the file's ``location``, relative to the folder.
 
     Returns:
@@ -84,8 +113,26 @@ def read_safetensors_file(folder: ModelFolder, location: str) -> SafetensorsFile
     """
     try:
         with folder.open_file(location, subject=f"safetensors file {location!r}") as opened:
-            header = read_header(opened.fd, opened.path, opened.size)
-    except (SafetensorsError, ExternalDataError, OSError) as exc:
+            return read_safetensors_fd(opened.fd, opened.path, opened.size, location)
+    except (ExternalDataError, OSError) as exc:
+        return SafetensorsFile(location, None, str(exc), f"safetensors header INVALID: {exc}")
+
+
+def read_safetensors_fd(fd: int, path: str, size: int, location: str) -> SafetensorsFile:
+    """:func:`read_safetensors_file` of a file already open (a kernel's held weights file).
+
+    Args:
+        fd: the open file (read with ``pread`` only).
+        path: its name, for the parser's messages.
+        size: its size, from ``fstat``.
+        location: its name as the model wrote it, for the messages of :func:`check_reference`.
+
+    Returns:
+        The :class:`SafetensorsFile` (``header`` None when the header does not parse).
+    """
+    try:
+        header = read_header(fd, path, size)
+    except (SafetensorsError, OSError) as exc:
         return SafetensorsFile(location, None, str(exc), f"safetensors header INVALID: {exc}")
     text = f"safetensors header {header.data_start} bytes (data section starts there), {len(header.entries)} tensors"
     if header.metadata:
@@ -158,6 +205,59 @@ def check_reference(
     if not length:
         return None  # reads nothing, whatever the offset: no key's bytes can be misread
     return f"{where} are no key of the safetensors header" + _what_is_there(file, offset, length)
+
+
+def refuse_disagreeing_reference(
+    file: SafetensorsFile, name: str, data_type: int, dims: Sequence[int], offset: int, length: int
+) -> None:
+    """What every reader but ``inspect`` does with :func:`check_reference`: refuse the reference it finds wrong.
+
+    Args:
+        file: the parsed file; one whose header does not parse (``file.header`` None) is not checked.
+        name, data_type, dims, offset, length: as for :func:`check_reference`.
+
+    Raises:
+        SafetensorsReferenceError: the reference disagrees with the header; the message is
+            :func:`check_reference`'s, the one ``inspect`` shows (``header mismatch``).
+    """
+    if file.header is None:
+        return
+    problem = check_reference(file, name, data_type, dims, offset, length)
+    if problem is not None:
+        raise SafetensorsReferenceError(problem)
+
+
+class HeaderCache:
+    """Parsed headers of the last few ``.safetensors`` files read, each by the version of the file it was read from.
+
+    A kernel node opens its file on its own (each ``DelayedInitializer`` names one tensor), so a model of thousands
+    of nodes would parse its header thousands of times. The key is the file's device, inode, size and change times
+    (``st_mtime_ns``, ``st_ctime_ns``) and the name it was read under: a file rewritten in place gets a new key and is
+    read again. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._files: OrderedDict[tuple[object, ...], SafetensorsFile] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def read(self, fd: int, path: str, st: os.stat_result, location: str) -> SafetensorsFile:
+        """:func:`read_safetensors_fd` of ``fd`` (``st`` is its ``fstat``), or the file parsed for the same key."""
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, location)
+        with self._lock:
+            hit = self._files.get(key)
+            if hit is not None:
+                self._files.move_to_end(key)
+                return hit
+        file = read_safetensors_fd(fd, path, st.st_size, location)
+        with self._lock:
+            self._files[key] = file
+            while len(self._files) > _CACHED_FILES:
+                self._files.popitem(last=False)
+        return file
+
+    def clear(self) -> None:
+        with self._lock:
+            self._files.clear()
 
 
 def _what_is_there(file: SafetensorsFile, offset: int, length: int) -> str:
