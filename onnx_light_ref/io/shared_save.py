@@ -48,6 +48,7 @@ from onnx_light_ref.io.results import SaveResult
 from onnx_light_ref.io.write.contract import (
     PlannedFile,
     PlannedModel,
+    ShardSet,
     WriteOptions,
     WritePlan,
     check_plan,
@@ -308,7 +309,7 @@ def _plan(
         "save_model_with_shared_external_data",
         [PlannedModel(dst_onnx, model, sites, size_threshold, policy)],
         [PlannedFile(dst_onnx, "model", format="onnx")]
-        + ([PlannedFile(secondary_path, "weights", total)] if new else []),
+        + ([PlannedFile(secondary_path, "weights", total, shard_set=ShardSet(secondary_path))] if new else []),
         sources={
             identity: f"the file {where[1]!r} that reused tensor {where[0]!r} points to"
             for identity, where in reused.files.items()
