@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import tempfile
 
+import numpy as np
 import onnx
 import pytest
 
@@ -11,7 +14,8 @@ from onnx_light_ref import demo
 from onnx_light_ref.cli import main
 from onnx_light_ref.commands.sizes import parse_size
 from onnx_light_ref.io.layout_report import build_layout_report
-from tests.checks import sha256_of_tree
+from onnx_light_ref.io.write import publish
+from tests.checks import run_onnxruntime, sha256_of_tree
 
 
 def test_demo_runs_end_to_end_in_a_temporary_folder(capsys):
@@ -168,3 +172,47 @@ def test_demo_keep_that_is_not_a_folder_is_one_error_line(tmp_path, capsys, make
     assert line.startswith("error: --keep ") and message.format(root=tmp_path) in line
     assert sha256_of_tree(tmp_path) == before
     assert sorted(os.listdir(tmp_path)) == entries
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["keep", "temporary-folder"])
+def test_demo_exits_3_when_its_model_is_published_but_a_step_after_the_commit_failed(
+    tmp_path, capsys, monkeypatch, keep
+):
+    """Like every writing command: 3 says the model is in place, 1 would say nothing was written (it exited 1 with
+    a traceback). The aligned model's folder ``fsync`` after its commit answers EIO."""
+    folder = tmp_path / "demo"
+    seen = []
+
+    def fail_after_the_commit(name):
+        # The aligned model exists only once committed (until then it is a hidden temp file).
+        models = [folder / "model.onnx"] if keep else list(tmp_path.glob("tmp/onnx-light-ref-demo-*/model.onnx"))
+        if name == "fsync" and any(path.exists() for path in models):
+            seen.extend(str(path) for path in models)
+            raise OSError(errno.EIO, "fsync failed (injected)")
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    monkeypatch.setattr(publish, "before_syscall", fail_after_the_commit)
+    args = ["demo", "--size", "1M", "--no-progress"] + (["--keep", str(folder)] if keep else [])
+
+    status = main(args)
+
+    out, err = capsys.readouterr()
+    assert status == 3, (out, err)
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith(
+        f"error: {seen[0]!r} is published (the new model is in place and loads), but the fsync of "
+    ), err
+    assert "that makes it durable failed (Input/output error)" in err
+    monkeypatch.setattr(publish, "before_syscall", None)
+    if keep:  # published and loadable: what the source computes
+        model = folder / "model.onnx"
+        onnx.checker.check_model(str(model), full_check=True)
+        x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+        (got,) = run_onnxruntime(model, {"x": x})
+        (expected,) = run_onnxruntime(folder / "source" / "mlp.onnx", {"x": x})
+        assert np.array_equal(got, expected)
+        assert sorted(p.name for p in folder.iterdir()) == ["model.onnx", "model.onnx.data", "source"]
+    else:  # the temporary folder is removed all the same
+        assert list((tmp_path / "tmp").iterdir()) == []

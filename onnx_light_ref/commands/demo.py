@@ -2,7 +2,8 @@
 
 Builds a two-file MLP, re-aligns it, saves a variant sharing its weights, evaluates everything lazily (and with
 onnxruntime when installed) and prints a short report; the logic lives in :mod:`onnx_light_ref.demo`. Works in a
-temporary folder removed at the end unless ``--keep DIR`` is given. Exit status 0 when every output agrees, else 1.
+temporary folder removed at the end unless ``--keep DIR`` is given. Exit status 0 when every output agrees, else 1;
+3 when a publication of the demo is in place but a step after its commit failed, as for every writing command.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import sys
 import tempfile
 from typing import Any
 
-from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.paths import shown_path
 from onnx_light_ref.commands.sizes import size_argument
+from onnx_light_ref.errors import PublishedWithErrorsError
 
 __all__ = ["demo_command", "register"]
 
@@ -61,6 +63,8 @@ def demo_command(args: argparse.Namespace) -> int:
         else:
             with tempfile.TemporaryDirectory(prefix="onnx-light-ref-demo-") as workdir:
                 result = run_demo(args.size, workdir, progress=progress)
+    except PublishedWithErrorsError as exc:  # before OSError's clause: a model is published, exit status 3
+        return published_exit(exc)
     except (ValueError, OSError) as exc:
         return error_exit(exc)
     print("\n".join(result.lines))

@@ -8,10 +8,11 @@ library call and :func:`remove_created_folders` when that call fails or is inter
 An interrupt (SIGINT/SIGTERM, raised by the CLI as a ``KeyboardInterrupt``) can land between two bytecodes of the
 library, e.g. right after a temp file was created and before the publish transaction recorded it; the transaction's
 rollback cannot see such a file. :func:`remove_own_temp_files` removes, after an interrupt, the temp files of *this*
-process (their names carry its pid) in the destination folders, so nothing is left whatever the window.
+process (their names carry its pid) in the destination folders, and its bridge files no model references, so
+nothing is left whatever the window but what a published model uses.
 
 This module never removes a folder it did not create, nor a folder that is not empty (``rmdir`` only), nor a file
-but a temp file named with this process's pid, and never creates anything but folders.
+but a temp or bridge file named with this process's pid, and never creates anything but folders.
 """
 
 from __future__ import annotations
@@ -109,10 +110,14 @@ def created_folders(folders: Iterable[str | os.PathLike[str]]) -> Iterator[list[
 
 
 def remove_own_temp_files(folders: Iterable[str | os.PathLike[str]]) -> list[str]:
-    """Delete the publish temp files of this process (``.olr~<tag>~<this pid>~<random>.tmp``) in ``folders``.
+    """Delete the publish temp files of this process (``.olr~<tag>~<this pid>~<random>.tmp``) in ``folders``, and
+    its bridge files (``.bridge``) that no model references.
 
     Called after an interrupt, once the library's own rollback has run: what is left with this pid is a file the
-    interrupt caught between its creation and its registration. Other processes' temp files are never touched.
+    interrupt caught between its creation and its registration (or a bridge file between its rename and its
+    record). A bridge file a model references stays: the interrupt came after commit A, which could not be undone,
+    and the destination model is published on it (``docs/durability.md``, "Interrupts"). Other processes' files
+    are never touched.
 
     Args:
         folders: the command's destination folders (missing ones are skipped).
@@ -120,6 +125,8 @@ def remove_own_temp_files(folders: Iterable[str | os.PathLike[str]]) -> list[str
     Returns:
         The paths removed.
     """
+    folders = [os.fspath(folder) for folder in folders]  # read twice: temp files, then bridge files
+
     from onnx_light_ref.io.write.publish import _TEMP_PREFIX, _TEMP_SUFFIX  # imports onnx: not at CLI start-up
 
     pattern = re.compile(
@@ -137,7 +144,9 @@ def remove_own_temp_files(folders: Iterable[str | os.PathLike[str]]) -> list[str
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
                     removed.append(path)
-    return removed
+    from onnx_light_ref.io.write.publish import remove_own_bridge_files
+
+    return removed + remove_own_bridge_files([os.fspath(folder) for folder in folders])
 
 
 def remove_created_folders(created: Sequence[str]) -> None:

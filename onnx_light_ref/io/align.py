@@ -320,6 +320,7 @@ def _publish(plan: AlignPlan, contract: WritePlan, outputs: OutputTransaction, s
         serialize_model(plan.model),
         before_commit=lambda: recheck_plan(contract),
         result=result,
+        weights_set=plan.weights_base or None,
     )
     logger.info(
         "wrote %d weights file(s) %s (%d tensors, %d externalized, %d deduplicated, %d bytes, %d padding) and %s",

@@ -9,7 +9,8 @@ pointed there.
 Guarantees: every check (reused references resolvable, no tensor both inline and external, then the writer contract
 of :mod:`~onnx_light_ref.io.write.contract` on the whole plan: the secondary file is not a reused file, not used by
 another model, owned by the destination) happens before the first byte is written, and the contract again under the
-folder lock before the first move; files are published as one
+folder lock before the first move (with the reused files: one replaced or truncated meanwhile stops the save,
+nothing published); files are published as one
 :class:`~onnx_light_ref.io.write.publish.OutputTransaction` (weights, then ``.onnx``); the caller's model is mutated
 only once everything is written. If publication fails after the mutation and before the commit, the new tensors are
 restored from the weights file, so on such an error the model is exactly as it was (and the transaction undoes the
@@ -20,6 +21,8 @@ reused file.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -48,6 +51,7 @@ from onnx_light_ref.io.results import SaveResult
 from onnx_light_ref.io.write.contract import (
     PlannedFile,
     PlannedModel,
+    ShardSet,
     WriteOptions,
     WritePlan,
     check_plan,
@@ -155,7 +159,9 @@ def save_model_with_shared_external_data(
         TypeError: ``model`` is not an ``onnx.ModelProto``.
         ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
         DanglingReferenceError: a reused reference does not resolve from the destination (with
-            ``check_references``), or names a file that exists but breaks the loader rule (either way).
+            ``check_references``), or names a file that exists but breaks the loader rule (either way); or a reused
+            file was replaced, truncated or removed between the plan and the publication (re-checked under the
+            folder lock; nothing is published, ``model`` is unchanged).
         DestinationConflictError: the secondary file is the ``.onnx``, a reused file (also through a hard link) or
             where an unchecked reused reference lands, a directory, or a name too long; ``SharedWeightsError``: it
             exists and another model references it (without ``replace_shared``); ``ExistingFileError``: it exists
@@ -308,7 +314,7 @@ def _plan(
         "save_model_with_shared_external_data",
         [PlannedModel(dst_onnx, model, sites, size_threshold, policy)],
         [PlannedFile(dst_onnx, "model", format="onnx")]
-        + ([PlannedFile(secondary_path, "weights", total)] if new else []),
+        + ([PlannedFile(secondary_path, "weights", total, shard_set=ShardSet(secondary_path))] if new else []),
         sources={
             identity: f"the file {where[1]!r} that reused tensor {where[0]!r} points to"
             for identity, where in reused.files.items()
@@ -319,6 +325,11 @@ def _plan(
         },
         options=options,
         rename_hint="another name (location=)",
+    )
+    # Checked now, and again under the folder lock right before the first move: a reused file another process
+    # replaced or truncated meanwhile must stop the save, not leave the variant pointing at other bytes.
+    contract.source_checks.append(
+        functools.partial(_check_reused_unchanged, reused.seen, dst_dir, options.allow_outside_folder)
     )
     check_plan(contract)
     return _SavePlan(
@@ -342,6 +353,44 @@ class _Reused:
     files: dict[FileIdentity, tuple[str, str]] = field(default_factory=dict)  # identity -> (tensor, location)
     keys: dict[DestinationKey, tuple[str, str]] = field(default_factory=dict)  # real folder + name -> same
     locations: set[str] = field(default_factory=set)
+    seen: dict[str, _SeenFile] = field(default_factory=dict)  # location -> the file the plan checked there
+
+
+@dataclass(frozen=True, slots=True)
+class _SeenFile:
+    """A reused file as the plan saw it: re-checked under the folder lock right before the commit."""
+
+    tensor: str
+    identity: FileIdentity
+    size: int
+
+
+def _check_reused_unchanged(seen: dict[str, _SeenFile], dst_dir: str, allow_outside_folder: bool) -> None:
+    """Refuse to publish when a reused file is no longer the one the plan checked: replaced (another device or
+    inode), truncated (smaller than it was), gone, or now refused by the loader rule. The variant would point at
+    other bytes, or at none; it is the writer contract's ``source_checks``, run under the folder lock."""
+    if not seen:
+        return
+    resolver = LocationResolver(dst_dir, allow_outside_folder=allow_outside_folder)
+    try:
+        for location, then in seen.items():
+            try:
+                st = resolver.folder.stat_file(location, tensor_name=then.tensor, check_links=False)
+            except (ExternalDataError, OSError) as exc:
+                raise DanglingReferenceError(
+                    f"reused tensor {then.tensor!r}: its file {location!r} changed after the save was planned "
+                    f"({exc}); the variant would dangle: nothing was published."
+                ) from exc
+            now = FileIdentity(st.st_dev, st.st_ino)
+            if now != then.identity or st.st_size < then.size:
+                raise DanglingReferenceError(
+                    f"reused tensor {then.tensor!r}: its file {location!r} was replaced or truncated after the save "
+                    f"was planned (device/inode {then.identity.device}/{then.identity.inode}, {then.size} bytes "
+                    f"then; {now.device}/{now.inode}, {st.st_size} bytes now); the variant would point at other "
+                    "bytes: nothing was published."
+                )
+    finally:
+        resolver.close()
 
 
 def _raw_length(tensor: onnx.TensorProto, label: str) -> int:
@@ -396,6 +445,7 @@ def _check_reused(site: TensorSite, resolver: LocationResolver, check_references
             ) from exc
         location = ref.location
         reused.files.setdefault(ref.identity, (site.label, location))
+        reused.seen.setdefault(location, _SeenFile(site.label, ref.identity, ref.file_size))
     elif os.path.lexists(os.path.join(dst_dir, location)):
         _check_existing_unchecked(site.label, location, resolver)
     if location in reused.locations:
@@ -411,6 +461,9 @@ def _check_reused(site: TensorSite, resolver: LocationResolver, check_references
         identity = None
     if identity is not None:
         reused.files.setdefault(identity, (site.label, location))
+        if location not in reused.seen:
+            with contextlib.suppress(OSError):
+                reused.seen[location] = _SeenFile(site.label, identity, os.stat(path).st_size)
 
 
 def _check_existing_unchecked(label: str, location: str, resolver: LocationResolver) -> None:

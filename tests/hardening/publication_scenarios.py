@@ -1,8 +1,9 @@
 """The writers, sources and oracles of the publication hardening tests (kill points, injected and real faults).
 
 Each writer publishes a model of four tensors (1200..3600 bytes: three weights files with ``max_shard_size=4096``)
-from a source folder written by :func:`write_source`, with one alignment for the previous output and another for the
-new one, so that new bytes read through old offsets would show. :func:`computed` is the oracle: onnx's loader, its
+from a source folder written by :func:`write_source` (into weights named after the model, or into ``w.bin``), with
+one alignment for the previous output and another for the new one, so that new bytes read through old offsets would
+show. :func:`computed` is the oracle: onnx's loader, its
 full checker, a link-count check and onnxruntime. Nothing here publishes anything by itself.
 """
 
@@ -75,8 +76,19 @@ def _align(function: Callable[..., object], shards: bool) -> Writer:
     return lambda src, dst, alignment: function(src / "model.onnx", dst, alignment=alignment, **extra)
 
 
+def _align_into(function: Callable[..., object], shards: bool) -> Writer:
+    """The aligner writing weights not named after the model (``--weights w.bin``): only a journal tells a rerun that
+    a ``w.bin`` a killed run moved in before its commit is the job's own."""
+    extra = {"max_shard_size": SHARD_SIZE} if shards else {}
+    return lambda src, dst, alignment: function(src / "model.onnx", dst, dst.parent / "w.bin", alignment, **extra)
+
+
 def _shared(src: Path, dst: Path, alignment: int) -> object:
     return save_model_with_shared_external_data(onnx.load(src / "inline.onnx"), dst, alignment)
+
+
+def _shared_into(src: Path, dst: Path, alignment: int) -> object:
+    return save_model_with_shared_external_data(onnx.load(src / "inline.onnx"), dst, alignment, location="w.bin")
 
 
 def _undelay(src: Path, dst: Path, alignment: int) -> object:
@@ -99,7 +111,10 @@ WRITERS: dict[str, tuple[Writer, int]] = {  # writer, number of files beside the
     "align-streaming": (_align(align_external_data_streaming, False), 1),
     "align-streaming-3-shards": (_align(align_external_data_streaming, True), 3),
     "align-in-memory-3-shards": (_align(align_external_data_in_memory, True), 3),
+    "align-streaming-into-w.bin": (_align_into(align_external_data_streaming, False), 1),
+    "align-streaming-3-shards-into-w.bin": (_align_into(align_external_data_streaming, True), 3),
     "shared-save": (_shared, 1),
+    "shared-save-into-w.bin": (_shared_into, 1),
     "undelay": (_undelay, 1),
     "link": (_link, 3),  # its weights file and the two checkpoints
 }

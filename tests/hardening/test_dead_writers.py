@@ -11,12 +11,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -172,3 +174,225 @@ def test_a_dead_writers_file_the_filesystem_will_not_remove_is_skipped_and_the_j
         subprocess.run(["chattr", "-i", str(stuck)], check=True)
     save_model_with_shared_external_data(identity_model(values(5)), tmp_path / "model.onnx", size_threshold=0)
     assert_no_temp_files(tmp_path)
+
+
+# ------------------------------------------------------------------- a sweep racing a writer that creates its file
+
+
+def _foreign_names(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Make this process's new temp names carry a pid that is dead here, as a writer's in another pid namespace
+    (a container sharing the folder) looks from this one; returns that pid."""
+    foreign = _dead_pid()
+    real = publish._own_name
+    monkeypatch.setattr(
+        publish, "_own_name", lambda final, suffix: real(final, suffix).replace(f"~{os.getpid()}~", f"~{foreign}~")
+    )
+    return foreign
+
+
+def _in_another_process(call: Callable[[], object]) -> object:
+    """``call()`` in a forked child (a real second process, its own pid and locks); returns what it returned."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        status = 1
+        try:
+            os.close(read_end)
+            publish.before_syscall = None
+            os.write(write_end, json.dumps(call()).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read_end, "rb") as reader:
+        reported = reader.read()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    return json.loads(reported)
+
+
+def _olr_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".olr~"))
+
+
+@pytest.mark.parametrize("when", ["dup", "flock", "stat", "created"])
+def test_a_sweep_of_another_process_never_takes_a_temp_file_from_the_writer_creating_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """Between its exclusive create and its ``flock`` a temp file was visible and unlocked: another process's sweep,
+    seeing a dead pid (a writer in another pid namespace), removed it, and the writer went on writing a file with no
+    name. A sweep at each system call of the creation now leaves the writer a named, locked file that publishes."""
+    _foreign_names(monkeypatch)
+    sweeps: list[object] = []
+
+    def hook(name: str) -> None:
+        if name == when and not sweeps:
+            sweeps.append(_in_another_process(lambda: publish.sweep_dead_writers(str(tmp_path))))
+
+    monkeypatch.setattr(publish, "before_syscall", hook)
+    staged = publish.StagedFile(str(tmp_path / "w.bin"))
+    if when == "created":
+        sweeps.append(_in_another_process(lambda: publish.sweep_dead_writers(str(tmp_path))))
+    monkeypatch.setattr(publish, "before_syscall", None)
+
+    assert len(sweeps) == 1, "the sweep did not run"
+    assert staged.fd is not None and os.path.samestat(os.stat(staged.temp_path), os.fstat(staged.fd))
+    assert _olr_files(tmp_path) == [os.path.basename(staged.temp_path)]  # a name given up is gone too
+    assert _in_another_process(lambda: publish.sweep_dead_writers(str(tmp_path))) == []  # locked: kept
+    staged.write_all(b"new weights", 0)
+    publish.publish_all([staged])
+    assert (tmp_path / "w.bin").read_bytes() == b"new weights"
+    assert _olr_files(tmp_path) == []
+
+
+def test_a_writer_gives_up_a_new_temp_name_whose_lock_a_sweep_of_another_process_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other order: a sweep holds the new file's lock (it is deciding to remove it) when its writer tries to
+    lock it. The writer removes that name and creates another; the sweep then finds nothing left to remove."""
+    _foreign_names(monkeypatch)
+    to_child_read, to_child_write = os.pipe()
+    from_child_read, from_child_write = os.pipe()
+    sweeper: list[int] = []
+
+    def sweep_holding_at_unlink() -> None:
+        """The real sweep in a forked child, held (lock taken, file judged dead) at its unlink until told to go."""
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+
+                def hold(name: str) -> None:
+                    if name == "unlink":
+                        os.write(from_child_write, b"holding\n")
+                        os.read(to_child_read, 1)
+
+                publish.before_syscall = hold
+                removed = publish.sweep_dead_writers(str(tmp_path))
+                status = 0 if removed == [] else 2
+            finally:
+                os._exit(status)
+        sweeper.append(pid)
+        assert os.read(from_child_read, 64) == b"holding\n"
+
+    def hook(name: str) -> None:
+        if name == "flock" and not sweeper:
+            sweep_holding_at_unlink()
+
+    monkeypatch.setattr(publish, "before_syscall", hook)
+    try:
+        staged = publish.StagedFile(str(tmp_path / "w.bin"))
+    finally:
+        monkeypatch.setattr(publish, "before_syscall", None)
+        os.write(to_child_write, b"g")
+        _, status = os.waitpid(sweeper[0], 0)
+        for fd in (to_child_read, to_child_write, from_child_read, from_child_write):
+            os.close(fd)
+
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the sweep removed something"
+    assert staged.fd is not None and os.path.samestat(os.stat(staged.temp_path), os.fstat(staged.fd))
+    assert _olr_files(tmp_path) == [os.path.basename(staged.temp_path)]
+    staged.discard()
+    assert _olr_files(tmp_path) == []
+
+
+def test_no_temp_file_is_swept_while_another_process_publishes_into_the_folder(tmp_path: Path) -> None:
+    """A writer in another pid namespace, mid-publication, has swapped the previous version of a final name onto its
+    temp name (nobody holds that file's lock) and needs it to undo a failure. A job staging a file there swept it;
+    outside a publication, temp files are now swept only while no publication holds the folder's lock."""
+    previous = tmp_path / f".olr~{publish._name_tag('model.onnx.data')}~{_dead_pid()}~{'ab' * 8}.tmp"
+    previous.write_bytes(b"the previous version, swapped out")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        staged = publish.StagedFile(str(tmp_path / "other.bin"))
+        staged.discard()
+        assert previous.read_bytes() == b"the previous version, swapped out"
+    finally:
+        holder.kill()
+        holder.wait()
+    staged = publish.StagedFile(str(tmp_path / "other.bin"))  # the publication is over: a dead writer's file now
+    staged.discard()
+    assert _olr_files(tmp_path) == []
+
+
+# ------------------------------------------------------- hidden files a model saved during the publication uses
+
+
+def _save_in_another_process(model: onnx.ModelProto, path: Path) -> None:
+    """The shared saver in a forked child: ``model``'s external tensors reused as they are (no weights file)."""
+
+    def save() -> int:
+        return int(save_model_with_shared_external_data(model, path))
+
+    assert _in_another_process(save) == 0
+
+
+def _relocated(model_path: Path, prefix: str, location: str | None = None) -> onnx.ModelProto:
+    """The model at ``model_path`` (metadata) with every location replaced by ``location`` (if given), prefixed."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = prefix + (location if location is not None else entry.value)
+    return model
+
+
+@pytest.mark.parametrize("hidden", ["bridge", "previous"])
+def test_a_hidden_file_a_model_saved_during_the_publication_uses_is_kept_after_the_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, hidden: str
+) -> None:
+    """Re-aligning over itself goes through bridge names; a variant saved by another process from the model while
+    it stood on them (commit A, then the copy to the final names) references the bridge file, and one saved from
+    the previous files on their hidden names references a previous version. Both used to be deleted after the
+    commit, breaking the variant; they are kept, with a warning, until no model uses them."""
+    old, new = values(1), values(2)
+    for name, arrays in (("old", old), ("new", new)):
+        (tmp_path / name).mkdir()
+        onnx.save(identity_model(arrays), str(tmp_path / name / "m.onnx"), save_as_external_data=True, location="w")
+    root = tmp_path / "root"
+    out = root / "out"
+    out.mkdir(parents=True)
+    align_external_data_streaming(tmp_path / "old" / "m.onnx", out / "model.onnx", alignment=64)
+    previous_model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    previous_weights = (out / "model.onnx.data").read_bytes()
+    variant = root / "variant.onnx"
+    seen: list[str] = []
+
+    def hook(name: str) -> None:
+        if seen:
+            return
+        if hidden == "bridge" and name == "ioctl":  # the copy from the bridge file: commit A is done
+            bridge = next(p.name for p in out.iterdir() if p.name.endswith(".bridge"))
+            seen.append(bridge)
+            _save_in_another_process(_relocated(out / "model.onnx", "out/"), variant)
+        elif hidden == "previous":
+            swapped = [p.name for p in out.glob(".olr~*.tmp") if p.read_bytes() == previous_weights]
+            if swapped:
+                seen.append(swapped[0])
+                onnx.save(previous_model, str(tmp_path / "old" / "previous.onnx"))  # not a folder above out/
+                _save_in_another_process(_relocated(tmp_path / "old" / "previous.onnx", "out/", swapped[0]), variant)
+
+    monkeypatch.setattr(publish, "before_syscall", hook)
+    with caplog.at_level(logging.WARNING, logger="onnx_light_ref.io.write.publish"):
+        align_external_data_streaming(tmp_path / "new" / "m.onnx", out / "model.onnx", alignment=128)
+    monkeypatch.setattr(publish, "before_syscall", None)
+
+    assert seen, "the variant was not saved during the publication"
+    kept = out / seen[0]
+    assert kept.exists()
+    assert same(computed(variant), new if hidden == "bridge" else old)
+    assert same(computed(out / "model.onnx"), new)
+    assert any("kept the hidden file" in r.message and str(kept) in r.message for r in caplog.records), caplog.text
+    assert _olr_files(out) == [kept.name]
+
+    align_external_data_streaming(tmp_path / "new" / "m.onnx", out / "model.onnx", alignment=64)
+    assert kept.exists() and same(computed(variant), new if hidden == "bridge" else old)  # still in use
+    variant.unlink()
+    align_external_data_streaming(tmp_path / "new" / "m.onnx", out / "model.onnx", alignment=128)
+    assert _olr_files(out) == []  # no model uses it any more: the next publication swept it
+    assert same(computed(out / "model.onnx"), new)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import resource
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -449,3 +450,96 @@ def test_published_with_errors_is_neither_an_oserror_nor_a_valueerror_and_pickle
     error = PublishedWithErrorsError("m.onnx is published", model_path="m.onnx", leftover_files=["x"], result=3)
     copy = pickle.loads(pickle.dumps(error))
     assert (str(copy), copy.model_path, copy.leftover_files, copy.result) == (str(error), "m.onnx", ("x",), 3)
+
+
+# ------------------------------------------------------------------- descriptors: EMFILE, and the folder lock's close
+
+
+def olr_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".olr~"))
+
+
+def test_emfile_at_each_dup_of_a_publication_leaves_no_temp_file_and_the_destination_unchanged(
+    work: Path, sources: tuple[Path, Path], seam: Seam
+) -> None:
+    """Every temp file's lock descriptor is a ``dup`` made right after the file is created; out of descriptors
+    there (EMFILE), the file used to stay behind, unknown to the transaction. Each one in turn, through a re-run
+    over itself (three weights files, the bridge files and copies): ``OSError(EMFILE)``, nothing changed."""
+    name = "align-streaming-3-shards"
+    template = template_of(work, name, "previous-output", sources)
+    writer, _ = WRITERS[name]
+    probe = work / "probe"
+    shutil.copytree(template, probe)
+    names: list[str] = []
+    seam(names.append)
+    writer(sources[1], probe / "out.onnx", NEW_ALIGNMENT)
+    seam(None)
+    dups = names.count("dup")
+    assert dups >= 3 + 1 + 3 + 1  # three weights files and the .onnx, three copies and the bridge .onnx
+    before = snapshot_tree(template)
+    for at in range(1, dups + 1):
+        dst = work / f"emfile{at}"
+        shutil.copytree(template, dst)
+        seam(failing_at(at, errno.EMFILE, ("dup",)))
+        with pytest.raises(OSError) as raised:
+            writer(sources[1], dst / "out.onnx", NEW_ALIGNMENT)
+        seam(None)
+        assert raised.value.errno == errno.EMFILE and "dup failed (injected)" in str(raised.value)
+        assert snapshot_tree(dst) == before, f"EMFILE at dup {at}: the destination changed"
+        assert olr_files(dst) == []
+        shutil.rmtree(dst)
+
+
+def test_a_descriptor_limit_reached_right_after_a_temp_file_is_created_leaves_nothing(tmp_path: Path) -> None:
+    """A real EMFILE: a child process whose ``RLIMIT_NOFILE`` leaves room for the temp file's descriptor and not
+    for its lock's."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        report = "no error"
+        try:
+            os.close(read_end)
+            lowest = os.open(os.devnull, os.O_RDONLY)  # the descriptor the temp file will get
+            os.close(lowest)
+            _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (lowest + 1, hard))
+            try:
+                publish.StagedFile(str(tmp_path / "w.bin"))
+            except OSError as exc:
+                report = f"{exc.errno} {olr_files(tmp_path)}"
+            os.write(write_end, report.encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_end, "rb") as reader:
+        assert reader.read().decode() == f"{errno.EMFILE} []"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_close_of_the_folder_lock_after_the_commit_is_published_with_errors_never_an_oserror(
+    work: Path, sources: tuple[Path, Path], seam: Seam
+) -> None:
+    """The folder lock is released after the commit; its ``close`` failing (EIO, as NFS can answer) used to
+    propagate as an ``OSError``, which says nothing was published."""
+    template = template_of(work, "align-streaming-3-shards", "previous-output", sources)
+    dst = template / "out.onnx"
+    names: list[str] = []
+    seam(names.append)
+    expected = WRITERS["align-streaming-3-shards"][0](sources[1], dst, OLD_ALIGNMENT)
+    seam(None)
+    assert names[-1] == "close"  # the last system call of a publication: the folder lock's close
+    seam(failing_at(names.count("close"), errno.EIO, ("close",)))
+    with pytest.raises(PublishedWithErrorsError) as raised:
+        WRITERS["align-streaming-3-shards"][0](sources[1], dst, NEW_ALIGNMENT)
+    seam(None)
+    error = raised.value
+    assert not isinstance(error, OSError)
+    assert str(error) == (
+        f"{str(dst)!r} is published (the new model is in place and loads), but releasing the lock of the "
+        "destination folder(s) failed (close failed (injected))"
+    )
+    assert [e.errno for e in error.errors] == [errno.EIO] and error.leftover_files == () and not error.sync_failed
+    assert isinstance(error.result, AlignResult) and error.result.weights_files == expected.weights_files
+    assert same(computed(dst), NEW)
+    assert olr_files(template) == []

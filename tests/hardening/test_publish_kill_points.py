@@ -8,16 +8,18 @@ the previous model or the new one, *without any recovery*: it loads in
 ``onnx.load`` (with its external data), passes ``onnx.checker.check_model(path, full_check=True)``, runs in
 onnxruntime and computes exactly the previous or the new values (the two runs use different values *and* different
 offsets, so new bytes read through old offsets would show), and no file it references has more than one link.
-Then the writer runs again (the next run is the recovery): it must succeed, compute the new values and leave no
-temp or bridge file behind.
+Then the writer runs again (the next run is the recovery): it must succeed (a weights file the killed run moved in
+before its commit is its own, recognized through the publication's journal when it is not named after the model),
+compute the new values (full checker, onnxruntime) and leave no temp, bridge or journal file behind.
 
 Everything happens on a tmpfs mounted under ``tmp_path`` (its fsyncs are free, so several hundred publications fit
 in seconds; ``durable=True`` as by default, so the fsync calls are kill points too), or in ``tmp_path`` itself when
 mounting is refused (slower, same assertions).
 
-Scenarios: the streaming aligner with one and with three weights files, the in-memory aligner with three, the
-shared saver, ``undelay_initializers`` and ``link_external_data`` (two tensors linked to a safetensors checkpoint in
-the destination folder, two written to its own weights file), each over a previous output written by the same
+Scenarios: the streaming aligner with one and with three weights files (named after the model, and into ``w.bin``,
+``--weights w.bin``), the in-memory aligner with three, the shared saver (also into ``w.bin``),
+``undelay_initializers`` and ``link_external_data`` (two tensors linked to a safetensors checkpoint in the
+destination folder, two written to its own weights file), each over a previous output written by the same
 writer (so there is something to clobber; a re-run over itself is the case where the weights names stay the same)
 and over an empty destination; the three-file re-publication again without ``RENAME_EXCHANGE`` (plain renames);
 and publications whose cleanup fails (every removal after the commit answers EIO, so the writer raises
@@ -44,7 +46,6 @@ from tests.hardening.publication_scenarios import (
     OLD_ALIGNMENT,
     WRITERS,
     computed,
-    loaded,
     prepare,
     same,
     values,
@@ -186,9 +187,12 @@ def test_a_kill_at_any_system_call_of_the_publication_leaves_the_previous_or_the
         visible = sorted(p.name for p in dst.iterdir() if not p.name.startswith("."))
         assert set(visible) <= {*previous_names, *final_names}, f"kill at call {kill_at}: {visible}"
 
-        # The next run is the recovery: it publishes, computes the new values and leaves nothing of the killed run.
+        # The next run is the recovery: the same call succeeds (its own leftovers are recognized, never refused as
+        # someone else's file), computes the new values (full checker, onnxruntime) and leaves nothing of the
+        # killed run: no temp, bridge or journal file.
         writer(new_src, dst / "out.onnx", NEW_ALIGNMENT)
-        assert same(loaded(dst / "out.onnx"), new)
+        assert same(computed(dst / "out.onnx"), new), f"kill at call {kill_at}: the rerun's model"
+        assert [p.name for p in dst.iterdir() if p.name.startswith(".olr~")] == [], f"kill at call {kill_at}"
         assert sorted(p.name for p in dst.iterdir()) == final_names
         assert_no_temp_files(dst)
         shutil.rmtree(dst)
@@ -196,3 +200,42 @@ def test_a_kill_at_any_system_call_of_the_publication_leaves_the_previous_or_the
     print(f"{_scenario_id(name, over, exchange, cleanup_fails)}: {calls} kill points, outcomes {outcomes}")
     # Both outcomes happen: the kills straddle the commit.
     assert outcomes["new"] > 0 and outcomes["previous" if over == "previous-output" else "absent"] > 0, outcomes
+
+
+def test_align_into_weights_of_another_name_killed_after_moving_them_in_is_rerun_identically(
+    work: Path, sources: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``align --weights w.bin`` killed between moving ``w.bin`` in and its commit left a ``w.bin`` no model
+    references and not named after the model: the identical rerun was refused (``ExistingFileError``, exit 1). The
+    publication's journal now says it is this job's own leftover: the rerun publishes and leaves nothing hidden."""
+    from onnx_light_ref.cli import main
+
+    dst = work / "out"
+    dst.mkdir()
+    args = ["align", str(sources[1] / "model.onnx"), str(dst / "out.onnx"), "--weights", "w.bin", "--no-progress"]
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            moved: list[str] = []
+
+            def hook(name: str) -> None:
+                if moved:  # w.bin is in place; the .onnx is not
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if name == "rename" and not os.path.exists(dst / "w.bin"):
+                    moved.append(name)
+
+            publish.before_syscall = hook
+            main(args)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+    assert (dst / "w.bin").exists() and not (dst / "out.onnx").exists()
+    journals = [p.name for p in dst.iterdir() if p.name.endswith(".journal")]
+
+    capsys.readouterr()
+    assert main(args) == 0, capsys.readouterr().err
+    assert journals, "no journal named w.bin"
+
+    assert same(computed(dst / "out.onnx"), values(2))
+    assert sorted(p.name for p in dst.iterdir()) == ["out.onnx", "w.bin"]

@@ -6,11 +6,14 @@ or exactly the previous ones (hash snapshot) and no temp file.
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import logging
 import os
 import stat
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +33,11 @@ from tests.models import identity_model, write_external_model
 WEIGHTS = ["shard-1.bin", "shard-2.bin", "shard-3.bin"]
 
 
-def _write_job(folder: Path, *, durable: bool = True, tag: bytes = b"new") -> None:
+def _write_job(
+    folder: Path, *, durable: bool = True, tag: bytes = b"new", weights: Sequence[str] = tuple(WEIGHTS)
+) -> None:
     with OutputTransaction(durable=durable) as outputs:
-        for index, name in enumerate(WEIGHTS):
+        for index, name in enumerate(weights):
             staged = outputs.stage(str(folder / name))
             staged.write_all(tag + bytes([index]) * 10, 0)
             staged.set_size(64)
@@ -99,10 +104,17 @@ def test_an_error_while_writing_deletes_every_temp_file(tmp_path):
     assert_no_temp_files(tmp_path)
 
 
-@pytest.mark.parametrize("durable", [True, False])
-def test_durable_false_skips_every_fsync_and_writes_the_same_bytes(tmp_path, monkeypatch, durable):
+NAMED_AFTER_THE_MODEL = ["model.onnx.data", "model.onnx.data.1", "model.onnx.data.2"]
+
+
+@pytest.mark.parametrize(
+    ("durable", "weights"),
+    [(True, WEIGHTS), (True, NAMED_AFTER_THE_MODEL), (False, WEIGHTS)],
+    ids=["durable", "durable-weights-named-after-the-model", "not-durable"],
+)
+def test_durable_false_skips_every_fsync_and_writes_the_same_bytes(tmp_path, monkeypatch, durable, weights):
     (tmp_path / "reference").mkdir()
-    _write_job(tmp_path / "reference")
+    _write_job(tmp_path / "reference", weights=weights)
     synced: list[str] = []
     real_fsync = os.fsync
 
@@ -113,12 +125,16 @@ def test_durable_false_skips_every_fsync_and_writes_the_same_bytes(tmp_path, mon
     monkeypatch.setattr(publish.os, "fsync", recording_fsync)
     (tmp_path / "out").mkdir()
 
-    _write_job(tmp_path / "out", durable=durable)
+    _write_job(tmp_path / "out", durable=durable, weights=weights)
 
     assert sha256_of_tree(tmp_path / "out") == sha256_of_tree(tmp_path / "reference")
-    if durable:
+    if durable and weights == NAMED_AFTER_THE_MODEL:
         # four files; their one folder before the commit (the weights' names) and after it (the .onnx's)
         assert sorted(synced) == ["file"] * 4 + ["folder"] * 2
+    elif durable:
+        # weights not named after the model need a journal (docs/durability.md): one more file, and the folder
+        # after it is written and after it is removed
+        assert sorted(synced) == ["file"] * 5 + ["folder"] * 4
     else:
         assert synced == []
 
@@ -294,6 +310,39 @@ def test_publication_holds_the_folder_lock_during_the_renames(tmp_path, monkeypa
     monkeypatch.setattr(publish.os, "replace", replace)
     _write_job(tmp_path)
     assert held_during_rename == [True] * 4
+
+
+def _close_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    def hook(name: str) -> None:
+        if name == "close":
+            raise OSError(errno.EIO, "close failed (injected)")
+
+    monkeypatch.setattr(publish, "before_syscall", hook)
+
+
+def test_the_folder_lock_raises_a_failed_close_and_frees_the_folder(tmp_path, monkeypatch):
+    """Leaving the block normally: the failed ``close`` is the caller's to report (after a commit, a publication
+    reports it as published with errors); the descriptor is freed all the same, as Linux does."""
+    _close_fails(monkeypatch)
+    with pytest.raises(OSError, match="close failed"), publish.folder_lock([str(tmp_path)]):
+        pass
+    monkeypatch.setattr(publish, "before_syscall", None)
+    probe = os.open(tmp_path, os.O_RDONLY)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released
+    finally:
+        os.close(probe)
+
+
+def test_the_folder_lock_never_hides_the_error_that_leaves_its_block(tmp_path, monkeypatch, caplog):
+    _close_fails(monkeypatch)
+    with (
+        caplog.at_level(logging.WARNING, logger=publish.__name__),
+        pytest.raises(ValueError, match="the block failed"),
+        publish.folder_lock([str(tmp_path)]),
+    ):
+        raise ValueError("the block failed")
+    assert any("closing a destination folder's lock failed" in r.message for r in caplog.records), caplog.text
 
 
 # ------------------------------------------------------------------ a model over a previous one: what a reader sees

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -489,6 +491,52 @@ def test_failed_rename_leaves_no_file_and_the_model_unchanged(
     assert [Path(p).name for p in calls[:failing_rename]] == ["second.onnx.data", "second.onnx"][:failing_rename]
     assert variant.SerializeToString() == before_model
     assert tree(tmp_path) == before_files and temp_files(tmp_path) == []
+
+
+CHANGES = {
+    # another process replaces the reused file by a file of the same size (other bytes), as a re-save would
+    "replaced": "import os, sys; open(sys.argv[1] + '.new', 'wb').write(b'\\x7f' * os.path.getsize(sys.argv[1])); "
+    "os.replace(sys.argv[1] + '.new', sys.argv[1])",
+    "truncated": "import os, sys; os.truncate(sys.argv[1], os.path.getsize(sys.argv[1]) // 2)",
+    "removed": "import os, sys; os.unlink(sys.argv[1])",
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+@pytest.mark.parametrize("over", ["empty-destination", "previous-variant"])
+def test_a_reused_file_changed_by_another_process_before_the_commit_stops_the_save(
+    tmp_path: Path, change: str, over: str
+) -> None:
+    """The reused references were checked when the save was planned only: a file another process replaced or
+    truncated while the new weights were written was published against. They are checked again under the folder
+    lock right before the first move; the save fails, nothing is published, the caller's model is unchanged."""
+    variant = reference_variant(tmp_path)
+    if over == "previous-variant":
+        previous = onnx.ModelProto()
+        previous.CopyFrom(variant)
+        save_model_with_shared_external_data(previous, tmp_path / "second.onnx", 64, size_threshold=0)
+    before_model = variant.SerializeToString()
+    reused = tmp_path / "first.onnx.data"
+    changed: list[int] = []
+
+    def progress(done: int, total: int) -> None:  # the new weights are being written: after the plan
+        if not changed:
+            changed.append(subprocess.run([sys.executable, "-c", CHANGES[change], str(reused)], check=True).returncode)
+
+    before = {name: digest for name, digest in tree(tmp_path).items() if name != reused.name}
+    with pytest.raises(DanglingReferenceError) as raised:
+        save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64, size_threshold=0, progress=progress)
+
+    message = str(raised.value)
+    assert changed and message.startswith("reused tensor 'a0': its file 'first.onnx.data' "), message
+    if change == "removed":
+        assert "changed after the save was planned (" in message
+    else:
+        assert "was replaced or truncated after the save was planned (device/inode " in message
+    assert message.endswith("nothing was published."), message
+    assert variant.SerializeToString() == before_model
+    assert {name: digest for name, digest in tree(tmp_path).items() if name != reused.name} == before
+    assert temp_files(tmp_path) == []
 
 
 # ---------------------------------------------------------------------------------------- what stays inline

@@ -10,8 +10,9 @@ A writer may replace, without being told:
    ``model.onnx_data_1``: the name starts with the model's file name and ``.`` or ``_``, in its folder), files named
    like shards of a weights set the previous ``.onnx`` uses (``W.3`` beside ``W`` and ``W.1``; the ``-0000i-of-0000N``
    names of another ``N``), and that set's ``.index.json``; and the files a killed publication of that set named in
-   its journal (:func:`~onnx_light_ref.io.write.publish.journal_leftovers`: a family run killed after moving a
-   weights name in and before any member referenced it, so that no previous ``.onnx`` can vouch for the file).
+   its journal (:func:`~onnx_light_ref.io.write.publish.journal_leftovers`: a family run, or a one-model run into
+   weights not named after the model, killed after moving a weights name in and before any model referenced it,
+   so that no previous ``.onnx`` can vouch for the file).
 
 Any other existing file is someone else's (a PyTorch ``model.safetensors``, a checkpoint's index, a user's
 ``dataset.npy``): :mod:`~onnx_light_ref.io.write.contract` refuses to replace it unless the caller passes

@@ -25,23 +25,29 @@ some new and some previous, each consistent). Before its first move it records t
 *journal* (``.olr~<tag>~<pid>~<random>.journal`` beside the first weights file, deleted after the last commit): a run
 killed after moving a weights name in and before any member references it leaves a file no model uses, and the
 journal is what tells the next run that this file is the family's own leftover (:func:`journal_leftovers`, read by
-:mod:`~onnx_light_ref.io.write.ownership`).
+:mod:`~onnx_light_ref.io.write.ownership`). A one-model publication whose weights are not all named after the model
+(``--weights w.bin``) writes the same journal, for the same window.
 
 Temp names are ``.olr~<hash of the final name>~<pid>~<random>.tmp`` (at most 50 bytes whatever the final name) and
 their writer holds an ``flock`` on them until they are published or deleted. :func:`sweep_dead_writers` removes such
 files (every final name's, so a killed sharded run's shards do not stay when later runs write fewer) only when the
 name is one of ours, the writer is gone (pid dead *and* the lock free: a writer in another pid namespace still holds
-its lock), it is not one of the current job's sources, and no model that can reach the folder references it. Temp
+its lock), it is not one of the current job's sources, and no model that can reach the folder references it. The
+sweep holds the file's lock while it decides and removes it, and a writer that has just created a temp file gives
+the name up when it finds the lock taken or the name gone (:func:`_create_locked`): the two never both own it. Temp
 files are swept when a job stages its first file in a folder (before space is reserved, so their disk is free
-again); bridge files only under the destination folder's lock, before the first move and again after the commit.
+again), unless a publication holds the folder's lock; bridge files only under the destination folder's lock,
+before the first move and again after the commit.
 All moves of one publication happen under an exclusive ``flock`` on each destination folder, so two jobs writing
 the same destination publish one after the other. ``durable=False`` skips every ``fsync`` (files and folders) but
 keeps the temp files, the lock and the atomic moves: same bytes, no power-loss durability.
 
 What a publication reports (``docs/durability.md``, "Outcomes"): an ``OSError`` only while nothing is published
 (every move undone: the destination is the previous model); after the commit, the steps that follow (the ``fsync``
-making it durable, removing previous versions and bridge files) all run even when one fails, and their failures
-are raised together as :class:`~onnx_light_ref.errors.PublishedWithErrorsError` (:class:`AfterCommit`). With
+making it durable, removing previous versions and bridge files that no model uses, releasing the folder locks) all
+run even when one fails or is interrupted, and their failures are raised together as
+:class:`~onnx_light_ref.errors.PublishedWithErrorsError` (:class:`AfterCommit`); an interrupt is re-raised after
+them. With
 ``durable=True`` an ``fsync`` error (EIO, ENOSPC, EROFS...) of a file or folder is an error (:func:`fsync_or_raise`);
 only "not supported" answers (EINVAL, ENOTSUP) are ignored.
 
@@ -55,6 +61,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -73,7 +80,7 @@ from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.posix import pread_exact, pwrite_all
 from onnx_light_ref.io.read.locations import FileIdentity
 from onnx_light_ref.io.read.model_file import serialize_model
-from onnx_light_ref.io.read.sharing import files_referenced_near
+from onnx_light_ref.io.read.sharing import FileKey, files_referenced_near
 from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.read.wire import load_model_stripped
 from onnx_light_ref.io.write.space import reserve_space
@@ -81,6 +88,7 @@ from onnx_light_ref.io.write.space import reserve_space
 __all__ = [
     "AfterCommit",
     "FamilyTransaction",
+    "FolderLock",
     "OutputTransaction",
     "StagedFile",
     "folder_lock",
@@ -89,6 +97,7 @@ __all__ = [
     "is_publisher_file",
     "journal_leftovers",
     "publish_all",
+    "remove_own_bridge_files",
     "remove_stale_temp_files",
     "staged_files",
     "sweep_dead_writers",
@@ -152,25 +161,6 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _lock_free(path: str, expected: os.stat_result) -> bool:
-    """True when nobody holds the flock of the temp file at ``path`` (still the file that was listed)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return False
-    try:
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != (expected.st_dev, expected.st_ino) or not stat.S_ISREG(st.st_mode):
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return False
-        return True  # closing the descriptor releases the probe's lock
-    finally:
-        os.close(fd)
-
-
 # Base names of the temp and bridge files this process's StagedFile objects own right now (registered before the file
 # is created, dropped when it is published or deleted). A name of this pid that is not here is a leftover (a removal
 # that failed after a commit): a long-running process must be able to sweep its own, not only a dead one's.
@@ -192,8 +182,11 @@ class SweepFailure:
     error: OSError
 
 
-def _dead_writer_files(folder: str, suffixes: Collection[str], keep: Collection[FileIdentity]) -> list[str]:
-    """Temp/bridge files of ``folder`` with one of ``suffixes`` whose writer is gone and whose lock is free."""
+def _dead_writer_files(
+    folder: str, suffixes: Collection[str], keep: Collection[FileIdentity]
+) -> list[tuple[str, os.stat_result]]:
+    """Temp/bridge files of ``folder`` with one of ``suffixes`` whose writer's pid is gone, not in ``keep``, with the
+    ``lstat`` seen (their lock is tested by the caller, who holds it while it removes them)."""
     kept = set(keep)
     found = []
     with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(folder) as entries:
@@ -207,9 +200,67 @@ def _dead_writer_files(folder: str, suffixes: Collection[str], keep: Collection[
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            if FileIdentity(st.st_dev, st.st_ino) not in kept and _lock_free(entry.path, st):
-                found.append(entry.path)
-    return sorted(found)
+            if FileIdentity(st.st_dev, st.st_ino) not in kept:
+                found.append((entry.path, st))
+    return sorted(found, key=lambda item: item[0])
+
+
+@contextlib.contextmanager
+def _lock_of_dead_file(path: str, expected: os.stat_result) -> Iterator[bool]:
+    """Hold the ``flock`` of the file at ``path`` (still the file listed) for the block; False when its writer holds
+    it, or it cannot be tested.
+
+    A sweep removes a file only inside this block: a writer that creates a temp file locks it right after, and
+    gives the name up when the lock is taken (:func:`_create_locked`), so the two never both think they own it.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        yield False
+        return
+    try:
+        st = os.fstat(fd)
+        locked = (st.st_dev, st.st_ino) == (expected.st_dev, expected.st_ino) and stat.S_ISREG(st.st_mode)
+        if locked:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                locked = False
+        yield locked
+    finally:
+        os.close(fd)  # releases the sweep's lock
+
+
+def _lock_free(path: str, expected: os.stat_result) -> bool:
+    """True when nobody holds the flock of the file at ``path`` (still the file that was listed)."""
+    with _lock_of_dead_file(path, expected) as free:
+        return free
+
+
+@contextlib.contextmanager
+def _folder_unless_publishing(folder: str) -> Iterator[bool]:
+    """The folder's publication lock for the block, when no publication holds it; False when one does.
+
+    A sweep outside a publication runs only then: during a publication, a previous version swapped onto a temp name
+    is nobody's lock, and a writer whose pid this process cannot see (another pid namespace) still needs it to undo.
+    A folder that cannot be opened or locked here (no ``flock``) is swept as a publication would publish: unlocked.
+    """
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        except OSError:
+            pass
+        yield True
+    finally:
+        os.close(fd)
 
 
 def _identity_of(path: str) -> FileIdentity | None:
@@ -239,11 +290,13 @@ def sweep_dead_writers(
 
     Every final name's files are candidates (a killed sharded run leaves one temp file per shard, each a shard of
     disk, whatever the later runs write). A file is removed only when its name is one of this module's, it is a
-    regular file, its writer is gone (pid dead and lock free, see :func:`_dead_writer_files`), its identity is not in
-    ``keep`` (the current job's sources) and no model that can reach ``folder`` references it (the ``.onnx`` files
-    in ``folder`` and its ancestors: a run killed between its two commits leaves a model on bridge names, and a
-    variant saved from it references them too). Bridge files are only swept under the folder lock (by a
-    publication); temp files are protected by their writer's pid and lock alone.
+    regular file, its writer is gone (pid dead, see :func:`_dead_writer_files`, and its lock free: the sweep holds
+    that lock while it decides and removes, so a writer that has just created the file and not yet locked it gives
+    the name up instead, :func:`_create_locked`), its identity is not in ``keep`` (the current job's sources) and no
+    model that can reach ``folder`` references it (the ``.onnx`` files in ``folder`` and its ancestors: a run killed
+    between its two commits leaves a model on bridge names, and a variant saved from it references them too).
+    Bridge files are only swept under the folder lock (by a publication); temp files also outside it, but never
+    while a publication holds it (:func:`remove_stale_temp_files`).
 
     Args:
         folder: the destination folder.
@@ -260,27 +313,32 @@ def sweep_dead_writers(
     """
     suffixes = (_TEMP_SUFFIX, _BRIDGE_SUFFIX) if bridges else (_TEMP_SUFFIX,)
     candidates = _dead_writer_files(folder, suffixes, keep)
-    if not candidates:
-        return []
-    references = files_referenced_near(folder)  # read only when there is something to remove
+    references: set[FileKey] | None = None  # read only when there is something to remove
     removed = []
-    for path in candidates:
-        if _referenced(path, references):
-            logger.info("kept %s left by a killed run: a model references it", path)
-            continue
-        try:
-            _syscall("unlink")
-            os.unlink(path)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            if exc.errno in _NOT_OURS:
-                logger.warning("cannot remove %s left by a killed run (%s); skipped", path, exc.strerror)
+    for path, listed in candidates:
+        with _lock_of_dead_file(path, listed) as held:
+            if not held:
                 continue
-            if failures is None:
-                raise
-            failures.append(SweepFailure(path, exc))
-            continue
+            if references is None:
+                references = files_referenced_near(folder)
+            if _identity_of(path) != FileIdentity(listed.st_dev, listed.st_ino):
+                continue  # renamed meanwhile: not the file whose lock is held
+            if _referenced(path, references):
+                logger.info("kept %s left by a killed run: a model references it", path)
+                continue
+            try:
+                _syscall("unlink")
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                if exc.errno in _NOT_OURS:
+                    logger.warning("cannot remove %s left by a killed run (%s); skipped", path, exc.strerror)
+                    continue
+                if failures is None:
+                    raise
+                failures.append(SweepFailure(path, exc))
+                continue
         removed.append(path)
         logger.info("removed %s left by a killed run", path)
     return removed
@@ -289,10 +347,147 @@ def sweep_dead_writers(
 def remove_stale_temp_files(final_path: str, *, keep: Collection[FileIdentity] = ()) -> list[str]:
     """Delete the temp files dead writers left in the folder of ``final_path``; return the names removed.
 
-    :func:`sweep_dead_writers` without bridge files (those are swept under the folder lock by a publication).
+    :func:`sweep_dead_writers` without bridge files (those are swept under the folder lock by a publication), and
+    only when no publication holds the folder's lock (it sweeps under it): a writer in another pid namespace, whose
+    pid looks dead here, has the previous versions of its final names on its temp names, unlocked, until its commit.
     """
     folder = os.path.dirname(os.path.abspath(final_path))
-    return [os.path.basename(path) for path in sweep_dead_writers(folder, keep=keep)]
+    with _folder_unless_publishing(folder) as free:
+        if not free:
+            return []  # a publication holds the folder: it sweeps under its lock, and so does the next one
+        return [os.path.basename(path) for path in sweep_dead_writers(folder, keep=keep)]
+
+
+def remove_own_bridge_files(folders: Collection[str]) -> list[str]:
+    """After an interrupt: delete this process's bridge files in ``folders`` that no model references.
+
+    The publication's own rollback removes its bridge files, or keeps them when a published model references them
+    (commit A could not be undone: the model stands on its bridge names). What is left with this pid is a file the
+    interrupt caught between two steps (its rename to the bridge name and the record of it), or that an interrupted
+    cleanup after the commit did not reach. A file any model that can reach its folder references is never removed
+    (the next publication to that destination replaces it). Only while no publication holds the folder's lock (a
+    publication sweeps under it: once this process has exited, the next one removes what is left).
+
+    Args:
+        folders: the command's destination folders (missing ones are skipped).
+
+    Returns:
+        The paths removed.
+    """
+    removed = []
+    for folder in dict.fromkeys(os.path.abspath(folder) for folder in folders):
+        with _folder_unless_publishing(folder) as free:
+            if not free:
+                continue
+            candidates = []
+            with contextlib.suppress(OSError), os.scandir(folder) as entries:
+                for entry in entries:
+                    match = _ANY_OWN_NAME.match(entry.name)
+                    own = match is not None and match.group(2) == _BRIDGE_SUFFIX and int(match.group(1)) == os.getpid()
+                    if own and entry.is_file(follow_symlinks=False):
+                        candidates.append(entry.path)
+            if not candidates:
+                continue
+            references = files_referenced_near(folder)
+            for path in sorted(candidates):
+                if _referenced(path, references):
+                    logger.info("kept %s: a published model references it", path)
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    _syscall("unlink")
+                    os.unlink(path)
+                    removed.append(path)
+    return removed
+
+
+_CREATE_ATTEMPTS = 8  # a sweep takes a name from its creator only in a window of two system calls: 8 misses is a bug
+
+
+def _create_locked(final_path: str, suffix: str) -> tuple[str, int, int]:
+    """A new temp file of ``final_path``: its path, a descriptor to write it, and the descriptor holding its lock.
+
+    Between the exclusive create and the ``flock`` the file is visible and unlocked; a sweep of another process
+    (whose pid check cannot see this writer, e.g. from another pid namespace) may judge it dead then. A sweep removes
+    a file only while holding its lock (:func:`sweep_dead_writers`), so the creator, once locked, checks that its
+    name still names its file, and abandons a name a sweep holds or took (and tries a new one): a temp file that
+    exists and is locked by its writer is never swept. Every failure after the create removes the file again.
+
+    Raises:
+        OSError: the create, ``dup`` (EMFILE...) or ``fstat`` failed (nothing is left), or a sweep took
+            :data:`_CREATE_ATTEMPTS` names in a row.
+    """
+    for _ in range(_CREATE_ATTEMPTS):
+        created = _try_create_locked(final_path, suffix)
+        if created is not None:
+            return created
+    raise OSError(
+        errno.EAGAIN,
+        f"could not create a temp file beside {final_path!r}: another process removed each of the "
+        f"{_CREATE_ATTEMPTS} names tried before it could be locked",
+    )
+
+
+def _try_create_locked(final_path: str, suffix: str) -> tuple[str, int, int] | None:
+    """One attempt of :func:`_create_locked`; None when a sweep holds or removed the new name."""
+    path = _own_name(final_path, suffix)
+    name = os.path.basename(path)
+    _LIVE_TEMPS.add(name)  # before it exists: a sweep in another thread of this process skips it
+    fd: int | None = None
+    lock_fd: int | None = None
+    try:
+        _syscall("open")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        _syscall("dup")
+        lock_fd = os.dup(fd)
+        if _lock_new_file(lock_fd, path) and _names_file(path, fd):
+            return path, fd, lock_fd
+        logger.debug("a sweep of another process took the new temp file %s before it was locked; new name", path)
+    except BaseException:
+        _abandon(path, fd, lock_fd)
+        raise
+    _abandon(path, fd, lock_fd)
+    return None
+
+
+def _lock_new_file(lock_fd: int, path: str) -> bool:
+    """Lock a temp file just created; False when another process holds its lock (a sweep about to remove it)."""
+    try:
+        _syscall("flock")
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as exc:  # a filesystem without flock: the pid in the name still protects the file
+        logger.debug("cannot lock temp file %s: %s", path, exc)
+    return True
+
+
+def _names_file(path: str, fd: int) -> bool:
+    """Whether ``path`` still names the file open at ``fd`` (a sweep may have removed it before it was locked)."""
+    try:
+        _syscall("stat")
+        named, opened = os.lstat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def _abandon(path: str, fd: int | None, lock_fd: int | None) -> None:
+    """Undo a failed :func:`_try_create_locked`: remove the file if ``path`` still names it, close, forget the name.
+
+    Runs while an error propagates (the one the caller must see): its own failures are logged, never raised.
+    """
+    try:
+        if fd is not None and _names_file(path, fd):
+            _syscall("unlink")
+            os.unlink(path)
+    except OSError as exc:
+        logger.warning("could not remove the temp file %s (%s); a later run sweeps it", path, exc)
+    finally:
+        for descriptor in (lock_fd, fd):
+            if descriptor is not None:
+                with contextlib.suppress(OSError):
+                    os.close(descriptor)
+        _LIVE_TEMPS.discard(os.path.basename(path))
 
 
 class StagedFile:
@@ -317,26 +512,13 @@ class StagedFile:
         if not os.path.isdir(folder):
             raise FileNotFoundError(errno.ENOENT, f"destination folder does not exist: {folder!r}", folder)
         remove_stale_temp_files(self.final_path, keep=keep)
-        self.temp_path = _own_name(self.final_path, suffix)
-        _LIVE_TEMPS.add(os.path.basename(self.temp_path))  # before it exists: a sweep in another thread skips it
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-        try:
-            _syscall("open")
-            self.fd: int | None = os.open(self.temp_path, flags, 0o666)
-        except BaseException:
-            _LIVE_TEMPS.discard(os.path.basename(self.temp_path))
-            raise
         self.committed = False
         self.keep_temp = False  # set when a published model references the temp name (see _Publication)
+        self.temp_path, fd, lock_fd = _create_locked(self.final_path, suffix)
+        self.fd: int | None = fd
         # A second descriptor of the same open file holds the temp file's lock until it is renamed or deleted, so
         # that closing `fd` after the write (flush) does not release it.
-        _syscall("dup")
-        self._lock_fd: int | None = os.dup(self.fd)
-        try:
-            _syscall("flock")
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:  # a filesystem without flock: the pid in the name still protects the file
-            logger.debug("cannot lock temp file %s: %s", self.temp_path, exc)
+        self._lock_fd: int | None = lock_fd
 
     def rename_temp(self, new_temp_path: str) -> None:
         """Move the temp file to ``new_temp_path`` (a bridge name), still owned by this object."""
@@ -473,7 +655,8 @@ class AfterCommit:
         self.leftover_files: list[str] = []
         self.sync_failed = False
 
-    def _record(self, exc: OSError, problem: str) -> None:
+    def record(self, exc: OSError, problem: str) -> None:
+        """Record a failed step: ``problem`` says what failed (logged, and part of :meth:`finish`'s message)."""
         self.errors.append(exc)
         self.problems.append(problem)
         logger.info("%s is published, but %s", self.what, problem)  # the error raised by finish() says it too
@@ -488,7 +671,7 @@ class AfterCommit:
             except OSError as exc:
                 self.sync_failed = True
                 reason = os.strerror(exc.errno) if exc.errno else str(exc)
-                self._record(exc, f"the fsync of the folder {folder!r} that makes it durable failed ({reason})")
+                self.record(exc, f"the fsync of the folder {folder!r} that makes it durable failed ({reason})")
 
     def remove(self, path: str) -> None:
         """Delete one hidden file of the publication (a previous version, a bridge file); absent is fine."""
@@ -499,7 +682,7 @@ class AfterCommit:
             return
         except OSError as exc:
             self.leftover_files.append(path)
-            self._record(exc, f"removing the hidden file {path!r} failed ({exc.strerror or exc})")
+            self.record(exc, f"removing the hidden file {path!r} failed ({exc.strerror or exc})")
 
     def sweep(self, folders: Collection[str], keep: Collection[FileIdentity]) -> None:
         """:func:`sweep_dead_writers` (bridge files included) of each folder, under the caller's folder lock."""
@@ -510,18 +693,18 @@ class AfterCommit:
             try:
                 sweep_dead_writers(folder, keep=keep, bridges=True, failures=failures)
             except OSError as exc:  # listing the folder or reading a model failed
-                self._record(exc, f"sweeping the files killed runs left in {folder!r} failed ({exc.strerror or exc})")
+                self.record(exc, f"sweeping the files killed runs left in {folder!r} failed ({exc.strerror or exc})")
             for failure in failures:
                 self.leftover_files.append(failure.path)
                 reason = failure.error.strerror or failure.error
-                self._record(failure.error, f"removing {failure.path!r}, left by a killed run, failed ({reason})")
+                self.record(failure.error, f"removing {failure.path!r}, left by a killed run, failed ({reason})")
 
     def attempt(self, call: Callable[[], None], problem: str) -> None:
         """Run ``call``; an ``OSError`` is recorded as ``problem`` (e.g. closing a lock descriptor)."""
         try:
             call()
         except OSError as exc:
-            self._record(exc, f"{problem} ({exc.strerror or exc})")
+            self.record(exc, f"{problem} ({exc.strerror or exc})")
 
     def finish(self) -> None:
         """Raise :class:`~onnx_light_ref.errors.PublishedWithErrorsError` when any step failed; else nothing.
@@ -656,6 +839,61 @@ def _undo_all(moves: Sequence[_Move]) -> int:
     return 0
 
 
+class _InUse:
+    """What the models that can reach a folder reference (:func:`files_referenced_near`), read once per folder."""
+
+    def __init__(self) -> None:
+        self._by_folder: dict[str, set[FileKey]] = {}
+
+    def references(self, path: str) -> set[FileKey]:
+        folder = os.path.dirname(path)
+        if folder not in self._by_folder:
+            self._by_folder[folder] = files_referenced_near(folder)
+        return self._by_folder[folder]
+
+
+def _remove_unless_used(after: AfterCommit, path: str, in_use: _InUse) -> None:
+    """After a commit: delete a hidden file of the publication (a previous version, a bridge file) unless a model
+    that can reach its folder references it, e.g. a variant another process saved from the model while it stood on
+    its bridge names: deleting that would break the variant. Kept files are logged; a later sweep removes them once
+    no model uses them."""
+    if not os.path.lexists(path):
+        return
+    try:
+        used = _referenced(path, in_use.references(path))
+    except OSError as exc:  # listing a folder or reading a model failed: what uses the file is unknown
+        after.leftover_files.append(path)
+        after.record(exc, f"checking which models use the hidden file {path!r} failed ({exc.strerror or exc})")
+        return
+    if used:
+        logger.warning(
+            "kept the hidden file %s: a model that can reach its folder references it (saved from the model while "
+            "it was being published); a later publication into the folder removes it once no model uses it",
+            path,
+        )
+        return
+    after.remove(path)
+
+
+def _remove_dead_journals(after: AfterCommit, weights_base: str) -> None:
+    """After the last commit: the journals dead runs of the same weights set left (their files are this run's now)."""
+    for path in _dead_journals(weights_base):
+        after.remove(path)
+
+
+def _run_every_step(steps: Sequence[Callable[[], None]]) -> None:
+    """Run each step; an interrupt (``KeyboardInterrupt``) does not stop the ones after it, and is re-raised at the
+    end: after a commit, stopping half-way would leave hidden files no later step of this process removes."""
+    interrupted: BaseException | None = None
+    for step in steps:
+        try:
+            step()
+        except KeyboardInterrupt as exc:
+            interrupted = interrupted or exc
+    if interrupted is not None:
+        raise interrupted
+
+
 def _delete_previous(moves: Sequence[_Move], after: AfterCommit) -> None:
     """After the commit: delete the previous versions the exchanges left under temp names."""
     for move in moves:
@@ -721,6 +959,7 @@ class OutputTransaction:
         *,
         before_commit: BeforeCommit | None = None,
         result: object = None,
+        weights_set: str | None = None,
     ) -> StagedFile:
         """Write the ``.onnx`` under a temp name, then publish the staged weights and it, the ``.onnx`` rename last.
 
@@ -732,6 +971,12 @@ class OutputTransaction:
         return value) is attached to a :class:`~onnx_light_ref.errors.PublishedWithErrorsError`, so its caller still
         learns what was written.
 
+        When a staged weights file is not named after the model (``--weights w.bin``), the names of the weights files
+        are first recorded in a journal (as :meth:`FamilyTransaction.publish_models` does), named after
+        ``weights_set`` (the first file of the weights set, the writer contract's ``ShardSet.base``; default: the
+        first staged file): a run killed after moving such a name in and before its commit leaves a file no model
+        references, which the next run of the same job recognizes as its own through the journal.
+
         Returns the ``.onnx``'s :class:`StagedFile` (committed).
 
         Raises:
@@ -740,7 +985,9 @@ class OutputTransaction:
             PublishedWithErrorsError: the new model is published, but a step after the commit failed (or the final
                 names failed and the new model stays published on bridge names); see :class:`AfterCommit`.
         """
-        return self._publish([(model_path, model_bytes)], before_commit, result)[0]
+        weights = [staged.final_path for staged in self.files]
+        journal = _journal_for(weights, model_path, weights_set)
+        return self._publish([(model_path, model_bytes)], before_commit, result, journal)[0]
 
     def _publish(
         self,
@@ -760,11 +1007,16 @@ class OutputTransaction:
         for staged in self.files:
             staged.flush()
         try:
-            with folder_lock([os.path.dirname(staged.final_path) for staged in self.files]):
+            with folder_lock([os.path.dirname(staged.final_path) for staged in self.files]) as lock:
                 protected = before_commit() if before_commit is not None else None
                 record = _write_journal(journal, weights, self.durable) if journal is not None else None
                 publication = _Publication(
-                    weights, model_files, [data for _, data in models], self.keep | frozenset(protected or ()), record
+                    weights,
+                    model_files,
+                    [data for _, data in models],
+                    self.keep | frozenset(protected or ()),
+                    record,
+                    lock,
                 )
                 try:
                     publication.run()
@@ -775,6 +1027,25 @@ class OutputTransaction:
                 exc.result = result
             raise
         return model_files
+
+
+_RELEASE_FOLDERS = "releasing the lock of the destination folder(s) failed"
+
+
+def _journal_for(weights: Sequence[str], model_path: str, weights_set: str | None) -> str | None:
+    """The path a one-model publication's journal is named after (``weights_set``, else the first weights file) when
+    it needs one (:func:`_write_journal`), else None.
+
+    Rule 3 of the writer contract (:mod:`~onnx_light_ref.io.write.ownership`) recognizes a weights file named after
+    the model (``m.onnx.data``) as the destination's own leftover whatever happened; any other name (``--weights
+    w.bin``) moved in before a kill, while no model references it yet, is only recognized through the journal.
+    """
+    folder, name = os.path.split(os.path.abspath(model_path))
+    for path in weights:
+        weights_folder, weights_name = os.path.split(path)
+        if weights_folder != folder or not weights_name.startswith((name + ".", name + "_")):
+            return os.path.abspath(weights_set) if weights_set is not None else weights[0]
+    return None
 
 
 def _discard_all(files: Sequence[StagedFile]) -> None:
@@ -797,37 +1068,76 @@ def staged_files() -> Iterator[list[StagedFile]]:
         raise
 
 
+class FolderLock:
+    """The exclusive ``flock`` of a publication's destination folders (see :func:`folder_lock`).
+
+    :meth:`release` closes the descriptors (which releases the locks): a publication calls it as its last step
+    after the commit, so that a failing ``close`` is reported as a step after the commit, never as an ``OSError``
+    that would say nothing is published.
+    """
+
+    def __init__(self, folders: Collection[str]) -> None:
+        self._fds: dict[tuple[int, int], int] = {}
+        try:
+            for folder in folders:
+                _syscall("open")
+                fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+                st = os.fstat(fd)
+                key = (st.st_dev, st.st_ino)
+                if key in self._fds:
+                    os.close(fd)
+                else:
+                    self._fds[key] = fd
+            for key in sorted(self._fds):
+                try:
+                    _syscall("flock")
+                    fcntl.flock(self._fds[key], fcntl.LOCK_EX)
+                except OSError as exc:
+                    logger.warning("cannot lock destination folder for publication (%s); publishing unlocked", exc)
+        except BaseException:
+            self.release(quiet=True)
+            raise
+
+    def release(self, *, quiet: bool = False) -> None:
+        """Close every descriptor (each one even when one fails); later calls do nothing.
+
+        Raises:
+            OSError: the first ``close`` that failed (unless ``quiet``: logged, for a release while another error
+                propagates).
+        """
+        errors = []
+        while self._fds:
+            _, fd = self._fds.popitem()
+            try:
+                try:
+                    _syscall("close")
+                finally:
+                    os.close(fd)  # Linux frees the descriptor even when close reports an error (an injected one too)
+            except OSError as exc:
+                errors.append(exc)
+        if errors and quiet:
+            logger.warning("closing a destination folder's lock failed: %s", errors[0])
+        elif errors:
+            raise errors[0]
+
+
 @contextlib.contextmanager
-def folder_lock(folders: Collection[str]) -> Iterator[None]:
+def folder_lock(folders: Collection[str]) -> Iterator[FolderLock]:
     """Hold an exclusive ``flock`` on each folder (by real identity, in a fixed order) for the block.
 
     Two publications into the same folder therefore never interleave their moves. Folders are locked in
     (device, inode) order, so two jobs sharing several folders cannot deadlock. A filesystem that refuses ``flock``
     (some network filesystems) is logged and publication goes on unlocked: the moves stay atomic, only concurrent
-    jobs are no longer serialized.
+    jobs are no longer serialized. The block may release the lock early (:meth:`FolderLock.release`); leaving it
+    releases what is still held (a failing ``close`` raises, unless an exception is already propagating).
     """
-    opened: dict[tuple[int, int], int] = {}
+    lock = FolderLock(folders)
     try:
-        for folder in folders:
-            _syscall("open")
-            fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
-            st = os.fstat(fd)
-            key = (st.st_dev, st.st_ino)
-            if key in opened:
-                os.close(fd)
-            else:
-                opened[key] = fd
-        for key in sorted(opened):
-            try:
-                _syscall("flock")
-                fcntl.flock(opened[key], fcntl.LOCK_EX)
-            except OSError as exc:
-                logger.warning("cannot lock destination folder for publication (%s); publishing unlocked", exc)
-        yield
-    finally:
-        for fd in opened.values():
-            _syscall("close")
-            os.close(fd)  # releases the lock
+        yield lock
+    except BaseException:
+        lock.release(quiet=True)
+        raise
+    lock.release()
 
 
 def publish_all(files: Sequence[StagedFile], *, before_commit: BeforeCommit | None = None) -> None:
@@ -851,7 +1161,7 @@ def publish_all(files: Sequence[StagedFile], *, before_commit: BeforeCommit | No
         return
     for staged in files:
         staged.flush()
-    with folder_lock([os.path.dirname(staged.final_path) for staged in files]):
+    with folder_lock([os.path.dirname(staged.final_path) for staged in files]) as lock:
         if before_commit is not None:
             before_commit()
         moves: list[_Move] = []
@@ -869,6 +1179,7 @@ def publish_all(files: Sequence[StagedFile], *, before_commit: BeforeCommit | No
         _delete_previous(moves, after)
         for staged in files:
             after.attempt(staged._release_lock, f"releasing the lock of {staged.final_path!r} failed")
+        after.attempt(lock.release, _RELEASE_FOLDERS)
         after.finish()
 
 
@@ -1018,12 +1329,14 @@ class _Publication:
         model_bytes: Sequence[bytes],
         keep: Collection[FileIdentity],
         journal: StagedFile | None = None,
+        lock: FolderLock | None = None,
     ) -> None:
         self.weights = weights
         self.models = models
         self.model_bytes = model_bytes
         self.keep = keep
         self.journal = journal
+        self.lock = lock
         self.durable = models[0].durable
         self.moves: list[_Move] = []
         self.extra: list[StagedFile] = []  # temp files of the bridge step
@@ -1068,8 +1381,20 @@ class _Publication:
             self._journal_after_failure()
             if self.published and isinstance(exc, Exception):
                 raise self._published_partly(exc) from exc
+            if self.published:  # interrupted (KeyboardInterrupt): it propagates, but what stands must be said
+                self._warn_published_on_interrupt()
             raise
         self._after_commit()
+
+    def _warn_published_on_interrupt(self) -> None:
+        on_bridges = self.bridge_commit is not None and self.standing > self.bridge_commit
+        logger.warning(
+            "interrupted after a commit that cannot be undone here: %s %s published (the new model is in place and "
+            "loads%s)",
+            ", ".join(repr(model.final_path) for model in self.published),
+            "are" if len(self.published) > 1 else "is",
+            "; on hidden bridge names, which the next publication to it replaces" if on_bridges else "",
+        )
 
     def _commit(self, index: int, temp_path: str) -> None:
         self.commits[index].append(len(self.moves))
@@ -1125,29 +1450,42 @@ class _Publication:
             sweep_dead_writers(folder, keep=keep, bridges=True)
 
     def _after_commit(self) -> None:
-        """Every step after the last commit, each run even when one fails; failures raised together
-        (:class:`AfterCommit`).
+        """Every step after the last commit, each run even when one fails or is interrupted; failures raised together
+        (:class:`AfterCommit`), an interrupt (``KeyboardInterrupt``) re-raised once every step has run.
 
-        The bridge files of a replaced ``.onnx`` (a run killed between its two commits) are unreferenced now: the
-        sweep removes them with every other dead writer's file, unless another model references them.
+        The previous versions and this run's bridge files are deleted unless a model that can reach their folder
+        references them (a variant saved by another process from the model while it stood on its bridge names):
+        those are kept, with a warning, and a later sweep removes them once no model uses them. The bridge files of
+        a replaced ``.onnx`` (a run killed between its two commits) are unreferenced now: the sweep removes them with
+        every other dead writer's file, unless another model references them. The folder lock is released last.
         """
         for staged in [*self.weights, *self.models]:
             staged.committed = True
         paths = [model.final_path for model in self.models]
         after = AfterCommit(paths[0], models=paths)
-        after.fsync_folders(paths, self.durable)
-        _delete_previous(self.moves, after)
-        for path in self.bridges:
-            after.remove(path)
+        hidden = [move.temp for move in self.moves if move.kind == "exchanged"] + self.bridges
+        in_use = _InUse()
+        steps: list[Callable[[], None]] = [lambda: after.fsync_folders(paths, self.durable)]
+        steps += [functools.partial(_remove_unless_used, after, path, in_use) for path in hidden]
         if self.journal is not None:  # this run's journal, and those of dead runs of the same weights set
-            for path in [self.journal.temp_path, *_dead_journals(self.journal.final_path)]:
-                after.remove(path)
+            base = self.journal.final_path
+            steps.append(functools.partial(after.remove, self.journal.temp_path))
+            problem = f"listing the journals killed runs left beside {base!r} failed"
+            steps.append(
+                functools.partial(after.attempt, functools.partial(_remove_dead_journals, after, base), problem)
+            )
         journal = [self.journal] if self.journal is not None else []
         for staged in [*self.weights, *self.models, *self.extra, *journal]:
-            after.attempt(staged._release_lock, f"releasing the lock of {staged.final_path!r} failed")
-        after.sweep(_folders_of([staged.final_path for staged in [*self.weights, *self.models]]), self.keep)
+            problem = f"releasing the lock of {staged.final_path!r} failed"
+            steps.append(functools.partial(after.attempt, staged._release_lock, problem))
+        folders = _folders_of([staged.final_path for staged in [*self.weights, *self.models]])
+        steps.append(lambda: after.sweep(folders, self.keep))
         if self.bridges or journal:
-            after.fsync_folders([*self.bridges, *(staged.temp_path for staged in journal)], self.durable)
+            synced = [*self.bridges, *(staged.temp_path for staged in journal)]
+            steps.append(lambda: after.fsync_folders(synced, self.durable))
+        if self.lock is not None:
+            steps.append(functools.partial(after.attempt, self.lock.release, _RELEASE_FOLDERS))
+        _run_every_step(steps)
         after.finish()
 
     def _journal_after_failure(self) -> None:
