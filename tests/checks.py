@@ -167,3 +167,21 @@ needs_onnx_with_the_newer_loader_rule = pytest.mark.skipif(
     "package's rule and inspect's per-loader claims are those of the newer onnx loader (1.23)",
 )
 """For tests that compare inspect's per-loader claims, or our refusals, with what the installed onnx does."""
+
+
+def external_locations(model_path: str | os.PathLike[str]) -> set[str]:
+    """Every ``location`` the model's tensors reference, wherever the tensors are (read without the weights)."""
+    from onnx_light_ref.io.read.walker import iter_tensors
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    return {e.value for site in iter_tensors(model) for e in site.tensor.external_data if e.key == "location"}
+
+
+def model_fingerprint(model_path: str | os.PathLike[str], locations: set[str]) -> str:
+    """SHA-256 over the ``.onnx`` bytes and the name and bytes of each referenced file: equal fingerprints, equal
+    loads. Lets a fault-injection test run the loaders once per distinct state instead of once per fault."""
+    folder = Path(model_path).parent
+    digest = hashlib.sha256(Path(model_path).read_bytes())
+    for location in sorted(locations):
+        digest.update(b"\0" + location.encode() + b"\0" + (folder / location).read_bytes())
+    return digest.hexdigest()

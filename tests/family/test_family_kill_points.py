@@ -18,7 +18,6 @@ publication), the latter also with three weights files and without ``RENAME_EXCH
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -28,8 +27,7 @@ import onnx
 import pytest
 
 from onnx_light_ref import align_models
-from onnx_light_ref.io.read.walker import iter_tensors
-from tests.checks import assert_no_temp_files
+from tests.checks import assert_no_temp_files, external_locations, model_fingerprint
 from tests.family.family_models import Family, outputs_of, write_family
 from tests.hardening.test_publish_kill_points import in_child
 
@@ -38,28 +36,19 @@ pytestmark = pytest.mark.slow
 OLD_ALIGNMENT, NEW_ALIGNMENT = 64, 128  # different offsets in the previous and the new family
 
 
-# The oracles' verdicts by the bytes they judged: the .onnx and every file it references, hashed. A kill point leaves
-# one of a few states (the previous or the new member, under final or bridge names), so onnx's loader, its full
-# checker and onnxruntime run once per distinct state instead of once per kill point: same bytes, same verdict.
+# The oracles' verdicts by the bytes they judged (tests.checks.model_fingerprint). A kill point leaves one of a few
+# states (the previous or the new member, under final or bridge names), so onnx's loader, its full checker and
+# onnxruntime run once per distinct state instead of once per kill point: same bytes, same verdict.
 _VERDICTS: dict[str, list[np.ndarray]] = {}
-
-
-def _fingerprint(model_path: Path, locations: set[str]) -> str:
-    digest = hashlib.sha256(model_path.read_bytes())
-    for location in sorted(locations):
-        digest.update(b"\0" + location.encode() + b"\0" + (model_path.parent / location).read_bytes())
-    return digest.hexdigest()
 
 
 def computed(model_path: Path) -> list[np.ndarray]:
     """What a member computes, after onnx's loader, its full checker and a link-count check of its files."""
-    model = onnx.load(str(model_path), load_external_data=False)
-    locations = {
-        entry.value for site in iter_tensors(model) for entry in site.tensor.external_data if entry.key == "location"
-    }
+    locations = external_locations(model_path)
     for location in locations:
+        assert not (model_path.parent / location).is_symlink(), f"{location} is a symbolic link"
         assert os.stat(model_path.parent / location).st_nlink == 1, f"{location} has several links"
-    key = _fingerprint(model_path, locations)
+    key = model_fingerprint(model_path, locations)
     if key not in _VERDICTS:
         onnx.load(str(model_path))
         onnx.checker.check_model(str(model_path), full_check=True)
