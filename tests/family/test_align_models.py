@@ -287,6 +287,25 @@ def test_re_running_with_another_weights_name_lists_the_old_weights_file_and_kee
         assert_computes_as_its_source(source, out / source.name)
 
 
+def test_an_old_weights_file_a_model_that_cannot_be_read_may_use_is_not_called_stale(
+    family: Family, out: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``.onnx`` beside it that does not parse (a copy still running) may be a model that loads it: "cannot
+    parse" never means "references nothing", so the file is not listed as one the user may delete."""
+    align_models(family.sources, out)
+    old = (out / "weights.data").read_bytes()
+    cut = (out / DECODER).read_bytes()
+    (out / "copy_in_progress.onnx").write_bytes(cut[: len(cut) // 2])
+
+    result = align_models(family.sources, out, weights_name="renamed.data", alignment=256)
+
+    assert result.stale_weights_files == ()
+    assert (out / "weights.data").read_bytes() == old
+    assert (out / "copy_in_progress.onnx").read_bytes() == cut[: len(cut) // 2]
+    for source in family.sources:
+        assert_computes_as_its_source(source, out / source.name)
+
+
 def test_re_aligning_one_member_alone_over_the_shared_weights_is_refused_naming_the_other(
     family: Family, out: Path, tmp_path: Path
 ) -> None:

@@ -28,7 +28,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from onnx_light_ref.io.plan.shard_names import ShardNames, existing_shards, index_path
-from onnx_light_ref.io.read.sharing import FileKey, ModelReference, file_key, is_model_name, read_references
+from onnx_light_ref.io.read.sharing import (
+    FileKey,
+    ModelReference,
+    UnreadableModel,
+    file_key,
+    is_model_name,
+    read_model_references,
+)
 from onnx_light_ref.io.write.publish import journal_leftovers
 
 __all__ = ["Ownership", "ReferenceCache", "ShardSet"]
@@ -49,9 +56,10 @@ class ShardSet:
         return frozenset(members)
 
 
-ReferenceCache = dict[tuple[str, int, int, int, int], "dict[FileKey, ModelReference] | None"]
+ReferenceCache = dict[tuple[str, int, int, int, int], "dict[FileKey, ModelReference] | UnreadableModel | None"]
 """Parsed references of destination models by (path, device, inode, size, mtime): a model unchanged between the
-plan's check and its re-check under the lock is not parsed twice."""
+plan's check and its re-check under the lock is not parsed twice. An :class:`UnreadableModel` for one that cannot be
+read as a model: it owns nothing by reference (what it references is unknown)."""
 
 
 class Ownership:
@@ -72,6 +80,11 @@ class Ownership:
     def is_model(self, path: str) -> bool:
         """Whether the destination ``.onnx`` at ``path`` is an ONNX model now (it parses as one)."""
         return self._references(os.path.normpath(os.path.abspath(path))) is not None
+
+    def unreadable(self) -> list[UnreadableModel]:
+        """The destination ``.onnx`` files that exist but cannot be read as models (they own nothing by reference:
+        what they reference is unknown), for the messages."""
+        return [read for model in self.models if isinstance(read := self._read_cached(model), UnreadableModel)]
 
     def owns_model(self, path: str) -> bool:
         """Rule 3.1: the destination ``.onnx`` may be replaced (absent, named like a model, or a model)."""
@@ -111,13 +124,17 @@ class Ownership:
         return self._previous[model]
 
     def _read(self, model: str) -> dict[FileKey, ModelReference] | None:
+        read = self._read_cached(model)
+        return None if isinstance(read, UnreadableModel) else read
+
+    def _read_cached(self, model: str) -> dict[FileKey, ModelReference] | UnreadableModel | None:
         try:
             st = os.stat(model)
         except OSError:
             return None
         key = (model, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         if key not in self._cache:
-            self._cache[key] = read_references(model)
+            self._cache[key] = read_model_references(model)
         return self._cache[key]
 
     def _family(self, shard_set: ShardSet) -> frozenset[str]:

@@ -31,7 +31,8 @@ Temp names are ``.olr~<hash of the final name>~<pid>~<random>.tmp`` (at most 50 
 their writer holds an ``flock`` on them until they are published or deleted. :func:`sweep_dead_writers` removes such
 files (every final name's, so a killed sharded run's shards do not stay when later runs write fewer) only when the
 name is one of ours, the writer is gone (pid dead *and* the lock free: a writer in another pid namespace still holds
-its lock), it is not one of the current job's sources, and no model that can reach the folder references it. Temp
+its lock), it is not one of the current job's sources, and no model that can reach the folder references it (none
+is swept while such a model cannot be read: it may reference any of them). Temp
 files are swept when a job stages its first file in a folder (before space is reserved, so their disk is free
 again); bridge files only under the destination folder's lock, before the first move and again after the commit.
 All moves of one publication happen under an exclusive ``flock`` on each destination folder, so two jobs writing
@@ -242,8 +243,9 @@ def sweep_dead_writers(
     regular file, its writer is gone (pid dead and lock free, see :func:`_dead_writer_files`), its identity is not in
     ``keep`` (the current job's sources) and no model that can reach ``folder`` references it (the ``.onnx`` files
     in ``folder`` and its ancestors: a run killed between its two commits leaves a model on bridge names, and a
-    variant saved from it references them too). Bridge files are only swept under the folder lock (by a
-    publication); temp files are protected by their writer's pid and lock alone.
+    variant saved from it references them too). While one of those ``.onnx`` files cannot be read as a model,
+    nothing is removed (a warning names it): it may reference any of them. Bridge files are only swept under the
+    folder lock (by a publication); temp files are protected by their writer's pid and lock alone.
 
     Args:
         folder: the destination folder.
@@ -263,9 +265,19 @@ def sweep_dead_writers(
     if not candidates:
         return []
     references = files_referenced_near(folder)  # read only when there is something to remove
+    if references.unreadable:
+        # "Cannot parse" is not "references nothing": such a model may load any of these files (module docstring).
+        logger.warning(
+            "kept %d file(s) left by a killed run in %s: %s may use them; move it away (or repair it) to let the "
+            "next run remove them",
+            len(candidates),
+            folder,
+            ", ".join(model.describe() for model in references.unreadable),
+        )
+        return []
     removed = []
     for path in candidates:
-        if _referenced(path, references):
+        if _referenced(path, references.keys):
             logger.info("kept %s left by a killed run: a model references it", path)
             continue
         try:
@@ -884,8 +896,10 @@ class _References:
     """The files an existing ``.onnx`` references: normalized paths and the identities of those that exist.
 
     ``known=False``: the ``.onnx`` exists but could not be read (e.g. no permission); every existing name is then
-    treated as referenced (the safe side: it is bridged rather than replaced under a model). A file that is read but
-    does not parse as a model references nothing: no loader can load it, there is nothing to keep loadable.
+    treated as referenced (the safe side: it is bridged rather than replaced under a model). The destination's own
+    previous ``.onnx`` that is read but does not parse references nothing *here*: no loader can load it now, and this
+    publication replaces it, so no reader of it is left to keep loading (any other ``.onnx`` that cannot be read is
+    the sharing guard's, :mod:`~onnx_light_ref.io.read.sharing`: it may use anything in its reach).
     """
 
     known: bool
@@ -935,7 +949,9 @@ def _read_references(model_path: str) -> _References:
         _syscall("read")
         stripped = load_model_stripped(model_path, 0)
     except InvalidModelError:
-        return _References(known=True)  # not a model any loader reads: nothing of it to keep loadable
+        # Not a model any loader reads now, and this publication replaces it: no reader of it to keep loading.
+        # (Another .onnx that cannot be read is the sharing guard's: it may use anything in its reach.)
+        return _References(known=True)
     except OSError:  # gone or swapped for a non-file meanwhile, unreadable: unknown
         return _References(known=False)
     if (stripped.device, stripped.inode) != (st.st_dev, st.st_ino):
