@@ -46,7 +46,7 @@ from onnx_light_ref.errors import ExternalDataError, InvalidModelError, UnsafeLo
 from onnx_light_ref.io.arguments import PathLike, check_bool
 from onnx_light_ref.io.plan.alignment import offset_alignment
 from onnx_light_ref.io.posix import check_single_link
-from onnx_light_ref.io.read.entries import is_external, parse_entry_int, read_entries
+from onnx_light_ref.io.read.entries import is_external, last_value, parse_entry_int, read_entries
 from onnx_light_ref.io.read.folder import ModelFolder
 from onnx_light_ref.io.read.loader_rule import Refusal, loader_refusals
 from onnx_light_ref.io.read.locations import LocationResolver, expected_nbytes, parse_external_data
@@ -219,11 +219,10 @@ def _display_text(value: str | bytes) -> str:
 
 
 def _raw_location(tensor: onnx.TensorProto) -> str:
-    """The ``location`` entry as written, for display when the entries cannot be read properly."""
-    for entry in tensor.external_data:
-        if _display_text(entry.key) == "location":
-            return _display_text(entry.value)
-    return ""
+    """The ``location`` entry as written, for display when the entries cannot be read properly (the last one when the
+    key repeats: the file onnx's loader opens)."""
+    value = last_value(tensor, "location")
+    return "" if value is None else _display_text(value)
 
 
 def _read_range(tensor: onnx.TensorProto, label: str, layout: TensorLayout) -> None:
@@ -426,7 +425,7 @@ def _describe_site(layout: TensorLayout, site: TensorSite, index: int) -> None:
     tensor = site.tensor
     layout.index, layout.kind, layout.place = index, site.kind, site.place
     layout.data_type, layout.dims, layout.raw_name = tensor.data_type, tuple(tensor.dims), tensor.name
-    layout.raw_location = next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
+    layout.raw_location = last_value(tensor, "location") or ""
 
 
 def _check_safetensors(

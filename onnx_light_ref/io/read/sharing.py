@@ -19,7 +19,8 @@ protobuf, no permission, metadata over 2 GiB) is an :class:`UnreadableModel`: "c
 "references nothing", since it may be a model someone loads (complete later, or read by another tool), so it is
 taken as possibly using every file in its reach (its folder and below) and rule 1 refuses to replace those.
 
-A model references a file when one of its EXTERNAL tensors (anywhere in the model) has a ``location``, or one of its
+A model references a file when one of its EXTERNAL tensors (anywhere in the model) has a ``location`` (any of its
+``location`` entries, if it repeats the key: onnx reads the last, another tool may read the first), or one of its
 ``ai.rt::DelayedInitializer`` nodes (anywhere: main graph, subgraphs, functions, training graphs) has a
 ``filename``, that names it from the model's folder (an absolute ``filename`` as it is): the same device and inode
 (so a hard link or a symlink to it counts), or, for a file not there, the same normalized path. The op's domain,
@@ -344,8 +345,7 @@ def _named_files(model: onnx.ModelProto) -> Iterator[tuple[str, str, Via]]:
 
     for site in iter_tensors(model):
         if is_external(site.tensor):
-            location = _location(site.tensor)
-            if location:
+            for location in _locations(site.tensor):
                 yield site.label, location, "external_data"
     for node in _all_nodes(model):
         if node.domain != DELAYED_DOMAIN or node.op_type != DELAYED_OP_TYPE:
@@ -406,11 +406,16 @@ def _identity(path: str) -> FileIdentity | None:
     return FileIdentity(st.st_dev, st.st_ino)
 
 
-def _location(tensor: onnx.TensorProto) -> str:
+def _locations(tensor: onnx.TensorProto) -> list[str]:
+    """Every file a ``location`` entry names, each once: onnx's loader opens the last one, another tool may open the
+    first, so the guard counts all of them. A value that is not UTF-8 names a file by its bytes (onnxruntime opens
+    it so): decoded with the file system's encoding, which gives those bytes back."""
+    found: list[str] = []
     for entry in tensor.external_data:
         key, value = entry.key, entry.value
-        if isinstance(key, bytes) or isinstance(value, bytes):
+        if key != "location" or not value:  # a key that is not UTF-8 is bytes, never "location"
             continue
-        if key == "location":
-            return str(value)
-    return ""
+        text = os.fsdecode(value) if isinstance(value, bytes) else value
+        if text not in found:
+            found.append(text)
+    return found
