@@ -125,7 +125,18 @@ def test_a_pytorch_checkpoint_named_model_safetensors_is_not_called_a_leftover(t
 
 
 def test_stale_candidates_ignore_unrelated_names(tmp_path: Path) -> None:
-    for name in ["model-00001-of-00002.data", "model-x-of-00002.data", "model.data.bak", "model.onnx_data_01"]:
+    hostile = [  # a user's files named almost like shards: other digits, a trailing newline
+        "model-\u0660\u0660\u0660\u0660\u0661-of-\u0660\u0660\u0660\u0660\u0662.data",
+        "model-00001-of-00002.data\n",
+        "model-00001-of-00002\n.data",
+        "model.onnx.data.\u0661",
+        "model.onnx_data_\u0661",
+        "model.onnx.data.1\n",
+        "model.onnx_data_1\n",
+        "model.data.index.json\n",
+    ]
+    unrelated = ["model-x-of-00002.data", "model.data.bak", "model.onnx_data_01", *hostile]
+    for name in ["model-00001-of-00002.data", *unrelated]:
         (tmp_path / name).write_bytes(b"")
     dst = str(tmp_path / "model.onnx")
     assert stale_candidates(dst, str(tmp_path / "model.data"), []) == [str(tmp_path / "model-00001-of-00002.data")]

@@ -169,6 +169,38 @@ def test_no_dead_writers_file_is_swept_while_a_model_near_cannot_be_read(
     assert not bridge.exists() and not temp.exists()
 
 
+def test_a_users_file_named_almost_like_a_dead_writers_is_never_swept(tmp_path: Path) -> None:
+    """The sweep deletes only names of the publisher's exact pattern: not one with a trailing newline (``$`` matches
+    before it), not one whose pid is written in other digits (``\\d`` takes Arabic-Indic digits, ``int()`` reads
+    them as a dead pid). A real dead writer's file beside them is swept."""
+    out = tmp_path / "out"
+    out.mkdir()
+    pid = _dead_pid()
+    tag = publish._name_tag("model.onnx.data")
+    digits = "".join(chr(0x0660 + int(d)) for d in str(pid))
+    hostile = [
+        f".olr~{tag}~{pid}~{'ab' * 8}.tmp\n",
+        f".olr~{tag}~{pid}~{'ab' * 8}.bridge\n",
+        f".olr~{tag}~{digits}~{'ab' * 8}.tmp",
+        f".olr~{tag}~{digits}~{'ab' * 8}.bridge",
+    ]
+    for name in hostile:
+        (out / name).write_bytes(b"a user's file")
+    real = out / f".olr~{tag}~{pid}~{'cd' * 8}.tmp"
+    real.write_bytes(b"left by a killed run")
+    sources = tmp_path / "src"
+    sources.mkdir()
+    arrays = values(3)
+    onnx.save(identity_model(arrays), str(sources / "model.onnx"), save_as_external_data=True, location="w.bin")
+
+    align_external_data_streaming(sources / "model.onnx", out / "model.onnx")
+
+    assert not real.exists()
+    assert all((out / name).read_bytes() == b"a user's file" for name in hostile)
+    assert not any(publish.is_publisher_file(name) for name in hostile)
+    assert same(computed(out / "model.onnx"), arrays)
+
+
 def test_a_temp_file_a_live_writer_holds_is_never_swept(tmp_path: Path) -> None:
     """A dead pid but a held lock (a writer in another pid namespace): kept, while the job publishes."""
     held = tmp_path / f".olr~{publish._name_tag('model.onnx.data.3')}~{_dead_pid()}~{'ef' * 8}.tmp"

@@ -42,7 +42,8 @@ SHARD_NAME_SCHEMES: tuple[ShardNames, ...] = (None, "hf", "transformers.js")
 # transformers.js (``use_external_data_format``) fetches model.onnx_data_1 ... _99 at most: a 101st file never loads.
 TRANSFORMERS_JS_MAX_CHUNKS = 100
 
-_HF_MARKER = re.compile(r"-(\d{5,})-of-(\d{5,})$")
+# fullmatch only, ASCII digits only: ``\d`` takes other digits (``model-٠٠٠٠١-of-٠٠٠٠٢.data`` is a user's file).
+_HF_MARKER = re.compile(r"-([0-9]{5,})-of-([0-9]{5,})")
 
 
 def check_shard_names(value: object) -> ShardNames:

@@ -101,13 +101,15 @@ _TEMP_PREFIX = ".olr~"
 _TEMP_SUFFIX = ".tmp"
 _BRIDGE_SUFFIX = ".bridge"
 # Any temp or bridge name of this module, whatever final name it was made for: group 1 the pid, group 2 the suffix.
+# Used with fullmatch only (``match`` with ``$`` also takes a name ending in a newline) and with ASCII digits only
+# (``\d`` takes Arabic-Indic and other digits, which int() reads): a user's file named almost like ours is not ours.
 _ANY_OWN_NAME = re.compile(
     re.escape(_TEMP_PREFIX)
-    + r"[0-9a-f]{12}~(\d{1,10})~[0-9a-f]{16}("
+    + r"[0-9a-f]{12}~([0-9]{1,10})~[0-9a-f]{16}("
     + re.escape(_TEMP_SUFFIX)
     + "|"
     + re.escape(_BRIDGE_SUFFIX)
-    + ")$"
+    + ")"
 )
 
 # fsync answers meaning "this file or filesystem does not fsync" (some FUSE and special filesystems), as opposed to
@@ -199,7 +201,7 @@ def _dead_writer_files(folder: str, suffixes: Collection[str], keep: Collection[
     found = []
     with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(folder) as entries:
         for entry in entries:
-            match = _ANY_OWN_NAME.match(entry.name)
+            match = _ANY_OWN_NAME.fullmatch(entry.name)
             if not match or match.group(2) not in suffixes or not entry.is_file(follow_symlinks=False):
                 continue
             if not _writer_gone(int(match.group(1)), entry.name):
@@ -1261,8 +1263,8 @@ _JOURNAL_MAX_BYTES = 1024 * 1024  # a journal lists a few file names; a larger f
 # A journal of this module, whatever weights set it was made for: group 1 the tag of the first weights file's name,
 # group 2 the pid. Not a temp or bridge name: sweep_dead_writers leaves it (it is evidence, until the set is
 # published again).
-_ANY_JOURNAL = re.compile(
-    re.escape(_TEMP_PREFIX) + r"([0-9a-f]{12})~(\d{1,10})~[0-9a-f]{16}" + re.escape(_JOURNAL_SUFFIX) + "$"
+_ANY_JOURNAL = re.compile(  # fullmatch only, ASCII digits only (see _ANY_OWN_NAME)
+    re.escape(_TEMP_PREFIX) + r"([0-9a-f]{12})~([0-9]{1,10})~[0-9a-f]{16}" + re.escape(_JOURNAL_SUFFIX)
 )
 
 
@@ -1287,7 +1289,7 @@ def is_publisher_file(name: str) -> bool:
 
     Such files are the publisher's (swept, or deleted after the commit), never a user's file left to delete.
     """
-    return bool(_ANY_OWN_NAME.match(name) or _ANY_JOURNAL.match(name))
+    return bool(_ANY_OWN_NAME.fullmatch(name) or _ANY_JOURNAL.fullmatch(name))
 
 
 def _dead_journals(weights_base: str) -> list[str]:
@@ -1297,7 +1299,7 @@ def _dead_journals(weights_base: str) -> list[str]:
     found = []
     with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(folder) as entries:
         for entry in entries:
-            match = _ANY_JOURNAL.match(entry.name)
+            match = _ANY_JOURNAL.fullmatch(entry.name)
             if not match or match.group(1) != tag or not entry.is_file(follow_symlinks=False):
                 continue
             with contextlib.suppress(OSError):
