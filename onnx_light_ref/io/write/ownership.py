@@ -9,9 +9,13 @@ A writer may replace, without being told:
 3. its own leftovers: files named after the destination model (``model.onnx.data``, ``model.onnx.data.3``,
    ``model.onnx_data_1``: the name starts with the model's file name and ``.`` or ``_``, in its folder), files named
    like shards of a weights set the previous ``.onnx`` uses (``W.3`` beside ``W`` and ``W.1``; the ``-0000i-of-0000N``
-   names of another ``N``), and that set's ``.index.json``; and the files a killed publication of that set named in
-   its journal (:func:`~onnx_light_ref.io.write.publish.journal_leftovers`: a family run killed after moving a
-   weights name in and before any member referenced it, so that no previous ``.onnx`` can vouch for the file).
+   names of another ``N``), and that set's ``.index.json``; for a set named ``*.safetensors`` (every PyTorch
+   checkpoint's name) the ``-0000i-of-0000N`` shards and the index only when the previous ``.onnx`` uses an
+   ``-of-`` shard of it (:func:`~onnx_light_ref.io.plan.shard_names.checkpoint_file_used`): a ``model.safetensors``
+   of ours beside a user's ``model-00001-of-00002.safetensors`` does not make that checkpoint ours; and the files a
+   killed publication of that set named in its journal (:func:`~onnx_light_ref.io.write.publish.journal_leftovers`:
+   a family run killed after moving a weights name in and before any member referenced it, so that no previous
+   ``.onnx`` can vouch for the file).
 
 Any other existing file is someone else's (a PyTorch ``model.safetensors``, a checkpoint's index, a user's
 ``dataset.npy``): :mod:`~onnx_light_ref.io.write.contract` refuses to replace it unless the caller passes
@@ -27,7 +31,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from onnx_light_ref.io.plan.shard_names import ShardNames, existing_shards, index_path
+from onnx_light_ref.io.plan.shard_names import (
+    ShardNames,
+    checkpoint_file_used,
+    existing_shards,
+    index_path,
+    is_checkpoint_set,
+)
 from onnx_light_ref.io.read.sharing import (
     FileKey,
     ModelReference,
@@ -106,11 +116,24 @@ class Ownership:
             return True
         if shard_set is None:
             return False
-        if referenced:
-            family = self._family(shard_set)
-            if absolute in family and any(file_key(member) in referenced for member in family):
+        if referenced and absolute in self._family(shard_set):
+            base = os.path.normpath(os.path.abspath(shard_set.base))
+            if is_checkpoint_set(base):  # a PyTorch checkpoint's names: ours only on evidence (module docstring)
+                if checkpoint_file_used(absolute, os.path.basename(base), self._referenced_names(folder)):
+                    return True
+            elif any(file_key(member) in referenced for member in self._family(shard_set)):
                 return True
         return absolute in self._journaled(shard_set)
+
+    def _referenced_names(self, folder: str) -> set[str]:
+        """Names of the files of ``folder`` the destination models reference now."""
+        names = set()
+        for model in self.models:
+            for reference in (self._references(model) or {}).values():
+                path = os.path.normpath(os.path.join(os.path.dirname(model), reference.location))
+                if os.path.dirname(path) == folder:
+                    names.add(os.path.basename(path))
+        return names
 
     def _referenced(self) -> set[FileKey]:
         found: set[FileKey] = set()
