@@ -11,9 +11,14 @@ bytes). Overlaps are found with one sort and binary searches, O(n log n): thousa
 
 Statuses (:data:`LayoutStatus`): ``ok``, ``shared`` (identical range used by several tensors) are fine; ``overlap``,
 ``out of bounds``, ``missing file``, ``unsafe location`` (a location that escapes the model's folder or is
-malformed), ``hard-linked`` (the file has several hard links, which onnx and ``align`` refuse to read) and
+malformed), ``hard-linked`` (the file has several hard links, which onnx and ``align`` refuse to read),
 ``invalid`` (any other malformed entry: unknown or duplicated keys, non-UTF-8 text, a number that is not plain
-ASCII digits, a length that disagrees with dims, negative dims) are errors; so is ``loader refuses``: the reference
+ASCII digits, a length that disagrees with dims, negative dims) and ``zero-length mid-file`` (a reference of zero
+bytes, ``length`` 0 or a tensor without elements, at an offset before the end of its file: onnx 1.17's loader
+treats length 0 as no length, and every onnx a missing ``length``, and reads the rest of the file into a tensor
+without elements, which ``numpy_helper.to_array``, the reference evaluator and ``check_model`` of the loaded model
+then refuse; onnxruntime reads zero bytes; the end of the file is the one place that gives zero bytes everywhere,
+where this package's writers put such tensors) are errors; so is ``loader refuses``: the reference
 is fine by the checks above, but ``onnx.load``, ``check_model(full_check=True)`` or onnxruntime refuses it (a
 symlink on the data path even inside the folder, a ``basepath`` key, a non-UTF-8 name, a place onnx does not load
 external data from). Every external tensor also carries :attr:`TensorLayout.refusals`: which loader refuses what
@@ -79,6 +84,7 @@ LayoutStatus = Literal[
     "loader refuses",
     "safetensors refuses",
     "header mismatch",
+    "zero-length mid-file",
 ]
 """What was found checking one tensor's reference; see the module docstring for each value."""
 
@@ -280,7 +286,26 @@ def _check_tensor(
         check_single_link(st, what=f"tensor {label!r}: external data file {ref.location!r} ({ref.path!r})")
     except UnsafeLocationError as exc:
         layout.status, layout.message = "hard-linked", str(exc)
+        return layout, ref.path, ref.file_size
+    if ref.length == 0 and ref.offset != ref.file_size:
+        layout.status = "zero-length mid-file"
+        layout.message = _zero_length_message(label, ref.location, ref.offset, ref.file_size, tensor)
     return layout, ref.path, ref.file_size
+
+
+def _zero_length_message(label: str, location: str, offset: int, size: int, tensor: onnx.TensorProto) -> str:
+    """Why a zero-length reference inside its file is an error (module docstring), and where it belongs."""
+    who = (
+        "every onnx reads a reference without 'length' as the rest of the file"
+        if last_value(tensor, "length") is None
+        else "onnx 1.17 (the oldest onnx this package supports) reads length 0 as no length: the rest of the file"
+    )
+    return (
+        f"tensor {label!r}: zero-length reference at offset {offset} of {location!r} ({size} bytes), not at its "
+        f"end: {who} ({size - offset} bytes for a tensor without elements; numpy_helper.to_array and the reference "
+        f"evaluator fail on it, check_model refuses the loaded model). Point it at the end of its file (offset "
+        f"{size}), where every loader reads zero bytes, as this package's writers do."
+    )
 
 
 def _mark_overlaps(file: FileLayout, by_range: dict[tuple[int, int], list[TensorLayout]]) -> None:
