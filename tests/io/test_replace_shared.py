@@ -186,6 +186,30 @@ def test_a_sharer_whose_location_is_not_utf8_is_found_by_the_bytes_onnxruntime_o
     np.testing.assert_array_equal(_run(hand)[0], np.arange(4, dtype=np.float32))
 
 
+def test_a_sharer_carrying_a_protobuf_group_in_an_unknown_field_is_found(tmp_path):
+    """Groups (wire types 3/4) are legal in unknown fields and onnx.load accepts them; the wire reader used to refuse
+    one inside a tensor it walks, so the guard took the sharer for "not a model" and replaced the file it loads."""
+    from tests.wire_writer import encode_varint, field_key
+
+    out = tmp_path / "out"
+    out.mkdir()
+    src = save_external(identity_model({"w": np.arange(4, dtype=np.float32)}), tmp_path / "src.onnx", "src.data")
+    align_external_data_streaming(src, out / "first.onnx", out / "w.bin")
+    sharer = onnx.load(str(out / "first.onnx"), load_external_data=False)
+    tensor = sharer.graph.initializer[0]
+    unknown = field_key(999, 3) + field_key(3, 2) + encode_varint(5000) + bytes(5000) + field_key(999, 4)
+    grouped = onnx.TensorProto()
+    grouped.ParseFromString(tensor.SerializeToString() + unknown)  # kept by protobuf as an unknown field
+    tensor.CopyFrom(grouped)
+    hand = write_model(out / "hand.onnx", sharer)
+    np.testing.assert_array_equal(_run(hand)[0], np.arange(4, dtype=np.float32))
+    assert onnx.load(str(hand)).graph.initializer[0].name == "w"  # onnx's loader accepts it
+    before = sha256_of_tree(tmp_path, every_entry=True)
+    with pytest.raises(SharedWeightsError, match=re.escape(f"file {str(out / 'w.bin')!r} is used by {str(hand)!r}")):
+        align_external_data_in_memory(src, out / "first.onnx", out / "w.bin", alignment=64)
+    assert sha256_of_tree(tmp_path, every_entry=True) == before
+
+
 def _relocate(model: onnx.ModelProto, location: str) -> None:
     for tensor in model.graph.initializer:
         for entry in tensor.external_data:
