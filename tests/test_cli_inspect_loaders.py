@@ -150,3 +150,73 @@ def test_the_hugging_face_cache_layout_is_accepted_by_onnxruntime_only(tmp_path,
     expected = "onnx.load, check_model refuse: data file 'model.onnx.data' is a symbolic link (onnxruntime accepts it)"
     assert expected in out
     assert _accepts(model) == {"onnx.load": False, "check_model": False, "onnxruntime": True}
+
+
+# A zero-length reference inside its file: onnx 1.17 (the oldest onnx this package supports) treats length 0 as no
+# length and reads the rest of the file; every onnx (1.23 too) does so for a reference without 'length'. The tensor
+# then holds bytes for 0 elements: numpy_helper.to_array and the reference evaluator fail, check_model of the loaded
+# model refuses it (measured on onnx 1.17.0 and 1.23.2). inspect flags it, whatever onnx is installed.
+
+ZERO_LENGTH = {  # name -> (entries, dims, misread by every onnx, flagged)
+    "length 0 inside the file": ({"offset": "16", "length": "0"}, [0], False, True),
+    "length 0 at offset 0": ({"offset": "0", "length": "0"}, [0], False, True),
+    "length 0, no offset": ({"length": "0"}, [0], False, True),
+    "no length, 0 elements inside": ({"offset": "16"}, [2, 0], True, True),
+    "length 0 at the end": ({"offset": "64", "length": "0"}, [0], False, False),
+    "no length, 0 elements at the end": ({"offset": "64"}, [0], False, False),
+}
+
+
+def _zero_length_model(folder: Path, entries: dict[str, str], dims: list[int]) -> Path:
+    (folder / "w.bin").write_bytes(np.arange(16, dtype=np.float32).tobytes())
+    tensor = onnx.TensorProto(name="e", data_type=onnx.TensorProto.FLOAT, dims=dims)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in {"location": "w.bin", **entries}.items():
+        tensor.external_data.add(key=key, value=value)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["e"], ["y"])],
+        "g",
+        [],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, dims)],
+        [tensor],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=9)
+    path = folder / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def _onnx_misreads(path: Path) -> bool:
+    """The oracle: the installed onnx's loader gives the tensor bytes although it has no element."""
+    model = onnx.load(str(path), load_external_data=False)
+    onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+    return len(model.graph.initializer[0].raw_data) > 0
+
+
+@pytest.mark.parametrize("case", list(ZERO_LENGTH))
+def test_a_zero_length_reference_inside_its_file_is_flagged(tmp_path, capsys, case):
+    import json
+
+    entries, dims, misread_everywhere, flagged = ZERO_LENGTH[case]
+    path = _zero_length_model(tmp_path, entries, dims)
+    misread = _onnx_misreads(path)
+    if misread_everywhere or (flagged and onnx.__version__.startswith("1.17.")):  # the floor, .ci/floor-constraints
+        assert misread  # length 0 read as "the rest of the file"
+    if not flagged:
+        assert not misread
+    np.testing.assert_array_equal(  # onnxruntime reads exactly 0 bytes either way
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {})[0], np.zeros(dims, np.float32)
+    )
+    status, out = _inspect(path, capsys)
+    assert main(["inspect", "--json", str(path)]) == status
+    (tensor,) = json.loads(capsys.readouterr().out)["tensors"]
+    if not flagged:
+        assert status == 0 and "status: OK" in out and tensor["status"] == "ok"
+        return
+    assert status == 1 and "status: 1 error(s)" in out
+    assert tensor["status"] == "zero-length mid-file" and tensor["error"] is True
+    offset = int(entries.get("offset", "0"))
+    assert f"zero-length reference at offset {offset} of 'w.bin' (64 bytes), not at its end" in tensor["message"]
+    assert f"zero-length mid-file: {tensor['message']}" in out
+    which = "every onnx" if "length" not in entries else "onnx 1.17"
+    assert which in tensor["message"] and "offset 64" in tensor["message"]

@@ -277,9 +277,18 @@ def test_remove_own_temp_files_removes_only_this_process_temp_files(tmp_path: Pa
     os.close(staged.fd)
     staged.fd = None
 
+    # A user's files named almost like ours: a trailing newline, this pid written in other digits.
+    hostile = [
+        f"{os.path.basename(staged.temp_path)}\n",
+        os.path.basename(staged.temp_path).replace(f"~{os.getpid()}~", f"~{_arabic_indic(os.getpid())}~"),
+    ]
+    for name in hostile:
+        (tmp_path / name).write_bytes(b"a user's file")
+
     assert remove_own_temp_files([tmp_path, tmp_path / "missing"]) == [staged.temp_path]
 
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([other.name, "m.onnx.tmp"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([other.name, "m.onnx.tmp", *hostile])
+    assert all((tmp_path / name).read_bytes() == b"a user's file" for name in hostile)
     staged.discard()
 
 
@@ -410,3 +419,8 @@ def test_remove_own_temp_files_removes_this_process_bridge_files_no_model_refere
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([used.name, other.name, "m.onnx"])
     (output,) = run_onnxruntime(tmp_path / "m.onnx", {})
     assert np.array_equal(output, np.arange(4, dtype=np.float32))
+
+
+def _arabic_indic(number: int) -> str:
+    """``number`` in Arabic-Indic digits (U+0660-U+0669), which ``\\d`` matches and ``int()`` reads."""
+    return "".join(chr(0x0660 + int(digit)) for digit in str(number))

@@ -15,7 +15,8 @@ from collections.abc import Callable
 __all__ = ["alignment_argument", "bounded_size", "parse_size", "size_argument"]
 
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
-_PATTERN = re.compile(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", re.IGNORECASE)
+# ASCII digits only (``\d`` takes Arabic-Indic, fullwidth... digits, which int() reads); used with fullmatch.
+_PATTERN = re.compile(r"\s*([0-9]+)\s*([KMG]?)(?:i?B)?\s*", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:

@@ -97,11 +97,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _count(text: str) -> int:
     """``--max-differences``: a whole number, 0 or more (else a usage error, exit 2)."""
-    try:
-        value = int(text, 10)
-    except ValueError:
-        value = -1
-    if value < 0 or not text.strip().isdigit():
+    digits = text.strip()
+    value = int(digits) if digits.isascii() and digits.isdigit() else -1  # int() also reads Arabic-Indic digits
+    if value < 0:
         raise argparse.ArgumentTypeError(f"expected a whole number (0 for every difference), got {text!r}")
     return value
 

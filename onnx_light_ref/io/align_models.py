@@ -274,7 +274,8 @@ def _named_outputs(plan: FamilyPlan, options: WriteOptions) -> WritePlan:
 def _stale_files(plan: FamilyPlan) -> list[str]:
     """Files of the folder that no model will use once the family is published (never deleted; the result names
     them): every scheme's leftovers of the shared weights set and of each member's own names (the layout's), and
-    the files the members' previous versions reference that this run does not write and no other model uses."""
+    the files the members' previous versions reference that this run does not write and no other model uses (nor
+    may use: a ``.onnx`` that cannot be read counts as using every file in its reach)."""
     written = {*plan.weights_outputs, *plan.destinations}
     previous: set[str] = set()
     for destination in plan.destinations:
@@ -283,7 +284,10 @@ def _stale_files(plan: FamilyPlan) -> list[str]:
             # The publisher's own hidden files (a killed run's bridges) are its to sweep, not the user's to delete.
             if path not in written and not is_publisher_file(os.path.basename(path)) and os.path.isfile(path):
                 previous.add(path)
-    used = scan_users(previous, exclude=plan.destinations).users if previous else {}
+    used: set[str] = set()
+    if previous:
+        scan = scan_users(previous, exclude=plan.destinations)
+        used = {*scan.users, *scan.unreadable}  # a model that cannot be read may use any file in its reach
     return sorted({*plan.stale_weights_files, *(path for path in previous if path not in used)})
 
 

@@ -11,9 +11,14 @@ bytes). Overlaps are found with one sort and binary searches, O(n log n): thousa
 
 Statuses (:data:`LayoutStatus`): ``ok``, ``shared`` (identical range used by several tensors) are fine; ``overlap``,
 ``out of bounds``, ``missing file``, ``unsafe location`` (a location that escapes the model's folder or is
-malformed), ``hard-linked`` (the file has several hard links, which onnx and ``align`` refuse to read) and
+malformed), ``hard-linked`` (the file has several hard links, which onnx and ``align`` refuse to read),
 ``invalid`` (any other malformed entry: unknown or duplicated keys, non-UTF-8 text, a number that is not plain
-ASCII digits, a length that disagrees with dims, negative dims) are errors; so is ``loader refuses``: the reference
+ASCII digits, a length that disagrees with dims, negative dims) and ``zero-length mid-file`` (a reference of zero
+bytes, ``length`` 0 or a tensor without elements, at an offset before the end of its file: onnx 1.17's loader
+treats length 0 as no length, and every onnx a missing ``length``, and reads the rest of the file into a tensor
+without elements, which ``numpy_helper.to_array``, the reference evaluator and ``check_model`` of the loaded model
+then refuse; onnxruntime reads zero bytes; the end of the file is the one place that gives zero bytes everywhere,
+where this package's writers put such tensors) are errors; so is ``loader refuses``: the reference
 is fine by the checks above, but ``onnx.load``, ``check_model(full_check=True)`` or onnxruntime refuses it (a
 symlink on the data path even inside the folder, a ``basepath`` key, a non-UTF-8 name, a place onnx does not load
 external data from). Every external tensor also carries :attr:`TensorLayout.refusals`: which loader refuses what
@@ -46,7 +51,7 @@ from onnx_light_ref.errors import ExternalDataError, InvalidModelError, UnsafeLo
 from onnx_light_ref.io.arguments import PathLike, check_bool
 from onnx_light_ref.io.plan.alignment import offset_alignment
 from onnx_light_ref.io.posix import check_single_link
-from onnx_light_ref.io.read.entries import is_external, parse_entry_int, read_entries
+from onnx_light_ref.io.read.entries import is_external, last_value, parse_entry_int, read_entries
 from onnx_light_ref.io.read.folder import ModelFolder
 from onnx_light_ref.io.read.loader_rule import Refusal, loader_refusals
 from onnx_light_ref.io.read.locations import LocationResolver, expected_nbytes, parse_external_data
@@ -79,6 +84,7 @@ LayoutStatus = Literal[
     "loader refuses",
     "safetensors refuses",
     "header mismatch",
+    "zero-length mid-file",
 ]
 """What was found checking one tensor's reference; see the module docstring for each value."""
 
@@ -219,11 +225,10 @@ def _display_text(value: str | bytes) -> str:
 
 
 def _raw_location(tensor: onnx.TensorProto) -> str:
-    """The ``location`` entry as written, for display when the entries cannot be read properly."""
-    for entry in tensor.external_data:
-        if _display_text(entry.key) == "location":
-            return _display_text(entry.value)
-    return ""
+    """The ``location`` entry as written, for display when the entries cannot be read properly (the last one when the
+    key repeats: the file onnx's loader opens)."""
+    value = last_value(tensor, "location")
+    return "" if value is None else _display_text(value)
 
 
 def _read_range(tensor: onnx.TensorProto, label: str, layout: TensorLayout) -> None:
@@ -281,7 +286,26 @@ def _check_tensor(
         check_single_link(st, what=f"tensor {label!r}: external data file {ref.location!r} ({ref.path!r})")
     except UnsafeLocationError as exc:
         layout.status, layout.message = "hard-linked", str(exc)
+        return layout, ref.path, ref.file_size
+    if ref.length == 0 and ref.offset != ref.file_size:
+        layout.status = "zero-length mid-file"
+        layout.message = _zero_length_message(label, ref.location, ref.offset, ref.file_size, tensor)
     return layout, ref.path, ref.file_size
+
+
+def _zero_length_message(label: str, location: str, offset: int, size: int, tensor: onnx.TensorProto) -> str:
+    """Why a zero-length reference inside its file is an error (module docstring), and where it belongs."""
+    who = (
+        "every onnx reads a reference without 'length' as the rest of the file"
+        if last_value(tensor, "length") is None
+        else "onnx 1.17 (the oldest onnx this package supports) reads length 0 as no length: the rest of the file"
+    )
+    return (
+        f"tensor {label!r}: zero-length reference at offset {offset} of {location!r} ({size} bytes), not at its "
+        f"end: {who} ({size - offset} bytes for a tensor without elements; numpy_helper.to_array and the reference "
+        f"evaluator fail on it, check_model refuses the loaded model). Point it at the end of its file (offset "
+        f"{size}), where every loader reads zero bytes, as this package's writers do."
+    )
 
 
 def _mark_overlaps(file: FileLayout, by_range: dict[tuple[int, int], list[TensorLayout]]) -> None:
@@ -427,7 +451,7 @@ def _describe_site(layout: TensorLayout, site: TensorSite, index: int) -> None:
     tensor = site.tensor
     layout.index, layout.kind, layout.place = index, site.kind, site.place
     layout.data_type, layout.dims, layout.raw_name = tensor.data_type, tuple(tensor.dims), tensor.name
-    layout.raw_location = next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
+    layout.raw_location = last_value(tensor, "location") or ""
 
 
 def _check_safetensors(

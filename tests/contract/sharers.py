@@ -25,9 +25,13 @@ from onnx_light_ref.ops.schema import make_delayed_initializer_node
 from tests.checks import run_onnxruntime
 from tests.models import IR_VERSION, OPSET, identity_model, write_model
 
-__all__ = ["SHARERS", "bridge_name", "computes", "make_sharer", "shared_bytes"]
+__all__ = ["SHARERS", "UNREADABLE", "bridge_name", "computes", "make_sharer", "make_unreadable", "shared_bytes"]
 
 SHARERS = ["sibling", "sibling-upper-case", "parent-folder", "delayed-initializer"]
+
+UNREADABLE = ["truncated", "truncated-in-parent-folder", "malformed-group"]
+"""``.onnx`` files that do not parse, near a writer's file: they may be models someone loads (cut by a copy still
+running, written by a tool we cannot read), so they may use any file in their reach (:func:`make_unreadable`)."""
 
 
 def shared_bytes() -> bytes:
@@ -66,6 +70,27 @@ def make_sharer(kind: str, target: Path) -> Path:
     if kind == "delayed-initializer":
         return write_model(target.parent / "light.onnx", delayed_model(target.name))
     raise ValueError(kind)
+
+
+def make_unreadable(kind: str, target: Path) -> Path:
+    """Write the ``kind`` unreadable model near ``target`` (:data:`UNREADABLE`): a real model using ``target``, cut
+    in half (beside it, or two folders up), or whole but with an unclosed group after its graph (protobuf refuses
+    it); returns its path."""
+    if kind == "truncated":
+        data = external_model(target.name).SerializeToString()
+        path = target.parent / "other.onnx"
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "truncated-in-parent-folder":
+        top = target.parent.parent.parent
+        data = external_model(os.path.relpath(target, top)).SerializeToString()
+        path = top / "top.onnx"
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "malformed-group":
+        path = target.parent / "other.onnx"
+        path.write_bytes(external_model(target.name).SerializeToString() + b"\xbb\x3e")  # start group of field 999
+    else:
+        raise ValueError(kind)
+    return path
 
 
 def computes(model: Path) -> np.ndarray:

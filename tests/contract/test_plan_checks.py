@@ -13,12 +13,16 @@ from onnx import numpy_helper
 
 from onnx_light_ref.errors import ExistingFileError, SharedWeightsError
 from onnx_light_ref.io.plan.sites import SITE_EXTERNALIZED, SITE_INLINE, SITE_MOVED, SiteColumns
+from onnx_light_ref.io.read import wire
 from onnx_light_ref.io.read.locations import FileIdentity
 from onnx_light_ref.io.read.sharing import (
+    UnreadableModel,
     file_key,
+    files_referenced_near,
     folders_reaching,
     is_model_name,
     models_in,
+    read_model_references,
     read_references,
     scan_users,
 )
@@ -31,8 +35,10 @@ from onnx_light_ref.io.write.contract import (
     recheck_plan,
 )
 from onnx_light_ref.io.write.ownership import Ownership, ShardSet
+from tests.checks import sha256_of_tree
 from tests.contract.sharers import delayed_model, external_model
 from tests.models import identity_model, write_model
+from tests.wire_writer import Hole, encode_varint, field_key, write_segments
 
 # -------------------------------------------------------------------------------------------------- rule 1's scan
 
@@ -89,7 +95,100 @@ def test_the_scan_skips_the_destination_models_and_reports_what_the_others_refer
     assert FileIdentity(st.st_dev, st.st_ino) in scan.referenced
 
 
+def _cut(path: Path, location: str) -> Path:
+    data = external_model(location).SerializeToString()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def test_a_model_that_cannot_be_read_is_not_a_model_that_references_nothing(tmp_path: Path, monkeypatch) -> None:
+    cut = _cut(tmp_path / "cut.onnx", "w.bin")
+    found = read_model_references(str(cut))
+    assert isinstance(found, UnreadableModel) and found.model == str(cut)
+    assert "is not a valid ONNX model" in found.reason
+    assert found.describe() == f"{str(cut)!r}, which cannot be read as a model ({found.reason})"
+    # An unclosed group (protobuf refuses it) and metadata over protobuf's 2 GiB (a sparse file: no disk used).
+    (tmp_path / "group.onnx").write_bytes(external_model("w.bin").SerializeToString() + field_key(999, 3))
+    assert "is not closed" in read_model_references(str(tmp_path / "group.onnx")).reason  # type: ignore[union-attr]
+    head = field_key(1, 0) + b"\x0a" + field_key(999, 2) + encode_varint(2**31)
+    write_segments(tmp_path / "huge.onnx", [head, Hole(2**31)])
+    assert "2 GiB" in read_model_references(str(tmp_path / "huge.onnx")).reason  # type: ignore[union-attr]
+    # A file this process may not read (another user's model, mode 0600): its references are unknown too.
+    real_open = wire.open_model_file
+
+    def refused(path: str, folder: object = None) -> int:
+        if path.endswith("private.onnx"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, folder)  # type: ignore[arg-type]
+
+    write_model(tmp_path / "private.onnx", external_model("w.bin"))
+    monkeypatch.setattr(wire, "open_model_file", refused)
+    assert read_model_references(str(tmp_path / "private.onnx")) == UnreadableModel(
+        str(tmp_path / "private.onnx"), "Permission denied"
+    )
+    assert read_references(str(tmp_path / "private.onnx")) is None  # rule 3's answer: it owns nothing by reference
+    assert read_model_references(str(tmp_path / "gone.onnx")) is None  # gone: no model at all
+
+
+def test_the_scan_takes_a_model_that_cannot_be_read_as_using_every_existing_file_it_can_reach(tmp_path: Path) -> None:
+    for name in ("w.bin", "sub/v.bin", "sub/deeper/u.bin", "other/x.bin"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"\0" * 16)
+    cut = _cut(tmp_path / "sub" / "cut.ONNX", "v.bin")
+    targets = [str(tmp_path / name) for name in ("w.bin", "sub/v.bin", "sub/deeper/u.bin", "other/x.bin", "no.bin")]
+    scan = scan_users(targets)
+    reason = read_model_references(str(cut)).reason  # type: ignore[union-attr]
+    assert scan.unreadable == {
+        str(tmp_path / "sub" / "v.bin"): [UnreadableModel(str(cut), reason)],
+        str(tmp_path / "sub" / "deeper" / "u.bin"): [UnreadableModel(str(cut), reason)],
+    }  # its folder and below; not w.bin above it, nor other/, nor a file that does not exist
+    assert scan.users == {} and str(cut) in scan.models
+    assert scan_users(targets, exclude=[str(cut)]).unreadable == {}  # a destination model is rule 3's, not rule 1's
+    near = files_referenced_near(str(tmp_path / "sub" / "deeper"))
+    assert near.unreadable == (UnreadableModel(str(cut), reason),)
+    assert files_referenced_near(str(tmp_path / "other")).unreadable == ()
+
+
+def test_rule_1_names_the_model_that_cannot_be_read_and_how_to_proceed(tmp_path: Path) -> None:
+    (tmp_path / "w.bin").write_bytes(b"\0" * 16)
+    cut = _cut(tmp_path / "other.onnx", "w.bin")
+    plan = WritePlan("align", [], [PlannedFile(str(tmp_path / "w.bin"), "weights")], {}, rename_hint="another name")
+    before = (tmp_path / "w.bin").read_bytes(), cut.read_bytes()
+    with pytest.raises(SharedWeightsError) as raised:
+        check_plan(plan)
+    reason = read_model_references(str(cut)).reason  # type: ignore[union-attr]
+    assert str(raised.value) == (
+        f"align: file {str(tmp_path / 'w.bin')!r} may be used by {str(cut)!r}, which cannot be read as a model "
+        f"({reason}): replacing it would silently change what those models compute; a .onnx that cannot be read may "
+        "still be a model someone loads (a copy still running, a file another tool reads), so it counts as using "
+        "every file of its folder and below: move it away (or repair it) to let the writer check what it uses. "
+        "Write under another name, or pass replace_shared=True (--replace-shared) to replace it anyway; nothing was "
+        "written."
+    )
+    assert ((tmp_path / "w.bin").read_bytes(), cut.read_bytes()) == before
+    check_plan(WritePlan("align", [], plan.files, {}, options=WriteOptions(replace_shared=True, overwrite=True)))
+
+
 # ------------------------------------------------------------------------------------------------ rule 3's owner
+
+
+def test_a_destination_model_that_cannot_be_read_owns_nothing_by_reference_and_the_refusal_says_why(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "w.bin").write_bytes(b"\0" * 16)
+    dst = _cut(tmp_path / "model.onnx", "w.bin")  # its previous version, cut short: what it uses is unknown
+    files = [PlannedFile(str(dst), "model"), PlannedFile(str(tmp_path / "w.bin"), "weights")]
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(ExistingFileError) as raised:
+        check_plan(WritePlan("align", [PlannedModel(str(dst))], files, {}, rename_hint="another name"))
+    reason = read_model_references(str(dst)).reason  # type: ignore[union-attr]
+    assert (
+        f"weights file {str(tmp_path / 'w.bin')!r} exists and is not an output of {str(dst)!r} ({str(dst)!r}, which "
+        f"cannot be read as a model ({reason}), so what it references is unknown (move it away, or repair it, to "
+        "let the writer see what it owns), and it is not named after them)"
+    ) in str(raised.value)
+    assert sha256_of_tree(tmp_path) == before
+    check_plan(WritePlan("align", [PlannedModel(str(dst))], files, {}, options=WriteOptions(overwrite=True)))
 
 
 def test_the_destination_model_owns_itself_when_it_is_a_model_or_named_like_one(tmp_path: Path) -> None:

@@ -21,7 +21,16 @@ from onnx_light_ref.cli import main
 from onnx_light_ref.errors import DestinationConflictError, ExistingFileError, SharedWeightsError
 from onnx_light_ref.io.write import publish
 from tests.checks import run_onnxruntime, snapshot_tree, temp_files_under
-from tests.contract.sharers import SHARERS, bridge_name, computes, external_model, make_sharer, shared_bytes
+from tests.contract.sharers import (
+    SHARERS,
+    UNREADABLE,
+    bridge_name,
+    computes,
+    external_model,
+    make_sharer,
+    make_unreadable,
+    shared_bytes,
+)
 from tests.contract.writers import ARRAYS, WRITERS, Scene, Writer, dry_run_outputs, make_scene
 from tests.models import write_model
 
@@ -195,6 +204,33 @@ def test_a_file_another_model_uses_is_refused_until_replace_shared(tmp_path: Pat
     assert_written(scene, writer)
 
 
+@pytest.mark.parametrize("kind", UNREADABLE)
+@pytest.mark.parametrize("writer", WRITERS, ids=_ids)
+def test_a_model_that_cannot_be_read_near_a_file_is_taken_as_using_it(
+    tmp_path: Path, writer: Writer, kind: str
+) -> None:
+    """A "cannot parse" never means "references nothing": a ``.onnx`` that does not parse (a copy still running, a
+    tool we cannot read) may be a model someone loads. Beside (or above) the writer's own previous output, which it
+    would replace, it blocks the replacement until the caller says ``replace_shared``."""
+    name = foreign_name(writer)
+    target_name = main_output(tmp_path, writer, name)
+    scene = make_scene(tmp_path / "scene", writer, name)
+    writer.call(scene)  # its own previous outputs: replaced without a word, as long as nothing may use them
+    target = scene.out / target_name
+    other = make_unreadable(kind, target)
+    unreadable = other.read_bytes()
+    before = snapshot_tree(scene.root)
+    with pytest.raises(SharedWeightsError) as raised:
+        writer.call(scene, overwrite=not writer.owns_previous)
+    message = str(raised.value)
+    assert f"file {str(target)!r} may be used by {str(other)!r}, which cannot be read as a model" in message
+    assert "move it away" in message and "replace_shared=True" in message and "nothing was written" in message
+    assert_unchanged(scene.root, before)
+    writer.call(scene, overwrite=not writer.owns_previous, replace_shared=True)
+    assert_written(scene, writer)
+    assert other.read_bytes() == unreadable
+
+
 @pytest.mark.parametrize("writer", CLI_WRITERS, ids=_ids)
 def test_a_file_another_model_uses_is_refused_by_the_command_until_replace_shared(
     tmp_path: Path, writer: Writer, capsys: pytest.CaptureFixture[str]
@@ -252,23 +288,31 @@ def test_a_sharer_saved_while_the_writer_works_is_refused_under_the_folder_lock(
     np.testing.assert_array_equal(computes(sharers[0]), np.frombuffer(kept[target_name][:16], dtype=np.float32))
 
 
-@pytest.mark.parametrize("visible", [True, False], ids=["a-variant-uses-it", "nothing-uses-it"])
+@pytest.mark.parametrize("near", ["a-variant-uses-it", "nothing-uses-it", "a-model-near-cannot-be-read"])
 @pytest.mark.parametrize("writer", MODEL_WRITERS, ids=_ids)
-def test_a_bridge_file_a_visible_model_references_is_never_deleted(
-    tmp_path: Path, writer: Writer, visible: bool
-) -> None:
+def test_a_bridge_file_a_visible_model_references_is_never_deleted(tmp_path: Path, writer: Writer, near: str) -> None:
     """A run killed between its two commits leaves the destination on a bridge file; a variant saved from it uses
-    that file; the next publication to the destination sweeps the bridge only when no model it can see uses it."""
+    that file; the next publication to the destination sweeps the bridge only when no model it can see uses it, or
+    may use it (a ``.onnx`` there that cannot be read, e.g. that variant while a copy is still writing it)."""
     scene = make_scene(tmp_path / "scene", writer)
     bridge = scene.out / bridge_name("model.onnx.data")
     bridge.write_bytes(shared_bytes())
     write_model(scene.dst, external_model(bridge.name))  # the killed run's model, complete, on its bridge file
-    variant = write_model(scene.out / "variant.onnx", external_model(bridge.name)) if visible else None
+    variant = None
+    if near == "a-variant-uses-it":
+        variant = write_model(scene.out / "variant.onnx", external_model(bridge.name))
+    elif near == "a-model-near-cannot-be-read":
+        cut = make_unreadable("truncated", bridge)
     writer.call(scene)
     assert_written(scene, writer)
     if variant is not None:
         assert bridge.read_bytes() == shared_bytes()
         np.testing.assert_array_equal(computes(variant), np.arange(4, dtype=np.float32))
+    elif near == "a-model-near-cannot-be-read":
+        assert bridge.read_bytes() == shared_bytes()
+        # Once complete (the copy has finished), it loads its weights from the bridge file that was kept.
+        write_model(cut, external_model(bridge.name))
+        np.testing.assert_array_equal(computes(cut), np.arange(4, dtype=np.float32))
     else:
         assert not bridge.exists()
 

@@ -323,6 +323,25 @@ def test_re_running_with_another_weights_name_lists_the_old_weights_file_and_kee
         assert_computes_as_its_source(source, out / source.name)
 
 
+def test_an_old_weights_file_a_model_that_cannot_be_read_may_use_is_not_called_stale(
+    family: Family, out: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``.onnx`` beside it that does not parse (a copy still running) may be a model that loads it: "cannot
+    parse" never means "references nothing", so the file is not listed as one the user may delete."""
+    align_models(family.sources, out)
+    old = (out / "weights.data").read_bytes()
+    cut = (out / DECODER).read_bytes()
+    (out / "copy_in_progress.onnx").write_bytes(cut[: len(cut) // 2])
+
+    result = align_models(family.sources, out, weights_name="renamed.data", alignment=256)
+
+    assert result.stale_weights_files == ()
+    assert (out / "weights.data").read_bytes() == old
+    assert (out / "copy_in_progress.onnx").read_bytes() == cut[: len(cut) // 2]
+    for source in family.sources:
+        assert_computes_as_its_source(source, out / source.name)
+
+
 def test_re_aligning_one_member_alone_over_the_shared_weights_is_refused_naming_the_other(
     family: Family, out: Path, tmp_path: Path
 ) -> None:
@@ -537,12 +556,19 @@ def test_a_file_a_killed_run_left_at_the_weights_name_is_the_familys_without_ove
         assert_computes_as_its_source(source, out / source.name)
 
 
-@pytest.mark.parametrize("case", ["live-writer", "another-name", "a-path-outside"])
+@pytest.mark.parametrize(
+    "case", ["live-writer", "another-name", "a-path-outside", "a-name-with-a-newline", "a-pid-in-other-digits"]
+)
 def test_a_journal_grants_nothing_unless_a_dead_writer_named_the_file(family: Family, out: Path, case: str) -> None:
     (out / "weights.data").write_bytes(b"a file of the user's")
     pid = os.getppid() if case == "live-writer" else _dead_pid()  # a running process that is not this one
-    files = {"live-writer": ["weights.data"], "another-name": ["other.data"], "a-path-outside": ["../weights.data"]}
-    _journal(out, pid, files[case])
+    files = {"another-name": ["other.data"], "a-path-outside": ["../weights.data"]}
+    journal = _journal(out, pid, files.get(case, ["weights.data"]))
+    if case == "a-name-with-a-newline":  # a user's file, not the publisher's: the pattern must match it whole
+        journal.rename(journal.with_name(journal.name + "\n"))
+    elif case == "a-pid-in-other-digits":  # Arabic-Indic digits: ``\d`` takes them, and int() reads a dead pid
+        digits = "".join(chr(0x0660 + int(d)) for d in str(pid))
+        journal.rename(journal.with_name(journal.name.replace(f"~{pid}~", f"~{digits}~")))
     before = sha256_of_tree(out)
 
     with pytest.raises(ExistingFileError, match=r"weights\.data' exists and is not an output of"):

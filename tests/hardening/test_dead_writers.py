@@ -136,6 +136,73 @@ def test_a_dead_writers_bridge_file_that_a_model_loads_is_never_swept(tmp_path: 
     assert same(computed(out / "model.onnx"), arrays)
 
 
+@pytest.mark.parametrize("where", ["same-folder", "parent-folder"])
+def test_no_dead_writers_file_is_swept_while_a_model_near_cannot_be_read(
+    tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A "cannot parse" is not "references nothing": a truncated ``.onnx`` able to reach the folder (a variant still
+    being copied from the killed run's model) may load the bridge or temp files, so none is removed while it cannot
+    be read; the warning names it. Once it is gone, the next run sweeps them."""
+    out = tmp_path / "root" / "out"
+    out.mkdir(parents=True)
+    array = np.arange(16, dtype=np.float32)
+    bridge = _bridge_of(out, "model.onnx.data", _dead_pid(), array.tobytes())
+    temp = out / f".olr~{publish._name_tag('model.onnx.data.2')}~{_dead_pid()}~{'ab' * 8}.tmp"
+    temp.write_bytes(b"left by a killed run")
+    variant = out / "variant.onnx" if where == "same-folder" else tmp_path / "root" / "variant.onnx"
+    _model_on(variant, bridge.name if where == "same-folder" else f"out/{bridge.name}", array)
+    whole = variant.read_bytes()
+    variant.write_bytes(whole[: len(whole) // 2])  # the copy is still running
+
+    sources = tmp_path / "src"
+    sources.mkdir()
+    arrays = values(3)
+    onnx.save(identity_model(arrays), str(sources / "model.onnx"), save_as_external_data=True, location="w.bin")
+    with caplog.at_level(logging.WARNING, logger="onnx_light_ref"):
+        align_external_data_streaming(sources / "model.onnx", out / "model.onnx")
+
+    assert bridge.read_bytes() == array.tobytes() and temp.read_bytes() == b"left by a killed run"
+    assert str(variant) in caplog.text and "cannot be read as a model" in caplog.text and "move it away" in caplog.text
+    assert same(computed(out / "model.onnx"), arrays)
+    variant.write_bytes(whole)  # the copy has finished: it loads what was kept
+    assert np.array_equal(run_onnxruntime(variant, {})[0], array)
+    variant.unlink()
+    align_external_data_streaming(sources / "model.onnx", out / "model.onnx")
+    assert not bridge.exists() and not temp.exists()
+
+
+def test_a_users_file_named_almost_like_a_dead_writers_is_never_swept(tmp_path: Path) -> None:
+    """The sweep deletes only names of the publisher's exact pattern: not one with a trailing newline (``$`` matches
+    before it), not one whose pid is written in other digits (``\\d`` takes Arabic-Indic digits, ``int()`` reads
+    them as a dead pid). A real dead writer's file beside them is swept."""
+    out = tmp_path / "out"
+    out.mkdir()
+    pid = _dead_pid()
+    tag = publish._name_tag("model.onnx.data")
+    digits = "".join(chr(0x0660 + int(d)) for d in str(pid))
+    hostile = [
+        f".olr~{tag}~{pid}~{'ab' * 8}.tmp\n",
+        f".olr~{tag}~{pid}~{'ab' * 8}.bridge\n",
+        f".olr~{tag}~{digits}~{'ab' * 8}.tmp",
+        f".olr~{tag}~{digits}~{'ab' * 8}.bridge",
+    ]
+    for name in hostile:
+        (out / name).write_bytes(b"a user's file")
+    real = out / f".olr~{tag}~{pid}~{'cd' * 8}.tmp"
+    real.write_bytes(b"left by a killed run")
+    sources = tmp_path / "src"
+    sources.mkdir()
+    arrays = values(3)
+    onnx.save(identity_model(arrays), str(sources / "model.onnx"), save_as_external_data=True, location="w.bin")
+
+    align_external_data_streaming(sources / "model.onnx", out / "model.onnx")
+
+    assert not real.exists()
+    assert all((out / name).read_bytes() == b"a user's file" for name in hostile)
+    assert not any(publish.is_publisher_file(name) for name in hostile)
+    assert same(computed(out / "model.onnx"), arrays)
+
+
 def test_a_temp_file_a_live_writer_holds_is_never_swept(tmp_path: Path) -> None:
     """A dead pid but a held lock (a writer in another pid namespace): kept, while the job publishes."""
     held = tmp_path / f".olr~{publish._name_tag('model.onnx.data.3')}~{_dead_pid()}~{'ef' * 8}.tmp"

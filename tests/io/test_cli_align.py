@@ -24,8 +24,9 @@ def test_sizes_accept_binary_suffixes(text, size):
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["", "4X", "-1", "1.5M", "M"])
+@pytest.mark.parametrize("text", ["", "4X", "-1", "1.5M", "M", "\u0664K", "4\u0660\u0669\u0666", "\uff14M"])
 def test_invalid_sizes_are_usage_errors(text):
+    # Also digits that are not ASCII (Arabic-Indic, fullwidth), which ``\d`` and ``int()`` take.
     with pytest.raises(argparse.ArgumentTypeError, match="invalid size"):
         size_argument(text)
     with pytest.raises(ValueError, match="invalid size"):

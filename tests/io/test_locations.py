@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import onnx
@@ -183,3 +184,69 @@ def test_a_hard_linked_data_file_is_refused(tmp_path):
     assert linked.link_count == 2
     with pytest.raises(UnsafeLocationError, match="2 hard links"):
         check_not_hard_linked(linked)
+
+
+# A key given twice: onnx's loader (``ExternalDataInfo``: one ``setattr`` per entry) reads the last of each;
+# onnxruntime refuses a repeated ``location`` and reads the last ``offset`` / ``length``. Every reader of this package
+# refuses the tensor (one rule, ``read_entries``), names the key, and shows the location onnx would open; the sharing
+# guard, which reads other people's models and never refuses one, counts every file a ``location`` entry names.
+
+DUPLICATED = {
+    "location": [("location", "a.bin"), ("location", "b.bin"), ("offset", "0"), ("length", "16")],
+    "offset": [("location", "a.bin"), ("offset", "0"), ("offset", "16"), ("length", "16")],
+    "length": [("location", "a.bin"), ("offset", "0"), ("length", "8"), ("length", "16")],
+}
+
+
+def _duplicated_model(folder, entries) -> str:
+    from tests.models import identity_model
+
+    first, second = np.arange(4, dtype=np.float32), np.arange(100, 104, dtype=np.float32)
+    (folder / "a.bin").write_bytes(first.tobytes() + second.tobytes())
+    (folder / "b.bin").write_bytes(second.tobytes() + first.tobytes())
+    tensor = numpy_helper.from_array(np.zeros(4, np.float32), "w")
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in entries:
+        tensor.external_data.add(key=key, value=value)
+    path = folder / "m.onnx"
+    path.write_bytes(identity_model([tensor]).SerializeToString())
+    return str(path)
+
+
+def _onnx_reads(path: str) -> np.ndarray:
+    """The oracle: onnx's own loader, from the model's folder."""
+    model = onnx.load(path, load_external_data=False)
+    onnx.external_data_helper.load_external_data_for_model(model, os.path.dirname(path))
+    return numpy_helper.to_array(model.graph.initializer[0])
+
+
+@pytest.mark.parametrize("key", list(DUPLICATED))
+def test_a_key_given_twice_is_refused_by_every_reader_naming_what_onnx_reads(tmp_path, key, capsys):
+    from onnx_light_ref import align_external_data_streaming, verify_models
+    from onnx_light_ref.cli import main
+    from onnx_light_ref.io.layout_report import build_layout_report
+    from onnx_light_ref.io.read.sharing import file_key, read_references
+    from tests.checks import sha256_of_tree
+
+    path = _duplicated_model(tmp_path, DUPLICATED[key])
+    # The last entry of each key: b.bin at 0, a.bin at 16, 16 bytes (8 would not fill a float32 [4]).
+    expected = np.arange(0, 4) if key == "length" else np.arange(100, 104)
+    np.testing.assert_array_equal(_onnx_reads(path), expected.astype(np.float32))
+    before = sha256_of_tree(tmp_path)
+    message = f"tensor 'w': external_data has duplicated keys ['{key}']"
+    with pytest.raises(ExternalDataError, match=re.escape(message)) as refused:
+        align_external_data_streaming(path, tmp_path / "out.onnx")
+    assert "onnx's loader reads the last" in str(refused.value) and "remove the extra" in str(refused.value)
+    with pytest.raises(ExternalDataError, match=re.escape(message)):
+        verify_models(path, path)
+    assert sha256_of_tree(tmp_path) == before
+    (tensor,) = build_layout_report(path).tensors
+    shown = "b.bin" if key == "location" else "a.bin"  # the file onnx's loader opens
+    assert (tensor.status, tensor.location, tensor.raw_location) == ("invalid", shown, shown)
+    assert message in tensor.message
+    assert main(["inspect", path]) == 1
+    assert message in capsys.readouterr().out
+    # The sharing guard (another model's references): the file onnx reads is among them.
+    references = read_references(path)
+    assert references is not None and file_key(str(tmp_path / shown)) in references

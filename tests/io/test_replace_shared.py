@@ -136,6 +136,80 @@ def test_sharers_made_by_hand_are_found(tmp_path, how):
     assert sha256_of_tree(tmp_path, every_entry=True) == before
 
 
+@pytest.mark.parametrize("order", ["first-entry", "last-entry"])
+def test_a_sharer_naming_the_file_in_a_repeated_location_entry_is_found(tmp_path, order):
+    """A ``location`` given twice: onnx's loader reads the last entry (``ExternalDataInfo``), another tool may read
+    the first; the guard counts both, so the file onnx loads is never replaced under it (it used to read only the
+    first)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    src = save_external(identity_model({"w": np.arange(4, dtype=np.float32)}), tmp_path / "src.onnx", "src.data")
+    align_external_data_streaming(src, out / "first.onnx", out / "w.bin")
+    (out / "other.bin").write_bytes((out / "w.bin").read_bytes())
+    sharer = onnx.load(str(out / "first.onnx"), load_external_data=False)
+    for tensor in sharer.graph.initializer:
+        entries = {entry.key: entry.value for entry in tensor.external_data}
+        del tensor.external_data[:]
+        locations = ["other.bin", "w.bin"] if order == "last-entry" else ["w.bin", "other.bin"]
+        for location in locations:
+            tensor.external_data.add(key="location", value=location)
+        for key in ("offset", "length"):
+            tensor.external_data.add(key=key, value=entries[key])
+    hand = write_model(out / "hand.onnx", sharer)
+    loaded = onnx.load(str(hand))  # the oracle: onnx reads the last location
+    assert onnx.external_data_helper.uses_external_data(loaded.graph.initializer[0]) is False
+    before = sha256_of_tree(tmp_path, every_entry=True)
+    with pytest.raises(SharedWeightsError, match=re.escape(f"file {str(out / 'w.bin')!r} is used by {str(hand)!r}")):
+        align_external_data_in_memory(src, out / "first.onnx", out / "w.bin", alignment=64)
+    assert sha256_of_tree(tmp_path, every_entry=True) == before
+    assert onnx.load(str(hand)) == loaded
+
+
+def test_a_sharer_whose_location_is_not_utf8_is_found_by_the_bytes_onnxruntime_opens(tmp_path):
+    """protobuf hands back ``bytes`` for a ``location`` that is not UTF-8; onnxruntime opens the file of those bytes
+    (onnx.load cannot). The guard used to skip such an entry, so the file onnxruntime loads was replaced."""
+    out = tmp_path / "out"
+    out.mkdir()
+    src = save_external(identity_model({"w": np.arange(4, dtype=np.float32)}), tmp_path / "src.onnx", "src.data")
+    align_external_data_streaming(src, out / "first.onnx", out / "wX.bin")
+    weights = out / os.fsdecode(b"w\xff.bin")
+    os.rename(out / "wX.bin", weights)
+    hand = out / "hand.onnx"
+    hand.write_bytes((out / "first.onnx").read_bytes().replace(b"wX.bin", b"w\xff.bin"))
+    (out / "first.onnx").unlink()
+    np.testing.assert_array_equal(_run(hand)[0], np.arange(4, dtype=np.float32))  # onnxruntime loads it
+    before = sha256_of_tree(tmp_path, every_entry=True)
+    with pytest.raises(SharedWeightsError, match=re.escape(str(hand))):
+        # The file's name, in bytes, given as the weights of another destination (rule 3 waived: not the point).
+        align_external_data_in_memory(src, out / "first.onnx", weights, alignment=64, overwrite=True)
+    assert sha256_of_tree(tmp_path, every_entry=True) == before
+    np.testing.assert_array_equal(_run(hand)[0], np.arange(4, dtype=np.float32))
+
+
+def test_a_sharer_carrying_a_protobuf_group_in_an_unknown_field_is_found(tmp_path):
+    """Groups (wire types 3/4) are legal in unknown fields and onnx.load accepts them; the wire reader used to refuse
+    one inside a tensor it walks, so the guard took the sharer for "not a model" and replaced the file it loads."""
+    from tests.wire_writer import encode_varint, field_key
+
+    out = tmp_path / "out"
+    out.mkdir()
+    src = save_external(identity_model({"w": np.arange(4, dtype=np.float32)}), tmp_path / "src.onnx", "src.data")
+    align_external_data_streaming(src, out / "first.onnx", out / "w.bin")
+    sharer = onnx.load(str(out / "first.onnx"), load_external_data=False)
+    tensor = sharer.graph.initializer[0]
+    unknown = field_key(999, 3) + field_key(3, 2) + encode_varint(5000) + bytes(5000) + field_key(999, 4)
+    grouped = onnx.TensorProto()
+    grouped.ParseFromString(tensor.SerializeToString() + unknown)  # kept by protobuf as an unknown field
+    tensor.CopyFrom(grouped)
+    hand = write_model(out / "hand.onnx", sharer)
+    np.testing.assert_array_equal(_run(hand)[0], np.arange(4, dtype=np.float32))
+    assert onnx.load(str(hand)).graph.initializer[0].name == "w"  # onnx's loader accepts it
+    before = sha256_of_tree(tmp_path, every_entry=True)
+    with pytest.raises(SharedWeightsError, match=re.escape(f"file {str(out / 'w.bin')!r} is used by {str(hand)!r}")):
+        align_external_data_in_memory(src, out / "first.onnx", out / "w.bin", alignment=64)
+    assert sha256_of_tree(tmp_path, every_entry=True) == before
+
+
 def _relocate(model: onnx.ModelProto, location: str) -> None:
     for tensor in model.graph.initializer:
         for entry in tensor.external_data:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 from onnx import helper, numpy_helper
 
 from onnx_light_ref.errors import InvalidModelError
@@ -475,11 +475,8 @@ def in_graph(content: bytes) -> bytes:
         (b"\x00", "invalid field tag 0 (field number 0) at byte offset 0"),
         (field_key(1, 6), "field 1 has the invalid wire type 6 at byte offset 0"),
         (field_key(1, 7) + b"\x00", "field 1 has the invalid wire type 7 at byte offset 0"),
-        (
-            field_key(1, 3) + field_key(1, 4),
-            "field 1 uses the group wire type 3, which ONNX never uses at byte offset 0",
-        ),
-        (field_key(2, 4), "group wire type 4"),
+        (field_key(1, 3) + field_key(1, 4), "it has no graph"),  # an empty group: an unknown field, no graph
+        (field_key(2, 4), "end-group tag of field 2 without a matching start-group tag at byte offset 0"),
         (encode_varint(2**29 << 3), f"invalid field tag {2**32} (field number {2**29}) at byte offset 0"),
         (field_key(1, VARINT) + b"\x80" * 10 + b"\x01", "field 1 value varint longer than 10 bytes at byte offset 1"),
         (field_key(1, VARINT) + b"\x80\x80", "field 1 value varint truncated by the end of the file at byte offset 1"),
@@ -674,8 +671,8 @@ def test_a_fault_left_to_protobuf_is_still_named_by_its_byte_offset(tmp_path):
 
 
 def test_a_group_inside_a_message_too_short_for_a_payload_is_protobufs_call(tmp_path):
-    # Where the scan walks, groups are refused; a sub-message too short to hold a payload is not walked, and
-    # protobuf keeps a group there as an unknown field, as onnx.load does.
+    # A sub-message too short to hold a payload is not walked: protobuf skips the group there (an unknown field), as
+    # onnx.load does; where the scan walks, it skips groups the same way (the tests below).
     group = field_key(30, 3) + field_key(30, 4)
     path = tmp_path / "m.onnx"
     path.write_bytes(in_graph(field_key(5, LEN) + encode_varint(len(group)) + group))
@@ -717,3 +714,166 @@ def test_read_ahead_window_edges_anywhere(tmp_path, monkeypatch, window):
     path = save(model(graph), tmp_path / "m.onnx")
     for min_length in (0, 100):
         assert_round_trip(path, min_length)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Groups (wire types 3 and 4): legal in the encoding of unknown fields, kept by protobuf as unknown fields. The scan
+# must skip them exactly as protobuf does: the oracle is ``ModelProto.ParseFromString`` of the whole file.
+
+
+def group(number: int, content: bytes = b"", end: int | None = None) -> bytes:
+    """A start-group tag of field ``number``, ``content``, an end-group tag (of field ``end``, default ``number``)."""
+    return field_key(number, 3) + content + field_key(number if end is None else end, 4)
+
+
+def nested_groups(levels: int, number: int = 5) -> bytes:
+    content = b""
+    for _ in range(levels):
+        content = group(number, content)
+    return content
+
+
+def with_unknown(message: Message, raw: bytes) -> Message:
+    """A copy of ``message`` carrying ``raw`` (fields it does not know, e.g. a group) after its own fields."""
+    copy = type(message)()
+    copy.ParseFromString(message.SerializeToString() + raw)
+    return copy
+
+
+def grouped_model(where: str, raw: bytes) -> bytes:
+    """A model with a strippable initializer, a Constant attribute tensor and ``raw`` appended to one message."""
+    tensor = floats("w", 16)  # 64 bytes of raw_data: longer than the placeholder, stripped at min_length 0
+    constant = helper.make_node("Constant", [], ["c"], value=floats("c", 16))
+    if where == "tensor":
+        tensor = with_unknown(tensor, raw)
+    elif where == "attribute":
+        constant.attribute[0].CopyFrom(with_unknown(constant.attribute[0], raw))
+    elif where == "attribute tensor":
+        constant.attribute[0].t.CopyFrom(with_unknown(constant.attribute[0].t, raw))
+    elif where == "node":
+        constant = with_unknown(constant, raw)
+    graph = helper.make_graph([constant], "main", [], [out("c", [16])], initializer=[tensor])
+    if where == "graph":
+        graph = with_unknown(graph, raw)
+    proto = model(graph)
+    data = proto.SerializeToString()
+    return data + raw if where == "model" else data
+
+
+def protobuf_parse(data: bytes) -> onnx.ModelProto | None:
+    parsed = onnx.ModelProto()
+    try:
+        parsed.ParseFromString(data)
+    except DecodeError:
+        return None
+    return parsed
+
+
+GROUP_PLACES = ["model", "graph", "node", "attribute", "attribute tensor", "tensor"]
+
+GROUPS = {  # name -> unknown fields appended to a message; protobuf accepts each (checked by the test)
+    "empty group": group(999),
+    "varint, fixed32, fixed64 inside": group(999, field_key(1, VARINT) + b"\x96\x01" + field_key(2, 5) + bytes(4)
+                                             + field_key(3, 1) + bytes(8)),
+    "length-delimited inside, not parsed": group(999, field_key(3, LEN) + encode_varint(3) + b"\xff\xff\xff"),
+    "payload-like bytes inside": group(9, field_key(9, LEN) + encode_varint(100) + bytes(100)),
+    "a known field number as a group": group(7, field_key(9, LEN) + encode_varint(64) + bytes(64)),
+    "nested groups": group(999, group(998, group(997, field_key(1, VARINT) + b"\x01"))),
+    "same number nested": group(5, group(5, group(5))),
+    "largest field number": encode_varint((2**29 - 1) << 3 | 3) + encode_varint((2**29 - 1) << 3 | 4),
+    "non-minimal tags": encode_varint(999 << 3 | 3, min_bytes=5) + encode_varint(999 << 3 | 4, min_bytes=5),
+    "two groups": group(999) + group(998, field_key(1, VARINT) + b"\x00"),
+    "a large length-delimited field inside": group(999, field_key(3, LEN) + encode_varint(200_000) + bytes(200_000)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("where", GROUP_PLACES)
+@pytest.mark.parametrize("name", list(GROUPS))
+def test_a_group_in_an_unknown_field_is_skipped_as_protobuf_skips_it(tmp_path, where, name):
+    data = grouped_model(where, GROUPS[name])
+    expected = protobuf_parse(data)
+    assert expected is not None  # the oracle: protobuf (hence onnx.load) accepts the file
+    path = tmp_path / "m.onnx"
+    path.write_bytes(data)
+    stripped = load_model_stripped(path, 0)
+    back = restored(stripped)
+    assert back == expected and back.SerializeToString() == data
+    assert back == onnx.load(str(path))
+    assert sorted(t.name for t in all_tensors(stripped.model) if stripped.payload(t)) == ["c", "w"]
+
+
+def test_a_group_nested_to_protobufs_depth_limit_is_accepted_and_one_deeper_refused(tmp_path):
+    path = tmp_path / "m.onnx"
+    # ModelProto is depth 0, its graph 1: protobuf accepts groups down to depth 100 and refuses depth 101.
+    for where, allowed in (("model", 100), ("graph", 99)):
+        for levels, accepted in ((allowed, True), (allowed + 1, False)):
+            data = grouped_model(where, nested_groups(levels))
+            assert (protobuf_parse(data) is not None) is accepted, (where, levels)
+            path.write_bytes(data)
+            if accepted:
+                assert restored(load_model_stripped(path, 0)) == protobuf_parse(data)
+                continue
+            before = sha256_of_tree(tmp_path)
+            with pytest.raises(InvalidModelError, match="messages nested deeper than 100 levels at byte offset"):
+                load_model_stripped(path, 0)
+            assert sha256_of_tree(tmp_path) == before
+
+
+TENSOR = field_key(9, LEN) + encode_varint(64) + bytes(64)
+
+
+def in_tensor(content: bytes) -> bytes:
+    """A model whose graph's initializer holds a strippable payload followed by ``content``."""
+    tensor = TENSOR + content
+    return in_graph(field_key(5, LEN) + encode_varint(len(tensor)) + tensor)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (VALID_MODEL + field_key(999, 4), "end-group tag of field 999 without a matching start-group tag at byte "
+                                          f"offset {len(VALID_MODEL)} (in a ModelProto)"),
+        (in_tensor(field_key(7, 4)), "end-group tag of field 7 without a matching start-group tag at byte offset 70 "
+                                     "(in a TensorProto)"),
+        (VALID_MODEL + group(999, end=998), "end-group tag of field 998 does not close the group of field 999 "
+                                            f"(started at byte offset {len(VALID_MODEL)}) at byte offset "
+                                            f"{len(VALID_MODEL) + 2}"),
+        (VALID_MODEL + field_key(999, 3), f"group of field 999 (started at byte offset {len(VALID_MODEL)}) is not "
+                                          "closed before the end of the file"),
+        (in_tensor(field_key(999, 3)) + field_key(999, 4), "group of field 999 (started at byte offset 70) is not "
+                                                           "closed before the end of the enclosing message"),
+        (VALID_MODEL + group(999, b"\x00"), f"invalid field tag 0 (field number 0) at byte offset "
+                                             f"{len(VALID_MODEL) + 2}"),
+        (VALID_MODEL + group(999, field_key(1, 7)), "field 1 has the invalid wire type 7"),
+        (VALID_MODEL + field_key(999, 3) + field_key(1, VARINT) + b"\x80", "field 1 value varint truncated by the end "
+                                                                           "of the file"),
+        (VALID_MODEL + field_key(999, 3) + field_key(3, LEN) + encode_varint(50) + b"x", "field 3 (length 50) runs "
+                                                                                         "past the end of the file"),
+        (VALID_MODEL + field_key(999, 3) + field_key(3, 1) + bytes(3), "field 3 (8-byte value) runs past the end of "
+                                                                       "the file"),
+    ],
+    ids=["stray end", "stray end in a tensor", "mismatched end", "unclosed", "unclosed in a tensor", "field 0",
+         "wire type 7", "truncated varint", "length past the end", "fixed64 past the end"],
+)  # fmt: skip
+def test_a_malformed_group_is_refused_where_protobuf_refuses_it(tmp_path, data, message):
+    assert protobuf_parse(data) is None  # the oracle refuses each
+    path = tmp_path / "m.onnx"
+    path.write_bytes(data)
+    before = sha256_of_tree(tmp_path)
+    with pytest.raises(InvalidModelError) as info:
+        load_model_stripped(path, 0)
+    assert message in str(info.value)
+    assert repr(str(path)) in str(info.value)
+    assert sha256_of_tree(tmp_path) == before
+
+
+def test_a_group_is_skipped_in_a_file_over_the_lean_limit(tmp_path, read_log):
+    """``load_model_lean`` scans a ``.onnx`` over 16 MiB: a group there (beside 20 MiB of inline weights) parses
+    as ``onnx.load`` parses it, and no read goes past the end of the file."""
+    graph = helper.make_graph([], "main", [], [], initializer=[floats("big", 5 * 1024 * 1024)])
+    graph = with_unknown(graph, group(999, field_key(3, LEN) + encode_varint(10) + bytes(10)))
+    path = save(model(graph), tmp_path / "m.onnx")
+    assert path.stat().st_size > wire.WHOLE_PARSE_LIMIT
+    lean, stripped = wire.load_model_lean(path)
+    assert stripped is not None and stripped.payloads
+    assert lean is stripped.model and restored(stripped) == onnx.load(str(path))

@@ -205,12 +205,28 @@ def _inspect_errors(folder: Path) -> list[list[str]]:
     ]
 
 
+def _zero_length_mid_file(folder: Path) -> list[list[str]]:
+    """Zero-length references inside a file (length 0, or no length for 0 elements) and one at its end (fine)."""
+    path = save_initializers(
+        folder,
+        [
+            external_tensor("w", {"location": "w.data", "offset": "0", "length": "64"}),
+            external_tensor("empty_mid", {"location": "w.data", "offset": "16", "length": "0"}, dims=[0]),
+            external_tensor("empty_no_length", {"location": "w.data", "offset": "32"}, dims=[4, 0]),
+            external_tensor("empty_end", {"location": "w.data", "offset": "64", "length": "0"}, dims=[0]),
+        ],
+        {"w.data": 64},
+    )
+    return [["inspect", str(path)]]
+
+
 INSPECT_CASES: dict[str, Builder] = {
     **{f"zoo-{name}": _zoo(name) for name in ZOO},
     "hostile-escapes": _hostile_escapes,
     "hostile-not-utf8": _hostile_not_utf8,
     "hostile-ranges": _hostile_ranges,
     "hostile-files": _hostile_files,
+    "zero-length-mid-file": _zero_length_mid_file,
     "training": _training,
     "safetensors": _safetensors,
     "shared-folder": _shared_folder,

@@ -178,7 +178,8 @@ def test_errors_are_a_document_on_stdout_and_the_usual_line_on_stderr(tmp_path, 
     assert errors.startswith("error: ")
 
 
-@pytest.mark.parametrize("value", ["-1", "x", "1.5", ""])
+# Also digits that are not ASCII (Arabic-Indic, fullwidth): int() and str.isdigit take them, the command line does not.
+@pytest.mark.parametrize("value", ["-1", "x", "1.5", "", "+2", "\u0663", "\uff13"])
 def test_a_bad_max_differences_is_a_usage_error(tmp_path, capsys, value):
     from onnx_light_ref.cli import main
 

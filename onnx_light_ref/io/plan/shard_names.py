@@ -11,14 +11,20 @@ Three schemes, for a base path ``W`` (the first weights file) and ``N`` files:
   more is refused before anything is written.
 
 :func:`stale_candidates` finds the files in the destination folder named like weights files of this destination under
-*any* scheme and format (an earlier run may have used another) that this run does not write: its leftovers. Pure
-naming and one ``scandir``: this module never opens, writes or deletes a file.
+*any* scheme and format (an earlier run may have used another) that this run does not write: its leftovers. Only
+files that are demonstrably the destination's: a ``*.safetensors`` set (``model.safetensors``, its
+``model-0000k-of-0000N.safetensors`` shards, its ``.index.json``) is every PyTorch checkpoint's name, so its files are
+listed only on evidence: the model now at the destination references a shard of that set (rule 3 of the writer
+contract asks the same, :func:`checkpoint_file_used`). Naming, one ``scandir`` and, only when
+such a set is there, a metadata read of the destination ``.onnx`` (the wire reader, payloads skipped); this module
+never writes or deletes a file.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Collection
 from typing import Literal
 
 from onnx_light_ref.io.arguments import ArgumentTypeError
@@ -29,9 +35,11 @@ __all__ = [
     "ShardNames",
     "check_shard_count",
     "check_shard_names",
+    "checkpoint_file_used",
     "default_weights_path",
     "existing_shards",
     "index_path",
+    "is_checkpoint_set",
     "shard_paths",
     "stale_candidates",
 ]
@@ -42,7 +50,8 @@ SHARD_NAME_SCHEMES: tuple[ShardNames, ...] = (None, "hf", "transformers.js")
 # transformers.js (``use_external_data_format``) fetches model.onnx_data_1 ... _99 at most: a 101st file never loads.
 TRANSFORMERS_JS_MAX_CHUNKS = 100
 
-_HF_MARKER = re.compile(r"-(\d{5,})-of-(\d{5,})$")
+# fullmatch only, ASCII digits only: ``\d`` takes other digits (``model-٠٠٠٠١-of-٠٠٠٠٢.data`` is a user's file).
+_HF_MARKER = re.compile(r"-([0-9]{5,})-of-([0-9]{5,})")
 
 
 def check_shard_names(value: object) -> ShardNames:
@@ -134,8 +143,12 @@ def stale_candidates(dst_onnx: str, base: str, written: list[str]) -> list[str]:
     file ``base`` and for the default first weights file of every format and scheme (``<dst>.data``,
     ``<stem>.data``, ``<dst>_data``, ``<stem>.safetensors``), with each one's ``.index.json`` (a sharded
     safetensors set's index: loaders that find it read the old shards). The first files themselves are listed too,
-    except ``<stem>.safetensors`` when it is not this run's ``base``: that is the name of every PyTorch checkpoint,
-    not the leftover of a run of ours.
+    except ``<stem>.safetensors`` when it is not this run's ``base``. A set whose first file is named
+    ``*.safetensors`` is every PyTorch checkpoint's name (``model.safetensors``, ``model-00001-of-00002.safetensors``,
+    ``model.safetensors.index.json``): a file of it is listed only when the model now at ``dst_onnx`` references a
+    file that makes it the destination's (:func:`checkpoint_file_used`: for an hf shard or the index, an hf shard of
+    the set); a user's sharded checkpoint beside a new ``model.onnx``, or beside the single ``model.safetensors`` a
+    run of ours wrote there, is never called a leftover.
 
     Args:
         dst_onnx: the ``.onnx`` being written (absolute).
@@ -153,17 +166,72 @@ def stale_candidates(dst_onnx: str, base: str, written: list[str]) -> list[str]:
             bases.setdefault(os.path.basename(default), weights_format == "onnx")
     keep = set(written) | {dst_onnx}
     found: list[str] = []
+    checkpoints: dict[str, list[str]] = {}  # a *.safetensors set's first name -> its files found here
     try:
         entries = os.scandir(folder)
     except OSError:  # the folder is missing or unreadable: publication reports it
         return []
     with entries:
         for entry in entries:
-            if entry.path not in keep and any(
-                _is_weights_name(entry.name, name, with_first) for name, with_first in bases.items()
-            ):
+            if entry.path in keep:
+                continue
+            names = [name for name, with_first in bases.items() if _is_weights_name(entry.name, name, with_first)]
+            if any(not is_checkpoint_set(name) for name in names):
                 found.append(entry.path)
+            for name in names:
+                if is_checkpoint_set(name):
+                    checkpoints.setdefault(name, []).append(entry.path)
+    if checkpoints:
+        used = _names_referenced_by(dst_onnx, folder)
+        for name, paths in checkpoints.items():
+            found.extend(path for path in paths if path not in found and checkpoint_file_used(path, name, used))
     return sorted(found)
+
+
+# The format of PyTorch checkpoints: a set named like one is not a leftover of ours unless the destination used it.
+_CHECKPOINT_SUFFIX = ".safetensors"
+
+
+def _names_referenced_by(dst_onnx: str, folder: str) -> set[str]:
+    """Names of the files of ``folder`` the model now at ``dst_onnx`` references (none when there is no model there
+    or it cannot be read: then nothing of a checkpoint set is demonstrably the destination's)."""
+    from onnx_light_ref.io.read.sharing import read_references  # the wire reader: only when a checkpoint set is here
+
+    if not os.path.lexists(dst_onnx):
+        return set()
+    model_folder = os.path.dirname(dst_onnx)
+    names = set()
+    for reference in (read_references(dst_onnx) or {}).values():
+        path = os.path.normpath(os.path.join(model_folder, reference.location))
+        if os.path.dirname(path) == os.path.normpath(folder):
+            names.add(os.path.basename(path))
+    return names
+
+
+def is_checkpoint_set(base: str) -> bool:
+    """Whether the weights set of first file ``base`` is named like a PyTorch checkpoint (``*.safetensors``): its
+    files are the destination's only on evidence (:func:`checkpoint_file_used`), never by their names alone."""
+    return base.endswith(_CHECKPOINT_SUFFIX)
+
+
+def checkpoint_file_used(candidate: str, base_name: str, referenced: Collection[str]) -> bool:
+    """Whether ``referenced`` (names of the files of the set's folder that the destination's model references)
+    makes ``candidate`` (a file of the checkpoint-named set ``base_name``) the destination's.
+
+    An hf shard or the index: only a referenced hf shard of the set is evidence (of any count: a run of ours that
+    wrote ``-of-00003`` owns the ``-of-00002`` it wrote before); the first file alone is not, since
+    ``model.safetensors`` written by a run of ours beside a user's ``model-00001-of-00002.safetensors`` and
+    ``model.safetensors.index.json`` does not make that checkpoint ours. A ``W.k`` / ``W_k`` shard: the first file
+    or a shard of the same scheme.
+    """
+    name = os.path.basename(candidate)
+    hf_used = any(_is_shard_name(used, base_name, "hf") for used in referenced)
+    if name == os.path.basename(index_path(base_name)) or _is_shard_name(name, base_name, "hf"):
+        return hf_used
+    for scheme in (None, "transformers.js"):
+        if _is_shard_name(name, base_name, scheme):
+            return any(used == base_name or _is_shard_name(used, base_name, scheme) for used in referenced)
+    return name in referenced
 
 
 def existing_shards(base: str, written: list[str], scheme: ShardNames, *, safetensors: bool = False) -> list[str]:

@@ -1,9 +1,12 @@
 """The one reader and the one writer of a tensor's ``external_data`` entries (``location``/``offset``/...).
 
 Reading checks keys against :data:`KNOWN_KEYS` (the keys of onnx's ``ExternalDataInfo``: an unknown key is an error,
-since a rewrite would otherwise drop it silently), refuses duplicated keys and non-UTF-8 values, and parses numbers
-strictly: ASCII digits only, within int64. ``int()`` would also take ``"+0"``, ``" 64"``, ``"6_4"`` or non-ASCII
-digits, which onnxruntime refuses, so a model we accept or write must never contain them.
+since a rewrite would otherwise drop it silently), refuses duplicated keys (onnx's ``ExternalDataInfo`` sets one
+attribute per entry, so the last of each wins; onnxruntime refuses a repeated ``location`` and takes the last
+``offset``/``length``: a tensor whose bytes depend on the loader is refused by every reader here, and
+:func:`last_value` is what onnx would open, for messages and for the sharing guard) and non-UTF-8 values, and
+parses numbers strictly: ASCII digits only, within int64. ``int()`` would also take ``"+0"``, ``" 64"``, ``"6_4"``
+or non-ASCII digits, which onnxruntime refuses, so a model we accept or write must never contain them.
 
 Writing always produces the canonical entries ``location``, ``offset``, ``length`` (then ``checksum`` when one is
 kept), in that order, and marks the tensor EXTERNAL. Entries that already have those keys in that order only get new
@@ -26,6 +29,7 @@ __all__ = [
     "Entries",
     "entry_text",
     "is_external",
+    "last_value",
     "parse_entry_int",
     "read_entries",
     "write_entries",
@@ -83,7 +87,11 @@ def read_entries(tensor: onnx.TensorProto, *, label: str) -> Entries:
             unknown.append(key)
         values[key] = value
     if duplicated:
-        raise ExternalDataError(f"tensor {label!r}: external_data has duplicated keys {sorted(set(duplicated))}.")
+        raise ExternalDataError(
+            f"tensor {label!r}: external_data has duplicated keys {sorted(set(duplicated))}; onnx's loader reads the "
+            "last of each (onnxruntime refuses a repeated 'location'), so what the tensor holds depends on the "
+            "loader: remove the extra entries."
+        )
     if unknown:
         hint = (
             " ('basepath' is written by some onnx helpers, but onnxruntime refuses a model that carries it: remove "
@@ -96,6 +104,20 @@ def read_entries(tensor: onnx.TensorProto, *, label: str) -> Entries:
             f"length, checksum{hint}."
         )
     return Entries(values)
+
+
+def last_value(tensor: onnx.TensorProto, key: str) -> str | bytes | None:
+    """The value of the last entry named ``key``, as stored (``bytes`` when not UTF-8): what onnx's loader uses.
+
+    For display and for the sharing guard only; a reader resolving the tensor goes through :func:`read_entries`,
+    which refuses a repeated key.
+    """
+    found: str | bytes | None = None
+    for entry in tensor.external_data:
+        name = entry.key
+        if (name.decode("utf-8", errors="replace") if isinstance(name, bytes) else name) == key:
+            found = entry.value
+    return found
 
 
 def parse_entry_int(value: str, *, label: str, key: str) -> int:

@@ -39,6 +39,7 @@ from typing import Literal
 
 import onnx
 
+from onnx_light_ref.io.read.entries import last_value
 from onnx_light_ref.io.read.walker import TensorSite, inline_reason
 
 __all__ = ["LOADERS", "ORT_KEYS", "Loader", "Refusal", "loader_refusals", "readers_of"]
@@ -188,7 +189,6 @@ def _text(value: str | bytes) -> str:
 
 
 def _entry(tensor: onnx.TensorProto, key: str) -> str:
-    for entry in tensor.external_data:
-        if _text(entry.key) == key and isinstance(entry.value, str):
-            return entry.value
-    return ""
+    """The last ``key`` entry (the one onnx's loader uses), when it is text."""
+    value = last_value(tensor, key)
+    return value if isinstance(value, str) else ""

@@ -14,9 +14,13 @@ previous rule) missed ``root/top.onnx`` reaching ``root/a/b/w.data``, and any lo
 cost is one ``scandir`` per ancestor and a metadata parse of each model found there (the wire reader skips
 payloads). Folders this process cannot list are skipped (a model there is invisible to it). A model is any regular
 file (or symlink to one) whose name ends with ``.onnx`` in any case (onnx and onnxruntime load ``variant.ONNX``
-like any name) and that parses as an ONNX model; anything else is skipped.
+like any name). One that cannot be read as a model (truncated, a copy still running, refused by our reader or by
+protobuf, no permission, metadata over 2 GiB) is an :class:`UnreadableModel`: "cannot parse" never means
+"references nothing", since it may be a model someone loads (complete later, or read by another tool), so it is
+taken as possibly using every file in its reach (its folder and below) and rule 1 refuses to replace those.
 
-A model references a file when one of its EXTERNAL tensors (anywhere in the model) has a ``location``, or one of its
+A model references a file when one of its EXTERNAL tensors (anywhere in the model) has a ``location`` (any of its
+``location`` entries, if it repeats the key: onnx reads the last, another tool may read the first), or one of its
 ``ai.rt::DelayedInitializer`` nodes (anywhere: main graph, subgraphs, functions, training graphs) has a
 ``filename``, that names it from the model's folder (an absolute ``filename`` as it is): the same device and inode
 (so a hard link or a symlink to it counts), or, for a file not there, the same normalized path. The op's domain,
@@ -31,7 +35,7 @@ import logging
 import os
 import stat
 from collections.abc import Collection, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import onnx
@@ -42,8 +46,10 @@ from onnx_light_ref.io.read.locations import FileIdentity
 
 __all__ = [
     "ModelReference",
+    "NearbyReferences",
     "SharedFile",
     "SharingScan",
+    "UnreadableModel",
     "file_key",
     "files_referenced_near",
     "folder_sharing",
@@ -51,6 +57,7 @@ __all__ = [
     "is_model_name",
     "model_references",
     "models_in",
+    "read_model_references",
     "read_references",
     "scan_users",
 ]
@@ -82,6 +89,18 @@ class ModelReference:
 
 
 @dataclass(frozen=True, slots=True)
+class UnreadableModel:
+    """A model file (``*.onnx``) whose references could not be read, and why: it may use any file in its reach."""
+
+    model: str
+    reason: str
+
+    def describe(self) -> str:
+        """``'m.onnx', which cannot be read as a model (<reason>)``."""
+        return f"{self.model!r}, which cannot be read as a model ({self.reason})"
+
+
+@dataclass(frozen=True, slots=True)
 class SharedFile:
     """A data file of a folder and every model of that folder that uses it (several: the file is shared)."""
 
@@ -91,11 +110,22 @@ class SharedFile:
 
 @dataclass(frozen=True, slots=True)
 class SharingScan:
-    """What :func:`scan_users` found: the users of each target, and every file any scanned model references."""
+    """What :func:`scan_users` found: the users of each target, every file any scanned model references, the models
+    scanned, and per target the models that cannot be read and can reach it (they may use it)."""
 
     users: dict[str, list[ModelReference]]
     referenced: frozenset[FileIdentity]
     models: tuple[str, ...]
+    unreadable: dict[str, list[UnreadableModel]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class NearbyReferences:
+    """What :func:`files_referenced_near` found: the files the models able to reach a folder reference, and the
+    models there that cannot be read (any file of the folder may be theirs)."""
+
+    keys: frozenset[FileKey]
+    unreadable: tuple[UnreadableModel, ...] = ()
 
 
 def is_model_name(name: str) -> bool:
@@ -112,6 +142,10 @@ def file_key(path: str) -> FileKey:
 def read_references(model_path: str) -> dict[FileKey, ModelReference] | None:
     """The files the model at ``model_path`` references, by :func:`file_key`; None when it is not a parsable model.
 
+    For a writer's own destination (rule 3: what it owns), where None is the safe answer (it owns nothing by
+    reference). A guard reading *another* model uses :func:`read_model_references`, which tells "gone" from
+    "cannot be read".
+
     Args:
         model_path: a file (usually a ``.onnx``).
 
@@ -119,13 +153,30 @@ def read_references(model_path: str) -> dict[FileKey, ModelReference] | None:
         One :class:`ModelReference` per referenced file (external data locations and ``DelayedInitializer``
         filenames), or None when the file is missing, unreadable or not an ONNX model.
     """
+    found = read_model_references(model_path)
+    return None if isinstance(found, UnreadableModel) else found
+
+
+def read_model_references(model_path: str) -> dict[FileKey, ModelReference] | UnreadableModel | None:
+    """:func:`read_references` for a guard: an :class:`UnreadableModel` (with the reason) for a file that exists
+    but cannot be read as a model, None only when it is gone (or is no regular file: no loader opens it).
+
+    Args:
+        model_path: a file (usually a ``.onnx``).
+
+    Returns:
+        The references, an :class:`UnreadableModel`, or None.
+    """
     from onnx_light_ref.io.read.wire import load_model_stripped  # the wire reader imports much; only writers need it
 
     try:
         model = load_model_stripped(model_path, min_length=_SKIP_PAYLOADS).model
-    except (OSError, ValueError) as exc:  # InvalidModelError is a ValueError
-        logger.debug("not a model, skipped: %s (%s)", model_path, exc)
+    except FileNotFoundError as exc:  # gone since it was listed, or not a regular file (a FIFO, a folder)
+        logger.debug("no model file, skipped: %s (%s)", model_path, exc)
         return None
+    except (OSError, ValueError) as exc:  # InvalidModelError is a ValueError; OSError: EACCES, EIO, EMFILE...
+        logger.debug("cannot read %s as a model (%s): it may use any file in its reach", model_path, exc)
+        return UnreadableModel(model_path, _reason(exc))
     folder = os.path.dirname(os.path.abspath(model_path))
     found: dict[FileKey, ModelReference] = {}
     counts: dict[FileKey, int] = {}
@@ -143,8 +194,16 @@ def read_references(model_path: str) -> dict[FileKey, ModelReference] | None:
 
 
 def model_references(model_path: str) -> dict[FileKey, ModelReference]:
-    """:func:`read_references`, empty when the file is not a parsable model."""
+    """:func:`read_references`, empty when the file is not a parsable model (for reports: ``inspect FOLDER``; a
+    guard must use :func:`read_model_references` instead)."""
     return read_references(model_path) or {}
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's message without the path the caller names already."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc)
 
 
 def folders_reaching(paths: Iterable[str]) -> list[str]:
@@ -200,19 +259,38 @@ def scan_users(targets: Collection[str], *, exclude: Collection[str] = ()) -> Sh
     excluded_paths = {os.path.normpath(os.path.abspath(p)) for p in exclude}
     excluded = {key for key in (_identity(p) for p in excluded_paths) if key is not None}
     users: dict[str, list[ModelReference]] = {}
+    unreadable: dict[str, list[UnreadableModel]] = {}
     referenced: set[FileIdentity] = set()
     scanned: list[str] = []
+    reach: dict[FileIdentity | str, list[str]] | None = None  # folder -> existing targets it reaches, when needed
     for model_path in models_in(folders_reaching(targets)):
         if os.path.normpath(model_path) in excluded_paths or _identity(model_path) in excluded:
             continue
         scanned.append(model_path)
-        for key, reference in model_references(model_path).items():
+        found = read_model_references(model_path)
+        if isinstance(found, UnreadableModel):
+            if reach is None:
+                reach = _reach(wanted.values())
+            folder = os.path.dirname(model_path)
+            for reached in reach.get(_folder_identity(folder) or os.path.normpath(folder), []):
+                unreadable.setdefault(reached, []).append(found)
+            continue
+        for key, reference in (found or {}).items():
             if isinstance(key, FileIdentity):
                 referenced.add(key)
             target = wanted.get(key)
             if target is not None:
                 users.setdefault(target, []).append(reference)
-    return SharingScan(users, frozenset(referenced), tuple(scanned))
+    return SharingScan(users, frozenset(referenced), tuple(scanned), unreadable)
+
+
+def _reach(targets: Iterable[str]) -> dict[FileIdentity | str, list[str]]:
+    """For each folder that can reach one of ``targets`` (:func:`folders_reaching`), the targets it reaches."""
+    reach: dict[FileIdentity | str, list[str]] = {}
+    for target in targets:
+        for folder in folders_reaching([target]):
+            reach.setdefault(_folder_identity(folder) or folder, []).append(target)
+    return reach
 
 
 def folder_sharing(folder: str) -> list[SharedFile]:
@@ -234,24 +312,31 @@ def folder_sharing(folder: str) -> list[SharedFile]:
     return [SharedFile(paths[key], tuple(users)) for key, users in files.items()]
 
 
-def files_referenced_near(folder: str) -> set[FileKey]:
-    """Every file that a model able to reach ``folder`` references (keys as in :func:`model_references`).
+def files_referenced_near(folder: str) -> NearbyReferences:
+    """Every file that a model able to reach ``folder`` references (keys as in :func:`model_references`), and the
+    models able to reach it that cannot be read (any file of ``folder`` may be theirs).
 
     Those models are the ``.onnx`` files (any case) directly in ``folder`` and in each of its ancestors, along the
     path as given and along its real path (:func:`folders_reaching`): a location has no ``..``, so no other model
     can name a file of ``folder``. The publisher asks this before sweeping a dead writer's temp or bridge file, so
-    that a file some model loads is never deleted.
+    that a file some model loads, or may load, is never deleted.
 
     Args:
         folder: the folder whose files are about to be removed.
 
     Returns:
-        Identities of the referenced files that exist, absolute normalized paths of those that do not.
+        A :class:`NearbyReferences`: identities of the referenced files that exist, absolute normalized paths of
+        those that do not, and the unreadable models.
     """
     found: set[FileKey] = set()
+    unreadable: list[UnreadableModel] = []
     for model_path in models_in(folders_reaching([os.path.join(os.path.abspath(folder), "_")])):
-        found.update(model_references(model_path))
-    return found
+        references = read_model_references(model_path)
+        if isinstance(references, UnreadableModel):
+            unreadable.append(references)
+        elif references is not None:
+            found.update(references)
+    return NearbyReferences(frozenset(found), tuple(unreadable))
 
 
 def _named_files(model: onnx.ModelProto) -> Iterator[tuple[str, str, Via]]:
@@ -260,8 +345,7 @@ def _named_files(model: onnx.ModelProto) -> Iterator[tuple[str, str, Via]]:
 
     for site in iter_tensors(model):
         if is_external(site.tensor):
-            location = _location(site.tensor)
-            if location:
+            for location in _locations(site.tensor):
                 yield site.label, location, "external_data"
     for node in _all_nodes(model):
         if node.domain != DELAYED_DOMAIN or node.op_type != DELAYED_OP_TYPE:
@@ -322,11 +406,16 @@ def _identity(path: str) -> FileIdentity | None:
     return FileIdentity(st.st_dev, st.st_ino)
 
 
-def _location(tensor: onnx.TensorProto) -> str:
+def _locations(tensor: onnx.TensorProto) -> list[str]:
+    """Every file a ``location`` entry names, each once: onnx's loader opens the last one, another tool may open the
+    first, so the guard counts all of them. A value that is not UTF-8 names a file by its bytes (onnxruntime opens
+    it so): decoded with the file system's encoding, which gives those bytes back."""
+    found: list[str] = []
     for entry in tensor.external_data:
         key, value = entry.key, entry.value
-        if isinstance(key, bytes) or isinstance(value, bytes):
+        if key != "location" or not value:  # a key that is not UTF-8 is bytes, never "location"
             continue
-        if key == "location":
-            return str(value)
-    return ""
+        text = os.fsdecode(value) if isinstance(value, bytes) else value
+        if text not in found:
+            found.append(text)
+    return found

@@ -48,7 +48,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Protobuf wire types. Groups (3, 4) are deprecated and never used by ONNX; 6 and 7 do not exist.
+# Protobuf wire types. Groups (3 start, 4 end) are deprecated and no ONNX field is one, but they are legal in the
+# encoding of unknown fields, which protobuf (so onnx.load) skips and keeps: the scan skips them the same way.
+# 6 and 7 do not exist.
 _VARINT, _I64, _LEN, _SGROUP, _EGROUP, _I32 = 0, 1, 2, 3, 4, 5
 
 _RAW_DATA = "raw_data"
@@ -509,15 +511,72 @@ class _Scanner:
                 if width > end - pos:
                     raise self._truncated(f"field {tag >> 3} ({width}-byte value)", field_start, end, kind)
                 pos += width
-            elif wire_type in (_SGROUP, _EGROUP):
+            elif wire_type == _SGROUP:
+                pos = self._skip_group(tag >> 3, field_start, pos, end, depth + 1, kind)
+                buffer, base = reader.buffer, reader.start
+                window_end = base + len(buffer)
+            elif wire_type == _EGROUP:
                 raise self._fail(
-                    f"field {tag >> 3} uses the group wire type {wire_type}, which ONNX never uses", field_start, kind
+                    f"end-group tag of field {tag >> 3} without a matching start-group tag", field_start, kind
                 )
             else:
                 raise self._fail(f"field {tag >> 3} has the invalid wire type {wire_type}", field_start, kind)
         if out is not None:
             self._flush(copy_from, end, out)
         return out
+
+    def _skip_group(self, number: int, group_start: int, pos: int, end: int, depth: int, kind: str) -> int:
+        """Skip the group of field ``number`` whose start tag is at ``group_start``; return the position after its end
+        tag. Exactly protobuf's rules for an unknown group: its fields must be well formed (length-delimited ones are
+        skipped, not parsed), groups nest (each level counts towards the depth limit, as a sub-message does), each
+        group ends with the end-group tag of its own field number, and that tag comes before ``end``. The group's
+        bytes stay in the caller's verbatim run: nothing inside a group is a field the scan strips."""
+        what = f"{kind} group (field {number})"
+        open_groups = [(number, group_start)]
+        while True:
+            if depth + len(open_groups) - 1 > MAX_NESTING_DEPTH:
+                raise self._fail(f"messages nested deeper than {MAX_NESTING_DEPTH} levels", open_groups[-1][1], what)
+            if pos >= end:
+                number, started = open_groups[-1]
+                where = "file" if end == self._reader.size else "enclosing message"
+                raise self._fail(
+                    f"group of field {number} (started at byte offset {started}) is not closed before the end of "
+                    f"the {where}",
+                    pos,
+                    what,
+                )
+            field_start = pos
+            tag, pos = self._varint(pos, end, what, "field tag")
+            if tag < 8 or tag > _MAX_TAG:
+                raise self._fail(f"invalid field tag {tag} (field number {tag >> 3})", field_start, what)
+            wire_type = tag & 7
+            if wire_type == _VARINT:
+                _, pos = self._varint(pos, end, what, "value", tag >> 3)
+            elif wire_type in (_I64, _I32):
+                width = 8 if wire_type == _I64 else 4
+                if width > end - pos:
+                    raise self._truncated(f"field {tag >> 3} ({width}-byte value)", field_start, end, what)
+                pos += width
+            elif wire_type == _LEN:
+                length, pos = self._varint(pos, end, what, "length", tag >> 3)
+                if length > end - pos:
+                    raise self._truncated(f"field {tag >> 3} (length {length})", field_start, end, what)
+                pos += length
+            elif wire_type == _SGROUP:
+                open_groups.append((tag >> 3, field_start))
+            elif wire_type == _EGROUP:
+                number, started = open_groups.pop()
+                if tag >> 3 != number:
+                    raise self._fail(
+                        f"end-group tag of field {tag >> 3} does not close the group of field {number} (started at "
+                        f"byte offset {started})",
+                        field_start,
+                        what,
+                    )
+                if not open_groups:
+                    return pos
+            else:
+                raise self._fail(f"field {tag >> 3} has the invalid wire type {wire_type}", field_start, what)
 
     def _truncated(self, what: str, pos: int, end: int, kind: str) -> InvalidModelError:
         where = "file" if end == self._reader.size else f"enclosing message (which ends at byte offset {end})"

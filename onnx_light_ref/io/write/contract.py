@@ -55,7 +55,7 @@ from onnx_light_ref.io.plan.sites import (
 from onnx_light_ref.io.read.delayed_names import DELAYED_OP_TYPE
 from onnx_light_ref.io.read.locations import FileIdentity
 from onnx_light_ref.io.read.safetensors_header import MAX_HEADER_SIZE, SIZE_PREFIX
-from onnx_light_ref.io.read.sharing import ModelReference, SharingScan, scan_users
+from onnx_light_ref.io.read.sharing import ModelReference, SharingScan, UnreadableModel, scan_users
 from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.write.destinations import DestinationKey, check_output_files, weights_location
 from onnx_light_ref.io.write.ownership import Ownership, ReferenceCache, ShardSet
@@ -291,8 +291,10 @@ def _check_replacements(plan: WritePlan) -> frozenset[FileIdentity]:
     scan = scan_users([f.path for f in plan.files], exclude=plan.model_paths)
     models = {os.path.normpath(os.path.abspath(path)) for path in plan.model_paths}
     shared = {path: users for path, users in scan.users.items() if path not in models}
-    if shared and not plan.options.replace_shared:
-        raise SharedWeightsError(_shared_message(plan, shared))
+    # "Cannot parse" is not "references nothing": a .onnx that cannot be read may use any file in its reach.
+    unreadable = {path: found for path, found in scan.unreadable.items() if path not in models}
+    if (shared or unreadable) and not plan.options.replace_shared:
+        raise SharedWeightsError(_shared_message(plan, shared, unreadable))
     _check_owned(plan, existing, scan)
     return scan.referenced
 
@@ -316,15 +318,25 @@ def _check_owned(plan: WritePlan, existing: Sequence[PlannedFile], scan: Sharing
 # ---------------------------------------------------------------------------------------------- the messages
 
 
-def _shared_message(plan: WritePlan, users: dict[str, list[ModelReference]]) -> str:
+def _shared_message(
+    plan: WritePlan, users: dict[str, list[ModelReference]], unreadable: dict[str, list[UnreadableModel]]
+) -> str:
     parts = []
     for path, references in users.items():
         named = ", ".join(_describe_user(r) for r in references)
         parts.append(f"file {path!r} is used by {named}")
+    for path, models in unreadable.items():
+        parts.append(f"file {path!r} may be used by {', '.join(model.describe() for model in models)}")
+    why = "replacing it would silently change what those models compute"
+    if unreadable:
+        why += (
+            "; a .onnx that cannot be read may still be a model someone loads (a copy still running, a file another "
+            "tool reads), so it counts as using every file of its folder and below: move it away (or repair it) to "
+            "let the writer check what it uses"
+        )
     return (
-        f"{plan.writer}: " + "; ".join(parts) + ": replacing it would silently change what those models compute. "
-        f"Write under {plan.rename_hint}, or pass replace_shared=True (--replace-shared) to replace it anyway; "
-        "nothing was written."
+        f"{plan.writer}: " + "; ".join(parts) + f": {why}. Write under {plan.rename_hint}, or pass "
+        "replace_shared=True (--replace-shared) to replace it anyway; nothing was written."
     )
 
 
@@ -343,10 +355,19 @@ def _foreign_message(plan: WritePlan, foreign: Sequence[PlannedFile], ownership:
         elif planned.role == "array":
             lines.append(f"output file {planned.path!r} exists")
         elif models:
-            previous = "do not reference it" if any(ownership.is_model(p) for p in plan.model_paths) else "do not exist"
+            unreadable = ownership.unreadable()
+            if unreadable:
+                previous = (
+                    f"{', '.join(model.describe() for model in unreadable)}, so what it references is unknown "
+                    "(move it away, or repair it, to let the writer see what it owns)"
+                )
+            elif any(ownership.is_model(p) for p in plan.model_paths):
+                previous = "the destination model(s) do not reference it"
+            else:
+                previous = "the destination model(s) do not exist"
             lines.append(
-                f"{planned.role} file {planned.path!r} exists and is not an output of {models} (the destination "
-                f"model(s) {previous}, and it is not named after them)"
+                f"{planned.role} file {planned.path!r} exists and is not an output of {models} ({previous}, and it "
+                "is not named after them)"
             )
         else:
             lines.append(f"file {planned.path!r} exists")

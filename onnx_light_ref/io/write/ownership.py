@@ -9,10 +9,13 @@ A writer may replace, without being told:
 3. its own leftovers: files named after the destination model (``model.onnx.data``, ``model.onnx.data.3``,
    ``model.onnx_data_1``: the name starts with the model's file name and ``.`` or ``_``, in its folder), files named
    like shards of a weights set the previous ``.onnx`` uses (``W.3`` beside ``W`` and ``W.1``; the ``-0000i-of-0000N``
-   names of another ``N``), and that set's ``.index.json``; and the files a killed publication of that set named in
-   its journal (:func:`~onnx_light_ref.io.write.publish.journal_leftovers`: a family run, or a one-model run into
-   weights not named after the model, killed after moving a weights name in and before any model referenced it,
-   so that no previous ``.onnx`` can vouch for the file).
+    names of another ``N``), and that set's ``.index.json``; for a set named ``*.safetensors`` (every PyTorch
+    checkpoint's name) the ``-0000i-of-0000N`` shards and the index only when the previous ``.onnx`` uses an
+    ``-of-`` shard of it (:func:`~onnx_light_ref.io.plan.shard_names.checkpoint_file_used`): a ``model.safetensors``
+    of ours beside a user's ``model-00001-of-00002.safetensors`` does not make that checkpoint ours; and the files a
+    killed publication of that set named in its journal (:func:`~onnx_light_ref.io.write.publish.journal_leftovers`:
+    a family run, or a one-model run into weights not named after the model, killed after moving a weights name in
+    and before any model referenced it, so that no previous ``.onnx`` can vouch for the file).
 
 Any other existing file is someone else's (a PyTorch ``model.safetensors``, a checkpoint's index, a user's
 ``dataset.npy``): :mod:`~onnx_light_ref.io.write.contract` refuses to replace it unless the caller passes
@@ -28,8 +31,21 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from onnx_light_ref.io.plan.shard_names import ShardNames, existing_shards, index_path
-from onnx_light_ref.io.read.sharing import FileKey, ModelReference, file_key, is_model_name, read_references
+from onnx_light_ref.io.plan.shard_names import (
+    ShardNames,
+    checkpoint_file_used,
+    existing_shards,
+    index_path,
+    is_checkpoint_set,
+)
+from onnx_light_ref.io.read.sharing import (
+    FileKey,
+    ModelReference,
+    UnreadableModel,
+    file_key,
+    is_model_name,
+    read_model_references,
+)
 from onnx_light_ref.io.write.publish import journal_leftovers
 
 __all__ = ["Ownership", "ReferenceCache", "ShardSet"]
@@ -50,9 +66,10 @@ class ShardSet:
         return frozenset(members)
 
 
-ReferenceCache = dict[tuple[str, int, int, int, int], "dict[FileKey, ModelReference] | None"]
+ReferenceCache = dict[tuple[str, int, int, int, int], "dict[FileKey, ModelReference] | UnreadableModel | None"]
 """Parsed references of destination models by (path, device, inode, size, mtime): a model unchanged between the
-plan's check and its re-check under the lock is not parsed twice."""
+plan's check and its re-check under the lock is not parsed twice. An :class:`UnreadableModel` for one that cannot be
+read as a model: it owns nothing by reference (what it references is unknown)."""
 
 
 class Ownership:
@@ -74,6 +91,11 @@ class Ownership:
         """Whether the destination ``.onnx`` at ``path`` is an ONNX model now (it parses as one)."""
         return self._references(os.path.normpath(os.path.abspath(path))) is not None
 
+    def unreadable(self) -> list[UnreadableModel]:
+        """The destination ``.onnx`` files that exist but cannot be read as models (they own nothing by reference:
+        what they reference is unknown), for the messages."""
+        return [read for model in self.models if isinstance(read := self._read_cached(model), UnreadableModel)]
+
     def owns_model(self, path: str) -> bool:
         """Rule 3.1: the destination ``.onnx`` may be replaced (absent, named like a model, or a model)."""
         absolute = os.path.normpath(os.path.abspath(path))
@@ -94,11 +116,24 @@ class Ownership:
             return True
         if shard_set is None:
             return False
-        if referenced:
-            family = self._family(shard_set)
-            if absolute in family and any(file_key(member) in referenced for member in family):
+        if referenced and absolute in self._family(shard_set):
+            base = os.path.normpath(os.path.abspath(shard_set.base))
+            if is_checkpoint_set(base):  # a PyTorch checkpoint's names: ours only on evidence (module docstring)
+                if checkpoint_file_used(absolute, os.path.basename(base), self._referenced_names(folder)):
+                    return True
+            elif any(file_key(member) in referenced for member in self._family(shard_set)):
                 return True
         return absolute in self._journaled(shard_set)
+
+    def _referenced_names(self, folder: str) -> set[str]:
+        """Names of the files of ``folder`` the destination models reference now."""
+        names = set()
+        for model in self.models:
+            for reference in (self._references(model) or {}).values():
+                path = os.path.normpath(os.path.join(os.path.dirname(model), reference.location))
+                if os.path.dirname(path) == folder:
+                    names.add(os.path.basename(path))
+        return names
 
     def _referenced(self) -> set[FileKey]:
         found: set[FileKey] = set()
@@ -112,13 +147,17 @@ class Ownership:
         return self._previous[model]
 
     def _read(self, model: str) -> dict[FileKey, ModelReference] | None:
+        read = self._read_cached(model)
+        return None if isinstance(read, UnreadableModel) else read
+
+    def _read_cached(self, model: str) -> dict[FileKey, ModelReference] | UnreadableModel | None:
         try:
             st = os.stat(model)
         except OSError:
             return None
         key = (model, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         if key not in self._cache:
-            self._cache[key] = read_references(model)
+            self._cache[key] = read_model_references(model)
         return self._cache[key]
 
     def _family(self, shard_set: ShardSet) -> frozenset[str]:

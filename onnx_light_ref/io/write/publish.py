@@ -32,9 +32,10 @@ Temp names are ``.olr~<hash of the final name>~<pid>~<random>.tmp`` (at most 50 
 their writer holds an ``flock`` on them until they are published or deleted. :func:`sweep_dead_writers` removes such
 files (every final name's, so a killed sharded run's shards do not stay when later runs write fewer) only when the
 name is one of ours, the writer is gone (pid dead *and* the lock free: a writer in another pid namespace still holds
-its lock), it is not one of the current job's sources, and no model that can reach the folder references it. The
-sweep holds the file's lock while it decides and removes it, and a writer that has just created a temp file gives
-the name up when it finds the lock taken or the name gone (:func:`_create_locked`): the two never both own it. Temp
+its lock), it is not one of the current job's sources, and no model that can reach the folder references it (none
+is swept while such a model cannot be read: it may reference any of them). The sweep holds the file's lock while it
+decides and removes it, and a writer that has just created a temp file gives the name up when it finds the lock taken
+or the name gone (:func:`_create_locked`): the two never both own it. Temp
 files are swept when a job stages its first file in a folder (before space is reserved, so their disk is free
 again), unless a publication holds the folder's lock; bridge files only under the destination folder's lock,
 before the first move and again after the commit.
@@ -80,7 +81,7 @@ from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.posix import pread_exact, pwrite_all
 from onnx_light_ref.io.read.locations import FileIdentity
 from onnx_light_ref.io.read.model_file import serialize_model
-from onnx_light_ref.io.read.sharing import FileKey, files_referenced_near
+from onnx_light_ref.io.read.sharing import NearbyReferences, files_referenced_near
 from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.read.wire import load_model_stripped
 from onnx_light_ref.io.write.space import reserve_space
@@ -109,13 +110,15 @@ _TEMP_PREFIX = ".olr~"
 _TEMP_SUFFIX = ".tmp"
 _BRIDGE_SUFFIX = ".bridge"
 # Any temp or bridge name of this module, whatever final name it was made for: group 1 the pid, group 2 the suffix.
+# Used with fullmatch only (``match`` with ``$`` also takes a name ending in a newline) and with ASCII digits only
+# (``\d`` takes Arabic-Indic and other digits, which int() reads): a user's file named almost like ours is not ours.
 _ANY_OWN_NAME = re.compile(
     re.escape(_TEMP_PREFIX)
-    + r"[0-9a-f]{12}~(\d{1,10})~[0-9a-f]{16}("
+    + r"[0-9a-f]{12}~([0-9]{1,10})~[0-9a-f]{16}("
     + re.escape(_TEMP_SUFFIX)
     + "|"
     + re.escape(_BRIDGE_SUFFIX)
-    + ")$"
+    + ")"
 )
 
 # fsync answers meaning "this file or filesystem does not fsync" (some FUSE and special filesystems), as opposed to
@@ -191,7 +194,7 @@ def _dead_writer_files(
     found = []
     with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(folder) as entries:
         for entry in entries:
-            match = _ANY_OWN_NAME.match(entry.name)
+            match = _ANY_OWN_NAME.fullmatch(entry.name)
             if not match or match.group(2) not in suffixes or not entry.is_file(follow_symlinks=False):
                 continue
             if not _writer_gone(int(match.group(1)), entry.name):
@@ -294,9 +297,10 @@ def sweep_dead_writers(
     that lock while it decides and removes, so a writer that has just created the file and not yet locked it gives
     the name up instead, :func:`_create_locked`), its identity is not in ``keep`` (the current job's sources) and no
     model that can reach ``folder`` references it (the ``.onnx`` files in ``folder`` and its ancestors: a run killed
-    between its two commits leaves a model on bridge names, and a variant saved from it references them too).
-    Bridge files are only swept under the folder lock (by a publication); temp files also outside it, but never
-    while a publication holds it (:func:`remove_stale_temp_files`).
+    between its two commits leaves a model on bridge names, and a variant saved from it references them too). While
+    one of those ``.onnx`` files cannot be read as a model, nothing is removed (a warning names it): it may reference
+    any of them. Bridge files are only swept under the folder lock (by a publication); temp files also outside it,
+    but never while a publication holds it (:func:`remove_stale_temp_files`).
 
     Args:
         folder: the destination folder.
@@ -313,7 +317,7 @@ def sweep_dead_writers(
     """
     suffixes = (_TEMP_SUFFIX, _BRIDGE_SUFFIX) if bridges else (_TEMP_SUFFIX,)
     candidates = _dead_writer_files(folder, suffixes, keep)
-    references: set[FileKey] | None = None  # read only when there is something to remove
+    references: NearbyReferences | None = None  # read only when there is something to remove
     removed = []
     for path, listed in candidates:
         with _lock_of_dead_file(path, listed) as held:
@@ -321,9 +325,19 @@ def sweep_dead_writers(
                 continue
             if references is None:
                 references = files_referenced_near(folder)
+                if references.unreadable:
+                    # "Cannot parse" is not "references nothing": such a model may load any of these files.
+                    logger.warning(
+                        "kept %d file(s) left by a killed run in %s: %s may use them; move it away (or repair it) "
+                        "to let the next run remove them",
+                        len(candidates),
+                        folder,
+                        ", ".join(model.describe() for model in references.unreadable),
+                    )
+                    return []
             if _identity_of(path) != FileIdentity(listed.st_dev, listed.st_ino):
                 continue  # renamed meanwhile: not the file whose lock is held
-            if _referenced(path, references):
+            if _referenced(path, references.keys):
                 logger.info("kept %s left by a killed run: a model references it", path)
                 continue
             try:
@@ -382,15 +396,23 @@ def remove_own_bridge_files(folders: Collection[str]) -> list[str]:
             candidates = []
             with contextlib.suppress(OSError), os.scandir(folder) as entries:
                 for entry in entries:
-                    match = _ANY_OWN_NAME.match(entry.name)
+                    match = _ANY_OWN_NAME.fullmatch(entry.name)
                     own = match is not None and match.group(2) == _BRIDGE_SUFFIX and int(match.group(1)) == os.getpid()
                     if own and entry.is_file(follow_symlinks=False):
                         candidates.append(entry.path)
             if not candidates:
                 continue
             references = files_referenced_near(folder)
+            if references.unreadable:  # such a model may reference any of them: keep them all
+                logger.warning(
+                    "kept %d bridge file(s) in %s: %s may use them; the next run removes them once it can be read",
+                    len(candidates),
+                    folder,
+                    ", ".join(model.describe() for model in references.unreadable),
+                )
+                continue
             for path in sorted(candidates):
-                if _referenced(path, references):
+                if _referenced(path, references.keys):
                     logger.info("kept %s: a published model references it", path)
                     continue
                 with contextlib.suppress(FileNotFoundError):
@@ -843,9 +865,9 @@ class _InUse:
     """What the models that can reach a folder reference (:func:`files_referenced_near`), read once per folder."""
 
     def __init__(self) -> None:
-        self._by_folder: dict[str, set[FileKey]] = {}
+        self._by_folder: dict[str, NearbyReferences] = {}
 
-    def references(self, path: str) -> set[FileKey]:
+    def references(self, path: str) -> NearbyReferences:
         folder = os.path.dirname(path)
         if folder not in self._by_folder:
             self._by_folder[folder] = files_referenced_near(folder)
@@ -860,12 +882,20 @@ def _remove_unless_used(after: AfterCommit, path: str, in_use: _InUse) -> None:
     if not os.path.lexists(path):
         return
     try:
-        used = _referenced(path, in_use.references(path))
+        near = in_use.references(path)
     except OSError as exc:  # listing a folder or reading a model failed: what uses the file is unknown
         after.leftover_files.append(path)
         after.record(exc, f"checking which models use the hidden file {path!r} failed ({exc.strerror or exc})")
         return
-    if used:
+    if near.unreadable:  # "cannot parse" is not "references nothing": it may use this file
+        logger.warning(
+            "kept the hidden file %s: %s cannot be read as a model and may reference it; a later publication into "
+            "the folder removes it once that model is readable or gone",
+            path,
+            ", ".join(model.describe() for model in near.unreadable),
+        )
+        return
+    if _referenced(path, near.keys):
         logger.warning(
             "kept the hidden file %s: a model that can reach its folder references it (saved from the model while "
             "it was being published); a later publication into the folder removes it once no model uses it",
@@ -1195,8 +1225,10 @@ class _References:
     """The files an existing ``.onnx`` references: normalized paths and the identities of those that exist.
 
     ``known=False``: the ``.onnx`` exists but could not be read (e.g. no permission); every existing name is then
-    treated as referenced (the safe side: it is bridged rather than replaced under a model). A file that is read but
-    does not parse as a model references nothing: no loader can load it, there is nothing to keep loadable.
+    treated as referenced (the safe side: it is bridged rather than replaced under a model). The destination's own
+    previous ``.onnx`` that is read but does not parse references nothing *here*: no loader can load it now, and this
+    publication replaces it, so no reader of it is left to keep loading (any other ``.onnx`` that cannot be read is
+    the sharing guard's, :mod:`~onnx_light_ref.io.read.sharing`: it may use anything in its reach).
     """
 
     known: bool
@@ -1246,7 +1278,9 @@ def _read_references(model_path: str) -> _References:
         _syscall("read")
         stripped = load_model_stripped(model_path, 0)
     except InvalidModelError:
-        return _References(known=True)  # not a model any loader reads: nothing of it to keep loadable
+        # Not a model any loader reads now, and this publication replaces it: no reader of it to keep loading.
+        # (Another .onnx that cannot be read is the sharing guard's: it may use anything in its reach.)
+        return _References(known=True)
     except OSError:  # gone or swapped for a non-file meanwhile, unreadable: unknown
         return _References(known=False)
     if (stripped.device, stripped.inode) != (st.st_dev, st.st_ino):
@@ -1583,8 +1617,8 @@ _JOURNAL_MAX_BYTES = 1024 * 1024  # a journal lists a few file names; a larger f
 # A journal of this module, whatever weights set it was made for: group 1 the tag of the first weights file's name,
 # group 2 the pid. Not a temp or bridge name: sweep_dead_writers leaves it (it is evidence, until the set is
 # published again).
-_ANY_JOURNAL = re.compile(
-    re.escape(_TEMP_PREFIX) + r"([0-9a-f]{12})~(\d{1,10})~[0-9a-f]{16}" + re.escape(_JOURNAL_SUFFIX) + "$"
+_ANY_JOURNAL = re.compile(  # fullmatch only, ASCII digits only (see _ANY_OWN_NAME)
+    re.escape(_TEMP_PREFIX) + r"([0-9a-f]{12})~([0-9]{1,10})~[0-9a-f]{16}" + re.escape(_JOURNAL_SUFFIX)
 )
 
 
@@ -1609,7 +1643,7 @@ def is_publisher_file(name: str) -> bool:
 
     Such files are the publisher's (swept, or deleted after the commit), never a user's file left to delete.
     """
-    return bool(_ANY_OWN_NAME.match(name) or _ANY_JOURNAL.match(name))
+    return bool(_ANY_OWN_NAME.fullmatch(name) or _ANY_JOURNAL.fullmatch(name))
 
 
 def _dead_journals(weights_base: str) -> list[str]:
@@ -1619,7 +1653,7 @@ def _dead_journals(weights_base: str) -> list[str]:
     found = []
     with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(folder) as entries:
         for entry in entries:
-            match = _ANY_JOURNAL.match(entry.name)
+            match = _ANY_JOURNAL.fullmatch(entry.name)
             if not match or match.group(1) != tag or not entry.is_file(follow_symlinks=False):
                 continue
             with contextlib.suppress(OSError):
