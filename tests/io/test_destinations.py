@@ -65,6 +65,28 @@ def test_unsafe_weights_paths_are_refused(out: Path, weights: str, fragment: str
     assert sha256_of_tree(out.parent) == before
 
 
+def test_a_weights_name_that_is_not_utf8_is_refused_by_the_aligners_before_writing(out: Path, tmp_path: Path):
+    """``os.fsdecode(b"w\\xff.bin")`` (a surrogate escape): a protobuf string must be UTF-8, so it cannot be a
+    location; refused with a typed error (was a raw UnicodeEncodeError after the plan), nothing written."""
+    import numpy as np
+
+    from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming
+    from tests.models import external_tensor, identity_model, write_model
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.data").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    entries = [("location", "w.data"), ("offset", "0"), ("length", "16")]
+    write_model(src / "m.onnx", identity_model([external_tensor("w", np.arange(4, dtype=np.float32), entries)]))
+    before = sha256_of_tree(tmp_path)
+    bad = os.path.join(str(out), os.fsdecode(b"w\xff.bin"))
+    for align in (align_external_data_streaming, align_external_data_in_memory):
+        with pytest.raises(UnsafeLocationError, match="has a name that is not valid UTF-8") as raised:
+            align(src / "m.onnx", out / "m.onnx", bad)
+        assert "onnx cannot store it" in str(raised.value)
+        assert sha256_of_tree(tmp_path) == before
+
+
 def test_outputs_aliasing_through_a_symlinked_folder_are_one_file(out: Path):
     with pytest.raises(DestinationConflictError, match="are the same file"):
         check_outputs(str(out / "m.onnx"), [str(out / "self" / "m.onnx")], {})

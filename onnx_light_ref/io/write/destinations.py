@@ -63,7 +63,7 @@ def weights_location(dst_onnx: str, dst_weights: str) -> str:
             (by path, or by real path through a symlinked subfolder: the weights would land elsewhere and the model
             would not load); its location goes through a symbolic link (a subfolder that is a symlink, even one
             staying inside the folder: onnx's loader refuses any symlink on a data path, "kernel rejected path");
-            or the location would contain ``..`` or break another location rule.
+            or the location would contain ``..``, not be UTF-8, or break another location rule.
     """
     raw = os.fspath(dst_weights)
     if raw.endswith(("/", "/.")) or os.path.basename(raw) in ("", ".", ".."):
@@ -78,6 +78,13 @@ def weights_location(dst_onnx: str, dst_weights: str) -> str:
             f"of the destination model (it would be stored as location {location!r}), since loaders only read "
             "external data next to (or below) the model."
         )
+    try:
+        location.encode("utf-8")
+    except UnicodeEncodeError:  # a name of undecodable bytes (surrogate escapes): a protobuf string must be UTF-8
+        raise UnsafeLocationError(
+            f"weights file {raw!r} has a name that is not valid UTF-8; a model's location must be UTF-8 text "
+            "(onnx cannot store it): choose another name."
+        ) from None
     try:
         check_location_syntax(location, tensor_name="<destination weights>")
     except UnsafeLocationError as exc:
