@@ -19,9 +19,9 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from onnx_light_ref.errors import DestinationConflictError, SharedWeightsError
+from onnx_light_ref.errors import DestinationConflictError, SharedWeightsError, UnsafeLocationError
 from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
-from onnx_light_ref.io.read.sharing import folder_sharing
+from onnx_light_ref.io.read.sharing import file_key, files_referenced_near, folder_sharing
 from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
 from tests.checks import sha256_of_tree
 from tests.models import identity_model, save_external, write_model
@@ -167,7 +167,8 @@ def test_a_sharer_naming_the_file_in_a_repeated_location_entry_is_found(tmp_path
 
 def test_a_sharer_whose_location_is_not_utf8_is_found_by_the_bytes_onnxruntime_opens(tmp_path):
     """protobuf hands back ``bytes`` for a ``location`` that is not UTF-8; onnxruntime opens the file of those bytes
-    (onnx.load cannot). The guard used to skip such an entry, so the file onnxruntime loads was replaced."""
+    (onnx.load cannot). The guard used to skip such an entry; it now counts the file as used (and no writer can name
+    such a file as its output any more: a location must be UTF-8)."""
     out = tmp_path / "out"
     out.mkdir()
     src = save_external(identity_model({"w": np.arange(4, dtype=np.float32)}), tmp_path / "src.onnx", "src.data")
@@ -179,8 +180,15 @@ def test_a_sharer_whose_location_is_not_utf8_is_found_by_the_bytes_onnxruntime_o
     (out / "first.onnx").unlink()
     np.testing.assert_array_equal(_run(hand)[0], np.arange(4, dtype=np.float32))  # onnxruntime loads it
     before = sha256_of_tree(tmp_path, every_entry=True)
-    with pytest.raises(SharedWeightsError, match=re.escape(str(hand))):
-        # The file's name, in bytes, given as the weights of another destination (rule 3 waived: not the point).
+    # The guard sees the file onnxruntime opens, under the model that uses it.
+    used = {
+        Path(f.path).name.encode("utf-8", "surrogateescape"): [Path(u.model).name for u in f.users]
+        for f in folder_sharing(str(out))
+    }
+    assert used == {b"w\xff.bin": ["hand.onnx"]}
+    assert file_key(str(weights)) in files_referenced_near(str(out)).keys
+    with pytest.raises(UnsafeLocationError, match="has a name that is not valid UTF-8"):
+        # No writer can name that file as an output: a location must be UTF-8 (refused before the guard runs).
         align_external_data_in_memory(src, out / "first.onnx", weights, alignment=64, overwrite=True)
     assert sha256_of_tree(tmp_path, every_entry=True) == before
     np.testing.assert_array_equal(_run(hand)[0], np.arange(4, dtype=np.float32))
