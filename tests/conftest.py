@@ -57,7 +57,7 @@ def _private_system_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
     Some code writes fixed names in the system temp folder by design (the two seed conformance cases' weights,
     ``/tmp/onnx_light_backend_delayedinitializer_*.bin``, as onnx-light does). Two xdist workers, or two test runs on
-    one machine (CI's floor and newest passes run side by side), generating them at once collided: one removed the
+    one machine (CI's pass 1 and floor pass run side by side), generating them at once collided: one removed the
     file the other had just created, whose exclusive create then failed. Each process now has its own.
     """
     folder = tmp_path_factory.mktemp("system-tmp")
