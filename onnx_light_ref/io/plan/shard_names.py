@@ -40,6 +40,7 @@ __all__ = [
     "existing_shards",
     "index_path",
     "is_checkpoint_set",
+    "is_named_after_model",
     "shard_paths",
     "stale_candidates",
 ]
@@ -52,6 +53,15 @@ TRANSFORMERS_JS_MAX_CHUNKS = 100
 
 # fullmatch only, ASCII digits only: ``\d`` takes other digits (``model-٠٠٠٠١-of-٠٠٠٠٢.data`` is a user's file).
 _HF_MARKER = re.compile(r"-([0-9]{5,})-of-([0-9]{5,})")
+
+
+def is_named_after_model(path: str, model_path: str) -> bool:
+    """Whether ``path`` is in the folder of ``model_path`` and named after it (``m.onnx.data``, ``m.onnx.data.3``,
+    ``m.onnx_data_1``): rule 3 owns such a file whatever the previous model says, so a publication needs no journal
+    for it. Both paths absolute and normalized."""
+    folder, name = os.path.split(path)
+    model_folder, model_name = os.path.split(model_path)
+    return folder == model_folder and name.startswith((model_name + ".", model_name + "_"))
 
 
 def check_shard_names(value: object) -> ShardNames:

@@ -37,6 +37,7 @@ from onnx_light_ref.io.plan.shard_names import (
     existing_shards,
     index_path,
     is_checkpoint_set,
+    is_named_after_model,
 )
 from onnx_light_ref.io.read.sharing import (
     FileKey,
@@ -106,11 +107,9 @@ class Ownership:
         absolute = os.path.normpath(os.path.abspath(path))
         if not os.path.lexists(absolute):
             return True
-        folder, name = os.path.split(absolute)
-        for model in self.models:
-            model_folder, model_name = os.path.split(model)
-            if folder == model_folder and name.startswith((model_name + ".", model_name + "_")):
-                return True  # named after the destination: no need to read the previous model
+        folder = os.path.dirname(absolute)
+        if any(is_named_after_model(absolute, model) for model in self.models):
+            return True  # named after the destination: no need to read the previous model
         referenced = self._referenced()
         if file_key(absolute) in referenced:
             return True

@@ -78,6 +78,7 @@ import onnx
 
 from onnx_light_ref.errors import InvalidModelError, PublishedWithErrorsError
 from onnx_light_ref.io.arguments import check_bool
+from onnx_light_ref.io.plan.shard_names import is_named_after_model
 from onnx_light_ref.io.posix import pread_exact, pwrite_all
 from onnx_light_ref.io.read.locations import FileIdentity
 from onnx_light_ref.io.read.model_file import serialize_model
@@ -288,6 +289,7 @@ def sweep_dead_writers(
     keep: Collection[FileIdentity] = (),
     bridges: bool = False,
     failures: list[SweepFailure] | None = None,
+    nearby: Callable[[str], NearbyReferences] = files_referenced_near,
 ) -> list[str]:
     """Delete the temp files (and, with ``bridges``, the bridge files) that dead writers left in ``folder``.
 
@@ -307,6 +309,8 @@ def sweep_dead_writers(
         keep: identities never removed.
         bridges: also sweep bridge files (only under :func:`folder_lock` of ``folder``).
         failures: when given, a removal that fails is recorded there and the sweep goes on; else it raises.
+        nearby: what the models that can reach ``folder`` reference (a publication passes the answer it already
+            read under its folder lock, so the models are not parsed twice).
 
     Returns:
         The paths removed, sorted.
@@ -324,7 +328,7 @@ def sweep_dead_writers(
             if not held:
                 continue
             if references is None:
-                references = files_referenced_near(folder)
+                references = nearby(folder)
                 if references.unreadable:
                     # "Cannot parse" is not "references nothing": such a model may load any of these files.
                     logger.warning(
@@ -706,14 +710,19 @@ class AfterCommit:
             self.leftover_files.append(path)
             self.record(exc, f"removing the hidden file {path!r} failed ({exc.strerror or exc})")
 
-    def sweep(self, folders: Collection[str], keep: Collection[FileIdentity]) -> None:
+    def sweep(
+        self,
+        folders: Collection[str],
+        keep: Collection[FileIdentity],
+        nearby: Callable[[str], NearbyReferences] = files_referenced_near,
+    ) -> None:
         """:func:`sweep_dead_writers` (bridge files included) of each folder, under the caller's folder lock."""
         # A removal that just failed is reported as left over, not retried here (the report must stay true).
         keep = set(keep) | {identity for path in self.leftover_files if (identity := _identity_of(path)) is not None}
         for folder in dict.fromkeys(folders):
             failures: list[SweepFailure] = []
             try:
-                sweep_dead_writers(folder, keep=keep, bridges=True, failures=failures)
+                sweep_dead_writers(folder, keep=keep, bridges=True, failures=failures, nearby=nearby)
             except OSError as exc:  # listing the folder or reading a model failed
                 self.record(exc, f"sweeping the files killed runs left in {folder!r} failed ({exc.strerror or exc})")
             for failure in failures:
@@ -868,7 +877,10 @@ class _InUse:
         self._by_folder: dict[str, NearbyReferences] = {}
 
     def references(self, path: str) -> NearbyReferences:
-        folder = os.path.dirname(path)
+        """For the folder of ``path``."""
+        return self.of_folder(os.path.dirname(path))
+
+    def of_folder(self, folder: str) -> NearbyReferences:
         if folder not in self._by_folder:
             self._by_folder[folder] = files_referenced_near(folder)
         return self._by_folder[folder]
@@ -1070,12 +1082,10 @@ def _journal_for(weights: Sequence[str], model_path: str, weights_set: str | Non
     the model (``m.onnx.data``) as the destination's own leftover whatever happened; any other name (``--weights
     w.bin``) moved in before a kill, while no model references it yet, is only recognized through the journal.
     """
-    folder, name = os.path.split(os.path.abspath(model_path))
-    for path in weights:
-        weights_folder, weights_name = os.path.split(path)
-        if weights_folder != folder or not weights_name.startswith((name + ".", name + "_")):
-            return os.path.abspath(weights_set) if weights_set is not None else weights[0]
-    return None
+    model = os.path.normpath(os.path.abspath(model_path))
+    if all(is_named_after_model(os.path.normpath(os.path.abspath(path)), model) for path in weights):
+        return None
+    return os.path.abspath(weights_set) if weights_set is not None else weights[0]
 
 
 def _discard_all(files: Sequence[StagedFile]) -> None:
@@ -1513,7 +1523,7 @@ class _Publication:
             problem = f"releasing the lock of {staged.final_path!r} failed"
             steps.append(functools.partial(after.attempt, staged._release_lock, problem))
         folders = _folders_of([staged.final_path for staged in [*self.weights, *self.models]])
-        steps.append(lambda: after.sweep(folders, self.keep))
+        steps.append(lambda: after.sweep(folders, self.keep, in_use.of_folder))
         if self.bridges or journal:
             synced = [*self.bridges, *(staged.temp_path for staged in journal)]
             steps.append(lambda: after.fsync_folders(synced, self.durable))
