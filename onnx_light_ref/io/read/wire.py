@@ -527,10 +527,14 @@ class _Scanner:
 
     def _skip_group(self, number: int, group_start: int, pos: int, end: int, depth: int, kind: str) -> int:
         """Skip the group of field ``number`` whose start tag is at ``group_start``; return the position after its end
-        tag. Exactly protobuf's rules for an unknown group: its fields must be well formed (length-delimited ones are
-        skipped, not parsed), groups nest (each level counts towards the depth limit, as a sub-message does), each
-        group ends with the end-group tag of its own field number, and that tag comes before ``end``. The group's
-        bytes stay in the caller's verbatim run: nothing inside a group is a field the scan strips."""
+        tag. Exactly protobuf's rules for an unknown group (upb's, which ``onnx.load`` parses with): its fields must be
+        well formed (length-delimited ones are skipped, not parsed), groups nest (each level counts towards the depth
+        limit, as a sub-message does), each group ends with the end-group tag of its own field number, and that tag
+        comes before ``end``. A field number 0 is skipped like any other, as upb skips it: only outside groups is it
+        invalid. (C++ protobuf, which onnx's checker and onnxruntime parse with, refuses a file with one; such a file
+        loads in ``onnx.load`` and is read here the same, and a message too small to hold a payload is not walked at
+        all but left to protobuf, so refusing it here would depend on where it sits.) The group's bytes stay in the
+        caller's verbatim run: nothing inside a group is a field the scan strips."""
         what = f"{kind} group (field {number})"
         open_groups = [(number, group_start)]
         while True:
@@ -547,7 +551,8 @@ class _Scanner:
                 )
             field_start = pos
             tag, pos = self._varint(pos, end, what, "field tag")
-            if tag < 8 or tag > _MAX_TAG:
+            # No field number 0 check: protobuf skips one inside a group as any other field (see the docstring).
+            if tag > _MAX_TAG:
                 raise self._fail(f"invalid field tag {tag} (field number {tag >> 3})", field_start, what)
             wire_type = tag & 7
             if wire_type == _VARINT:
