@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.hardening.publication_scenarios import values, write_source
+from tests.memory_folder import in_memory_folder
 
 
 @pytest.fixture(scope="module")
@@ -22,16 +22,5 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture
 def work(tmp_path: Path) -> Iterator[Path]:
     """A 64 MiB tmpfs under ``tmp_path`` (unmounted at the end, whatever happens), else ``tmp_path`` itself."""
-    target = tmp_path / "tmpfs"
-    target.mkdir()
-    mount = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(target)], capture_output=True, check=False
-    )
-    if mount.returncode != 0:
-        yield tmp_path
-        return
-    try:
-        yield target
-    finally:
-        if subprocess.run(["umount", str(target)], check=False).returncode != 0:
-            subprocess.run(["umount", "-l", str(target)], check=True)
+    with in_memory_folder(tmp_path / "tmpfs", "64m") as folder:
+        yield folder

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from onnx_light_ref.io.verify import MAX_CHUNK_SIZE, VerifyResult, verify_models
 from onnx_light_ref.ops import delay_initializers, undelay_initializers
 from tests import large_inline
 from tests.checks import assert_no_temp_files, sha256_of_tree
+from tests.memory_folder import in_memory_folder
 from tests.models import externalize, identity_model, make_external_model
 from tests.verify_support import summary
 
@@ -935,13 +937,30 @@ def files_state(folder: Path) -> dict[str, tuple[int, int, int]]:
 
 
 @pytest.fixture(scope="module")
-def large_a(tmp_path_factory) -> Path:
-    return write_large(tmp_path_factory.mktemp("large") / "a" / "model.onnx")
+def large_folder(tmp_path_factory) -> Iterator[Path]:
+    """The sparse files of this section, in memory when the tests may mount (``tests/memory_folder.py``: reading
+    holes from ext4 zero-fills page cache, most of this file's time)."""
+    with in_memory_folder(tmp_path_factory.mktemp("large"), "1g") as folder:
+        yield folder
+
+
+@pytest.fixture
+def large_tmp(large_folder, request) -> Iterator[Path]:
+    """A fresh folder of the test's own in :func:`large_folder`, removed after the test."""
+    folder = large_folder / request.node.name
+    folder.mkdir()
+    yield folder
+    shutil.rmtree(folder)
+
+
+@pytest.fixture(scope="module")
+def large_a(large_folder) -> Path:
+    return write_large(large_folder / "a" / "model.onnx")
 
 
 @pytest.mark.slow  # reads 2 GiB of holes from each of two files: 2-12 s here (page cache, load)
-def test_a_model_over_2_gib_with_a_byte_difference_deep_inside_a_payload(tmp_path, large_a):
-    b = write_large(tmp_path / "b" / "model.onnx", flip=DEEP)
+def test_a_model_over_2_gib_with_a_byte_difference_deep_inside_a_payload(large_tmp, large_a):
+    b = write_large(large_tmp / "b" / "model.onnx", flip=DEEP)
     before = files_state(b.parent), files_state(large_a.parent)
     chunk = 1024 * 1024
     result = verify_models(large_a, b, chunk_size=chunk)
@@ -967,8 +986,8 @@ def test_a_model_over_2_gib_equals_itself_without_reading_its_payloads(large_a):
 
 
 @pytest.mark.slow  # aligns and reads 2 GiB of holes: 3-7 s here
-def test_a_model_over_2_gib_equals_its_aligned_externalized_copy(tmp_path, large_a):
-    aligned = tmp_path / "aligned" / "model.onnx"
+def test_a_model_over_2_gib_equals_its_aligned_externalized_copy(large_tmp, large_a):
+    aligned = large_tmp / "aligned" / "model.onnx"
     aligned.parent.mkdir()
     # dedup: the large tensors are mostly holes, equal but for their markers; each distinct one is stored once, so
     # the copy costs a few MiB of real blocks instead of 2 GiB.
@@ -981,7 +1000,7 @@ def test_a_model_over_2_gib_equals_its_aligned_externalized_copy(tmp_path, large
     assert_equal(verify_models(aligned, large_a, by_name=True, chunk_size=1024 * 1024), tensors, LARGE_TOTAL)
 
 
-def test_a_model_over_2_gib_is_parsed_by_the_wire_scan_and_a_small_one_is_not(tmp_path, large_a, monkeypatch):
+def test_a_model_over_2_gib_is_parsed_by_the_wire_scan_and_a_small_one_is_not(large_tmp, large_a, monkeypatch):
     calls: list[str] = []
     real_scan = wire_module.load_model_stripped
 
@@ -990,17 +1009,17 @@ def test_a_model_over_2_gib_is_parsed_by_the_wire_scan_and_a_small_one_is_not(tm
         return real_scan(path, min_length, **kwargs)
 
     monkeypatch.setattr(wire_module, "load_model_stripped", scan)
-    small_a = save_inline(identity_model(weights()), tmp_path / "small" / "model.onnx")
-    assert_equal(verify_models(small_a, external_model(tmp_path / "ext")), 4, TOTAL)
+    small_a = save_inline(identity_model(weights()), large_tmp / "small" / "model.onnx")
+    assert_equal(verify_models(small_a, external_model(large_tmp / "ext")), 4, TOTAL)
     assert calls == []
     assert verify_models(large_a, large_a).equal
     assert calls == ["a", "a"]
 
 
-def test_a_stripped_payload_that_does_not_fit_its_dims_is_an_invalid_model(tmp_path):
+def test_a_stripped_payload_that_does_not_fit_its_dims_is_an_invalid_model(large_tmp):
     model = large_inline.large_inline_model()
     model.graph.initializer[large_inline.FIRST_LARGE + 1].dims[0] = large_inline.LENGTH - 1
-    b = write_large(tmp_path / "b" / "model.onnx", model=model)
+    b = write_large(large_tmp / "b" / "model.onnx", model=model)
     before = files_state(b.parent)
     with pytest.raises(
         InvalidModelError,
@@ -1011,8 +1030,8 @@ def test_a_stripped_payload_that_does_not_fit_its_dims_is_an_invalid_model(tmp_p
     assert files_state(b.parent) == before
 
 
-def test_a_model_over_2_gib_with_a_name_that_is_not_utf8_is_an_invalid_model(tmp_path, large_a):
-    b = write_large(tmp_path / "b" / "model.onnx")
+def test_a_model_over_2_gib_with_a_name_that_is_not_utf8_is_an_invalid_model(large_tmp, large_a):
+    b = write_large(large_tmp / "b" / "model.onnx")
     with open(b, "r+b") as f:
         head = f.read(64 * 1024)
         assert head.count(b"typed") == 1
@@ -1037,10 +1056,10 @@ def test_a_weights_file_over_2_gib_given_as_a_model_is_an_invalid_model(tmp_path
 
 
 @pytest.mark.parametrize("change", ["modified", "replaced"])
-def test_a_model_over_2_gib_changed_after_it_was_parsed_is_refused(tmp_path, change):
-    a = write_large(tmp_path / "a" / "model.onnx")
-    b = write_large(tmp_path / "b" / "model.onnx", flip=DEEP)
-    other = write_large(tmp_path / "other" / "model.onnx")
+def test_a_model_over_2_gib_changed_after_it_was_parsed_is_refused(large_tmp, change):
+    a = write_large(large_tmp / "a" / "model.onnx")
+    b = write_large(large_tmp / "b" / "model.onnx", flip=DEEP)
+    other = write_large(large_tmp / "other" / "model.onnx")
 
     def after_the_first_chunk(done: int, total: int) -> None:
         # The small inline tensors come first: the .onnx is opened for the first stripped payload, after this.
