@@ -149,14 +149,6 @@ def _member(weights: dict[str, np.ndarray], *, past: bool) -> onnx.ModelProto:
     return model
 
 
-def align_family(sources: list[str], dst: str, alignment: int, max_shard_size: int | None) -> None:
-    """``align_models`` on paths given as strings: what ``tests.hardening.kill_server.in_child`` runs."""
-    from onnx_light_ref import align_models
-
-    options = {"max_shard_size": max_shard_size} if max_shard_size else {}
-    align_models([Path(source) for source in sources], Path(dst), alignment=alignment, **options)  # type: ignore[arg-type]
-
-
 def write_family(root: Path, seed: int = 0, *, size_threshold: int = 1024) -> Family:
     """``root/export_a/decoder_model.onnx`` and ``root/export_b/decoder_with_past_model.onnx``, each with its own
     ``model.onnx_data`` (tensors of at least ``size_threshold`` bytes; the others stay inline)."""

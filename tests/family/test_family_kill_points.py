@@ -1,6 +1,6 @@
 """A family is one transaction: SIGKILL ``align_models`` at each system call of its publication, in turn.
 
-With ``tests/hardening/kill_server.py``'s ``in_child`` (the family publishes through the same
+With ``tests/hardening/test_publish_kill_points.py``'s ``in_child`` (the family publishes through the same
 ``OutputTransaction._publish``): a forked child runs ``align_models`` with ``publish.before_syscall`` counting the
 system calls of :meth:`FamilyTransaction.publish_models` and SIGKILLs itself at the k-th; a first child, never
 killed, counts them. For every k, *without any recovery*, every member of
@@ -29,7 +29,7 @@ import pytest
 from onnx_light_ref import align_models
 from tests.checks import assert_no_temp_files, external_locations, model_fingerprint
 from tests.family.family_models import Family, outputs_of, write_family
-from tests.hardening.kill_server import in_child
+from tests.hardening.test_publish_kill_points import in_child
 
 pytestmark = pytest.mark.slow
 
@@ -95,9 +95,6 @@ def test_a_kill_at_any_system_call_leaves_every_member_previous_or_new(
     def run(dst: Path, family: Family, alignment: int) -> object:
         return align_models(family.sources, dst, alignment=alignment, **options)  # type: ignore[arg-type]
 
-    def child_args(dst: Path, family: Family, alignment: int) -> list[object]:  # run's, for the kill server
-        return [[str(source) for source in family.sources], str(dst), alignment, shard]
-
     template = work / "template"
     template.mkdir()
     if over == "previous-family":
@@ -109,8 +106,7 @@ def test_a_kill_at_any_system_call_leaves_every_member_previous_or_new(
 
     reference = work / "reference"
     shutil.copytree(template, reference)
-    align_family = "tests.family.family_models:align_family"
-    calls = in_child(align_family, [*child_args(reference, new, NEW_ALIGNMENT)], None, exchange=exchange)
+    calls = in_child(lambda: run(reference, new, NEW_ALIGNMENT), None, exchange=exchange)
     final_names = sorted(p.name for p in reference.iterdir())
     for name, values in zip(names, new_values, strict=True):
         assert same(computed(reference / name), values)
@@ -121,7 +117,7 @@ def test_a_kill_at_any_system_call_leaves_every_member_previous_or_new(
     for kill_at in range(1, calls + 1):
         dst = work / f"k{kill_at}"
         shutil.copytree(template, dst)
-        in_child(align_family, [*child_args(dst, new, NEW_ALIGNMENT)], kill_at, exchange=exchange)
+        in_child(lambda dst=dst: run(dst, new, NEW_ALIGNMENT), kill_at, exchange=exchange)
 
         states = []
         for name, before, after in zip(names, old_values, new_values, strict=True):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import safetensors.numpy as st_numpy
 from onnx import numpy_helper
 
@@ -39,7 +40,6 @@ __all__ = [
     "computed",
     "loaded",
     "prepare",
-    "run_writer",
     "same",
     "values",
     "write_source",
@@ -101,11 +101,6 @@ def _link(src: Path, dst: Path, alignment: int) -> object:
     return link_external_data(src / "model.onnx", dst.parent / f"{src.name}.safetensors", dst, alignment=alignment)
 
 
-def run_writer(name: str, src: str, dst: str, alignment: int) -> None:
-    """``WRITERS[name]`` on paths given as strings: what ``tests.hardening.kill_server.in_child`` runs."""
-    WRITERS[name][0](Path(src), Path(dst), alignment)
-
-
 def prepare(name: str, template: Path, old_src: Path, new_src: Path) -> None:
     """Files a writer reads from the destination folder, there before anything is written (link's checkpoints)."""
     if name == "link":
@@ -142,8 +137,6 @@ def computed(model_path: Path) -> Values:
     if key not in _VERDICTS:
         onnx.load(str(model_path))  # loads the external data: refuses symlinks and hard-linked files
         onnx.checker.check_model(str(model_path), full_check=True)
-        import onnxruntime as ort  # here: tests.hardening.kill_server imports this module and stays lean
-
         options = ort.SessionOptions()
         options.intra_op_num_threads = options.inter_op_num_threads = 1
         session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])

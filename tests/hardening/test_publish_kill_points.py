@@ -3,10 +3,9 @@
 ``onnx_light_ref.io.write.publish.before_syscall`` is called before every system call the publication makes (the test
 seam of that module). A forked child runs one writer with a hook that counts those calls during
 :meth:`OutputTransaction.publish` (its ``_publish``, which ``FamilyTransaction.publish_models`` shares) and SIGKILLs
-the child at the k-th; a first child, never killed, counts them. The children are forked from a lean process of the
-worker's (``tests/hardening/kill_server.py``: forked from the worker, each cost three times as much). For every k the
-destination left behind must be the previous model or the new one, *without any recovery*: it loads in ``onnx.load``
-(with its external data), passes ``onnx.checker.check_model(path, full_check=True)``, runs in
+the child at the k-th; a first child, never killed, counts them. For every k the destination left behind must be
+the previous model or the new one, *without any recovery*: it loads in
+``onnx.load`` (with its external data), passes ``onnx.checker.check_model(path, full_check=True)``, runs in
 onnxruntime and computes exactly the previous or the new values (the two runs use different values *and* different
 offsets, so new bytes read through old offsets would show), and no file it references has more than one link.
 Then the writer runs again (the next run is the recovery): it must succeed (a weights file the killed run moved in
@@ -30,16 +29,18 @@ previous or the new model, and the next run sweeps what both the failed cleanup 
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from onnx_light_ref.errors import PublishedWithErrorsError
 from onnx_light_ref.io.write import publish
 from tests.checks import assert_no_temp_files, temp_files_under
-from tests.hardening.kill_server import in_child
 from tests.hardening.publication_scenarios import (
     NEW_ALIGNMENT,
     OLD_ALIGNMENT,
@@ -49,6 +50,68 @@ from tests.hardening.publication_scenarios import (
     same,
     values,
 )
+
+
+def in_child(
+    call: Callable[[], object], kill_at: int | None, *, exchange: bool = True, cleanup_fails: bool = False
+) -> int:
+    """Run ``call`` in a forked child, SIGKILLed before the ``kill_at``-th system call of its publication.
+
+    ``cleanup_fails``: every ``unlink`` of the publication answers EIO instead (nothing is removed), and the
+    ``PublishedWithErrorsError`` the writer then raises counts as the run's normal end.
+
+    Returns how many such calls the child made (read back through a pipe) when it was not killed, else -1.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        status = 1
+        try:
+            os.close(read_end)
+            count = 0
+
+            def hook(name: str) -> None:
+                nonlocal count
+                count += 1
+                if count == kill_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if cleanup_fails and name == "unlink":
+                    raise OSError(errno.EIO, "unlink failed (injected)")
+
+            # Every model publication goes through it: OutputTransaction.publish, FamilyTransaction.publish_models.
+            real_publish = publish.OutputTransaction._publish
+
+            def counted_publish(self: publish.OutputTransaction, *args: object, **kwargs: object) -> object:
+                publish.before_syscall = hook
+                try:
+                    return real_publish(self, *args, **kwargs)  # type: ignore[arg-type]
+                finally:
+                    publish.before_syscall = None
+
+            publish.OutputTransaction._publish = counted_publish  # type: ignore[method-assign]
+            if not exchange:  # as on a kernel, libc or filesystem without renameat2(RENAME_EXCHANGE)
+                publish._renameat2 = None
+            try:
+                call()
+            except PublishedWithErrorsError:
+                if not cleanup_fails:
+                    raise
+            os.write(write_end, str(count).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    try:
+        _, status = os.waitpid(pid, 0)
+        reported = os.read(read_end, 64)
+    finally:
+        os.close(read_end)
+    if kill_at is None:
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"the writer failed (status {status})"
+        return int(reported)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"not killed (status {status})"
+    return -1
+
 
 # The in-memory aligner with one weights file publishes exactly as the streaming one (same transaction, same files):
 # it runs with three. Without RENAME_EXCHANGE, the three-file re-publication (the longest sequence) runs again; so
@@ -85,10 +148,8 @@ def test_a_kill_at_any_system_call_of_the_publication_leaves_the_previous_or_the
 
     reference = tmp_path / "reference"
     shutil.copytree(template, reference)
-    run = "tests.hardening.publication_scenarios:run_writer"
     calls = in_child(
-        run,
-        [name, str(new_src), str(reference / "out.onnx"), NEW_ALIGNMENT],
+        lambda: writer(new_src, reference / "out.onnx", NEW_ALIGNMENT),
         None,
         exchange=exchange,
         cleanup_fails=cleanup_fails,
@@ -107,8 +168,7 @@ def test_a_kill_at_any_system_call_of_the_publication_leaves_the_previous_or_the
         dst = tmp_path / f"k{kill_at}"
         shutil.copytree(template, dst)
         in_child(
-            run,
-            [name, str(new_src), str(dst / "out.onnx"), NEW_ALIGNMENT],
+            lambda dst=dst: writer(new_src, dst / "out.onnx", NEW_ALIGNMENT),
             kill_at,
             exchange=exchange,
             cleanup_fails=cleanup_fails,
