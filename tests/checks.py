@@ -16,6 +16,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +31,7 @@ import pytest
 
 __all__ = [
     "assert_no_temp_files",
+    "dead_pid",
     "external_payload",
     "onnxruntime_session",
     "run_onnxruntime",
@@ -35,6 +39,14 @@ __all__ = [
     "snapshot_tree",
     "temp_files_under",
 ]
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended and been reaped (``true``: an exec, not a Python start-up per call)."""
+    true = shutil.which("true")
+    child = subprocess.Popen([true] if true else [sys.executable, "-c", ""])
+    child.wait()
+    return child.pid
 
 
 def _walk(folder: str | os.PathLike[str]) -> Iterator[tuple[str, str]]:

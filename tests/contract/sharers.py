@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light_ref.ops import reference_evaluator
 from onnx_light_ref.ops.schema import make_delayed_initializer_node
-from tests.checks import run_onnxruntime
+from tests.checks import dead_pid, run_onnxruntime
 from tests.models import IR_VERSION, OPSET, identity_model, write_model
 
 __all__ = ["SHARERS", "UNREADABLE", "bridge_name", "computes", "make_sharer", "make_unreadable", "shared_bytes"]
@@ -105,13 +103,7 @@ def bridge_name(final_name: str) -> str:
     """A bridge file name (``publish``'s pattern) of ``final_name`` whose writer's pid is dead."""
     from onnx_light_ref.io.write import publish
 
-    pid = _dead_pid()
+    pid = dead_pid()
     name = f"{publish._TEMP_PREFIX}{publish._name_tag(final_name)}~{pid}~{'0' * 16}{publish._BRIDGE_SUFFIX}"
     assert (match := re.fullmatch(publish._ANY_OWN_NAME, name)) and match.group(2) == publish._BRIDGE_SUFFIX
     return name
-
-
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid

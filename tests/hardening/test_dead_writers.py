@@ -28,7 +28,7 @@ from onnx import numpy_helper
 
 from onnx_light_ref import align_external_data_streaming, save_model_with_shared_external_data
 from onnx_light_ref.io.write import publish
-from tests.checks import assert_no_temp_files, run_onnxruntime
+from tests.checks import assert_no_temp_files, dead_pid, run_onnxruntime
 from tests.hardening.publication_scenarios import computed, same, values
 from tests.models import identity_model
 
@@ -42,12 +42,6 @@ def _big_source(folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
     folder.mkdir()
     onnx.save(identity_model(arrays), str(folder / "model.onnx"), save_as_external_data=True, location="w.bin")
     return folder / "model.onnx", arrays
-
-
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
 
 
 def _killed_while_copying(src: Path, dst: Path) -> None:
@@ -120,8 +114,8 @@ def test_a_dead_writers_bridge_file_that_a_model_loads_is_never_swept(tmp_path: 
     out = tmp_path / "root" / "out"
     out.mkdir(parents=True)
     array = np.arange(16, dtype=np.float32)
-    bridge = _bridge_of(out, "model.onnx.data", _dead_pid(), array.tobytes())
-    unreferenced = _bridge_of(out, "model.onnx.data.1", _dead_pid(), b"left by the same killed run")
+    bridge = _bridge_of(out, "model.onnx.data", dead_pid(), array.tobytes())
+    unreferenced = _bridge_of(out, "model.onnx.data.1", dead_pid(), b"left by the same killed run")
     variant = out / "variant.onnx" if where == "same-folder" else tmp_path / "root" / "variant.onnx"
     _model_on(variant, bridge.name if where == "same-folder" else f"out/{bridge.name}", array)
 
@@ -146,8 +140,8 @@ def test_no_dead_writers_file_is_swept_while_a_model_near_cannot_be_read(
     out = tmp_path / "root" / "out"
     out.mkdir(parents=True)
     array = np.arange(16, dtype=np.float32)
-    bridge = _bridge_of(out, "model.onnx.data", _dead_pid(), array.tobytes())
-    temp = out / f".olr~{publish._name_tag('model.onnx.data.2')}~{_dead_pid()}~{'ab' * 8}.tmp"
+    bridge = _bridge_of(out, "model.onnx.data", dead_pid(), array.tobytes())
+    temp = out / f".olr~{publish._name_tag('model.onnx.data.2')}~{dead_pid()}~{'ab' * 8}.tmp"
     temp.write_bytes(b"left by a killed run")
     variant = out / "variant.onnx" if where == "same-folder" else tmp_path / "root" / "variant.onnx"
     _model_on(variant, bridge.name if where == "same-folder" else f"out/{bridge.name}", array)
@@ -177,7 +171,7 @@ def test_a_users_file_named_almost_like_a_dead_writers_is_never_swept(tmp_path: 
     them as a dead pid). A real dead writer's file beside them is swept."""
     out = tmp_path / "out"
     out.mkdir()
-    pid = _dead_pid()
+    pid = dead_pid()
     tag = publish._name_tag("model.onnx.data")
     digits = "".join(chr(0x0660 + int(d)) for d in str(pid))
     hostile = [
@@ -205,7 +199,7 @@ def test_a_users_file_named_almost_like_a_dead_writers_is_never_swept(tmp_path: 
 
 def test_a_temp_file_a_live_writer_holds_is_never_swept(tmp_path: Path) -> None:
     """A dead pid but a held lock (a writer in another pid namespace): kept, while the job publishes."""
-    held = tmp_path / f".olr~{publish._name_tag('model.onnx.data.3')}~{_dead_pid()}~{'ef' * 8}.tmp"
+    held = tmp_path / f".olr~{publish._name_tag('model.onnx.data.3')}~{dead_pid()}~{'ef' * 8}.tmp"
     held.write_bytes(b"still being written")
     holder = subprocess.Popen(
         [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX); "
@@ -227,7 +221,7 @@ def test_a_dead_writers_file_the_filesystem_will_not_remove_is_skipped_and_the_j
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An immutable file (``chattr +i``; for a user, another user's file in a sticky folder): EPERM, not ours."""
-    stuck = tmp_path / f".olr~{publish._name_tag('model.onnx.data')}~{_dead_pid()}~{'ab' * 8}.tmp"
+    stuck = tmp_path / f".olr~{publish._name_tag('model.onnx.data')}~{dead_pid()}~{'ab' * 8}.tmp"
     stuck.write_bytes(b"x")
     if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(stuck)], check=False).returncode != 0:
         pytest.skip("chattr +i is not available here (needs root and e2fsprogs)")
@@ -249,7 +243,7 @@ def test_a_dead_writers_file_the_filesystem_will_not_remove_is_skipped_and_the_j
 def _foreign_names(monkeypatch: pytest.MonkeyPatch) -> int:
     """Make this process's new temp names carry a pid that is dead here, as a writer's in another pid namespace
     (a container sharing the folder) looks from this one; returns that pid."""
-    foreign = _dead_pid()
+    foreign = dead_pid()
     real = publish._own_name
     monkeypatch.setattr(
         publish, "_own_name", lambda final, suffix: real(final, suffix).replace(f"~{os.getpid()}~", f"~{foreign}~")
@@ -367,7 +361,7 @@ def test_no_temp_file_is_swept_while_another_process_publishes_into_the_folder(t
     """A writer in another pid namespace, mid-publication, has swapped the previous version of a final name onto its
     temp name (nobody holds that file's lock) and needs it to undo a failure. A job staging a file there swept it;
     outside a publication, temp files are now swept only while no publication holds the folder's lock."""
-    previous = tmp_path / f".olr~{publish._name_tag('model.onnx.data')}~{_dead_pid()}~{'ab' * 8}.tmp"
+    previous = tmp_path / f".olr~{publish._name_tag('model.onnx.data')}~{dead_pid()}~{'ab' * 8}.tmp"
     previous.write_bytes(b"the previous version, swapped out")
     holder = subprocess.Popen(
         [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from onnx_light_ref import align_external_data_in_memory, align_external_data_st
 from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, InvalidModelError, UnsafeLocationError
 from onnx_light_ref.io.arguments import ArgumentTypeError
 from onnx_light_ref.io.write import publish
+from tests.checks import dead_pid
 
 WEIGHTS = np.arange(16, dtype=np.float32)  # 64 bytes in model/w.bin
 
@@ -348,19 +347,13 @@ def test_layout_options_are_checked_before_the_source_is_read(tmp_path, aligner,
     assert list(tmp_path.iterdir()) == []
 
 
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
 @pytest.mark.parametrize("aligner", ["streaming", "in_memory"])
 @pytest.mark.parametrize("destination", ["out.onnx.data", "out.onnx"])
 def test_a_source_named_like_a_dead_writers_temp_file_is_never_swept(
     tmp_path, layout, sha256_of_tree, aligner, destination
 ):
     """The stale-temp sweep of each output keeps the job's sources, whatever their names (publish's ``keep``)."""
-    lookalike = f".olr~{publish._name_tag(destination)}~{_dead_pid()}~{'ab' * 8}.tmp"
+    lookalike = f".olr~{publish._name_tag(destination)}~{dead_pid()}~{'ab' * 8}.tmp"
     os.rename(layout / "w.bin", layout / lookalike)
     write_model(layout, {"location": lookalike, "offset": "0", "length": "64"})
     sources = sha256_of_tree(layout)

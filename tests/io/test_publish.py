@@ -11,8 +11,6 @@ import fcntl
 import logging
 import os
 import stat
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from onnx_light_ref.errors import PublishedWithErrorsError
 from onnx_light_ref.io.arguments import ArgumentTypeError
 from onnx_light_ref.io.read.locations import FileIdentity
 from onnx_light_ref.io.write.publish import OutputTransaction, StagedFile, publish_all, staged_files
-from tests.checks import assert_no_temp_files, sha256_of_tree
+from tests.checks import assert_no_temp_files, dead_pid, sha256_of_tree
 from tests.models import identity_model, write_external_model
 
 WEIGHTS = ["shard-1.bin", "shard-2.bin", "shard-3.bin"]
@@ -211,12 +209,6 @@ def test_a_destination_name_of_the_maximum_legal_length_publishes(tmp_path):
     assert_no_temp_files(tmp_path)
 
 
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
 def _temp_like(folder: Path, final_name: str, pid: int) -> Path:
     """A file named exactly like a temp file of ``final_name`` written by ``pid``."""
     path = folder / f".olr~{publish._name_tag(final_name)}~{pid}~{'ab' * 8}.tmp"
@@ -226,7 +218,7 @@ def _temp_like(folder: Path, final_name: str, pid: int) -> Path:
 
 def test_the_sweeper_removes_every_dead_writers_temp_files_of_the_folder_and_nothing_else(tmp_path):
     """Whatever final name they were made for: a killed sharded run leaves one per shard, later runs write fewer."""
-    dead = _dead_pid()
+    dead = dead_pid()
     stale = _temp_like(tmp_path, "m.onnx", dead)
     alive = _temp_like(tmp_path, "m.onnx", os.getppid())  # another process, running
     other_destination = _temp_like(tmp_path, "m.onnx.data.7", dead)
@@ -256,7 +248,7 @@ def test_the_sweeper_removes_this_processs_own_leftovers_but_never_a_file_it_is_
 
 
 def test_the_sweeper_never_removes_a_source_of_the_current_job(tmp_path):
-    source = _temp_like(tmp_path, "m.onnx", _dead_pid())
+    source = _temp_like(tmp_path, "m.onnx", dead_pid())
     st = source.stat()
     identity = FileIdentity(st.st_dev, st.st_ino)
 
@@ -268,7 +260,7 @@ def test_the_sweeper_never_removes_a_source_of_the_current_job(tmp_path):
 
 def test_the_sweeper_skips_a_temp_file_whose_lock_is_held(tmp_path):
     """A dead pid but a held lock: a writer in another pid namespace (a container) is still writing it."""
-    held = _temp_like(tmp_path, "m.onnx", _dead_pid())
+    held = _temp_like(tmp_path, "m.onnx", dead_pid())
     fd = os.open(held, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
