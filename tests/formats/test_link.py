@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,7 @@ from onnx_light_ref import link_external_data, verify_models
 from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, SafetensorsError, UnsafeLocationError
 from onnx_light_ref.io.layout_report import build_layout_report
 from tests.checks import needs_onnx_with_the_newer_loader_rule, run_onnxruntime, sha256_of_tree
+from tests.cli_runner import run_cli
 from tests.models import mlp_model, save_external
 
 RNG = np.random.default_rng(7)
@@ -186,16 +185,14 @@ def test_cli_link_with_a_name_map(tmp_path: Path) -> None:
     src = _source(tmp_path)
     st_numpy.save_file({"layers.0.w": WEIGHTS["w1"], "w2": WEIGHTS["w2"]}, str(tmp_path / "ckpt.safetensors"))
     (tmp_path / "names.json").write_text(json.dumps({"w1": "layers.0.w"}))
-    command = [sys.executable, "-m", "onnx_light_ref", "link", str(src), str(tmp_path / "ckpt.safetensors"),
+    command = ["link", str(src), str(tmp_path / "ckpt.safetensors"),
                str(tmp_path / "linked.onnx"), "--map", str(tmp_path / "names.json"), "--no-progress"]  # fmt: skip
-    out = subprocess.run(command, capture_output=True, text=True, check=False)
+    out = run_cli(*command)
     assert out.returncode == 0, out.stderr
     assert "2 tensors linked to the checkpoint (40960 bytes, none copied), 2 written (576 bytes" in out.stdout
     assert verify_models(src, tmp_path / "linked.onnx").equal
     (tmp_path / "bad.json").write_text("[1]")
-    out = subprocess.run(
-        [*command[:-3], "--map", str(tmp_path / "bad.json")], capture_output=True, text=True, check=False
-    )
+    out = run_cli(*command[:-3], "--map", str(tmp_path / "bad.json"))
     assert out.returncode == 1 and out.stderr.startswith("error: --map")
 
 
@@ -252,12 +249,12 @@ def _offsets_in(checkpoint: Path) -> tuple[int, int]:
 
 def test_cli_link_allow_outside_folder(tmp_path: Path) -> None:
     snapshot, src = _hf_cache(tmp_path)
-    command = [sys.executable, "-m", "onnx_light_ref", "link", str(src), str(snapshot / "model.safetensors"),
+    command = ["link", str(src), str(snapshot / "model.safetensors"),
                str(snapshot / "linked.onnx"), "--no-progress"]  # fmt: skip
-    out = subprocess.run(command, capture_output=True, text=True, check=False)
+    out = run_cli(*command)
     assert out.returncode == 1 and "--allow-outside-folder" in out.stderr
     assert not (snapshot / "linked.onnx").exists()
-    out = subprocess.run([*command, "--allow-outside-folder"], capture_output=True, text=True, check=False)
+    out = run_cli(*command, "--allow-outside-folder")
     assert out.returncode == 0, out.stderr
     assert "2 tensors linked to the checkpoint" in out.stdout
     assert verify_models(src, snapshot / "linked.onnx", allow_outside_folder=True).equal

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from onnx_light_ref import link_external_data, verify_models
 from onnx_light_ref.io.arguments import ArgumentTypeError
 from onnx_light_ref.io.plan.name_map import MAX_NAME_MAP_SIZE, parse_name_map
 from tests.checks import assert_no_temp_files, run_onnxruntime, sha256_of_tree
+from tests.cli_runner import run_cli
 from tests.models import make_external_model
 
 A = np.arange(4, dtype=np.float32)
@@ -36,9 +36,8 @@ def _setup(folder: Path, checkpoint: dict[str, np.ndarray]) -> Path:
 
 def _cli(folder: Path, src: Path, name_map: bytes) -> subprocess.CompletedProcess[str]:
     (folder / "names.json").write_bytes(name_map)
-    command = [sys.executable, "-m", "onnx_light_ref", "link", str(src), str(folder / "ckpt.safetensors"),
-               str(folder / "linked.onnx"), "--map", str(folder / "names.json"), "--no-progress"]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, check=False)
+    return run_cli("link", str(src), str(folder / "ckpt.safetensors"), str(folder / "linked.onnx"), "--map",
+                   str(folder / "names.json"), "--no-progress")  # fmt: skip
 
 
 REFUSED = {

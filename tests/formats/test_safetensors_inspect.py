@@ -10,7 +10,6 @@ package writes still inspects OK.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ from onnx_light_ref import link_external_data, verify_models
 from onnx_light_ref.errors import SafetensorsReferenceError
 from onnx_light_ref.io.layout_report import build_layout_report
 from tests.checks import sha256_of_tree
+from tests.cli_runner import run_cli
 from tests.models import external_tensor, make_model, mlp_model, save_external, value_info
 
 RNG = np.random.default_rng(11)
@@ -34,9 +34,7 @@ WEIGHTS = {
 
 
 def _inspect(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "onnx_light_ref", "inspect", str(path)], capture_output=True, text=True, check=False
-    )
+    return run_cli("inspect", str(path))
 
 
 def _linked(folder: Path, checkpoint: dict[str, np.ndarray], name_map: dict[str, str] | None = None) -> Path:

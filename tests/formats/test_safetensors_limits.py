@@ -10,7 +10,6 @@ is refused.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,13 +28,14 @@ from onnx_light_ref.io.read.safetensors_header import (
     encode_header,
 )
 from tests.checks import assert_no_temp_files, run_onnxruntime, sha256_of_tree
+from tests.cli_runner import run_cli
 from tests.models import external_tensor, make_external_model, make_model, value_info
 
 ALIGNERS = [align_external_data_streaming, align_external_data_in_memory]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "onnx_light_ref", *args], capture_output=True, text=True, check=False)
+    return run_cli(*args)
 
 
 def _small_model(folder: Path) -> Path:

@@ -8,9 +8,7 @@ readers by default; ``allow_outside_folder=True`` / ``--allow-outside-folder`` t
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,7 @@ from onnx_light_ref.io.layout_report import build_layout_report
 from onnx_light_ref.io.verify import verify_models
 from onnx_light_ref.ops import reference_evaluator
 from tests.checks import onnx_loader_refuses_symlinks
+from tests.cli_runner import run_cli
 from tests.models import identity_model, save_external
 
 VALUES = np.arange(64, dtype=np.float32) * 0.5
@@ -96,9 +95,7 @@ def test_every_reader_accepts_it_with_the_opt_in(tmp_path: Path, load_device: st
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "onnx_light_ref", *args], capture_output=True, text=True, env=os.environ, check=False
-    )
+    return run_cli(*args)
 
 
 def test_the_cli_flag_on_align_verify_and_inspect(tmp_path: Path) -> None:
