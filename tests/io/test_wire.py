@@ -853,8 +853,8 @@ def in_tensor(content: bytes) -> bytes:
         (VALID_MODEL + field_key(999, 3) + field_key(3, 1) + bytes(3), "field 3 (8-byte value) runs past the end of "
                                                                        "the file"),
     ],
-    ids=["stray end", "stray end in a tensor", "mismatched end", "unclosed", "unclosed in a tensor", "field 0 eats the end",
-         "wire type 7", "truncated varint", "length past the end", "fixed64 past the end"],
+    ids=["stray end", "stray end in a tensor", "mismatched end", "unclosed", "unclosed in a tensor",
+         "field 0 eats the end", "wire type 7", "truncated varint", "length past the end", "fixed64 past the end"],
 )  # fmt: skip
 def test_a_malformed_group_is_refused_where_protobuf_refuses_it(tmp_path, data, message):
     assert protobuf_parse(data) is None  # the oracle refuses each
