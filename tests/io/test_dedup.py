@@ -85,3 +85,19 @@ def test_matches_a_naive_comparison(payloads, chunk_size):
     blobs = [BlobSource(len(p), data=p) for p in payloads]
     expected = [payloads.index(p) for p in payloads]
     assert list(find_duplicates(blobs, chunk_size)) == expected
+
+
+def test_the_read_buffers_are_no_longer_than_the_longest_blob_compared(monkeypatch) -> None:
+    """A small model's dedup allocated two zeroed buffers of the whole chunk size on each run."""
+    sizes: list[int] = []
+    real = dedup_module._ChunkReader.__init__
+
+    def recording(self, chunk_size: int) -> None:
+        sizes.append(chunk_size)
+        real(self, chunk_size)
+
+    monkeypatch.setattr(dedup_module._ChunkReader, "__init__", recording)
+    blobs = [BlobSource(5, data=b"abcde"), BlobSource(5, data=b"abcde"), BlobSource(9, data=b"123456789")]
+    assert list(find_duplicates(blobs, chunk_size=2**26)) == [0, 0, 2]
+    assert list(find_duplicates(blobs, chunk_size=3)) == [0, 0, 2]  # smaller than the blobs: the chunk size holds
+    assert sizes == [5, 3]

@@ -49,7 +49,7 @@ def find_duplicates(blobs: Sequence[BlobSource], chunk_size: int) -> array[int]:
 
     Args:
         blobs: the blobs, in the order that decides which of identical blobs is "first".
-        chunk_size: size of each of the two read buffers.
+        chunk_size: size of each of the two read buffers (at most: no longer than the longest blob compared).
 
     Returns:
         One int64 per blob: its own index, or that of an earlier blob with the same bytes.
@@ -68,7 +68,10 @@ def find_duplicates(blobs: Sequence[BlobSource], chunk_size: int) -> array[int]:
                 first[index] = earlier
                 continue
         by_length.setdefault(blob.length, []).append(index)
-    reader = _ChunkReader(chunk_size)
+    # The buffers need not be longer than the longest blob compared: a small model's dedup allocated two zeroed
+    # buffers of the whole chunk size on every run.
+    longest = max((length for length, members in by_length.items() if len(members) > 1), default=0)
+    reader = _ChunkReader(max(1, min(chunk_size, longest)))
     for length, members in by_length.items():
         if len(members) < 2:
             continue
