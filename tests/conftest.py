@@ -69,13 +69,13 @@ def _private_system_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield folder
 
 
-@pytest.hookimpl(trylast=True)  # after benchmarks/conftest.py's, which asks for none when timings are asked for
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one worker more than the cores this process may run on.
 
     The crash, race and kill-point tests spend much of their time waiting (for a forked writer, a child process, a
     mount): with one worker per core, a core idled while its worker waited. On 2 cores, 3 workers ran the suite in
-    2 min 55 s where 2 took 3 min 20 s (the same commit, one after the other).
+    2 min 55 s where 2 took 3 min 20 s (the same commit, one after the other). benchmarks/conftest.py's hook runs
+    first (``tryfirst``): no workers when timings are asked for.
     """
     try:
         cores = len(os.sched_getaffinity(0))
