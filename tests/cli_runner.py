@@ -1,12 +1,12 @@
 """The command line run in this process: exit status, stdout and stderr, as a child's would be.
 
 A ``python -m onnx_light_ref`` child costs 0.3-0.5 s of CPU before it does anything (the interpreter, onnx, numpy);
-the suite started ~150 of them to read what a command prints. :func:`run_cli` calls ``onnx_light_ref.cli.main`` here
-and returns a :class:`subprocess.CompletedProcess` with the same three facts: the status ``main`` returns (or
-argparse's ``SystemExit`` code), everything printed to ``sys.stdout`` and ``sys.stderr``, and the package's log
-records formatted as ``main`` formats them on a terminal (``LEVEL message``, WARNING and above, DEBUG with
-``--verbose``: under pytest, ``logging.basicConfig`` in ``main`` does nothing, the root logger already has pytest's
-handlers).
+the suite started ~150 of them, most only to read what a command printed. :func:`run_cli` calls
+``onnx_light_ref.cli.main`` here and returns a :class:`subprocess.CompletedProcess` with the same three facts: the
+status ``main`` returns (or argparse's ``SystemExit`` code), everything printed to ``sys.stdout`` and ``sys.stderr``,
+and the package's log records formatted as ``main`` formats them on a terminal (``LEVEL message``, WARNING and above,
+DEBUG with ``--verbose``: under pytest, ``logging.basicConfig`` in ``main`` does nothing, the root logger already has
+pytest's handlers).
 
 What only a real process shows stays tested in one: the console script and ``python -m`` (``tests/test_cli.py``),
 signals (``tests/test_cli_interrupt.py``), start-up imports (``benchmarks/test_bench_startup.py``), the README's
