@@ -109,9 +109,7 @@ def test_every_schemes_leftovers_are_listed_whatever_the_scheme_of_this_run(tmp_
     # the destination's is that the model then at the destination used them; once it does not, rule 3 no longer
     # calls them its own either: overwrite).
     align_external_data_streaming(src, dst, None, 0, max_shard_size=1024, overwrite=True, **options)  # type: ignore[arg-type]
-    out = run_cli(
-        "align", str(src), str(dst), "--alignment", "0", "--no-progress",
-    )  # fmt: skip
+    out = run_cli("align", str(src), str(dst), "--alignment", "0", "--no-progress")
     assert out.returncode == 0, out.stderr
     assert f"note: {len(leftovers)} file(s) left by an earlier run" in out.stdout
     assert all(str(tmp_path / name) in out.stdout for name in leftovers)
@@ -157,22 +155,31 @@ def test_more_than_100_transformers_js_chunks_is_refused_before_anything_is_writ
 def test_cli_align_format_and_shard_names(tmp_path: Path) -> None:
     src = make_external_model(tmp_path, ARRAYS, name="src.onnx")
     out = run_cli(
-        "align", str(src), str(tmp_path / "model.onnx"), "--format",
-         "safetensors", "--max-shard-size", "2K", "--no-progress",
-    )  # fmt: skip
+        "align",
+        str(src),
+        str(tmp_path / "model.onnx"),
+        "--format",
+        "safetensors",
+        "--max-shard-size",
+        "2K",
+        "--no-progress",
+    )
     assert out.returncode == 0, out.stderr
     assert "model-00001-of-00002.safetensors (+1 shards: 2 files)" in out.stdout
     assert "index " + str(tmp_path / "model.safetensors.index.json") in out.stdout
     out = run_cli(
-        "align", str(src), str(tmp_path / "t.onnx"), "--shard-names",
-         "transformers.js", "--max-shard-size", "1K", "--no-progress",
-    )  # fmt: skip
+        "align",
+        str(src),
+        str(tmp_path / "t.onnx"),
+        "--shard-names",
+        "transformers.js",
+        "--max-shard-size",
+        "1K",
+        "--no-progress",
+    )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "t.onnx_data_2").exists()
-    out = run_cli(
-        "align", str(src), str(tmp_path / "d.onnx"), "--format",
-         "safetensors", "--dedup", "--no-progress",
-    )  # fmt: skip
+    out = run_cli("align", str(src), str(tmp_path / "d.onnx"), "--format", "safetensors", "--dedup", "--no-progress")
     assert out.returncode == 1 and out.stderr.startswith("error: dedup=True is refused")
     assert not (tmp_path / "d.onnx").exists() and not (tmp_path / "d.safetensors").exists()
 
@@ -227,10 +234,7 @@ def test_a_pytorch_sharded_checkpoint_beside_the_destination_is_not_called_stale
 
     result = align_external_data_streaming(src, dst, None, 0, **options)  # type: ignore[arg-type]
     assert result.stale_weights_files == ()
-    out = run_cli(
-        "align", str(src), str(dst), "--alignment", "0", "--no-progress",
-         *argv,
-    )  # fmt: skip
+    out = run_cli("align", str(src), str(dst), "--alignment", "0", "--no-progress", *argv)
     assert out.returncode == 0, out.stderr
     assert "note:" not in out.stdout and not any(name in out.stdout for name in PYTORCH)
     _checkpoint_kept(folder, before)
