@@ -86,7 +86,7 @@ def _timing_requested(config: pytest.Config) -> bool:
     return any(config.getoption(dest, None) for dest in _TIMING_OPTIONS)
 
 
-@pytest.hookimpl(tryfirst=True)  # before tests/conftest.py's (one worker more than the cores)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before tests/conftest.py's (one worker more than the cores)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """No worker processes when timings are asked for: ``-n auto`` (in ``addopts``) would disable pytest-benchmark.
 

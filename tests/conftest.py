@@ -69,6 +69,7 @@ def _private_system_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield folder
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown to pytest without xdist
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one worker more than the cores this process may run on.
 
