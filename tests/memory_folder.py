@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["in_memory_folder"]
+__all__ = ["in_memory_folder", "unmount"]
 
 
 @contextmanager
@@ -35,5 +35,14 @@ def in_memory_folder(target: Path, size: str = "64m") -> Iterator[Path]:
     try:
         yield target
     finally:
-        if subprocess.run(["umount", str(target)], capture_output=True, check=False).returncode != 0:
-            subprocess.run(["umount", "-l", str(target)], capture_output=True, check=True)
+        unmount(target)
+
+
+def unmount(target: Path) -> None:
+    """Unmount ``target``; if something still holds it (a descriptor leaked by a failing test), detach it now, freed
+    when released. Raises ``RuntimeError`` when even that is refused."""
+    if subprocess.run(["umount", str(target)], capture_output=True, check=False).returncode == 0:
+        return
+    lazy = subprocess.run(["umount", "-l", str(target)], capture_output=True, text=True, check=False)
+    if lazy.returncode != 0:
+        raise RuntimeError(f"could not unmount {target}: {lazy.stderr.strip()}")

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.memory_folder import unmount
+
 MIB = 1024 * 1024
 
 
@@ -41,15 +43,6 @@ def _require_tools(*tools: str) -> None:
         pytest.skip(f"not installed: {', '.join(missing)} (.ci/run installs xfsprogs with apt-get when it can)")
 
 
-def _unmount(target: Path) -> None:
-    if _run("umount", str(target)).returncode == 0:
-        return
-    # Something still holds the mount (a descriptor leaked by a failing test): detach it now, freed when released.
-    lazy = _run("umount", "-l", str(target))
-    if lazy.returncode != 0:
-        raise RuntimeError(f"could not unmount {target}: {lazy.stderr.strip()}")
-
-
 @contextmanager
 def mounted(target: Path, *mount_args: str) -> Iterator[Path]:
     """Mount (``mount *mount_args target``) for the duration of the block; skip the test if mounting is refused."""
@@ -60,7 +53,7 @@ def mounted(target: Path, *mount_args: str) -> Iterator[Path]:
     try:
         yield target
     finally:
-        _unmount(target)
+        unmount(target)
 
 
 def _loop_filesystem(tmp_path: Path, name: str, size: int, mkfs: list[str]) -> Iterator[Path]:
@@ -137,7 +130,7 @@ def make_readonly(tmp_path: Path) -> Iterator[Callable[[Callable[[Path], None]],
         yield make
     finally:
         for target in reversed(mounts):
-            _unmount(target)
+            unmount(target)
 
 
 @pytest.fixture
