@@ -13,7 +13,9 @@ after its commit failed (one ``error: ... is published ..., but ...`` line); 130
 :class:`Interrupted` (a ``KeyboardInterrupt``), so every ``except BaseException`` / ``finally`` cleanup on the way out
 (the publish transaction's temp files, the folders a command created) runs, then it prints one ``error:
 interrupted`` line instead of a traceback. Further SIGINT/SIGTERM are ignored while that cleanup runs, so a second
-Ctrl-C cannot cut it short.
+Ctrl-C cannot cut it short. A signal that arrives while Python runs a finalizer or a weak-reference callback (where an
+exception only prints "Exception ignored in ..." and the work goes on) is delivered again, so it still ends the
+command.
 """
 
 from __future__ import annotations
@@ -25,8 +27,13 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sys import UnraisableHookArgs
 
 __all__ = ["EPILOG", "Interrupted", "build_parser", "main"]
 
@@ -49,19 +56,75 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
+REDELIVERY_DELAY = 0.01
+"""Seconds between an :class:`Interrupted` that Python swallowed and the signal sent again to the main thread: enough
+for the hook that saw it to return, so the new one is raised in the code that runs next."""
+
+_in_unraisable_hook = threading.Event()
+"""Set while the hook of :func:`_swallowed_interrupts_sent_again` runs: a signal handled there would be lost too."""
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
+    if _in_unraisable_hook.is_set():  # an exception raised here would be lost as well: send the signal again, later
+        _send_again(signum)
+        return
     for other in _SIGNALS:  # the first signal wins: the cleanup it starts must not be cut short by a second one
         signal.signal(other, signal.SIG_IGN)
     raise Interrupted(signum)
 
 
+def _send_again(signum: int) -> None:
+    """Make SIGINT and SIGTERM raise again, and send ``signum`` to the main thread after :data:`REDELIVERY_DELAY`."""
+    for other in _SIGNALS:
+        signal.signal(other, _interrupt)
+    main_thread = threading.main_thread().ident
+    assert main_thread is not None  # the main thread has started: this code runs in it
+
+    def send() -> None:
+        time.sleep(REDELIVERY_DELAY)
+        signal.pthread_kill(main_thread, signum)  # to the main thread: a system call it waits in returns EINTR
+
+    threading.Thread(target=send, name="onnx-light-ref-interrupt", daemon=True).start()
+
+
+def _swallowed_interrupts_sent_again(
+    previous: Callable[[UnraisableHookArgs], object],
+) -> Callable[[UnraisableHookArgs], None]:
+    """A ``sys.unraisablehook`` that sends again the signal of an :class:`Interrupted` Python could not raise.
+
+    The signal handler runs in whatever Python code the main thread runs, a ``__del__`` or a weak-reference callback
+    included (the garbage collector, ``WeakValueDictionary``'s ``KeyedRef.remove``, run by onnx's reference
+    evaluator). An exception raised there is not raised in the caller: Python passes it to this hook and goes on, so
+    the Ctrl-C was lost and, the handlers having been set to ignore, every later one too (a ``run`` then went on for
+    hours). Every other unraisable exception goes to ``previous``.
+    """
+
+    def hook(unraisable: UnraisableHookArgs) -> None:
+        if not isinstance(unraisable.exc_value, Interrupted):
+            previous(unraisable)
+            return
+        _in_unraisable_hook.set()
+        try:
+            _send_again(unraisable.exc_value.signum)
+        finally:
+            _in_unraisable_hook.clear()
+
+    return hook
+
+
 @contextlib.contextmanager
 def _signals_raise() -> Iterator[None]:
-    """Turn SIGINT and SIGTERM into :class:`Interrupted` for the block (main thread only), then restore them."""
+    """Turn SIGINT and SIGTERM into :class:`Interrupted` for the block (main thread only), then restore them.
+
+    An :class:`Interrupted` that Python swallows (raised in a finalizer) is raised again: see
+    :func:`_swallowed_interrupts_sent_again`.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {signum: signal.getsignal(signum) for signum in _SIGNALS}
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = _swallowed_interrupts_sent_again(previous_hook)
     for signum in _SIGNALS:
         signal.signal(signum, _interrupt)
     try:
@@ -69,6 +132,7 @@ def _signals_raise() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        sys.unraisablehook = previous_hook
 
 
 # Every module is part of the package; one that fails to import is a broken install, reported as the import error.

@@ -127,7 +127,18 @@ def interrupt(child: subprocess.Popen[str], signum: int, still_working: Callable
         child.send_signal(signum)
     finally:
         child.send_signal(signal.SIGCONT)
-    return child.communicate(timeout=WAIT)
+    return finish(child)
+
+
+def finish(child: subprocess.Popen[str]) -> tuple[str, str]:
+    """The child's stdout and stderr once it has ended; a child still running after :data:`WAIT` is killed (it would
+    go on with its job after this test, on a core the other tests need) and the test fails."""
+    try:
+        return child.communicate(timeout=WAIT)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        out, err = child.communicate()
+        pytest.fail(f"the child was still running after {WAIT} s: stdout {out!r}, stderr {err!r}")
 
 
 def assert_interrupted(child: subprocess.Popen[str], signum: int, out: str, err: str) -> None:
@@ -219,6 +230,52 @@ def test_run_interrupted_while_evaluating_removes_the_output_folder(tmp_path: Pa
     assert_interrupted(child, signum, out, err)
     assert not (tmp_path / "results").exists()
     assert snapshot_tree(tmp_path) == before
+
+
+SWALLOWED_IN_A_CALLBACK = textwrap.dedent(
+    """
+    import os, signal, sys, time, weakref
+    from onnx_light_ref import cli
+    from onnx_light_ref.commands import run
+
+    signum = int(sys.argv[1])
+
+    class Node:
+        pass
+
+    def callback(_ref):  # Python prints and ignores what a weak-reference callback raises, then goes on
+        os.kill(os.getpid(), signum)  # the handler runs here, at the loop's first check of pending signals
+        for _ in range(10**6):
+            pass
+
+    def job(args):
+        node = Node()
+        ref = weakref.ref(node, callback)
+        del node  # the callback runs now, and the Interrupted its handler raised is swallowed
+        print("swallowed", flush=True)
+        for _ in range(6000):  # busy for 10 minutes, as a long evaluation is
+            time.sleep(0.1)
+        return 0
+
+    run.run_command = job
+    raise SystemExit(cli.main(sys.argv[2:]))
+    """
+)
+
+
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_a_signal_handled_in_a_weak_reference_callback_still_interrupts(tmp_path: Path, signum: int) -> None:
+    """The handler runs wherever the main thread is, a finalizer or a weak-reference callback included (``run`` in
+    onnx's evaluator: ``WeakValueDictionary``'s callbacks). Python only prints "Exception ignored in" for what is raised
+    there and goes on: the Interrupted was lost, and the handlers, set to ignore after the first signal, ignored every
+    later one (a ``run`` went on for hours). It is delivered again: the command ends as for any interrupt."""
+    model = loop_model(tmp_path / "loop.onnx", 1)
+    child = start([str(int(signum)), "run", str(model)], tmp_path, SWALLOWED_IN_A_CALLBACK)
+
+    out, err = finish(child)
+
+    assert out == "swallowed\n"
+    assert_interrupted(child, signum, out, err)
 
 
 HOLD_AFTER_THREE_CASES = textwrap.dedent(
