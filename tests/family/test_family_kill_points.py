@@ -3,7 +3,9 @@
 With ``tests/hardening/test_publish_kill_points.py``'s ``in_child`` (the family publishes through the same
 ``OutputTransaction._publish``): a forked child runs ``align_models`` with ``publish.before_syscall`` counting the
 system calls of :meth:`FamilyTransaction.publish_models` and SIGKILLs itself at the k-th; a first child, never
-killed, counts them. For every k, *without any recovery*, every member of
+killed, counts them and reads the state a kill at each would leave. Each distinct state is killed into once, at its
+first call (a later call leaving the same files has the same verdicts and the same recovery; the killed run must
+leave the state the counting run saw). For every such k, *without any recovery*, every member of
 the destination is its previous or its new version: it loads in ``onnx.load`` (external data too), passes
 ``check_model(full_check=True)``, every file it references has one link, and onnxruntime computes exactly the
 previous or the new values (the two families differ in values *and* offsets, so new bytes read through old offsets
@@ -29,6 +31,7 @@ import pytest
 from onnx_light_ref import align_models
 from tests.checks import assert_no_temp_files, external_locations, model_fingerprint
 from tests.family.family_models import Family, outputs_of, write_family
+from tests.hardening.kill_states import folder_state
 from tests.hardening.test_publish_kill_points import in_child
 
 pytestmark = pytest.mark.slow
@@ -106,7 +109,8 @@ def test_a_kill_at_any_system_call_leaves_every_member_previous_or_new(
 
     reference = work / "reference"
     shutil.copytree(template, reference)
-    calls = in_child(lambda: run(reference, new, NEW_ALIGNMENT), None, exchange=exchange)
+    kill_states = in_child(lambda: run(reference, new, NEW_ALIGNMENT), None, exchange=exchange, watch=reference)
+    calls = len(kill_states)
     final_names = sorted(p.name for p in reference.iterdir())
     for name, values in zip(names, new_values, strict=True):
         assert same(computed(reference / name), values)
@@ -114,10 +118,15 @@ def test_a_kill_at_any_system_call_leaves_every_member_previous_or_new(
     assert calls > 20
 
     outcomes = {"previous": 0, "new": 0, "absent": 0, "mixed families": 0}
-    for kill_at in range(1, calls + 1):
+    first_kill_at: dict[str, int] = {}  # each distinct state a kill leaves -> the first call that leaves it
+    for kill_at, kill_state in enumerate(kill_states, start=1):
+        if kill_state in first_kill_at:
+            continue
+        first_kill_at[kill_state] = kill_at
         dst = work / f"k{kill_at}"
         shutil.copytree(template, dst)
         in_child(lambda dst=dst: run(dst, new, NEW_ALIGNMENT), kill_at, exchange=exchange)
+        assert folder_state(dst) == kill_state, f"kill at call {kill_at}: not the state the counting run saw there"
 
         states = []
         for name, before, after in zip(names, old_values, new_values, strict=True):
@@ -145,5 +154,8 @@ def test_a_kill_at_any_system_call_leaves_every_member_previous_or_new(
         assert_no_temp_files(dst)
         shutil.rmtree(dst)
 
-    print(f"{over}, shards={shard}, exchange={exchange}: {calls} kill points, outcomes {outcomes}")
+    print(
+        f"{over}, shards={shard}, exchange={exchange}: {calls} kill points, {len(first_kill_at)} distinct states "
+        f"killed into, outcomes {outcomes}"
+    )
     assert outcomes["new"] > 0 and outcomes["previous" if over == "previous-family" else "absent"] > 0, outcomes

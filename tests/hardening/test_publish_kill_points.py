@@ -3,8 +3,12 @@
 ``onnx_light_ref.io.write.publish.before_syscall`` is called before every system call the publication makes (the test
 seam of that module). A forked child runs one writer with a hook that counts those calls during
 :meth:`OutputTransaction.publish` (its ``_publish``, which ``FamilyTransaction.publish_models`` shares) and SIGKILLs
-the child at the k-th; a first child, never killed, counts them. For every k the destination left behind must be
-the previous model or the new one, *without any recovery*: it loads in
+the child at the k-th; a first child, never killed, counts them and reads, at each, the state a kill there would
+leave (:mod:`tests.hardening.kill_states`: a SIGKILL leaves exactly what the folder holds at that instant). Each
+distinct state is killed into once, at its first call, and the killed run must leave the state the counting run saw;
+a later call that would leave a state already judged (most calls change nothing visible: ``fsync``, ``flock``,
+``fstat``, the reads) has the same verdict and the same recovery, and is counted, not run again. For every distinct
+state the destination left behind must be the previous model or the new one, *without any recovery*: it loads in
 ``onnx.load`` (with its external data), passes ``onnx.checker.check_model(path, full_check=True)``, runs in
 onnxruntime and computes exactly the previous or the new values (the two runs use different values *and* different
 offsets, so new bytes read through old offsets would show), and no file it references has more than one link.
@@ -41,6 +45,7 @@ import pytest
 from onnx_light_ref.errors import PublishedWithErrorsError
 from onnx_light_ref.io.write import publish
 from tests.checks import assert_no_temp_files, temp_files_under
+from tests.hardening.kill_states import folder_state
 from tests.hardening.publication_scenarios import (
     NEW_ALIGNMENT,
     OLD_ALIGNMENT,
@@ -53,14 +58,21 @@ from tests.hardening.publication_scenarios import (
 
 
 def in_child(
-    call: Callable[[], object], kill_at: int | None, *, exchange: bool = True, cleanup_fails: bool = False
-) -> int:
+    call: Callable[[], object],
+    kill_at: int | None,
+    *,
+    exchange: bool = True,
+    cleanup_fails: bool = False,
+    watch: Path | None = None,
+) -> list[str]:
     """Run ``call`` in a forked child, SIGKILLed before the ``kill_at``-th system call of its publication.
 
     ``cleanup_fails``: every ``unlink`` of the publication answers EIO instead (nothing is removed), and the
     ``PublishedWithErrorsError`` the writer then raises counts as the run's normal end.
 
-    Returns how many such calls the child made (read back through a pipe) when it was not killed, else -1.
+    Returns, when the child was not killed, one item per such call it made (read back through a pipe): the state of
+    ``watch`` (:func:`tests.hardening.kill_states.folder_state`) just before the call, which is what a kill there
+    leaves, or ``""`` without ``watch``. Returns ``[]`` when it was killed.
     """
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -68,12 +80,11 @@ def in_child(
         status = 1
         try:
             os.close(read_end)
-            count = 0
+            states: list[str] = []
 
             def hook(name: str) -> None:
-                nonlocal count
-                count += 1
-                if count == kill_at:
+                states.append(folder_state(watch) if watch is not None else "")
+                if len(states) == kill_at:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if cleanup_fails and name == "unlink":
                     raise OSError(errno.EIO, "unlink failed (injected)")
@@ -96,21 +107,20 @@ def in_child(
             except PublishedWithErrorsError:
                 if not cleanup_fails:
                     raise
-            os.write(write_end, str(count).encode())
+            with os.fdopen(write_end, "w") as report:
+                report.write("\n".join(states))
             status = 0
         finally:
             os._exit(status)
     os.close(write_end)
-    try:
-        _, status = os.waitpid(pid, 0)
-        reported = os.read(read_end, 64)
-    finally:
-        os.close(read_end)
+    with os.fdopen(read_end) as report:  # read to the end before waiting: the report may not fit in the pipe
+        reported = report.read()
+    _, status = os.waitpid(pid, 0)
     if kill_at is None:
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"the writer failed (status {status})"
-        return int(reported)
+        return reported.split("\n") if reported else []
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"not killed (status {status})"
-    return -1
+    return []
 
 
 # The in-memory aligner with one weights file publishes exactly as the streaming one (same transaction, same files):
@@ -148,12 +158,14 @@ def test_a_kill_at_any_system_call_of_the_publication_leaves_the_previous_or_the
 
     reference = tmp_path / "reference"
     shutil.copytree(template, reference)
-    calls = in_child(
+    states = in_child(
         lambda: writer(new_src, reference / "out.onnx", NEW_ALIGNMENT),
         None,
         exchange=exchange,
         cleanup_fails=cleanup_fails,
+        watch=reference,
     )
+    calls = len(states)
     assert same(computed(reference / "out.onnx"), new)
     if cleanup_fails:  # the previous versions stay on hidden names; the next run sweeps them
         assert temp_files_under(reference), "the failed cleanup left nothing to sweep"
@@ -164,7 +176,11 @@ def test_a_kill_at_any_system_call_of_the_publication_leaves_the_previous_or_the
     assert calls > 5 * weights_files  # the seam sees the publication (a few calls per file at least)
 
     outcomes = {"previous": 0, "new": 0, "absent": 0}
-    for kill_at in range(1, calls + 1):
+    first_kill_at: dict[str, int] = {}  # each distinct state a kill leaves -> the first call that leaves it
+    for kill_at, state in enumerate(states, start=1):
+        if state in first_kill_at:
+            continue
+        first_kill_at[state] = kill_at
         dst = tmp_path / f"k{kill_at}"
         shutil.copytree(template, dst)
         in_child(
@@ -173,6 +189,7 @@ def test_a_kill_at_any_system_call_of_the_publication_leaves_the_previous_or_the
             exchange=exchange,
             cleanup_fails=cleanup_fails,
         )
+        assert folder_state(dst) == state, f"kill at call {kill_at}: not the state the counting run saw there"
 
         if not (dst / "out.onnx").exists():
             assert over == "empty-destination", f"kill at call {kill_at}: the previous model is gone"
@@ -197,7 +214,10 @@ def test_a_kill_at_any_system_call_of_the_publication_leaves_the_previous_or_the
         assert_no_temp_files(dst)
         shutil.rmtree(dst)
 
-    print(f"{_scenario_id(name, over, exchange, cleanup_fails)}: {calls} kill points, outcomes {outcomes}")
+    print(
+        f"{_scenario_id(name, over, exchange, cleanup_fails)}: {calls} kill points, {len(first_kill_at)} distinct "
+        f"states killed into, outcomes {outcomes}"
+    )
     # Both outcomes happen: the kills straddle the commit.
     assert outcomes["new"] > 0 and outcomes["previous" if over == "previous-output" else "absent"] > 0, outcomes
 

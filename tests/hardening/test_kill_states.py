@@ -1,0 +1,76 @@
+"""``folder_state``: the kill-point tests kill once per distinct state, so two states may compare equal only when
+one is the other with the pids and random parts of the publisher's hidden names renamed one to one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.hardening.kill_states import folder_state
+
+TAG = "0123456789ab"
+
+
+def hidden(pid: int, random: str, suffix: str = "tmp") -> str:
+    return f".olr~{TAG}~{pid}~{random * 16}.{suffix}"
+
+
+def bridged(folder: Path, pid: int, randoms: tuple[str, str], *, referenced: int = 0) -> Path:
+    """A folder killed between the two commits: two bridge files, and a ``.onnx`` naming one of them."""
+    folder.mkdir()
+    (folder / "out.onnx").write_bytes(f"model -> {hidden(pid, randoms[referenced], 'bridge')}".encode())
+    (folder / hidden(pid, randoms[0], "bridge")).write_bytes(b"new weights")
+    (folder / hidden(pid, randoms[1], "bridge")).write_bytes(b"other new weights")
+    (folder / "out.onnx.data").write_bytes(b"previous weights")
+    return folder
+
+
+def test_states_that_differ_only_by_pids_and_random_parts_are_equal(tmp_path: Path) -> None:
+    first = bridged(tmp_path / "a", 4242, ("a", "b"))
+    second = bridged(tmp_path / "b", 1000001, ("c", "d"))  # another pid (of another length), other random parts
+    assert folder_state(first) == folder_state(second)
+
+
+def test_a_reference_to_the_other_hidden_file_is_another_state(tmp_path: Path) -> None:
+    """Renaming is one to one across names and contents: the ``.onnx`` naming the other bridge file differs."""
+    first = bridged(tmp_path / "a", 4242, ("a", "b"))
+    second = bridged(tmp_path / "b", 4242, ("a", "b"), referenced=1)
+    assert folder_state(first) != folder_state(second)
+
+
+def test_two_hidden_files_of_one_pid_differ_from_two_pids(tmp_path: Path) -> None:
+    first = tmp_path / "a"
+    first.mkdir()
+    (first / hidden(7, "a")).write_bytes(b"x")
+    (first / hidden(7, "b")).write_bytes(b"y")
+    second = tmp_path / "b"
+    second.mkdir()
+    (second / hidden(7, "a")).write_bytes(b"x")
+    (second / hidden(8, "b")).write_bytes(b"y")
+    assert folder_state(first) != folder_state(second)
+
+
+@pytest.mark.parametrize("change", ["byte", "missing", "extra-folder", "mode", "link-count", "symlink", "name"])
+def test_every_other_difference_is_another_state(tmp_path: Path, change: str) -> None:
+    first = bridged(tmp_path / "a", 4242, ("a", "b"))
+    second = bridged(tmp_path / "b", 4242, ("a", "b"))
+    assert folder_state(first) == folder_state(second)
+    data = second / "out.onnx.data"
+    if change == "byte":
+        data.write_bytes(b"previous weightz")
+    elif change == "missing":
+        data.unlink()
+    elif change == "extra-folder":
+        (second / "empty").mkdir()
+    elif change == "mode":
+        data.chmod(0o600)
+    elif change == "link-count":
+        os.link(data, tmp_path / "outside")
+    elif change == "symlink":
+        data.unlink()
+        data.symlink_to(first / "out.onnx.data")
+    else:
+        data.rename(second / "out.onnx.data2")
+    assert folder_state(first) != folder_state(second)
