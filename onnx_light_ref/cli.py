@@ -82,7 +82,8 @@ def _send_again(signum: int) -> None:
 
     def send() -> None:
         time.sleep(REDELIVERY_DELAY)
-        signal.pthread_kill(main_thread, signum)  # to the main thread: a system call it waits in returns EINTR
+        with contextlib.suppress(ProcessLookupError):  # the main thread has ended meanwhile: nothing to interrupt
+            signal.pthread_kill(main_thread, signum)  # to the main thread: a system call it waits in returns EINTR
 
     threading.Thread(target=send, name="onnx-light-ref-interrupt", daemon=True).start()
 
