@@ -106,7 +106,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     100 MB, say) in a reference cycle, freed only at a later collection of the oldest generation: after the
     10^8-character name test its worker held 771 MB for the rest of the run instead of ~250 MB. Every later test of
     that worker pays for it: a ``fork()`` and the child's exit handle the page tables of all the memory the process
-    holds (3 ms at 86 MB, 20 ms at 387 MB, measured), and the crash and race tests fork about 2,200 times a run.
+    holds (3 ms at 86 MB, 20 ms at 387 MB, measured), and the crash, fault and race tests fork hundreds of times a run.
     """
     before = resident_bytes()
     yield
