@@ -94,10 +94,10 @@ def _swallowed_interrupts_sent_again(
     """A ``sys.unraisablehook`` that sends again the signal of an :class:`Interrupted` Python could not raise.
 
     The signal handler runs in whatever Python code the main thread runs, a ``__del__`` or a weak-reference callback
-    included (the garbage collector, ``WeakValueDictionary``'s ``KeyedRef.remove``, run by onnx's reference
-    evaluator). An exception raised there is not raised in the caller: Python passes it to this hook and goes on, so
-    the Ctrl-C was lost and, the handlers having been set to ignore, every later one too (a ``run`` then went on for
-    hours). Every other unraisable exception goes to ``previous``.
+    included: seen in ``run``, in the callback of the import system's module locks, which runs after each import (onnx's
+    reference operators import inside their functions). An exception raised there is not raised in the caller: Python
+    passes it to this hook and goes on, so the Ctrl-C was lost and, the handlers having been set to ignore, every later
+    one too (an interrupted ``run`` went on until SIGKILL). Every other unraisable exception goes to ``previous``.
     """
 
     def hook(unraisable: UnraisableHookArgs) -> None:

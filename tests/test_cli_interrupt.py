@@ -265,10 +265,11 @@ SWALLOWED_IN_A_CALLBACK = textwrap.dedent(
 
 @pytest.mark.parametrize("signum", SIGNALS)
 def test_a_signal_handled_in_a_weak_reference_callback_still_interrupts(tmp_path: Path, signum: int) -> None:
-    """The handler runs wherever the main thread is, a finalizer or a weak-reference callback included (``run`` in
-    onnx's evaluator: ``WeakValueDictionary``'s callbacks). Python only prints "Exception ignored in" for what is raised
-    there and goes on: the Interrupted was lost, and the handlers, set to ignore after the first signal, ignored every
-    later one (a ``run`` went on for hours). It is delivered again: the command ends as for any interrupt."""
+    """The handler runs wherever the main thread is, a finalizer or a weak-reference callback included (``run`` in the
+    import system's module-lock callback, which runs after each import, in onnx's reference operators). Python only
+    prints "Exception ignored in" for what is raised there and goes on: the Interrupted was lost, and the handlers, set
+    to ignore after the first signal, ignored every later one (an interrupted ``run`` went on until SIGKILL). It is
+    delivered again: the command ends as for any interrupt."""
     model = loop_model(tmp_path / "loop.onnx", 1)
     child = start([str(int(signum)), "run", str(model)], tmp_path, SWALLOWED_IN_A_CALLBACK)
 
