@@ -5,6 +5,7 @@ Import as ``from tests.checks import ...``. Model builders live in :mod:`tests.m
 * :func:`sha256_of_tree` / :func:`snapshot_tree`: a folder's content, to prove nothing was created, removed or
   modified (``snapshot_tree`` also records directories and special files);
 * :func:`assert_no_temp_files` / :func:`temp_files_under`: staged temp files a run must not leave behind;
+* :func:`walk_tree`: every entry under a folder, symlinks not followed;
 * :func:`external_payload`: a tensor's bytes as its entries say (plain ``open``/``seek``/``read``);
 * :func:`run_onnxruntime`: a model's outputs computed by onnxruntime.
 
@@ -38,6 +39,7 @@ __all__ = [
     "sha256_of_tree",
     "snapshot_tree",
     "temp_files_under",
+    "walk_tree",
 ]
 
 
@@ -49,7 +51,7 @@ def dead_pid() -> int:
     return child.pid
 
 
-def _walk(folder: str | os.PathLike[str]) -> Iterator[tuple[str, str]]:
+def walk_tree(folder: str | os.PathLike[str]) -> Iterator[tuple[str, str]]:
     """``(relative path, absolute path)`` of every entry under ``folder``, symlinks not followed."""
     root = os.fspath(folder)
     for current, dirs, files in os.walk(root):
@@ -65,7 +67,7 @@ def sha256_of_tree(folder: str | os.PathLike[str], *, every_entry: bool = False)
     directories (``"dir"``) and special files (``"special"``) are recorded too, so an empty folder left behind counts.
     """
     snapshot: dict[str, str] = {}
-    for relative, path in sorted(_walk(folder)):
+    for relative, path in sorted(walk_tree(folder)):
         if os.path.islink(path):
             snapshot[relative] = f"symlink -> {os.readlink(path)}"
         elif os.path.isfile(path):
@@ -85,7 +87,7 @@ def temp_files_under(folder: str | os.PathLike[str]) -> list[str]:
     """Staged temp files (``.<name>.<pid>.<random>.tmp``) anywhere under ``folder``, as sorted absolute paths."""
     return sorted(
         path
-        for _relative, path in _walk(folder)
+        for _relative, path in walk_tree(folder)
         if os.path.basename(path).startswith(".") and path.endswith(".tmp") and not os.path.isdir(path)
     )
 
@@ -93,7 +95,7 @@ def temp_files_under(folder: str | os.PathLike[str]) -> list[str]:
 def assert_no_temp_files(folder: str | os.PathLike[str]) -> None:
     """Fail if a staged temp file, or any hidden file or folder, or any ``*.tmp`` is left under ``folder``."""
     leftovers = sorted(
-        path for _relative, path in _walk(folder) if os.path.basename(path).startswith(".") or path.endswith(".tmp")
+        path for _relative, path in walk_tree(folder) if os.path.basename(path).startswith(".") or path.endswith(".tmp")
     )
     assert leftovers == [], f"temp files left behind: {leftovers}"
 

@@ -23,10 +23,13 @@ import re
 import stat
 from pathlib import Path
 
+from tests.checks import walk_tree
+
 __all__ = ["folder_state"]
 
 _RUN_TOKENS = re.compile(rb"~([0-9]{1,10})~([0-9a-f]{16})(?=\.)")
-"""The ``~<pid>~<random>`` of a publisher's hidden name (tests.checks reads those names the same way)."""
+"""The ``~<pid>~<random>`` of a publisher's hidden name, ``io/write/publish.py``'s format (the names a real
+``StagedFile`` takes are checked to match: tests/hardening/test_kill_states.py)."""
 
 
 def _erased(data: bytes) -> bytes:
@@ -35,20 +38,17 @@ def _erased(data: bytes) -> bytes:
 
 def _entries(folder: Path) -> list[tuple[bytes, str, int, int, bytes]]:
     """``(relative path, kind, permission bits, link count, bytes)`` of every entry under ``folder``."""
-    root = os.fsencode(folder)
     found = []
-    for current, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = os.path.join(current, name)
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                kind, data = "symlink", os.readlink(path)
-            elif stat.S_ISREG(st.st_mode):
-                with open(path, "rb") as handle:
-                    kind, data = "file", handle.read()
-            else:
-                kind, data = ("dir" if stat.S_ISDIR(st.st_mode) else "special"), b""
-            found.append((os.path.relpath(path, root), kind, stat.S_IMODE(st.st_mode), st.st_nlink, data))
+    for relative, path in walk_tree(folder):
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            kind, data = "symlink", os.fsencode(os.readlink(path))
+        elif stat.S_ISREG(st.st_mode):
+            with open(path, "rb") as handle:
+                kind, data = "file", handle.read()
+        else:
+            kind, data = ("dir" if stat.S_ISDIR(st.st_mode) else "special"), b""
+        found.append((os.fsencode(relative), kind, stat.S_IMODE(st.st_mode), st.st_nlink, data))
     return found
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from onnx_light_ref.io.write.publish import StagedFile
 from tests.hardening.kill_states import folder_state
 
 TAG = "0123456789ab"
@@ -74,3 +75,22 @@ def test_every_other_difference_is_another_state(tmp_path: Path, change: str) ->
     else:
         data.rename(second / "out.onnx.data2")
     assert folder_state(first) != folder_state(second)
+
+
+def test_the_publisher_s_own_temp_names_are_renamed(tmp_path: Path) -> None:
+    """The token pattern is the one ``io/write/publish.py`` names its files with: two real temp files of one final
+    name (other random parts) in two folders are the same state; a third, beside the first, is another."""
+    staged = []
+    for folder in (tmp_path / "a", tmp_path / "b", tmp_path / "a"):
+        folder.mkdir(exist_ok=True)
+        staged.append(StagedFile(str(folder / "m.onnx.data"), durable=False))
+    try:
+        names = [os.path.basename(s.temp_path) for s in staged]
+        assert names[0] != names[1] and f"~{os.getpid()}~" in names[0]
+        first, second = folder_state(tmp_path / "a"), folder_state(tmp_path / "b")
+        assert first != second  # a/ holds two temp files
+        staged.pop().discard()
+        assert folder_state(tmp_path / "a") == second
+    finally:
+        for file in staged:
+            file.discard()
