@@ -5,11 +5,11 @@ For each case: ``<output_dir>/node/<name>/model.onnx`` and ``<output_dir>/node/<
 ``generate-data`` writes them), ``<output_dir>/node/<name>/data.json`` with the case's ``rtol``/``atol`` (read by
 onnx's loader for on-disk cases and by ``load_cases``: 0 and 0 for every DelayedInitializer case), plus the
 case's weights files: relative ones inside the case directory, absolute ones (the two seed cases) where they are
-named. Each weights file is published as every output of this package is (:mod:`onnx_light_ref.io.write.publish`):
-written under a temp name in its own folder, fsynced, then renamed over the destination (``renameat2`` exchange, or
-``rename``), the folder fsynced. A rename replaces the name, never writes through it: a symbolic link planted at
-the seed path (a shared ``/tmp``) is replaced, its target untouched, and a reader of the previous file sees the
-previous bytes or the new ones, never a truncated file.
+named. Each case is one plan of the writer contract, executed as every writer's
+(:func:`onnx_light_ref.io.write.execute.execute`): every file written under a temp name in its own folder,
+fsynced, then renamed over the destination, the ``model.onnx`` last. A rename replaces the name, never writes
+through it: a symbolic link planted at the seed path (a shared ``/tmp``) is replaced, its target untouched, and a
+reader of the previous file sees the previous bytes or the new ones, never a truncated file.
 
 By default the extra cases name their weights with the absolute path of their case directory (the resolved
 output folder), so onnx's own ``Runner``, which loads ``model.onnx`` and calls ``backend.prepare(model, device)``
@@ -36,8 +36,12 @@ import onnx
 from onnx_light_ref.backend.cases import build_cases
 from onnx_light_ref.backend.expect import CaseRegistry, NodeCase, SideFile
 from onnx_light_ref.io.arguments import check_bool
+from onnx_light_ref.io.plan.sites import SITE_INLINE, SITE_KEPT, SiteColumns, iter_sites
+from onnx_light_ref.io.read.entries import is_external
 from onnx_light_ref.io.read.locations import check_location_syntax
-from onnx_light_ref.io.write.publish import StagedFile, publish_all, staged_files
+from onnx_light_ref.io.read.walker import TensorSite
+from onnx_light_ref.io.write.contract import PlannedFile, PlannedModel, WriteOptions, WritePlan
+from onnx_light_ref.io.write.execute import execute
 from onnx_light_ref.onnx_compat import HAS_PYTHON_SHAPE_INFERENCE, readable_tensor_from_array
 from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE, check_delayed_initializer_node, register_schemas
 
@@ -50,29 +54,13 @@ DATA_SET_DIRNAME = "test_data_set_0"
 DATA_JSON_FILENAME = "data.json"
 
 
-def _write_side_file(case: NodeCase, case_dir: Path, side: SideFile) -> Path:
+def _side_path(case: NodeCase, case_dir: Path, side: SideFile) -> Path:
     if os.path.isabs(side.path):
-        target = Path(side.path)
-    else:
-        check_location_syntax(side.path, tensor_name=case.name)
-        target = case_dir / side.path
-        target.parent.mkdir(parents=True, exist_ok=True)
-    _publish_bytes(target, side.data)
+        return Path(side.path)
+    check_location_syntax(side.path, tensor_name=case.name)
+    target = case_dir / side.path
+    target.parent.mkdir(parents=True, exist_ok=True)
     return target
-
-
-def _publish_bytes(target: Path, data: bytes) -> None:
-    """Replace ``target`` by a file holding ``data``: temp file beside it, fsync, rename, folder fsync.
-
-    Whatever was at ``target`` (a stale file, a symbolic link someone planted) is replaced by the rename, never
-    opened: a link's target keeps its bytes. A failure before the rename leaves ``target`` as it was and no temp
-    file.
-    """
-    with staged_files() as files:
-        staged = StagedFile(str(target))
-        files.append(staged)
-        staged.write_all(data, 0)
-        publish_all(files)
 
 
 def _check_model(case: NodeCase) -> None:
@@ -115,18 +103,35 @@ def _write_checked_case(case: NodeCase, node_dir: Path) -> Path:
         shutil.rmtree(case_dir)
     data_dir = case_dir / DATA_SET_DIRNAME
     data_dir.mkdir(parents=True)
-    onnx.save_model(case.model, str(case_dir / MODEL_FILENAME))
+    files = []
     graph = case.model.graph
     for prefix, values, infos in (("input", case.inputs, graph.input), ("output", case.outputs, graph.output)):
         for j, (array, info) in enumerate(zip(values, infos, strict=True)):
             tensor = readable_tensor_from_array(array, info.name)  # from_array, read back exactly by this onnx
-            (data_dir / f"{prefix}_{j}.pb").write_bytes(tensor.SerializeToString())
+            files.append(_data_file(data_dir / f"{prefix}_{j}.pb", tensor.SerializeToString()))
     # The tolerances onnx's loader reads for an on-disk case (``data.json``; the Runner compares with them).
-    (case_dir / DATA_JSON_FILENAME).write_text(json.dumps({"rtol": case.rtol, "atol": case.atol}) + "\n")
-    for side in case.side_files:
-        target = _write_side_file(case, case_dir, side)
-        logger.debug("case %s: wrote %d bytes to %s", case.name, len(side.data), target)
+    tolerances = json.dumps({"rtol": case.rtol, "atol": case.atol}) + "\n"
+    files.append(_data_file(case_dir / DATA_JSON_FILENAME, tolerances.encode("utf-8"), "json"))
+    files += [_data_file(_side_path(case, case_dir, side), side.data) for side in case.side_files]
+    model = PlannedModel(str(case_dir / MODEL_FILENAME), case.model, _case_sites(case.model))
+    # The seed cases' side files are named by the spec (absolute, in the system temp folder): this writer owns them.
+    plan = WritePlan("generate-tests", [model], files, WriteOptions(overwrite=True), rename_hint="another folder")
+    execute(plan, lambda _stats: None)
+    for side in files[-len(case.side_files) :] if case.side_files else []:
+        logger.debug("case %s: wrote %d bytes to %s", case.name, side.size, side.path)
     return case_dir
+
+
+def _data_file(path: Path, data: bytes, format: str = "raw") -> PlannedFile:
+    return PlannedFile(str(path), "data", len(data), writes=[(0, data)], format=format)
+
+
+def _case_sites(model: onnx.ModelProto) -> SiteColumns:
+    """A case model's sites: its tensors are inline, its nodes read the case's side files (kept as written)."""
+    sites = SiteColumns()
+    for site in iter_sites(model):
+        sites.add(SITE_INLINE if isinstance(site, TensorSite) and not is_external(site.tensor) else SITE_KEPT)
+    return sites
 
 
 def _check_destination(output_dir: Path) -> None:

@@ -291,13 +291,16 @@ def _output_plan(args: argparse.Namespace, names: list[str], read: dict[FileIden
     plan = WritePlan(
         "run",
         [],
-        [PlannedFile(os.path.abspath(path), "array", format="npy") for path in _output_paths(args.output_dir, names)],
+        [
+            PlannedFile(os.path.abspath(path), "array", 0, format="npy")
+            for path in _output_paths(args.output_dir, names)
+        ],
+        WriteOptions(args.replace_shared, args.overwrite, args.allow_outside_folder),
         dict(read),
-        options=WriteOptions(args.replace_shared, args.overwrite, args.allow_outside_folder),
         rename_hint="another --output-dir",
     )
     try:
-        check_plan(plan)
+        check_plan(plan)  # the names: checked before the model runs, the contents once it has
     except (ValueError, OSError) as exc:
         raise _RunError(f"{exc}") from exc
     return plan
@@ -306,18 +309,18 @@ def _output_plan(args: argparse.Namespace, names: list[str], read: dict[FileIden
 def _save_outputs(folder: str, planned: list[_Planned], plan: WritePlan) -> None:
     import numpy as np
 
-    from onnx_light_ref.io.write.contract import recheck_plan
-    from onnx_light_ref.io.write.publish import StagedFile, publish_all, staged_files
+    from onnx_light_ref.io.write.contract import PlannedFile
+    from onnx_light_ref.io.write.execute import execute
 
+    files = []
+    for _, target, array, _ in planned:
+        buffer = io.BytesIO()
+        np.save(buffer, array, allow_pickle=False)
+        data = buffer.getvalue()
+        files.append(PlannedFile(target, "array", len(data), writes=[(0, data)], format="npy"))
+    plan.files = files
     try:
-        with staged_files() as files:
-            for _, target, array, _ in planned:
-                buffer = io.BytesIO()
-                np.save(buffer, array, allow_pickle=False)
-                staged = StagedFile(target)
-                files.append(staged)
-                staged.write_all(buffer.getbuffer(), 0)
-            publish_all(files, before_commit=lambda: recheck_plan(plan))  # a file or link made while the model ran
+        execute(plan, lambda _stats: None)  # checked again, and under the folder lock: a file made while it ran
     except ValueError as exc:  # the writer contract, re-checked under the folder lock
         raise _RunError(f"{exc}") from exc
     except OSError as exc:

@@ -14,242 +14,45 @@ Layouts (``docs/align.md``): ``alignment`` with ``align_threshold`` (only large 
 tensors stored once) and ``size_threshold`` (inline tensors of at least that many bytes externalized). With
 ``weights_format="safetensors"`` every weights file is a safetensors file whose header (small, from memory) is
 written at offset 0 before its payloads are copied the same way (``docs/safetensors.md``).
-Each public function reads plan → check → reserve space → copy → publish: nothing is written before the plan is
-complete and the writer contract (:mod:`~onnx_light_ref.io.write.contract`: destinations, other models' files, where
-tensors may sit, what the destination owns) accepted it, a too-small disk fails before the first byte, the contract
-is checked again under the folder lock right before the first move, and every weights file and the ``.onnx`` are
-published as one :class:`~onnx_light_ref.io.write.publish.OutputTransaction` (weights first, ``.onnx`` last). This
-module never modifies a source file, and never serializes a model that still holds a payload placeholder.
+Each public function validates its arguments, builds the plan and hands it, as the writer contract's
+:class:`~onnx_light_ref.io.write.contract.WritePlan`, to :func:`~onnx_light_ref.io.write.execute.execute` (every
+rule checked before the first byte, space reserved, bytes copied, every weights file and the ``.onnx`` published as
+one transaction). This module never writes a file itself.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 
-from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
 from onnx_light_ref.io.plan.align_plan import (
-    SITE_INLINE,
-    SITE_KEPT,
     AlignPlan,
     LayoutOptions,
     Mode,
-    Shard,
     WeightsFormat,
     check_layout_options,
     plan_alignment,
 )
 from onnx_light_ref.io.plan.shard_names import ShardNames
-from onnx_light_ref.io.posix import pread_exact
-from onnx_light_ref.io.read.entries import write_entries
-from onnx_light_ref.io.read.locations import TYPED_VALUE_FIELDS, FileIdentity
-from onnx_light_ref.io.read.model_file import serialize_model
-from onnx_light_ref.io.read.walker import iter_tensors
+from onnx_light_ref.io.read.locations import FileIdentity
 from onnx_light_ref.io.results import AlignResult, summarize_names
-from onnx_light_ref.io.write.contract import (
-    PlannedFile,
-    PlannedModel,
-    ShardSet,
-    WriteOptions,
-    WritePlan,
-    check_plan,
-    recheck_plan,
-)
-from onnx_light_ref.io.write.copy_engine import (
-    CopyMethod,
-    CopyRange,
-    CopyStats,
-    ProgressCallback,
-    RangeCopier,
-    open_source,
-)
-from onnx_light_ref.io.write.publish import OutputTransaction, StagedFile
-from onnx_light_ref.io.write.space import SpaceRequest, reserve_space_for_all
+from onnx_light_ref.io.write.contract import PlannedFile, PlannedModel, ShardSet, WriteOptions, WritePlan
+from onnx_light_ref.io.write.copy_engine import CopyStats, ProgressCallback
+from onnx_light_ref.io.write.execute import DEFAULT_CHUNK_SIZE, execute
 
 __all__ = [
     "AlignPlan",
     "AlignResult",
     "align_external_data_in_memory",
     "align_external_data_streaming",
-    "copy_streaming",
+    "aligned_result",
     "plan_alignment",
-    "rewrite_entries",
     "warn_unaligned",
     "write_plan",
 ]
 
 logger = logging.getLogger(__name__)
-
-_BUFFER_METHOD: CopyMethod = "pread_pwrite"  # bytes written from a Python buffer are reported under the buffered method
-
-
-def rewrite_entries(plan: AlignPlan) -> None:
-    """Point every moved tensor of ``plan.model`` at its new place (``checksum`` kept, other keys dropped, inline
-    data cleared), in memory; ``align_models`` rewrites each member with it.
-
-    The plan keeps columns, not tensors: the moved tensors are found again by walking the model, which planning
-    left as it was, in the same order (``plan.sites`` has one byte per tensor of that walk).
-    """
-    sites = iter(plan.sites)
-    move = 0
-    for site in iter_tensors(plan.model):
-        kind = next(sites, None)
-        if kind is None:
-            raise AssertionError("the model has more tensors than when it was planned; nothing published.")
-        tensor = site.tensor
-        if kind != SITE_INLINE and plan.stripped is not None and plan.stripped.payload(tensor) is not None:
-            # A placeholder left in the output would be read as the tensor's data by every loader: never publish one.
-            raise AssertionError(f"tensor {site.label!r} still holds a payload placeholder; nothing published.")
-        if kind == SITE_KEPT:
-            continue
-        if kind == SITE_INLINE:
-            tensor.ClearField("raw_data")
-            for name in TYPED_VALUE_FIELDS:
-                tensor.ClearField(name)
-        shard = plan.shards[plan.move_shards[move]]
-        write_entries(
-            tensor, shard.location, plan.move_offsets[move], plan.move_lengths[move], plan.checksums.get(move)
-        )
-        move += 1
-    if next(sites, None) is not None or move != plan.tensors:
-        raise AssertionError("the model has fewer tensors than when it was planned; nothing published.")
-
-
-class _Progress:
-    """One ``progress(done, total)`` over every shard, fed by per-shard counts."""
-
-    def __init__(self, callback: ProgressCallback | None, total: int) -> None:
-        self.callback = callback
-        self.total = total
-        self.base = 0
-
-    def shard(self) -> ProgressCallback | None:
-        if self.callback is None:
-            return None
-        base, callback, total = self.base, self.callback, self.total
-        return lambda done, _shard_total: callback(base + done, total)
-
-    def advance(self, count: int) -> None:
-        self.base += count
-        if self.callback is not None and count:
-            self.callback(self.base, self.total)
-
-
-def _stage_all(
-    plan: AlignPlan, outputs: OutputTransaction, chunk_size: int, durable: bool, *, clones: bool
-) -> list[StagedFile]:
-    """Create every weights file and reserve its space before the first byte is written anywhere.
-
-    ``clones``: the ranges go through the copy engine, which may clone (reflink) block-aligned ones: those need no
-    free space. Written from memory, every byte needs space.
-    """
-    staged: list[StagedFile] = []
-    requests: list[SpaceRequest] = []
-    for shard in plan.shards:
-        weights = outputs.stage(shard.path)
-        assert weights.fd is not None
-        clone_bytes = 0
-        if clones and shard.ranges:
-            with RangeCopier(weights.fd, chunk_size, durable=durable) as probe:
-                clone_bytes = probe.plan_clone_bytes(shard.ranges)
-        staged.append(weights)
-        requests.append(SpaceRequest(weights.fd, shard.size, shard.path, clone_bytes))
-    # All files of the job checked together per filesystem, so a too-small disk reports the whole job's bytes.
-    reserve_space_for_all(requests)
-    return staged
-
-
-def _add_stats(total: CopyStats, stats: CopyStats) -> None:
-    for method, count in stats.bytes_by_method.items():
-        total.bytes_by_method[method] = total.bytes_by_method.get(method, 0) + count
-    total.clone_eligible_bytes += stats.clone_eligible_bytes
-    total.writeback_requests += stats.writeback_requests
-
-
-def _write_from_memory(weights: StagedFile, shard: Shard, stats: CopyStats, progress: _Progress) -> None:
-    for offset, data in shard.writes:
-        weights.write_all(data, offset)
-        stats.bytes_by_method[_BUFFER_METHOD] = stats.bytes_by_method.get(_BUFFER_METHOD, 0) + len(data)
-        progress.advance(len(data))
-
-
-def copy_streaming(
-    plan: AlignPlan, outputs: OutputTransaction, chunk_size: int, durable: bool, progress: ProgressCallback | None
-) -> CopyStats:
-    """Stage every weights file of ``plan`` in ``outputs``, reserve its space (all files together, before the first
-    byte), copy its ranges file to file through the copy engine (reflinks kept, at most ``chunk_size`` bytes per
-    call) and write its in-memory payloads; return how the bytes moved. ``align_models`` copies a family's shared
-    weights files with it too."""
-    stats = CopyStats()
-    tracker = _Progress(progress, plan.payload_bytes)
-    for shard, weights in zip(plan.shards, _stage_all(plan, outputs, chunk_size, durable, clones=True), strict=True):
-        assert weights.fd is not None
-        if shard.header:
-            weights.write_all(shard.header, 0)
-        if shard.ranges:
-            with RangeCopier(weights.fd, chunk_size, durable=durable) as copier:
-                moved = copier.copy(shard.ranges, tracker.shard())
-            tracker.base += moved
-            _add_stats(stats, copier.stats)
-        _write_from_memory(weights, shard, stats, tracker)
-        weights.set_size(shard.size)
-    return stats
-
-
-def _read_all(plan: AlignPlan) -> list[list[bytearray]]:
-    """Every range's bytes, shard by shard; each source opened once and checked to be the very file validated."""
-    fds: dict[str, int] = {}
-    payloads: list[list[bytearray]] = []
-    try:
-        for shard in plan.shards:
-            payloads.append([])
-            for item in shard.ranges:
-                if item.src_path not in fds:
-                    fds[item.src_path] = open_source(item)
-                payloads[-1].append(_read_range(fds[item.src_path], item))
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    return payloads
-
-
-def _read_range(fd: int, item: CopyRange) -> bytearray:
-    payload = bytearray(item.length)  # kept as is: bytes(payload) would hold a second copy for a moment
-    got = pread_exact(fd, memoryview(payload), item.src_offset)
-    if got < item.length:
-        raise ExternalDataError(
-            f"source file {item.src_path!r} ended at offset {item.src_offset + got} while "
-            f"{item.length - got} more bytes were expected; was it truncated while being read?"
-        )
-    return payload
-
-
-def _write_payloads(
-    plan: AlignPlan,
-    payloads: list[list[bytearray]],
-    outputs: OutputTransaction,
-    durable: bool,
-    progress: ProgressCallback | None,
-) -> CopyStats:
-    """Stage every weights file, reserve its space and write every payload read by :func:`_read_all` at its place."""
-    stats = CopyStats()
-    tracker = _Progress(progress, plan.payload_bytes)
-    for shard, weights, shard_payloads in zip(
-        plan.shards, _stage_all(plan, outputs, 1, durable, clones=False), payloads, strict=True
-    ):
-        writes: list[tuple[int, bytes | bytearray]] = [
-            (item.dst_offset, payload) for item, payload in zip(shard.ranges, shard_payloads, strict=True)
-        ]
-        if shard.header:
-            weights.write_all(shard.header, 0)
-        for offset, data in sorted([*writes, *shard.writes], key=lambda pair: pair[0]):
-            weights.write_all(data, offset)
-            stats.bytes_by_method[_BUFFER_METHOD] = stats.bytes_by_method.get(_BUFFER_METHOD, 0) + len(data)
-            tracker.advance(len(data))
-        weights.set_size(shard.size)
-    return stats
 
 
 def write_plan(
@@ -259,46 +62,53 @@ def write_plan(
     rename_hint: str = "another name (dst_weights_path / --weights)",
 ) -> WritePlan:
     """Aligner plans as the writer contract's :class:`~onnx_light_ref.io.write.contract.WritePlan`: every plan's
-    ``.onnx`` with its sites (one for the aligners; several for ``align_models``, whose members share the weights
-    files of the first), every weights file (size, header, shard set) and the index, every source."""
+    model with its sites (one for the aligners; several for ``align_models``, whose members share the weights files
+    of the first), every weights file with its content (header, ranges, bytes) and the index, every source."""
     first = plans[0]
     safetensors = first.weights_format == "safetensors"
     shard_set = ShardSet(first.weights_base, first.shard_names, safetensors)
-    files = [PlannedFile(plan.dst_onnx_path, "model", format="onnx") for plan in plans]
-    files += [
+    files = [
         PlannedFile(
             shard.path,
             "weights",
             shard.size,
+            shard.header,
+            shard.ranges,
+            shard.writes,
             len(shard.header),
             shard_set,
             "safetensors" if safetensors else "raw",
         )
         for shard in first.shards
     ]
-    if first.index is not None:
-        files.append(PlannedFile(first.index[0], "index", len(first.index[1]), shard_set=shard_set, format="json"))
+    if first.index is not None:  # a sharded safetensors set's index.json, in the same transaction
+        index_path, index_bytes = first.index
+        files.append(
+            PlannedFile(
+                index_path, "index", len(index_bytes), writes=[(0, index_bytes)], shard_set=shard_set, format="json"
+            )
+        )
     models = [
-        PlannedModel(plan.dst_onnx_path, plan.model, plan.site_columns(), plan.size_threshold, plan.policy)
+        PlannedModel(
+            plan.dst_onnx_path,
+            plan.model,
+            plan.site_columns(),
+            plan.size_threshold,
+            plan.policy,
+            placeholders=plan.stripped,
+        )
         for plan in plans
     ]
-    sources: dict[FileIdentity, str] = {}
+    reads: dict[FileIdentity, str] = {}
     for plan in plans:
-        sources.update(plan.source_paths)
-    return WritePlan(writer, models, files, sources, options=options, rename_hint=rename_hint)
+        reads.update(plan.source_paths)
+    return WritePlan(writer, models, files, options, reads, rename_hint=rename_hint)
 
 
-def _publish(plan: AlignPlan, contract: WritePlan, outputs: OutputTransaction, stats: CopyStats) -> AlignResult:
-    """Rewrite the entries, then publish the staged weights and the ``.onnx`` as one transaction (the contract
-    re-checked under the folder lock right before the first move)."""
-    rewrite_entries(plan)
-    if plan.index is not None:  # a sharded safetensors set's index.json, in the same transaction
-        index_path, index_bytes = plan.index
-        staged = outputs.stage(index_path)
-        staged.write_all(index_bytes, 0)
-        staged.set_size(len(index_bytes))
+def aligned_result(plan: AlignPlan, stats: CopyStats) -> AlignResult:
+    """The :class:`~onnx_light_ref.io.results.AlignResult` of an executed plan."""
     bytes_by_method: dict[str, int] = {method: count for method, count in stats.bytes_by_method.items() if count}
-    result = AlignResult(
+    return AlignResult(
         plan.total_size,
         tensors=plan.tensors,
         payload_bytes=plan.payload_bytes,
@@ -315,13 +125,9 @@ def _publish(plan: AlignPlan, contract: WritePlan, outputs: OutputTransaction, s
         unaligned_tensors=plan.unaligned_tensors,
         kept_inline_reasons=plan.kept_inline,
     )
-    outputs.publish(
-        plan.dst_onnx_path,
-        serialize_model(plan.model),
-        before_commit=lambda: recheck_plan(contract),
-        result=result,
-        weights_set=plan.weights_base or None,
-    )
+
+
+def _log(plan: AlignPlan, result: AlignResult) -> None:
     logger.info(
         "wrote %d weights file(s) %s (%d tensors, %d externalized, %d deduplicated, %d bytes, %d padding) and %s",
         len(result.weights_files),
@@ -342,7 +148,6 @@ def _publish(plan: AlignPlan, contract: WritePlan, outputs: OutputTransaction, s
             len(result.stale_weights_files),
             ", ".join(result.stale_weights_files),
         )
-    return result
 
 
 def warn_unaligned(unaligned: Sequence[str]) -> None:
@@ -398,15 +203,16 @@ def _align(
         shard_names=layout.shard_names,
     )
     contract = write_plan([plan], options, f"align ({mode.replace('_', '-')})")
-    check_plan(contract)  # every rule of the writer contract, before the first byte
-    payloads = _read_all(plan) if mode == "in_memory" else None
-    with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
-        if payloads is None:
-            assert chunk_size is not None
-            stats = copy_streaming(plan, outputs, chunk_size, durable, progress)
-        else:
-            stats = _write_payloads(plan, payloads, outputs, durable, progress)
-        return _publish(plan, contract, outputs, stats)
+    result = execute(
+        contract,
+        lambda stats: aligned_result(plan, stats),
+        durable=durable,
+        chunk_size=chunk_size or DEFAULT_CHUNK_SIZE,
+        progress=progress,
+        in_memory=mode == "in_memory",
+    )
+    _log(plan, result)
+    return result
 
 
 def align_external_data_streaming(

@@ -28,26 +28,19 @@ from collections.abc import Iterable, Sequence
 import onnx
 
 from onnx_light_ref.errors import DestinationConflictError
-from onnx_light_ref.io.align import copy_streaming, rewrite_entries, warn_unaligned, write_plan
+from onnx_light_ref.io.align import warn_unaligned, write_plan
 from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
 from onnx_light_ref.io.plan.align_plan import SITE_KEPT, LayoutOptions, WeightsFormat, check_layout_options
 from onnx_light_ref.io.plan.family_plan import FamilyPlan, default_family_weights, lay_out_family, walk_family
 from onnx_light_ref.io.plan.shard_names import ShardNames
-from onnx_light_ref.io.read.model_file import serialize_model
+from onnx_light_ref.io.plan.sites import iter_sites
 from onnx_light_ref.io.read.sharing import model_references, scan_users
-from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.results import FamilyMember, FamilyResult, SharedTensor, summarize_names
-from onnx_light_ref.io.write.contract import (
-    PlannedFile,
-    PlannedModel,
-    ShardSet,
-    WriteOptions,
-    WritePlan,
-    check_plan,
-    recheck_plan,
-)
+from onnx_light_ref.io.write.contract import PlannedFile, ShardSet, WriteOptions, check_names
 from onnx_light_ref.io.write.copy_engine import CopyStats, ProgressCallback
-from onnx_light_ref.io.write.publish import FamilyTransaction, is_publisher_file
+from onnx_light_ref.io.write.execute import execute
+from onnx_light_ref.io.write.ownership import ReferenceCache
+from onnx_light_ref.io.write.publish import is_publisher_file
 
 __all__ = ["FamilyResult", "align_models"]
 
@@ -170,29 +163,14 @@ def align_models(
     plan = walk_family(
         sources, folder, weights, alignment=alignment, layout=layout, allow_outside_folder=allow_outside_folder
     )
-    named = _named_outputs(plan, options)
-    check_plan(named)  # the writer contract on the names known, before any weight byte is read
+    parsed = _check_names(plan, options)  # the writer contract on the names known, before any weight byte is read
     lay_out_family(plan, chunk_size)
     contract = write_plan(plan.members, options, _WRITER, _RENAME_HINT)
-    contract.parsed = named.parsed  # the previous members, parsed once while they do not change
-    check_plan(contract)  # every rule on the whole plan (every file, every site), before the first byte
+    contract.parsed = parsed  # the previous members, parsed once while they do not change
     stale = _stale_files(plan)
-    with FamilyTransaction(durable=durable, keep=plan.keep) as outputs:
-        stats = copy_streaming(plan.members[0], outputs, chunk_size, durable, progress)
-        for member in plan.members:
-            rewrite_entries(member)
-        if plan.index is not None:  # a sharded safetensors set's index.json, in the same transaction
-            index_path, index_bytes = plan.index
-            staged = outputs.stage(index_path)
-            staged.write_all(index_bytes, 0)
-            staged.set_size(len(index_bytes))
-        result = _result(plan, stats, stale)
-        outputs.publish_models(
-            [(member.dst_onnx_path, serialize_model(member.model)) for member in plan.members],
-            before_commit=lambda: recheck_plan(contract),
-            result=result,
-            journal=plan.weights_base if plan.shards else None,
-        )
+    result = execute(
+        contract, lambda stats: _result(plan, stats, stale), durable=durable, chunk_size=chunk_size, progress=progress
+    )
     _log(result)
     return result
 
@@ -256,16 +234,13 @@ def _refuse_shared_basenames(sources: Sequence[str]) -> None:
         seen[name] = source
 
 
-def _named_outputs(plan: FamilyPlan, options: WriteOptions) -> WritePlan:
-    """The family's :class:`~onnx_light_ref.io.write.contract.WritePlan` before the layout: every member's ``.onnx``
-    and the first weights file (the only names known before the payloads are compared and placed). Its content is
-    not known yet either: rule 4 (a safetensors header's limit) applies to the complete plan."""
+def _check_names(plan: FamilyPlan, options: WriteOptions) -> ReferenceCache:
+    """The writer contract on what is known before the layout: every member's ``.onnx`` and the first weights file
+    (the only names known before the payloads are compared and placed); the complete plan is checked again."""
     safetensors = plan.layout.weights_format == "safetensors"
     shard_set = ShardSet(plan.weights_base, plan.layout.shard_names, safetensors)
-    files = [PlannedFile(path, "model", format="onnx") for path in plan.destinations]
-    files.append(PlannedFile(plan.weights_base, "weights", shard_set=shard_set))
-    models = [PlannedModel(path) for path in plan.destinations]
-    return WritePlan(_WRITER, models, files, dict(plan.source_files), options=options, rename_hint=_RENAME_HINT)
+    weights = [PlannedFile(plan.weights_base, "weights", 0, shard_set=shard_set)]
+    return check_names(_WRITER, plan.destinations, weights, dict(plan.source_files), options, _RENAME_HINT)
 
 
 # -------------------------------------------------------------------------------------------------- results
@@ -356,8 +331,8 @@ def _result(plan: FamilyPlan, stats: CopyStats, stale: list[str]) -> FamilyResul
 
 
 def _moved_labels(model: onnx.ModelProto, sites: bytearray) -> list[str]:
-    """The walker label of every moved tensor of ``model``, in walk order."""
-    return [site.label for site, kind in zip(iter_tensors(model), sites, strict=True) if kind != SITE_KEPT]
+    """The label of every moved site of ``model`` (tensors, then ``DelayedInitializer`` nodes), in walk order."""
+    return [site.label for site, kind in zip(iter_sites(model), sites, strict=True) if kind != SITE_KEPT]
 
 
 def _log(result: FamilyResult) -> None:

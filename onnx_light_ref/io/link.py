@@ -47,11 +47,11 @@ from onnx_light_ref.io.plan.sites import (
     SitePolicy,
     may_sit,
 )
+from onnx_light_ref.io.read.delayed_nodes import DelayedResolver, iter_delayed
 from onnx_light_ref.io.read.dtype_sizes import packed_nbytes
-from onnx_light_ref.io.read.entries import is_external, write_entries
+from onnx_light_ref.io.read.entries import is_external
 from onnx_light_ref.io.read.folder import ModelFolder
 from onnx_light_ref.io.read.locations import (
-    TYPED_VALUE_FIELDS,
     FileIdentity,
     LocationResolver,
     check_not_hard_linked,
@@ -59,25 +59,23 @@ from onnx_light_ref.io.read.locations import (
     file_identity,
     parse_external_data,
 )
-from onnx_light_ref.io.read.model_file import load_model_metadata, open_model_folder, serialize_model
+from onnx_light_ref.io.read.model_file import load_model_metadata, open_model_folder
 from onnx_light_ref.io.read.safetensors_header import SafetensorsEntry, read_header, require_covered
 from onnx_light_ref.io.read.sharing import file_key
 from onnx_light_ref.io.read.walker import TensorSite, iter_tensors
 from onnx_light_ref.io.results import LinkResult, summarize_names
 from onnx_light_ref.io.write.contract import (
+    Payload,
     PlannedFile,
     PlannedModel,
     ReferencedFile,
     ShardSet,
     WriteOptions,
     WritePlan,
-    check_plan,
     location_for,
-    recheck_plan,
 )
-from onnx_light_ref.io.write.copy_engine import CopyRange, ProgressCallback, RangeCopier
-from onnx_light_ref.io.write.publish import OutputTransaction
-from onnx_light_ref.io.write.space import reserve_space
+from onnx_light_ref.io.write.copy_engine import CopyRange, CopyStats, ProgressCallback
+from onnx_light_ref.io.write.execute import execute
 
 __all__ = ["LinkResult", "link_external_data", "read_checkpoint"]
 
@@ -258,7 +256,7 @@ class _LinkPlan:
 
     proto: onnx.ModelProto
     links: list[tuple[onnx.TensorProto, CheckpointTensor]]
-    copies: list[tuple[onnx.TensorProto, CopyRange | bytes, Placement]]
+    copies: list[tuple[onnx.TensorProto | None, CopyRange | bytes, Placement]]
     size: int
     mismatched: list[str]
     kept_inline: dict[str, int]
@@ -357,7 +355,7 @@ def link_external_data(
     mapping = check_name_map(name_map)
     dst_onnx = os.path.abspath(os.fspath(dst_onnx_path))
     dst_weights = os.path.abspath(os.fspath(dst_weights_path) if dst_weights_path is not None else dst_onnx + ".data")
-    weights_loc = location_for(dst_onnx, dst_weights)
+    location_for(dst_onnx, dst_weights)  # refuse a bad destination before reading anything
     # Held from the plan to the publication: every checkpoint read goes through it, and the re-check before the
     # commit opens the same names in the same folder.
     with contextlib.ExitStack() as held:
@@ -388,11 +386,10 @@ def link_external_data(
             options,
         )
         plan.contract.source_checks.append(lambda: _check_unchanged(_checkpoint_files(checkpoint_tensors), dst_folder))
-        check_plan(plan.contract)  # every rule of the writer contract, before the first byte
         if plan.copies and not plan.links:
             _warn_nothing_linked(dst_weights, [(t, item) for t, item, _ in plan.copies], checkpoint_tensors, mapping)
         checkpoint_names = sorted({found.path for found in checkpoint_tensors.values()})
-        result = _write(plan, dst_onnx, dst_weights, weights_loc, chunk_size, durable, progress, checkpoint_names)
+        result = _write(plan, dst_weights, chunk_size, durable, progress, checkpoint_names)
     _log(result, dst_onnx)
     return result
 
@@ -414,7 +411,7 @@ def _plan_link(
     sources = _sources(src, dst_onnx, checkpoint_path, checkpoint_tensors)
     policy = SitePolicy(proto, threshold)
     links: list[tuple[onnx.TensorProto, CheckpointTensor]] = []
-    copies: list[tuple[onnx.TensorProto, CopyRange | bytes]] = []
+    copies: list[tuple[onnx.TensorProto | None, CopyRange | bytes]] = []
     mismatched: list[str] = []
     kept_inline: dict[str, int] = {}
     order: list[tuple[int, str, int]] = []  # per site: kind, "link" / "copy" / "", index into links or copies
@@ -456,6 +453,12 @@ def _plan_link(
             )
         copies.append((tensor, data))
         order.append((SITE_EXTERNALIZED, "copy", len(copies) - 1))
+    delayed = DelayedResolver(resolver.folder)
+    for node in iter_delayed(proto):  # a node reads a range of a file: copied into the weights like a tensor's
+        file, offset, length = delayed.read_range(node)
+        sources[file.identity] = file.path
+        copies.append((None, CopyRange(file.path, offset, 0, length, file.identity, file.folder, file.location)))
+        order.append((SITE_MOVED, "copy", len(copies) - 1))
     layout = ShardedLayout(step)  # every copy aligned; a zero-length one at the end of the file (placement.py)
     placed = [(tensor, item, layout.place(_length(item))) for tensor, item in copies]
     size = layout.total_size if copies else 0
@@ -468,17 +471,24 @@ def _plan_link(
             sites.add(kind, dst_weights, placed[index][2].offset, _length(placed[index][1]))
         else:
             sites.add(kind)
-    files = [PlannedFile(dst_onnx, "model", format="onnx")]
+    files = []
     if copies:
-        files.append(PlannedFile(dst_weights, "weights", size, shard_set=ShardSet(dst_weights)))
+        shard_set = ShardSet(dst_weights)
+        ranges = [
+            dataclasses.replace(item, dst_offset=where.offset)
+            for _, item, where in placed
+            if isinstance(item, CopyRange) and item.length
+        ]
+        writes: list[tuple[int, Payload]] = [(at.offset, item) for _, item, at in placed if isinstance(item, bytes)]
+        files.append(PlannedFile(dst_weights, "weights", size, ranges=ranges, writes=writes, shard_set=shard_set))
     contract = WritePlan(
         "link",
         [PlannedModel(dst_onnx, proto, sites, threshold, policy)],
         files,
+        options,
         sources,
-        options=options,
         referenced=[
-            ReferencedFile(file.path, file.size, data_start)
+            ReferencedFile(file.path, file.size, data_start, file.identity, location=file.location)
             for file, data_start in {(t.file, t.data_start) for t in checkpoint_tensors.values()}
         ],
         rename_hint="another name (dst_weights_path)",
@@ -526,57 +536,30 @@ def _checkpoint_files(checkpoint_tensors: Mapping[str, CheckpointTensor]) -> lis
 
 def _write(
     plan: _LinkPlan,
-    dst_onnx: str,
     dst_weights: str,
-    weights_loc: str,
     chunk_size: int,
     durable: bool,
     progress: ProgressCallback | None,
     checkpoint_names: list[str],
 ) -> LinkResult:
-    """Copy the written tensors, point every tensor at its place, publish (re-checked under the lock).
+    """Execute the plan: copy the written tensors, point every tensor at its place, publish (re-checked under the
+    lock). The result is built before the publication, so that a failure after the commit still carries it."""
 
-    The result is built before the publication, so that a failure after the commit still carries it.
-    """
-    written_bytes = 0
-    with OutputTransaction(durable=durable, keep=frozenset(plan.contract.sources)) as outputs:
-        if plan.copies:
-            weights = outputs.stage(dst_weights)
-            assert weights.fd is not None
-            reserve_space(weights.fd, plan.size, path=dst_weights)
-            ranges = [
-                dataclasses.replace(item, dst_offset=where.offset)
-                for _, item, where in plan.copies
-                if isinstance(item, CopyRange) and item.length
-            ]
-            with RangeCopier(weights.fd, chunk_size, durable=durable) as copier:
-                written_bytes += copier.copy(ranges, progress)
-            for _, item, where in plan.copies:
-                if isinstance(item, bytes):
-                    weights.write_all(item, where.offset)
-                    written_bytes += len(item)
-            weights.set_size(plan.size)
-        for tensor, item, where in plan.copies:
-            _point(tensor, weights_loc, where.offset, _length(item))
-        for tensor, found in plan.links:
-            _point(tensor, found.location, found.data_start + found.entry.begin, found.entry.nbytes)
-        result = LinkResult(
+    def result(stats: CopyStats) -> LinkResult:
+        return LinkResult(
             plan.size,
             linked_tensors=len(plan.links),
             linked_bytes=sum(found.entry.nbytes for _, found in plan.links),
             written_tensors=len(plan.copies),
-            written_bytes=written_bytes,
+            written_bytes=sum(stats.bytes_by_method.values()),
             mismatched_tensors=plan.mismatched,
             checkpoint_files=checkpoint_names,
             weights_files=[dst_weights] if plan.copies else [],
             stale_weights_files=plan.stale,
             kept_inline_reasons=plan.kept_inline,
         )
-        contract = plan.contract
-        outputs.publish(
-            dst_onnx, serialize_model(plan.proto), before_commit=lambda: recheck_plan(contract), result=result
-        )
-    return result
+
+    return execute(plan.contract, result, durable=durable, chunk_size=chunk_size, progress=progress)
 
 
 def _log(result: LinkResult, dst_onnx: str) -> None:
@@ -605,7 +588,7 @@ def _log(result: LinkResult, dst_onnx: str) -> None:
 
 def _warn_nothing_linked(
     dst_weights: str,
-    copies: list[tuple[onnx.TensorProto, CopyRange | bytes]],
+    copies: list[tuple[onnx.TensorProto | None, CopyRange | bytes]],
     checkpoint: Mapping[str, CheckpointTensor],
     mapping: Mapping[str, str],
 ) -> None:
@@ -622,17 +605,10 @@ def _warn_nothing_linked(
         dst_weights,
         len(copies),
         sum(_length(item) for _, item in copies),
-        summarize_names([tensor.name for tensor, _ in copies]),
+        summarize_names([tensor.name for tensor, _ in copies if tensor is not None]),
         summarize_names(sorted(checkpoint)),
     )
 
 
 def _length(item: CopyRange | bytes) -> int:
     return len(item) if isinstance(item, bytes) else item.length
-
-
-def _point(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
-    tensor.ClearField("raw_data")
-    for name in TYPED_VALUE_FIELDS:
-        tensor.ClearField(name)
-    write_entries(tensor, location, offset, length, None)

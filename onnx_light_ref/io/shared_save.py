@@ -34,7 +34,8 @@ from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool,
 from onnx_light_ref.io.plan.alignment import validate_alignment
 from onnx_light_ref.io.plan.placement import Placement, ShardedLayout
 from onnx_light_ref.io.plan.sites import SITE_EXTERNALIZED, SITE_INLINE, SITE_KEPT, SiteColumns, SitePolicy
-from onnx_light_ref.io.read.entries import is_external, parse_entry_int, read_entries, write_entries
+from onnx_light_ref.io.read.delayed_nodes import DelayedResolver, DelayedSite, iter_delayed
+from onnx_light_ref.io.read.entries import is_external, parse_entry_int, read_entries
 from onnx_light_ref.io.read.locations import (
     FileIdentity,
     LocationResolver,
@@ -45,41 +46,33 @@ from onnx_light_ref.io.read.locations import (
     parse_external_data,
     typed_value_fields,
 )
-from onnx_light_ref.io.read.model_file import check_model_strings, serialize_model
+from onnx_light_ref.io.read.model_file import check_model_strings
 from onnx_light_ref.io.read.walker import TensorSite, iter_tensors
 from onnx_light_ref.io.results import SaveResult
 from onnx_light_ref.io.write.contract import (
+    LazyPayload,
     PlannedFile,
     PlannedModel,
+    ReferencedFile,
     ShardSet,
     WriteOptions,
     WritePlan,
-    check_plan,
-    recheck_plan,
 )
 from onnx_light_ref.io.write.copy_engine import ProgressCallback
-from onnx_light_ref.io.write.destinations import DestinationKey, destination_key
-from onnx_light_ref.io.write.publish import OutputTransaction, StagedFile
-from onnx_light_ref.io.write.space import reserve_space
+from onnx_light_ref.io.write.execute import execute
 
 __all__ = ["SaveResult", "save_model_with_shared_external_data"]
 
 logger = logging.getLogger(__name__)
 
 
-# Bytes handed to one pwrite, so that `progress` moves smoothly on large new tensors.
-_WRITE_SLICE = 8 * 1024 * 1024
-
-
 @dataclass(slots=True)
 class _NewTensor:
-    """A tensor whose inline bytes move to the secondary file, and what is needed to undo that in memory."""
+    """A tensor whose inline bytes move to the secondary file."""
 
     site: TensorSite
     offset: int
     length: int
-    saved_entries: list[onnx.StringStringEntryProto] = field(default_factory=list)
-    saved_data_location: onnx.TensorProto.DataLocation | None = None  # None: the field was not set
 
 
 @dataclass(frozen=True)
@@ -90,7 +83,6 @@ class _SavePlan:
     new: list[_NewTensor]
     reused: int
     total_size: int
-    sources: frozenset[FileIdentity]
     kept_inline: dict[str, int] = field(default_factory=dict)  # by reason: see io/plan/sites.py
     contract: WritePlan | None = None
 
@@ -209,9 +201,8 @@ def save_model_with_shared_external_data(
         weights_files=[plan.secondary_path] if plan.new else [],
         kept_inline_reasons=plan.kept_inline,
     )
-    with OutputTransaction(durable=durable, keep=plan.sources) as outputs:
-        weights = _write_new_tensors(outputs, plan, progress)
-        _publish(model, plan, outputs, weights, result)
+    assert plan.contract is not None
+    execute(plan.contract, lambda _stats: result, durable=durable, progress=progress)
     logger.info(
         "saved %s: %d reused tensors, %d new tensors in %s (%d bytes)",
         plan.dst_onnx,
@@ -237,27 +228,6 @@ def _warn_nothing_shared(plan: _SavePlan) -> None:
         plan.payload_bytes,
         plan.secondary_path,
     )
-
-
-def _publish(
-    model: onnx.ModelProto, plan: _SavePlan, outputs: OutputTransaction, weights: StagedFile | None, result: SaveResult
-) -> None:
-    """Point the new tensors at the secondary file, then publish; on failure, give ``model`` its inline bytes back.
-
-    Only when nothing is published: after the commit (a later step failing, an interrupt) ``model`` is what the
-    destination holds, EXTERNAL tensors in the published secondary file, and stays so.
-    """
-    _externalize(plan)
-    contract = plan.contract
-    assert contract is not None
-    try:
-        outputs.publish(
-            plan.dst_onnx, serialize_model(model), before_commit=lambda: recheck_plan(contract), result=result
-        )
-    except BaseException:
-        if not outputs.committed:
-            _restore(plan, weights)
-        raise
 
 
 def _plan(
@@ -304,26 +274,27 @@ def _plan(
         placed.append(layout.place(length))
         new.append(_NewTensor(site, 0, length))
         kinds.append(SITE_EXTERNALIZED)
+    delayed: DelayedResolver | None = None
+    for node in iter_delayed(model):  # a node reads a file as a reused tensor does: kept, checked the same way
+        delayed = delayed or DelayedResolver(resolver.folder)
+        _check_reused_node(node, delayed, check_references, reused)
+        kinds.append(SITE_KEPT)
     sites = SiteColumns()
     sites.kinds = kinds
     for item, where in zip(new, placed, strict=True):  # once all are placed: the end of the file is known
         item.offset = where.offset
         sites.place(secondary_path, item.offset, item.length)
     total = layout.total_size if new else 0
+    files = []
+    if new:
+        writes = [(item.offset, _new_bytes(item)) for item in new]
+        files.append(PlannedFile(secondary_path, "weights", total, writes=writes, shard_set=ShardSet(secondary_path)))
     contract = WritePlan(
         "save_model_with_shared_external_data",
-        [PlannedModel(dst_onnx, model, sites, size_threshold, policy)],
-        [PlannedFile(dst_onnx, "model", format="onnx")]
-        + ([PlannedFile(secondary_path, "weights", total, shard_set=ShardSet(secondary_path))] if new else []),
-        sources={
-            identity: f"the file {where[1]!r} that reused tensor {where[0]!r} points to"
-            for identity, where in reused.files.items()
-        },
-        source_names={
-            key: f"reused tensor {where[0]!r} (location {where[1]!r}) points from {dst_dir!r}"
-            for key, where in reused.keys.items()
-        },
-        options=options,
+        [PlannedModel(dst_onnx, model, sites, size_threshold, policy, restore=True)],
+        files,
+        options,
+        referenced=_referenced(reused, dst_dir),
         rename_hint="another name (location=)",
     )
     # Checked now, and again under the folder lock right before the first move: a reused file another process
@@ -331,7 +302,6 @@ def _plan(
     contract.source_checks.append(
         functools.partial(_check_reused_unchanged, reused.seen, dst_dir, options.allow_outside_folder)
     )
-    check_plan(contract)
     return _SavePlan(
         dst_onnx,
         secondary_path,
@@ -339,7 +309,6 @@ def _plan(
         new,
         reused.count,
         total,
-        frozenset(reused.files),
         kept_inline,
         contract,
     )
@@ -347,13 +316,60 @@ def _plan(
 
 @dataclass
 class _Reused:
-    """What the reused references point at: file identities (existing files) and where they land (any file)."""
+    """What the reused references point at: each location once, with the first tensor reading it, and the files
+    the plan checked there (re-checked under the folder lock)."""
 
     count: int = 0
-    files: dict[FileIdentity, tuple[str, str]] = field(default_factory=dict)  # identity -> (tensor, location)
-    keys: dict[DestinationKey, tuple[str, str]] = field(default_factory=dict)  # real folder + name -> same
-    locations: set[str] = field(default_factory=set)
+    locations: dict[str, str] = field(default_factory=dict)  # location -> first tensor (or node) reading it
     seen: dict[str, _SeenFile] = field(default_factory=dict)  # location -> the file the plan checked there
+
+
+def _referenced(reused: _Reused, dst_dir: str) -> list[ReferencedFile]:
+    """Every file the variant reads, for the writer contract: no output may be one, or land where one is read."""
+    found = []
+    for location, tensor in reused.locations.items():
+        path = os.path.normpath(os.path.join(dst_dir, location))
+        try:
+            identity = file_identity(path)
+        except OSError:  # e.g. a location through a regular file: unchecked references are written as they are
+            identity = None
+        seen = reused.seen.get(location)
+        found.append(
+            ReferencedFile(
+                path,
+                seen.size if seen is not None else None,
+                identity=identity,
+                exists=identity is not None,
+                why=(
+                    f"the file {location!r} that reused tensor {tensor!r} points to"
+                    if identity is not None
+                    else f"reused tensor {tensor!r} (location {location!r}) points from {dst_dir!r}"
+                ),
+            )
+        )
+    return found
+
+
+def _check_reused_node(site: DelayedSite, resolver: DelayedResolver, check_references: bool, reused: _Reused) -> None:
+    """A ``DelayedInitializer`` node of the variant reads its file from the destination folder, as a reused tensor
+    does: the same checks (with ``check_references``, the file is there and holds the range)."""
+    reused.count += 1
+    if site.filename is None:
+        raise DanglingReferenceError(
+            f"{site.label!r} ({site.where}): its filename is missing or function-linked, so the file it reads cannot "
+            "be checked from the destination; nothing was written."
+        )
+    if check_references or os.path.lexists(os.path.join(resolver.folder.path, site.filename)):
+        try:
+            file, _, _ = resolver.read_range(site)
+        except (ExternalDataError, OSError) as exc:
+            raise DanglingReferenceError(
+                f"{site.label!r} would read a file that does not resolve from {resolver.folder.path!r}: {exc} Save "
+                "the variant in the folder of the model that owns its weights, or pass check_references=False."
+            ) from exc
+        if not os.path.isabs(site.filename):
+            reused.seen.setdefault(site.filename, _SeenFile(site.label, file.identity, file.size))
+    reused.locations.setdefault(site.filename, site.label)
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,26 +460,15 @@ def _check_reused(site: TensorSite, resolver: LocationResolver, check_references
                 "check_references=False to write the reference as it is."
             ) from exc
         location = ref.location
-        reused.files.setdefault(ref.identity, (site.label, location))
         reused.seen.setdefault(location, _SeenFile(site.label, ref.identity, ref.file_size))
     elif os.path.lexists(os.path.join(dst_dir, location)):
         _check_existing_unchecked(site.label, location, resolver)
-    if location in reused.locations:
-        return  # an earlier tensor in the same file already recorded it: one stat per file, not per tensor
-    reused.locations.add(location)
-    path = os.path.join(dst_dir, location)
-    lands = destination_key(path)
-    if lands is not None:
-        reused.keys.setdefault(lands, (site.label, location))
-    try:
-        identity = file_identity(path)
-    except OSError:  # e.g. a location through a regular file: unchecked references are written as they are
-        identity = None
-    if identity is not None:
-        reused.files.setdefault(identity, (site.label, location))
-        if location not in reused.seen:
-            with contextlib.suppress(OSError):
-                reused.seen[location] = _SeenFile(site.label, identity, os.stat(path).st_size)
+    reused.locations.setdefault(location, site.label)
+    if location not in reused.seen:
+        path = os.path.join(dst_dir, location)
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            reused.seen[location] = _SeenFile(site.label, FileIdentity(st.st_dev, st.st_ino), st.st_size)
 
 
 def _check_existing_unchecked(label: str, location: str, resolver: LocationResolver) -> None:
@@ -480,60 +485,17 @@ def _check_existing_unchecked(label: str, location: str, resolver: LocationResol
         ) from exc
 
 
-def _write_new_tensors(
-    outputs: OutputTransaction, plan: _SavePlan, progress: ProgressCallback | None
-) -> StagedFile | None:
-    """Stage the secondary file and write every new tensor's bytes; None (no file) when nothing is new."""
-    if not plan.new:
-        return None
-    weights = outputs.stage(plan.secondary_path)
-    assert weights.fd is not None
-    # Every byte here is new (no clone): fail now, with the numbers, rather than after writing most of it.
-    reserve_space(weights.fd, plan.total_size, path=plan.secondary_path)
-    payload = plan.payload_bytes
-    done = 0
-    for item in plan.new:
-        raw = item.site.tensor.raw_data  # the one copy out of the proto, released after this tensor
+def _new_bytes(item: _NewTensor) -> LazyPayload:
+    """The inline bytes of a new tensor, read from the proto when they are written (protobuf copies ``raw_data``
+    on every access: one copy per tensor, released after its write)."""
+
+    def read() -> bytes:
+        raw = item.site.tensor.raw_data
         if len(raw) != item.length:
             raise ExternalDataError(
-                f"tensor {item.site.label!r}: raw_data holds {len(raw)} bytes but dims {list(item.site.tensor.dims)} "
-                f"and its data type need {item.length}; nothing was published."
+                f"tensor {item.site.label!r}: raw_data holds {len(raw)} bytes but dims "
+                f"{list(item.site.tensor.dims)} and its data type need {item.length}; nothing was published."
             )
-        data = memoryview(raw)
-        for start in range(0, item.length, _WRITE_SLICE):
-            piece = data[start : start + _WRITE_SLICE]
-            weights.write_all(piece, item.offset + start)
-            done += len(piece)
-            if progress is not None:
-                progress(done, payload)
-        del data, raw
-    weights.set_size(plan.total_size)
-    return weights
+        return raw
 
-
-def _externalize(plan: _SavePlan) -> None:
-    """Point every new tensor at the secondary file, remembering what :func:`_restore` needs to undo it."""
-    for item in plan.new:
-        tensor = item.site.tensor
-        item.saved_entries = [onnx.StringStringEntryProto(key=e.key, value=e.value) for e in tensor.external_data]
-        item.saved_data_location = tensor.data_location if tensor.HasField("data_location") else None
-        tensor.ClearField("raw_data")
-        write_entries(tensor, plan.location, item.offset, item.length)
-
-
-def _restore(plan: _SavePlan, weights: StagedFile | None) -> None:
-    """Undo :func:`_externalize`, reading each tensor's bytes back from the (complete) weights file."""
-    if weights is None:
-        return
-    path = weights.final_path if weights.committed else weights.temp_path
-    with open(path, "rb") as source:
-        for item in plan.new:
-            tensor = item.site.tensor
-            source.seek(item.offset)
-            tensor.raw_data = source.read(item.length)
-            del tensor.external_data[:]
-            tensor.external_data.extend(item.saved_entries)
-            if item.saved_data_location is None:
-                tensor.ClearField("data_location")
-            else:
-                tensor.data_location = item.saved_data_location
+    return LazyPayload(item.length, read)

@@ -28,11 +28,11 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import onnx
 
-from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
+from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
 from onnx_light_ref.io.plan.alignment import validate_alignment
 from onnx_light_ref.io.plan.placement import ShardedLayout
@@ -44,37 +44,24 @@ from onnx_light_ref.io.plan.sites import (
     SiteColumns,
     SitePolicy,
 )
+from onnx_light_ref.io.read.delayed_nodes import DelayedFile, DelayedResolver, is_delayed
 from onnx_light_ref.io.read.entries import read_entries, write_entries
-from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder, check_file_name, relative_below
+from onnx_light_ref.io.read.folder import ModelFolder
 from onnx_light_ref.io.read.locations import (
     LocationResolver,
-    check_location_syntax,
     check_not_hard_linked,
     file_identity,
     is_external,
     parse_external_data,
 )
-from onnx_light_ref.io.read.model_file import load_model_metadata, open_model_folder, serialize_model
+from onnx_light_ref.io.read.model_file import load_model_metadata, open_model_folder
 from onnx_light_ref.io.read.safetensors_refs import (
-    SafetensorsFile,
-    is_safetensors_location,
-    read_safetensors_fd,
     refuse_disagreeing_reference,
 )
 from onnx_light_ref.io.read.walker import defined_names, iter_graphs, iter_tensors
-from onnx_light_ref.io.write.contract import (
-    PlannedFile,
-    PlannedModel,
-    ShardSet,
-    WriteOptions,
-    WritePlan,
-    check_plan,
-    location_for,
-    recheck_plan,
-)
-from onnx_light_ref.io.write.copy_engine import CopyRange, ProgressCallback, RangeCopier, read_range
-from onnx_light_ref.io.write.publish import OutputTransaction
-from onnx_light_ref.io.write.space import reserve_space
+from onnx_light_ref.io.write.contract import PlannedFile, PlannedModel, ShardSet, WriteOptions, WritePlan, location_for
+from onnx_light_ref.io.write.copy_engine import CopyRange, ProgressCallback, read_range
+from onnx_light_ref.io.write.execute import execute
 from onnx_light_ref.ops.attributes import (
     ATTRIBUTE_TYPES,
     DelayedInitializerParams,
@@ -82,7 +69,7 @@ from onnx_light_ref.ops.attributes import (
     describe_node,
     validate_attributes,
 )
-from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE
+from onnx_light_ref.ops.schema import DOMAIN
 
 __all__ = ["undelay_initializers"]
 
@@ -92,77 +79,15 @@ logger = logging.getLogger(__name__)
 _DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class _Source:
-    """A validated source file: its name for messages, identity and size, and how to reopen it (through the held
-    source folder, as ``location``)."""
-
-    path: str
-    identity: FileIdentity
-    size: int
-    folder: ModelFolder | None = None
-    location: str | None = None
-    # The header of a ``*.safetensors`` filename, read at validation.
-    safetensors: SafetensorsFile | None = field(default=None, compare=False, repr=False)
-
-
 @dataclass
 class _Payload:
     """One tensor to place in the destination weights file."""
 
     label: str
-    source: _Source
+    source: DelayedFile
     src_offset: int
     length: int
     dst_offset: int = 0
-
-
-def _is_delayed(node: onnx.NodeProto) -> bool:
-    return node.domain == DOMAIN and node.op_type == OP_TYPE
-
-
-class _SourceResolver:
-    """Resolves DelayedInitializer filenames through the held source folder, each distinct filename once."""
-
-    def __init__(self, folder: ModelFolder) -> None:
-        self.folder = folder
-        self.allow_outside_folder = folder.allow_outside_folder
-        self._cache: dict[str, _Source] = {}
-
-    def resolve(self, filename: str, where: str) -> _Source:
-        hit = self._cache.get(filename)
-        if hit is None:
-            hit = self._resolve(filename, where)
-            self._cache[filename] = hit
-        return hit
-
-    def _resolve(self, filename: str, where: str) -> _Source:
-        name = filename
-        what = f"{where}: filename {filename!r}"
-        check_file_name(filename, what)  # the kernel's rule on the name as written: one answer for both
-        if os.path.isabs(filename) and not self.allow_outside_folder:
-            name = relative_below(
-                self.folder.path,
-                filename,
-                what=what,
-                outside=" Nothing was written. Pass allow_outside_folder=True (CLI: --allow-outside-folder) to trust "
-                "it.",
-                label="the source model's folder",
-            )
-        if not os.path.isabs(name):
-            try:
-                check_location_syntax(name, tensor_name=where)
-            except UnsafeLocationError as exc:
-                raise UnsafeLocationError(f"{where}: filename {filename!r} is not allowed: {exc}") from exc
-        # Absolute names outside the folder (opted in) are the spec's files in /tmp: hard links are not refused.
-        trusted_absolute = os.path.isabs(name)
-        with self.folder.open_file(
-            name, subject=f"{where}: file {filename!r}", check_links=not trusted_absolute
-        ) as opened:
-            header = None
-            if is_safetensors_location(filename):
-                header = read_safetensors_fd(opened.fd, opened.path, opened.size, filename)
-            return _Source(opened.path, opened.identity, opened.size, self.folder, name, header)
 
 
 @dataclass
@@ -214,7 +139,7 @@ def _check_functions(model: onnx.ModelProto) -> None:
             for node in graph.node
         ]
         for node, place in places:
-            if _is_delayed(node):
+            if is_delayed(node):
                 where = f"{describe_node(node)} in {place}"
                 _node_params(node, where)  # a function-linked one gets that message
                 raise ValueError(
@@ -283,7 +208,7 @@ def _delayed_scopes(model: onnx.ModelProto) -> Iterator[tuple[onnx.GraphProto, f
 
 
 def _plan_delayed(
-    model: onnx.ModelProto, resolver: _SourceResolver
+    model: onnx.ModelProto, resolver: DelayedResolver
 ) -> tuple[list[tuple[onnx.TensorProto, _Payload | None]], list[onnx.GraphProto]]:
     """Validate every node and add its initializer to the (private) model.
 
@@ -293,7 +218,7 @@ def _plan_delayed(
     placed: list[tuple[onnx.TensorProto, _Payload | None]] = []
     graphs: list[onnx.GraphProto] = []
     for graph, outer, place in list(_delayed_scopes(model)):
-        delayed = [node for node in graph.node if _is_delayed(node)]
+        delayed = [node for node in graph.node if is_delayed(node)]
         if not delayed:
             continue
         graphs.append(graph)
@@ -334,7 +259,7 @@ def _remove_delayed_nodes(graphs: list[onnx.GraphProto]) -> None:
     for graph in reversed(graphs):
         kept = []
         for node in graph.node:
-            if not _is_delayed(node):
+            if not is_delayed(node):
                 copy = onnx.NodeProto()
                 copy.CopyFrom(node)
                 kept.append(copy)
@@ -359,7 +284,7 @@ def _plan_existing(model: onnx.ModelProto, folder: ModelFolder) -> list[tuple[on
                 site.tensor,
                 _Payload(
                     site.label,
-                    _Source(ref.path, ref.identity, ref.file_size, ref.folder, ref.location),
+                    DelayedFile(ref.path, ref.identity, ref.file_size, ref.folder, ref.location),
                     ref.offset,
                     ref.length,
                 ),
@@ -477,36 +402,8 @@ def undelay_initializers(
 
     plan = _plan(src, dst, weights, alignment, options)
     if plan.total == 0:
-        weights_written = None
         logger.info("no tensor bytes to copy; writing %s only", dst)
-    else:
-        weights_written = weights
-    keep = {payload.source.identity for payload in plan.payloads}
-    with OutputTransaction(durable=durable, keep=keep) as outputs:
-        if weights_written is not None:
-            staged = outputs.stage(weights_written)
-            assert staged.fd is not None
-            ranges = [
-                CopyRange(
-                    p.source.path,
-                    p.src_offset,
-                    p.dst_offset,
-                    p.length,
-                    p.source.identity,
-                    p.source.folder,
-                    p.source.location,
-                )
-                for p in plan.payloads
-            ]
-            with RangeCopier(staged.fd, chunk_size, durable=durable) as copier:
-                # Bytes the filesystem will clone need no new blocks; the rest must fit before the first copy.
-                reserve_space(staged.fd, plan.total, path=weights_written, clone_bytes=copier.plan_clone_bytes(ranges))
-                copier.copy(ranges, progress)
-            staged.set_size(plan.total)
-        contract = plan.contract
-        outputs.publish(
-            dst, serialize_model(plan.model), before_commit=lambda: recheck_plan(contract), result=plan.total
-        )
+    execute(plan.contract, lambda _stats: plan.total, durable=durable, chunk_size=chunk_size, progress=progress)
     logger.info("undelayed %s -> %s (%d tensors, %d bytes)", src, dst, len(plan.payloads), plan.total)
     return plan.total
 
@@ -518,7 +415,7 @@ def _plan(src: str, dst: str, weights: str, alignment: int, options: WriteOption
     model = load_model_metadata(src, folder=folder)
     _check_functions(model)
     existing = _plan_existing(model, folder)  # before the nodes become initializers: only the source's tensors
-    delayed, graphs = _plan_delayed(model, _SourceResolver(folder))
+    delayed, graphs = _plan_delayed(model, DelayedResolver(folder))
     source_ids = {payload.source.identity: payload.source.path for _, payload in [*existing, *delayed] if payload}
     src_id = file_identity(src)
     if src_id is not None:
@@ -528,16 +425,20 @@ def _plan(src: str, dst: str, weights: str, alignment: int, options: WriteOption
     payloads = [payload for _, payload in items if payload is not None]
     location = location_for(dst, weights)
     total = _layout(items, location, alignment)
+    ranges = [
+        CopyRange(
+            p.source.path, p.src_offset, p.dst_offset, p.length, p.source.identity, p.source.folder, p.source.location
+        )
+        for p in payloads
+    ]
     contract = WritePlan(
         "undelay",
         [PlannedModel(dst, model, _site_columns(model, kinds, weights), 0)],
-        [PlannedFile(dst, "model", format="onnx")]
-        + ([PlannedFile(weights, "weights", total, shard_set=ShardSet(weights))] if payloads else []),
+        [PlannedFile(weights, "weights", total, ranges=ranges, shard_set=ShardSet(weights))] if payloads else [],
+        options,
         source_ids,
-        options=options,
         rename_hint="another name (dst_weights_path / --weights)",
     )
-    check_plan(contract)
     _remove_delayed_nodes(graphs)  # last: it makes the tensor references of ``items`` stale
     _remove_unused_opset(model)
     return _Plan(model, payloads, location, total, contract)

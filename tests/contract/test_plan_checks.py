@@ -152,7 +152,7 @@ def test_the_scan_takes_a_model_that_cannot_be_read_as_using_every_existing_file
 def test_rule_1_names_the_model_that_cannot_be_read_and_how_to_proceed(tmp_path: Path) -> None:
     (tmp_path / "w.bin").write_bytes(b"\0" * 16)
     cut = _cut(tmp_path / "other.onnx", "w.bin")
-    plan = WritePlan("align", [], [PlannedFile(str(tmp_path / "w.bin"), "weights")], {}, rename_hint="another name")
+    plan = WritePlan("align", [], [PlannedFile(str(tmp_path / "w.bin"), "weights", 0)], rename_hint="another name")
     before = (tmp_path / "w.bin").read_bytes(), cut.read_bytes()
     with pytest.raises(SharedWeightsError) as raised:
         check_plan(plan)
@@ -166,7 +166,7 @@ def test_rule_1_names_the_model_that_cannot_be_read_and_how_to_proceed(tmp_path:
         "written."
     )
     assert ((tmp_path / "w.bin").read_bytes(), cut.read_bytes()) == before
-    check_plan(WritePlan("align", [], plan.files, {}, options=WriteOptions(replace_shared=True, overwrite=True)))
+    check_plan(WritePlan("align", [], plan.files, WriteOptions(replace_shared=True, overwrite=True)))
 
 
 # ------------------------------------------------------------------------------------------------ rule 3's owner
@@ -177,10 +177,10 @@ def test_a_destination_model_that_cannot_be_read_owns_nothing_by_reference_and_t
 ) -> None:
     (tmp_path / "w.bin").write_bytes(b"\0" * 16)
     dst = _cut(tmp_path / "model.onnx", "w.bin")  # its previous version, cut short: what it uses is unknown
-    files = [PlannedFile(str(dst), "model"), PlannedFile(str(tmp_path / "w.bin"), "weights")]
+    files = [PlannedFile(str(tmp_path / "w.bin"), "weights", 0)]
     before = sha256_of_tree(tmp_path)
     with pytest.raises(ExistingFileError) as raised:
-        check_plan(WritePlan("align", [PlannedModel(str(dst))], files, {}, rename_hint="another name"))
+        check_plan(WritePlan("align", [_empty_model(dst)], files, rename_hint="another name"))
     reason = read_model_references(str(dst)).reason  # type: ignore[union-attr]
     assert (
         f"weights file {str(tmp_path / 'w.bin')!r} exists and is not an output of {str(dst)!r} ({str(dst)!r}, which "
@@ -188,7 +188,7 @@ def test_a_destination_model_that_cannot_be_read_owns_nothing_by_reference_and_t
         "let the writer see what it owns), and it is not named after them)"
     ) in str(raised.value)
     assert sha256_of_tree(tmp_path) == before
-    check_plan(WritePlan("align", [PlannedModel(str(dst))], files, {}, options=WriteOptions(overwrite=True)))
+    check_plan(WritePlan("align", [_empty_model(dst)], files, WriteOptions(overwrite=True)))
 
 
 def test_the_destination_model_owns_itself_when_it_is_a_model_or_named_like_one(tmp_path: Path) -> None:
@@ -235,6 +235,11 @@ def test_hugging_face_shard_names_of_another_count_and_the_index_are_the_sets_le
 # ---------------------------------------------------------------------------------------------------- check_plan
 
 
+def _empty_model(path: Path) -> PlannedModel:
+    """A destination model without tensors (its plan has no site)."""
+    return PlannedModel(str(path), onnx.ModelProto(), SiteColumns())
+
+
 def _plan(tmp_path: Path, kind: int, offset: int, length: int, size: int, **options: bool) -> WritePlan:
     model = identity_model([numpy_helper.from_array(np.arange(4, dtype=np.float32), "w")])
     sites = SiteColumns()
@@ -242,8 +247,8 @@ def _plan(tmp_path: Path, kind: int, offset: int, length: int, size: int, **opti
     return WritePlan(
         "test",
         [PlannedModel(str(tmp_path / "m.onnx"), model, sites, 0)],
-        [PlannedFile(str(tmp_path / "m.onnx"), "model"), PlannedFile(str(tmp_path / "w.bin"), "weights", size)],
-        options=WriteOptions(**options),
+        [PlannedFile(str(tmp_path / "w.bin"), "weights", size)],
+        WriteOptions(**options),
     )
 
 
@@ -264,7 +269,7 @@ def test_a_plan_externalizing_what_rule_2_keeps_inline_is_a_writer_bug(tmp_path:
     plan.models[0].sites = SiteColumns()  # fewer sites than the model has tensors
     plan.models[0].sites.add(SITE_EXTERNALIZED, str(tmp_path / "w.bin"), 0, 16)
     plan.models[0].proto = onnx.ModelProto()
-    with pytest.raises(AssertionError, match="fewer tensors"):
+    with pytest.raises(AssertionError, match=r"has 0 references .* its plan 1 sites: every reference must be a site"):
         check_plan(plan)
 
 
@@ -310,11 +315,8 @@ def test_a_safetensors_file_whose_header_the_library_would_refuse_is_refused_bef
     weights = tmp_path / "m.safetensors"
     plan = WritePlan(
         "align",
-        [PlannedModel(str(tmp_path / "m.onnx"))],
-        [
-            PlannedFile(str(tmp_path / "m.onnx"), "model", format="onnx"),
-            PlannedFile(str(weights), "weights", 8 + header + 16, 8 + header, format="safetensors"),
-        ],
+        [_empty_model(tmp_path / "m.onnx")],
+        [PlannedFile(str(weights), "weights", 8 + header + 16, data_start=8 + header, format="safetensors")],
     )
     with pytest.raises(SafetensorsError, match=rf"would have a {header:,}-byte header; the safetensors library"):
         check_plan(plan)
@@ -324,12 +326,15 @@ def test_a_safetensors_file_whose_header_the_library_would_refuse_is_refused_bef
 def test_a_safetensors_header_within_the_limit_passes(tmp_path: Path) -> None:
     plan = WritePlan(
         "align",
-        [PlannedModel(str(tmp_path / "m.onnx"))],
+        [_empty_model(tmp_path / "m.onnx")],
         [
-            PlannedFile(str(tmp_path / "m.onnx"), "model", format="onnx"),
             PlannedFile(
-                str(tmp_path / "m.safetensors"), "weights", 8 + 100_000_000, 8 + 100_000_000, format="safetensors"
-            ),
+                str(tmp_path / "m.safetensors"),
+                "weights",
+                8 + 100_000_000,
+                data_start=8 + 100_000_000,
+                format="safetensors",
+            )
         ],
     )
     check_plan(plan)

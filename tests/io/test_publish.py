@@ -388,7 +388,7 @@ def test_a_reader_at_every_system_call_of_a_republication_sees_the_previous_or_t
             assert _same(got, _arrays(1)), f"mixed model before system call {len(names)} ({name})"
             seen["previous"] += 1
 
-    real_publish = publish.OutputTransaction.publish
+    real_publish = publish.OutputTransaction.publish_models
 
     def publish_with_reader(self, *args, **kwargs):
         monkeypatch.setattr(publish, "before_syscall", reader)
@@ -397,7 +397,7 @@ def test_a_reader_at_every_system_call_of_a_republication_sees_the_previous_or_t
         finally:
             monkeypatch.setattr(publish, "before_syscall", None)
 
-    monkeypatch.setattr(publish.OutputTransaction, "publish", publish_with_reader)
+    monkeypatch.setattr(publish.OutputTransaction, "publish_models", publish_with_reader)
     run()
 
     assert _same(_loaded(dst), _arrays(2))

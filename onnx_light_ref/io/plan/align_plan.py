@@ -44,6 +44,7 @@ from onnx_light_ref.io.plan.shard_names import (
 )
 from onnx_light_ref.io.plan.sites import SITE_EXTERNALIZED, SITE_MOVED, SiteColumns, SitePolicy
 from onnx_light_ref.io.plan.sites import SITE_INLINE as SITE_STAYS_INLINE
+from onnx_light_ref.io.read.delayed_nodes import DelayedResolver, iter_delayed
 from onnx_light_ref.io.read.entries import is_external
 from onnx_light_ref.io.read.folder import ModelFolder
 from onnx_light_ref.io.read.locations import (
@@ -227,9 +228,11 @@ class AlignPlan:
     def site_columns(self) -> SiteColumns:
         """The plan's columns as the writer contract's :class:`~onnx_light_ref.io.plan.sites.SiteColumns` (shared,
         not copied): one kind per site, and per moved tensor its shard, offset and length."""
-        return SiteColumns.from_columns(
+        columns = SiteColumns.from_columns(
             self.sites, [shard.path for shard in self.shards], self.move_shards, self.move_offsets, self.move_lengths
         )
+        columns.checksums = self.checksums
+        return columns
 
     @property
     def total_size(self) -> int:
@@ -453,11 +456,12 @@ class SourceWalk:
     named: list[SafetensorsTensor] = field(default_factory=list)  # safetensors: each moved tensor's key, type, dims
     kept_inline: dict[str, int] = field(default_factory=dict)
     refs: dict[FileIdentity, ExternalRef] = field(default_factory=dict)  # first reference to each data file
+    delayed_files: dict[FileIdentity, str] = field(default_factory=dict)  # files DelayedInitializer nodes read
     policy: SitePolicy | None = None  # rule 2's decision for this model (with size_threshold)
 
     def sources(self) -> dict[FileIdentity, str]:
         """Identity -> path of every data file this model references (its ``.onnx`` not included)."""
-        return {identity: ref.path for identity, ref in self.refs.items()}
+        return {identity: ref.path for identity, ref in self.refs.items()} | self.delayed_files
 
 
 def walk_source(
@@ -533,8 +537,24 @@ def walk_source(
                     name, f"{site.label} in {site.where}", tensor.data_type, tuple(tensor.dims), payloads.lengths[-1]
                 )
             )
+    _walk_delayed(walk, DelayedResolver(folder), safetensors, table, payloads)
     walk.moved = len(payloads) - walk.start
     return walk
+
+
+def _walk_delayed(
+    walk: SourceWalk, resolver: DelayedResolver, safetensors: bool, table: SourceTable, payloads: PayloadColumns
+) -> None:
+    """Every ``DelayedInitializer`` node reads a range of a file, as an external tensor does: its range moves into
+    the destination's weights like theirs (sites after the tensors', :func:`~onnx_light_ref.io.plan.sites.iter_sites`),
+    so the written model never reads a file of the source's folder."""
+    for site in iter_delayed(walk.model):
+        file, offset, length = resolver.read_range(site)
+        walk.delayed_files[file.identity] = file.path
+        payloads.add_range(table.index(file.path, file.identity, file.folder, file.location), offset, length)
+        walk.sites.append(SITE_EXTERNAL)
+        if safetensors:
+            walk.named.append(SafetensorsTensor(site.label, site.where, site.dtype, site.shape, length))
 
 
 @dataclass

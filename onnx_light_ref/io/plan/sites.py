@@ -30,13 +30,14 @@ Pure planning: this module never opens a file.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
 import onnx
 
-from onnx_light_ref.io.read.walker import SitePlace, TensorSite, defined_names, inline_reason
+from onnx_light_ref.io.read.delayed_nodes import DelayedSite, iter_delayed
+from onnx_light_ref.io.read.walker import SitePlace, TensorSite, defined_names, inline_reason, iter_tensors
 
 __all__ = [
     "DATA_INPUTS",
@@ -45,9 +46,11 @@ __all__ = [
     "SITE_INLINE",
     "SITE_KEPT",
     "SITE_MOVED",
+    "ReferenceSite",
     "SiteColumns",
     "SiteDecision",
     "SitePolicy",
+    "iter_sites",
     "may_sit",
     "placement_problem",
 ]
@@ -62,6 +65,18 @@ SITE_INLINE = 0  # inline, and stays inline
 SITE_KEPT = 1  # external, its entries kept as they are (a reused reference, a sparse tensor left alone)
 SITE_MOVED = 2  # external in the source, placed by the writer (a copy, or a link into a checkpoint)
 SITE_EXTERNALIZED = 3  # inline in the source (or new), placed external by the writer: rule 2 decided it
+
+ReferenceSite = TensorSite | DelayedSite
+"""A site of a model: a tensor, or a ``DelayedInitializer`` node (it reads bytes of a file, as an external tensor)."""
+
+
+def iter_sites(model: onnx.ModelProto) -> Iterator[ReferenceSite]:
+    """Every site of ``model`` in the order :class:`SiteColumns` follows: every tensor
+    (:func:`~onnx_light_ref.io.read.walker.iter_tensors`), then every ``DelayedInitializer`` node
+    (:func:`~onnx_light_ref.io.read.delayed_nodes.iter_delayed`)."""
+    yield from iter_tensors(model)
+    yield from iter_delayed(model)
+
 
 DATA_INPUTS: Mapping[str, tuple[tuple[int, frozenset[int]], ...]] = {
     # op type of the default domain -> (since opset version, input indices whose data shape inference reads), by
@@ -276,14 +291,16 @@ def _value_name(site: TensorSite) -> str:
 
 
 class SiteColumns:
-    """Every tensor site of one destination model, in :func:`~onnx_light_ref.io.read.walker.iter_tensors` order.
+    """Every site of one destination model, in :func:`iter_sites` order (its tensors, then its
+    ``DelayedInitializer`` nodes).
 
     One byte per site (``SITE_*``) in :attr:`kinds`; the placed ones (``SITE_MOVED``, ``SITE_EXTERNALIZED``), in
     walk order, have their file (an index into :attr:`targets`), offset and length in three columns: a few bytes per
-    tensor, not an object (models with 100,000 tensors, ``docs/align.md``).
+    tensor, not an object (models with 100,000 tensors, ``docs/align.md``); :attr:`checksums` keeps the source
+    ``checksum`` entry of the placed tensors that had one (by placed index).
     """
 
-    __slots__ = ("_indices", "kinds", "lengths", "offsets", "target", "targets")
+    __slots__ = ("_indices", "checksums", "kinds", "lengths", "offsets", "target", "targets")
 
     def __init__(self) -> None:
         self.kinds = bytearray()
@@ -292,6 +309,7 @@ class SiteColumns:
         self.target: array[int] = array("i")
         self.offsets: array[int] = array("q")
         self.lengths: array[int] = array("q")
+        self.checksums: dict[int, str] = {}
 
     @classmethod
     def from_columns(

@@ -1031,6 +1031,22 @@ class OutputTransaction:
         journal = _journal_for(weights, model_path, weights_set)
         return self._publish([(model_path, model_bytes)], before_commit, result, journal)[0]
 
+    def publish_models(
+        self,
+        models: Sequence[tuple[str, bytes]],
+        *,
+        before_commit: BeforeCommit | None = None,
+        result: object = None,
+        journal: str | None = None,
+    ) -> list[StagedFile]:
+        """Write each model's ``.onnx`` under a temp name, then publish the staged files and every model.
+
+        As :meth:`publish` with several models (a family over shared weights files): ``journal`` (when given: the
+        first weights file's path) records the names of the weights files before the first move. Returns the
+        models' :class:`StagedFile` objects (committed), in the order given.
+        """
+        return self._publish(models, before_commit, result, journal)
+
     def _publish(
         self,
         models: Sequence[tuple[str, bytes]],
