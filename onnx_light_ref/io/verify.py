@@ -49,6 +49,7 @@ from onnx_light_ref.io.differences import (
     tensor_ref,
 )
 from onnx_light_ref.io.posix import check_single_link, pread_exact
+from onnx_light_ref.io.read.delayed_nodes import DelayedResolver, DelayedSite, iter_delayed
 from onnx_light_ref.io.read.folder import ModelFolder, open_model_file
 from onnx_light_ref.io.read.locations import (
     FileIdentity,
@@ -390,8 +391,28 @@ def _load_side(name: str, onnx_path: PathLike, *, allow_hard_links: bool, by_nam
             external = _External(index, ref.offset, ref.length, ref.checksum)
         payload = stripped.payload(site.tensor) if stripped is not None and external is None else None
         records.append(_Record(len(records), site, external, payload))
+    delayed = DelayedResolver(resolver.folder)
+    for site, node in _delayed_sites(model):  # what each node reads is a tensor of the model: compared as one
+        file, offset, length = delayed.read_range(node)  # the kernel's rule (one hard link, whatever the option)
+        index = file_index.setdefault(file.identity, len(files))
+        if index == len(files):
+            files.append((file.location or file.path, file.path, file.identity))
+        records.append(_Record(len(records), site, _External(index, offset, length, None)))
     logger.debug("model %s %r: %d tensors, %d data files", name, path, len(records), len(files))
     return _Side(name, path, records, keys, files, allow_hard_links, {}, stripped, resolver.folder)
+
+
+def _delayed_sites(model: onnx.ModelProto) -> list[tuple[TensorSite, DelayedSite]]:
+    """Each ``DelayedInitializer`` node as the tensor it reads: named after its output, with its data type and dims,
+    at the place ``("delayed_initializer", i, output)`` (its key pairs it by output name)."""
+    found = []
+    for index, node in enumerate(iter_delayed(model)):
+        tensor = onnx.TensorProto(name=node.label, data_type=node.dtype, dims=node.shape)
+        key = ((), ("delayed_initializer", node.label))
+        place = (("delayed_initializer", index, node.label),)
+        site = TensorSite(tensor, "delayed_initializer", model.graph, node.node, node.where, key=key, place=place)
+        found.append((site, node))
+    return found
 
 
 def _site_keys(model: onnx.ModelProto, side: str) -> list[_Key]:
@@ -403,7 +424,7 @@ def _site_keys(model: onnx.ModelProto, side: str) -> list[_Key]:
     keys: list[_Key] = []
     first_site: dict[_Key, TensorSite] = {}
     graphs: dict[object, TensorSite] = {}  # graph path -> the first site of the graph found there
-    for site in iter_tensors(model):
+    for site in [*iter_tensors(model), *(site for site, _ in _delayed_sites(model))]:
         graph_path, _ = site.key
         holder = graphs.setdefault(graph_path, site)
         if holder.container is not site.container:

@@ -91,8 +91,11 @@ TensorKind = Literal[
     "function_default",
     "sparse_function_default_values",
     "sparse_function_default_indices",
+    "delayed_initializer",
 ]
-"""What a tensor is in its container. ``function_default*``: a default attribute value of a model-local function
+"""What a tensor is in its container. ``delayed_initializer``: the tensor an ``ai.rt::DelayedInitializer`` node
+reads (named after its output, with its ``dtype`` and ``shape``), which readers such as ``verify`` compare as one;
+:func:`iter_tensors` never yields it. ``function_default*``: a default attribute value of a model-local function
 (``FunctionProto.attribute_proto``); such a tensor has no node. Initializers of a subgraph are ``initializer`` too:
 ``scope`` and ``container`` tell them apart."""
 
