@@ -5,14 +5,12 @@ library call should fail, not scatter folders). Every writing command calls :fun
 library call and :func:`remove_created_folders` when that call fails or is interrupted (or wraps the call in
 :func:`created_folders`, which does both), so a refused or interrupted run leaves the tree as it was.
 
-An interrupt (SIGINT/SIGTERM, raised by the CLI as a ``KeyboardInterrupt``) can land between two bytecodes of the
-library, e.g. right after a temp file was created and before the publish transaction recorded it; the transaction's
-rollback cannot see such a file. :func:`remove_own_temp_files` removes, after an interrupt, the temp files of *this*
-process (their names carry its pid) in the destination folders, and its bridge files no model references, so
-nothing is left whatever the window but what a published model uses.
+An interrupt (SIGINT/SIGTERM, raised by the CLI as a ``KeyboardInterrupt``) never lands between a temp file's
+creation and its record, nor inside a publication: the library defers both signals there
+(:mod:`onnx_light_ref.io.write.interrupts`), so its own rollback removes every temp file it created.
 
-This module never removes a folder it did not create, nor a folder that is not empty (``rmdir`` only), nor a file
-but a temp or bridge file named with this process's pid, and never creates anything but folders.
+This module never removes a folder it did not create, nor a folder that is not empty (``rmdir`` only), nor any
+file, and never creates anything but folders.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 from collections.abc import Iterable, Iterator, Sequence
 
 __all__ = [
@@ -28,7 +25,6 @@ __all__ = [
     "created_folders",
     "make_folders",
     "remove_created_folders",
-    "remove_own_temp_files",
 ]
 
 
@@ -100,53 +96,9 @@ def created_folders(folders: Iterable[str | os.PathLike[str]]) -> Iterator[list[
     created = make_folders(folders)
     try:
         yield created
-    except KeyboardInterrupt:
-        remove_own_temp_files(folders)
-        remove_created_folders(created)
-        raise
     except BaseException:
         remove_created_folders(created)
         raise
-
-
-def remove_own_temp_files(folders: Iterable[str | os.PathLike[str]]) -> list[str]:
-    """Delete the publish temp files of this process (``.olr~<tag>~<this pid>~<random>.tmp``) in ``folders``, and
-    its bridge files (``.bridge``) that no model references.
-
-    Called after an interrupt, once the library's own rollback has run: what is left with this pid is a file the
-    interrupt caught between its creation and its registration (or a bridge file between its rename and its
-    record). A bridge file a model references stays: the interrupt came after commit A, which could not be undone,
-    and the destination model is published on it (``docs/durability.md``, "Interrupts"). Other processes' files
-    are never touched.
-
-    Args:
-        folders: the command's destination folders (missing ones are skipped).
-
-    Returns:
-        The paths removed.
-    """
-    folders = [os.fspath(folder) for folder in folders]  # read twice: temp files, then bridge files
-
-    from onnx_light_ref.io.write.publish import _TEMP_PREFIX, _TEMP_SUFFIX  # imports onnx: not at CLI start-up
-
-    pattern = re.compile(
-        re.escape(_TEMP_PREFIX) + r"[0-9a-f]{12}~" + str(os.getpid()) + r"~[0-9a-f]{16}" + re.escape(_TEMP_SUFFIX)
-    )
-    removed = []
-    for folder in dict.fromkeys(os.path.abspath(os.fspath(folder)) for folder in folders):
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        for name in names:
-            if pattern.fullmatch(name):
-                path = os.path.join(folder, name)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                    removed.append(path)
-    from onnx_light_ref.io.write.publish import remove_own_bridge_files
-
-    return removed + remove_own_bridge_files([os.fspath(folder) for folder in folders])
 
 
 def remove_created_folders(created: Sequence[str]) -> None:

@@ -35,7 +35,7 @@ import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from onnx_light_ref.commands.errors import describe_error, error_exit, published_exit
-from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders, remove_own_temp_files
+from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders
 from onnx_light_ref.commands.paths import shown_path
 from onnx_light_ref.commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
@@ -337,11 +337,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise _RunError(f"--output-dir: {exc}") from exc
     try:
         return _run_and_save(args, feeds, read)
-    except KeyboardInterrupt:  # SIGINT/SIGTERM: also a temp file the interrupt caught before it was recorded
-        remove_own_temp_files([args.output_dir])
-        remove_created_folders(created)
-        raise
-    except BaseException:
+    except BaseException:  # a refusal, or SIGINT/SIGTERM (the library removed its temp files)
         remove_created_folders(created)
         raise
 

@@ -100,10 +100,11 @@ def computes(model: Path) -> np.ndarray:
 
 
 def bridge_name(final_name: str) -> str:
-    """A bridge file name (``publish``'s pattern) of ``final_name`` whose writer's pid is dead."""
+    """A bridge file name (a temp name of ``publish``'s pattern, on which a killed run's model stands) of
+    ``final_name`` whose writer's pid is dead."""
     from onnx_light_ref.io.write import publish
 
     pid = dead_pid()
-    name = f"{publish._TEMP_PREFIX}{publish._name_tag(final_name)}~{pid}~{'0' * 16}{publish._BRIDGE_SUFFIX}"
-    assert (match := re.fullmatch(publish._ANY_OWN_NAME, name)) and match.group(2) == publish._BRIDGE_SUFFIX
+    name = f"{publish._TEMP_PREFIX}{publish._name_tag(final_name)}~{pid}~{'0' * 16}{publish._TEMP_SUFFIX}"
+    assert (match := re.fullmatch(publish._ANY_OWN_NAME, name)) and match.group(3) == publish._TEMP_SUFFIX
     return name

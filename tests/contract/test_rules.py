@@ -266,19 +266,14 @@ def test_a_sharer_saved_while_the_writer_works_is_refused_under_the_folder_lock(
         if not sharers:
             sharers.append(make_sharer("sibling", target))
 
-    # Every model publication (one model, or a family's members) goes through OutputTransaction._publish.
-    real_publish, real_publish_all = publish.OutputTransaction._publish, publish.publish_all
+    # Every publication (models, a family's members, run's outputs) goes through OutputTransaction.publish.
+    real_publish = publish.OutputTransaction.publish
 
-    def publish_model(self: publish.OutputTransaction, *args: object, **kwargs: object) -> object:
+    def publish_outputs(self: publish.OutputTransaction, *args: object, **kwargs: object) -> object:
         save_a_variant()
         return real_publish(self, *args, **kwargs)  # type: ignore[arg-type]
 
-    def publish_files(*args: object, **kwargs: object) -> None:
-        save_a_variant()
-        real_publish_all(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(publish.OutputTransaction, "_publish", publish_model)
-    monkeypatch.setattr(publish, "publish_all", publish_files)  # run imports it when it runs
+    monkeypatch.setattr(publish.OutputTransaction, "publish", publish_outputs)
     with pytest.raises(SharedWeightsError, match=r"other\.onnx"):
         writer.call(scene, overwrite=not writer.owns_previous)
     assert {path.name: path.read_bytes() for path in scene.out.iterdir() if path.is_file() and path != sharers[0]} == (

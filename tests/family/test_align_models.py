@@ -523,14 +523,21 @@ def test_a_copy_of_the_family_folder_elsewhere_loads_as_it_is(family: Family, ou
 
 
 def _journal(out: Path, pid: int, files: list[str]) -> Path:
-    """A journal of the weights set ``weights.data`` as a writer of ``pid`` leaves it (the publisher's pattern)."""
+    """A journal of the weights set ``weights.data`` as a writer of ``pid`` leaves it (the publisher's pattern):
+    each name with the identity of the file there now (the file that writer moved in)."""
     import json
 
     from onnx_light_ref.io.write import publish
 
     ours = Path(publish._own_name(str(out / "weights.data"), publish._JOURNAL_SUFFIX))
     path = ours.with_name(ours.name.replace(f"~{os.getpid()}~", f"~{pid}~"))
-    path.write_text(json.dumps({"files": files}))
+    listed = []
+    for name in files:
+        st = os.stat(out / name) if (out / name).exists() else os.stat(out)
+        listed.append(
+            {"name": name, "device": st.st_dev, "inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        )
+    path.write_text(json.dumps({"files": listed}))
     return path
 
 
@@ -557,13 +564,31 @@ def test_a_file_a_killed_run_left_at_the_weights_name_is_the_familys_without_ove
 
 
 @pytest.mark.parametrize(
-    "case", ["live-writer", "another-name", "a-path-outside", "a-name-with-a-newline", "a-pid-in-other-digits"]
+    "case",
+    [
+        "live-writer",
+        "another-name",
+        "a-path-outside",
+        "a-name-with-a-newline",
+        "a-pid-in-other-digits",
+        "a-file-put-there-since",
+        "the-file-rewritten-since",
+    ],
 )
 def test_a_journal_grants_nothing_unless_a_dead_writer_named_the_file(family: Family, out: Path, case: str) -> None:
-    (out / "weights.data").write_bytes(b"a file of the user's")
+    """A journal is evidence of one file only: the one its dead writer moved in, still there with the device, inode
+    and size it recorded. A file a user put at that name since (``rm out/*`` leaves the hidden journal) is theirs."""
+    (out / "weights.data").write_bytes(b"the killed run's file")
     pid = os.getppid() if case == "live-writer" else _dead_pid()  # a running process that is not this one
     files = {"another-name": ["other.data"], "a-path-outside": ["../weights.data"]}
     journal = _journal(out, pid, files.get(case, ["weights.data"]))
+    (out / "weights.data").unlink()
+    (out / "weights.data").write_bytes(b"a file of the user's")  # a new file: another inode (or the same, reused)
+    if case == "the-file-rewritten-since":  # the killed run's file itself, written over in place since
+        (out / "weights.data").unlink()
+        (out / "weights.data").write_bytes(b"the killed run's file")
+        journal.write_text(journal.read_text())  # the journal names the file as it was before
+        os.utime(out / "weights.data", ns=(0, 0))
     if case == "a-name-with-a-newline":  # a user's file, not the publisher's: the pattern must match it whole
         journal.rename(journal.with_name(journal.name + "\n"))
     elif case == "a-pid-in-other-digits":  # Arabic-Indic digits: ``\d`` takes them, and int() reads a dead pid

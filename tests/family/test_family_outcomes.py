@@ -245,7 +245,7 @@ def test_a_family_run_killed_after_staging_its_shards_is_swept_by_the_next_run(
             def killed(*_args: object, **_kwargs: object) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-            publish.OutputTransaction._publish = killed  # type: ignore[method-assign, assignment]
+            publish.OutputTransaction.publish = killed  # type: ignore[method-assign, assignment]
             align_models(new.sources, dst, alignment=NEW_ALIGNMENT, max_shard_size=8192)
         finally:
             os._exit(1)

@@ -32,8 +32,12 @@ _RUN_TOKENS = re.compile(rb"~([0-9]{1,10})~([0-9a-f]{16})(?=\.)")
 ``StagedFile`` takes are checked to match: tests/hardening/test_kill_states.py)."""
 
 
+_IDENTITIES = re.compile(rb'"(device|inode|mtime_ns)": [0-9]+')
+"""The identity a publication's journal records of each file it moves in: another inode and time every run."""
+
+
 def _erased(data: bytes) -> bytes:
-    return _RUN_TOKENS.sub(b"~pid~random", data)
+    return _IDENTITIES.sub(rb'"\1": ?', _RUN_TOKENS.sub(b"~pid~random", data))
 
 
 def _entries(folder: Path) -> list[tuple[bytes, str, int, int, bytes]]:
@@ -70,7 +74,7 @@ def folder_state(folder: Path) -> str:
             random = randoms.setdefault(match.group(2), b"%d" % len(randoms))
             return b"~pid" + pid + b"~random" + random
 
-        return _RUN_TOKENS.sub(one, data)
+        return _IDENTITIES.sub(rb'"\1": ?', _RUN_TOKENS.sub(one, data))
 
     digest = hashlib.sha256()
     for path, kind, mode, links, data in entries:

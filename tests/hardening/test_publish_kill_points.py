@@ -90,7 +90,7 @@ def in_child(
                     raise OSError(errno.EIO, "unlink failed (injected)")
 
             # Every model publication goes through it: OutputTransaction.publish, FamilyTransaction.publish_models.
-            real_publish = publish.OutputTransaction._publish
+            real_publish = publish.OutputTransaction.publish
 
             def counted_publish(self: publish.OutputTransaction, *args: object, **kwargs: object) -> object:
                 publish.before_syscall = hook
@@ -99,7 +99,7 @@ def in_child(
                 finally:
                     publish.before_syscall = None
 
-            publish.OutputTransaction._publish = counted_publish  # type: ignore[method-assign]
+            publish.OutputTransaction.publish = counted_publish  # type: ignore[method-assign]
             if not exchange:  # as on a kernel, libc or filesystem without renameat2(RENAME_EXCHANGE)
                 publish._renameat2 = None
             try:

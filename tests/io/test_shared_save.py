@@ -458,7 +458,7 @@ def _fail(*args: object, **kwargs: object) -> None:
 def test_failure_at_publication_rolls_the_model_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     variant = reference_variant(tmp_path)
     before_files, before_model = tree(tmp_path), variant.SerializeToString()
-    monkeypatch.setattr(onnx_light_ref.io.write.publish._Publication, "run", _fail)
+    monkeypatch.setattr(onnx_light_ref.io.write.publish._Publication, "commit", _fail)
 
     with pytest.raises(OSError, match="simulated"):
         save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64, size_threshold=0)

@@ -34,7 +34,6 @@ from onnx_light_ref.io.read.delayed_nodes import DelayedSite
 from onnx_light_ref.io.read.entries import write_entries
 from onnx_light_ref.io.read.locations import TYPED_VALUE_FIELDS
 from onnx_light_ref.io.read.model_file import serialize_model
-from onnx_light_ref.io.write import publish
 from onnx_light_ref.io.write.contract import (
     LazyPayload,
     Payload,
@@ -95,9 +94,6 @@ def execute(
     with OutputTransaction(durable=durable, keep=frozenset(plan.sources)) as outputs:
         stats, staged = _fill(plan.files, outputs, chunk_size, durable, payloads, progress)
         value = result(stats)
-        if not plan.models:
-            publish.publish_all(staged, before_commit=lambda: recheck_plan(plan))
-            return value
         pointed: list[_Pointed] = []
         try:
             locations = {ref.path: ref.location for ref in plan.referenced if ref.location is not None}
@@ -105,9 +101,7 @@ def execute(
                 (model.path, _finish(model, walk, locations, pointed))
                 for model, walk in zip(plan.models, walks, strict=True)
             ]
-            outputs.publish_models(
-                models, before_commit=lambda: recheck_plan(plan), result=value, journal=_journal(plan)
-            )
+            outputs.publish(models, before_commit=lambda: recheck_plan(plan), result=value, journal=_journal(plan))
         except BaseException:
             if not outputs.committed:
                 _restore(pointed, {planned.path: stage for planned, stage in zip(plan.files, staged, strict=True)})
