@@ -32,7 +32,7 @@ from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.results import TensorPairing
 from onnx_light_ref.io.write.copy_engine import CopyRange, open_source
 
-__all__ = ["TensorBytes", "TensorFiles", "pair_by_content", "transposable"]
+__all__ = ["TensorBytes", "TensorFiles", "equal_bytes", "pair_by_content", "transposable"]
 
 _PRIME = 2**31 - 1  # products of two residues fit an uint64, sums of a chunk's products too
 _BASES = (1_000_003, 998_244_353 % _PRIME)  # the fingerprint's row and column bases (any two distinct residues)
@@ -123,6 +123,7 @@ def pair_by_content(
     *,
     taken: set[str],
     transposes: bool = True,
+    reuse: bool = False,
 ) -> list[TensorPairing]:
     """Pair each model tensor with a key of equal bytes, or (``transposes``) of which it is the 2-D transpose.
 
@@ -132,11 +133,12 @@ def pair_by_content(
         files: where the bytes are read (two buffers of at most ``files.chunk_size``).
         taken: keys already read straight by a model tensor (by name or map); updated with the keys paired here.
         transposes: also look for transposes.
+        reuse: a key may be paired with several model tensors (``verify``: equal weights stored once).
 
     Returns:
         The pairings found, in model order (``how`` is ``"content"`` or ``"transpose"``).
     """
-    straight = _pair_equal(model, checkpoint, files, taken)
+    straight = _pair_equal(model, checkpoint, files, taken, reuse)
     found = {pairing.name for pairing in straight}
     crossed: list[TensorPairing] = []
     if transposes:
@@ -146,7 +148,11 @@ def pair_by_content(
 
 
 def _pair_equal(
-    model: Sequence[TensorBytes], checkpoint: Mapping[str, TensorBytes], files: TensorFiles, taken: set[str]
+    model: Sequence[TensorBytes],
+    checkpoint: Mapping[str, TensorBytes],
+    files: TensorFiles,
+    taken: set[str],
+    reuse: bool,
 ) -> list[TensorPairing]:
     groups: dict[tuple[str | None, tuple[int, ...]], list[str]] = {}
     for key in sorted(checkpoint):
@@ -164,9 +170,10 @@ def _pair_equal(
             entry = checkpoint[key]
             if key not in digests:
                 digests[key] = _digest(entry, files)
-            if digests[key] == digest and _equal(tensor, entry, files):
+            if digests[key] == digest and equal_bytes(tensor, entry, files):
                 pairings.append(TensorPairing(tensor.name, key, "content"))
-                taken.add(key)
+                if not reuse:
+                    taken.add(key)
                 break
     return pairings
 
@@ -198,10 +205,15 @@ def _digest(tensor: TensorBytes, files: TensorFiles) -> bytes:
     return digest.digest()
 
 
-def _equal(a: TensorBytes, b: TensorBytes, files: TensorFiles) -> bool:
-    """Byte comparison, ``chunk_size`` at a time (a digest alone never pairs two tensors)."""
+def equal_bytes(a: TensorBytes, b: TensorBytes, files: TensorFiles) -> bool:
+    """Byte comparison, ``chunk_size`` at a time (a digest alone never pairs two tensors); the same range of the
+    same file (a linked tensor and its key) is equal without being read."""
     if a.nbytes != b.nbytes:
         return False
+    if a.source is not None and b.source is not None and a.source.src_identity is not None:
+        same_file = a.source.src_identity == b.source.src_identity
+        if same_file and a.source.src_offset == b.source.src_offset:
+            return True
     step = files.chunk_size
     for offset in range(0, a.nbytes, step):
         n = min(step, a.nbytes - offset)
