@@ -157,7 +157,7 @@ def verify_checkpoint(
             if site.kind == "initializer" and site.tensor.data_type in _FLOATS and tensor.name not in paired_names
         ]
     pairings = held + shared
-    missing = sorted(set(keys) - {p.key for p in pairings})
+    missing = sorted(set(keys) - {p.key for p in pairings} - {p.key for p in differing})
     return CheckpointVerifyResult(
         holds=not missing and not differing,
         pairings=tuple(pairings),
