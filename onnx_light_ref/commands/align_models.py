@@ -70,18 +70,34 @@ _SIZE_OPTIONS: tuple[tuple[str, Callable[[str], int], int | None, str], ...] = (
 )
 
 
+def split_member_argument(text: str) -> str | tuple[str, str]:
+    """A member on the command line: ``SRC.onnx`` or ``SRC.onnx=NAME`` (a path that exists as written stays a path,
+    and a NAME never holds a ``/``)."""
+    path, sep, name = text.rpartition("=")
+    if not sep or not path or os.path.exists(text) or "/" in name:
+        return text
+    return path, name
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``align-models`` sub-command."""
     parser = subparsers.add_parser(
         "align-models",
         help="write a family of models (e.g. a decoder and a decoder-with-past) over one set of aligned weights "
         "files holding each distinct tensor once",
-        description="Write DIR/<file name of each SRC.onnx> and one set of aligned weights files in DIR that every "
-        "member points into, each distinct payload stored once (tensors compared byte for byte, whatever their "
-        "names and owners). Sources may live in different folders; they are never modified. The family is "
+        description="Write DIR/<file name of each SRC.onnx, or its NAME> and one set of aligned weights files in DIR "
+        "that every member points into, each distinct payload stored once (tensors compared byte for byte, whatever "
+        "their names and owners). Sources may live in different folders; they are never modified. The family is "
         "published as one transaction; re-running over the same DIR with the same members replaces it as a whole.",
     )
-    parser.add_argument("sources", metavar="SRC.onnx", nargs="+", help="the members' models (distinct file names)")
+    parser.add_argument(
+        "sources",
+        metavar="SRC.onnx[=NAME]",
+        nargs="+",
+        type=split_member_argument,
+        help="the members' models; each is written as DIR/<its file name>, or DIR/NAME with SRC.onnx=NAME (every "
+        "exporter writes model.onnx: a/model.onnx=decoder_model.onnx b/model.onnx=decoder_with_past_model.onnx)",
+    )
     parser.add_argument("--out", metavar="DIR", required=True, help="folder to write the family to (created)")
     parser.add_argument(
         "--weights",

@@ -9,6 +9,7 @@ lacks. Streaming: two ``chunk_size`` buffers, nothing loaded whole; nothing is w
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -127,15 +128,14 @@ def verify_checkpoint(
     check_int("chunk_size", chunk_size, minimum=1)
     check_bool("allow_outside_folder", allow_outside_folder)
     mapping = check_name_map(name_map)
-    checkpoint_path = find_checkpoint(checkpoint)
     model_path = os.path.abspath(os.fspath(model_onnx_path))
-    folder = os.path.dirname(checkpoint_path)
-    with (
-        open_model_folder(model_path, allow_outside_folder=allow_outside_folder) as model_folder,
-        ModelFolder.open(folder, allow_outside_folder=allow_outside_folder) as checkpoint_folder,
-        TensorFiles(chunk_size) as files,
-    ):
-        proto = load_model_metadata(model_path, folder=model_folder)
+    with contextlib.ExitStack() as held:
+        model_folder = held.enter_context(open_model_folder(model_path, allow_outside_folder=allow_outside_folder))
+        proto = load_model_metadata(model_path, folder=model_folder)  # the model first: its errors come first
+        checkpoint_path = find_checkpoint(checkpoint)
+        folder = os.path.dirname(checkpoint_path)
+        checkpoint_folder = held.enter_context(ModelFolder.open(folder, allow_outside_folder=allow_outside_folder))
+        files = held.enter_context(TensorFiles(chunk_size))
         found = read_checkpoint(checkpoint_path, os.path.join(folder, "model.onnx"), folder=checkpoint_folder)
         check_name_map_targets(mapping, iter_tensors(proto), found)
         sites = model_tensors(proto, LocationResolver(model_folder))
@@ -148,15 +148,15 @@ def verify_checkpoint(
             for p in pairing.pairings
             if p.how in ("name", "map") and not equal_bytes(by_name[p.name], keys[p.key], files)
         ]
-        held = [p for p in pairing.pairings if p not in differing]
-        shared = _shared_keys({p.key for p in held} | {p.key for p in differing}, keys, model, files)
+        equal = [p for p in pairing.pairings if p not in differing]
+        shared = _shared_keys({p.key for p in equal} | {p.key for p in differing}, keys, model, files)
         paired_names = {p.name for p in pairing.pairings}
         extra = [
             site.tensor.name
             for site, tensor in sites
             if site.kind == "initializer" and site.tensor.data_type in _FLOATS and tensor.name not in paired_names
         ]
-    pairings = held + shared
+    pairings = equal + shared
     missing = sorted(set(keys) - {p.key for p in pairings} - {p.key for p in differing})
     return CheckpointVerifyResult(
         holds=not missing and not differing,
