@@ -346,7 +346,7 @@ class FamilyMember:
 
     Attributes:
         source: absolute path of the source ``.onnx``.
-        path: absolute path of the ``.onnx`` written (``<folder>/<basename of source>``).
+        path: absolute path of the ``.onnx`` written (``<folder>/<its name>``: its file name or the name given).
         tensors: external tensors of the written model.
         payload_bytes: distinct bytes its external tensors reference.
         shared_tensors: its external tensors whose bytes another member uses too.
