@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
+from onnx_light_ref.commands.hints import inline_hint, oversized_note
 from onnx_light_ref.commands.paths import shown_path
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument, bounded_size, size_argument
+from onnx_light_ref.commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
 
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
@@ -182,6 +184,12 @@ def align_models_command(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         return error_exit(exc)  # created_folders removed the folders it made; an interrupt propagates to the CLI
     print(_summary(result, time.perf_counter() - started))
+    notes = [oversized_note(result.weights_files, args.max_shard_size)]
+    if not result.weights_files and args.size_threshold is None:
+        notes += [inline_hint(source if isinstance(source, str) else source[0]) for source in args.sources]
+    for note in notes:
+        if note is not None:
+            print(printable(note))
     return 0
 
 

@@ -1,0 +1,41 @@
+"""The notes that say what would help, once per run: inline-only sources, files over ``--max-shard-size``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.cli_runner import run_cli
+from tests.hf.fixtures import copy_fixture
+
+
+def test_an_inline_export_is_told_what_size_threshold_would_move(tmp_path: Path) -> None:
+    folder = copy_fixture("llama", tmp_path)
+    done = run_cli(
+        "align", str(folder / "legacy" / "model.onnx"), str(tmp_path / "out" / "model.onnx"), "--max-shard-size",
+        "64K", "--no-progress",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].endswith("no external tensor, nothing to align (model written, no weights file).")
+    assert lines[1] == (
+        "note: every tensor of the source is inline in the .onnx, so the options that act on external weights "
+        "(--max-shard-size, --format, --dedup, --alignment) had nothing to act on: --size-threshold 1K would move 16 "
+        "tensor(s), 106496 bytes; --size-threshold 64K would move 0 tensor(s), 0 bytes; --size-threshold 1M would "
+        "move 0 tensor(s), 0 bytes"
+    )
+    family = run_cli("align-models", str(folder / "legacy" / "model.onnx"), "--out", str(tmp_path / "family"))
+    assert family.returncode == 0 and "--size-threshold 1K would move 16 tensor(s)" in family.stdout
+
+
+def test_files_over_the_shard_cap_are_counted_once(tmp_path: Path) -> None:
+    folder = copy_fixture("llama", tmp_path)
+    done = run_cli(
+        "align", str(folder / "dynamo" / "model.onnx"), str(tmp_path / "out" / "model.onnx"), "--max-shard-size",
+        "10K", "--no-progress",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    notes = [line for line in done.stdout.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: 2 file(s) hold a single tensor larger than --max-shard-size 10240 (a tensor is never split): "
+        "model.onnx.data.11 (16384 bytes), model.onnx.data (16384 bytes)"
+    ]
