@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
-from onnx_light_ref.commands.hints import inline_hint, oversized_note
+from onnx_light_ref.commands.hints import inline_hint, oversized_note, transformers_js_note
 from onnx_light_ref.commands.paths import shown_path
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument, bounded_size, size_argument
@@ -185,6 +185,7 @@ def align_models_command(args: argparse.Namespace) -> int:
         return error_exit(exc)  # created_folders removed the folders it made; an interrupt propagates to the CLI
     print(_summary(result, time.perf_counter() - started))
     notes = [oversized_note(result.weights_files, args.max_shard_size)]
+    notes.append(transformers_js_note(args.shard_names, result.weights_files))
     if not result.weights_files and args.size_threshold is None:
         notes += [inline_hint(source if isinstance(source, str) else source[0]) for source in args.sources]
     for note in notes:

@@ -3,6 +3,8 @@
 * A model whose weights are all inline (optimum's exports: a 71 MB ``.onnx``) has nothing for ``--max-shard-size``,
   ``--format safetensors``, ``--dedup`` or ``--alignment`` to act on: :func:`inline_hint` says that
   ``--size-threshold`` moves inline tensors out, and how many bytes a few sizes would move.
+* transformers.js loads ``model.onnx_data``, ``model.onnx_data_1``, ... by count: :func:`transformers_js_note` gives
+  the exact ``use_external_data_format`` value for ``config.json``.
 * A tensor larger than ``--max-shard-size`` gets a file of its own: :func:`oversized_note` counts those files and
   names the largest few (never one warning per tensor).
 
@@ -15,7 +17,7 @@ import os
 import struct
 from collections.abc import Sequence
 
-__all__ = ["inline_hint", "oversized_note"]
+__all__ = ["inline_hint", "oversized_note", "transformers_js_note"]
 
 _SIZES = ((1024, "1K"), (64 * 1024, "64K"), (1024 * 1024, "1M"))
 _SHOWN = 3
@@ -72,3 +74,13 @@ def _data_size(path: str) -> int | None:
         return size - 8 - header
     except (OSError, struct.error):
         return None
+
+
+def transformers_js_note(shard_names: str | None, files: Sequence[str]) -> str | None:
+    """``note: ...`` with the ``use_external_data_format`` value transformers.js needs, or None."""
+    if shard_names != "transformers.js" or not files:
+        return None
+    return (
+        f'note: transformers.js: set "use_external_data_format": {len(files)} in config.json\'s '
+        f'"transformers.js_config" (it loads that many {os.path.basename(files[0])}* files)'
+    )

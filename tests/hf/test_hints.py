@@ -39,3 +39,18 @@ def test_files_over_the_shard_cap_are_counted_once(tmp_path: Path) -> None:
         "note: 2 file(s) hold a single tensor larger than --max-shard-size 10240 (a tensor is never split): "
         "model.onnx.data.11 (16384 bytes), model.onnx.data (16384 bytes)"
     ]
+
+
+def test_transformers_js_is_given_the_exact_use_external_data_format(tmp_path: Path) -> None:
+    folder = copy_fixture("llama", tmp_path)
+    done = run_cli(
+        "align", str(folder / "dynamo" / "model.onnx"), str(tmp_path / "out" / "model.onnx"), "--max-shard-size",
+        "40K", "--shard-names", "transformers.js", "--no-progress",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    files = sorted(path.name for path in (tmp_path / "out").iterdir() if path.name != "model.onnx")
+    assert files == ["model.onnx_data", "model.onnx_data_1", "model.onnx_data_2"]
+    assert (
+        'note: transformers.js: set "use_external_data_format": 3 in config.json\'s "transformers.js_config" (it '
+        "loads that many model.onnx_data* files)"
+    ) in done.stdout.splitlines()
