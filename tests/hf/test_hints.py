@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from tests.cli_runner import run_cli
 from tests.hf.fixtures import copy_fixture
 
 
+def _align(source: Path, out: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    done = run_cli("align", str(source), str(out / "model.onnx"), *options, "--no-progress")
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def test_an_inline_export_is_told_what_size_threshold_would_move(tmp_path: Path) -> None:
     folder = copy_fixture("llama", tmp_path)
-    done = run_cli(
-        "align", str(folder / "legacy" / "model.onnx"), str(tmp_path / "out" / "model.onnx"), "--max-shard-size",
-        "64K", "--no-progress",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    done = _align(folder / "legacy" / "model.onnx", tmp_path / "out", "--max-shard-size", "64K")
     lines = done.stdout.splitlines()
     assert lines[0].endswith("no external tensor, nothing to align (model written, no weights file).")
     assert lines[1] == (
@@ -29,11 +32,7 @@ def test_an_inline_export_is_told_what_size_threshold_would_move(tmp_path: Path)
 
 def test_files_over_the_shard_cap_are_counted_once(tmp_path: Path) -> None:
     folder = copy_fixture("llama", tmp_path)
-    done = run_cli(
-        "align", str(folder / "dynamo" / "model.onnx"), str(tmp_path / "out" / "model.onnx"), "--max-shard-size",
-        "10K", "--no-progress",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    done = _align(folder / "dynamo" / "model.onnx", tmp_path / "out", "--max-shard-size", "10K")
     notes = [line for line in done.stdout.splitlines() if line.startswith("note:")]
     assert notes == [
         "note: 2 file(s) hold a single tensor larger than --max-shard-size 10240 (a tensor is never split): "
@@ -43,11 +42,14 @@ def test_files_over_the_shard_cap_are_counted_once(tmp_path: Path) -> None:
 
 def test_transformers_js_is_given_the_exact_use_external_data_format(tmp_path: Path) -> None:
     folder = copy_fixture("llama", tmp_path)
-    done = run_cli(
-        "align", str(folder / "dynamo" / "model.onnx"), str(tmp_path / "out" / "model.onnx"), "--max-shard-size",
-        "40K", "--shard-names", "transformers.js", "--no-progress",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    done = _align(
+        folder / "dynamo" / "model.onnx",
+        tmp_path / "out",
+        "--max-shard-size",
+        "40K",
+        "--shard-names",
+        "transformers.js",
+    )
     files = sorted(path.name for path in (tmp_path / "out").iterdir() if path.name != "model.onnx")
     assert files == ["model.onnx_data", "model.onnx_data_1", "model.onnx_data_2"]
     assert (
