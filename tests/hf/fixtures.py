@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
+from onnx.reference.op_run import RuntimeTypeError
 
 from onnx_light_ref import reference_evaluator
 from tests.checks import onnxruntime_session
@@ -49,6 +51,16 @@ def run_ort(path: Path) -> list[np.ndarray]:
 
 
 def evaluate(path: Path) -> list[np.ndarray]:
-    """The outputs of our lazy evaluator (the only one that runs the bfloat16 Qwen2: onnxruntime has no bf16 Mul)."""
+    """The outputs of our lazy evaluator (the only one that runs the bfloat16 Qwen2: onnxruntime has no bf16 Mul).
+
+    Skips the calling test (after what it checked before) when the installed onnx's evaluator cannot compute in
+    bfloat16 (onnx 1.17, the floor: "Output type mismatch ... (operator 'MatMul')"; onnx >= 1.19 computes with
+    ml_dtypes).
+    """
     with reference_evaluator(str(path)) as evaluator:
-        return [np.asarray(out) for out in evaluator.run(None, feeds_for(path))]
+        try:
+            return [np.asarray(out) for out in evaluator.run(None, feeds_for(path))]
+        except RuntimeTypeError as exc:
+            if "bfloat16" not in str(exc):
+                raise
+            pytest.skip(f"onnx {onnx.__version__}'s evaluator cannot compute in bfloat16: {str(exc)[:80]}")
