@@ -656,6 +656,23 @@ def _evaluator(args: dict[str, Any]) -> list[Phase]:
     return [("construct", construct), ("run", run)]
 
 
+def _ort_session(args: dict[str, Any]) -> list[Phase]:
+    """An onnxruntime CPU session on ``args["model"]``: its creation, then one run (``x`` of ``args["width"]``)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    x = np.full((1, args["width"]), 0.5, dtype=np.float32)
+
+    def construct(_: Any) -> Any:
+        return ort.InferenceSession(args["model"], providers=["CPUExecutionProvider"])
+
+    def run(session: Any) -> dict[str, Any]:
+        (y,) = session.run(None, {"x": x})
+        return {"checksum": float(np.asarray(y, dtype=np.float64).sum())}
+
+    return [("construct", construct), ("run", run)]
+
+
 def _typed_evaluator(args: dict[str, Any]) -> list[Phase]:
     """A model without inputs whose weights are of one element type (bfloat16): onnx's evaluator vs the lazy one."""
     import numpy as np
@@ -775,6 +792,7 @@ _SCENARIOS: dict[str, Callable[[dict[str, Any]], list[Phase]]] = {
     "np_fromfile": _np_fromfile,
     "evaluator": _evaluator,
     "typed_evaluator": _typed_evaluator,
+    "ort_session": _ort_session,
     "undelay": _undelay,
     "delay": _delay,
     "align_models": _align_models,

@@ -13,6 +13,7 @@ Public API (names are stable)::
         AlignResult,                           # what the aligners return: an int (the size) with the facts
         SaveResult,                            # what the shared saver returns: an int (the size) with the facts
         verify_models,                         # prove two models hold the same tensors (streamed)
+        verify_checkpoint,                     # prove a model holds a safetensors checkpoint's tensors (streamed)
         link_external_data,                    # point a model at a safetensors checkpoint's bytes (none copied)
         LinkResult,                            # what link_external_data returns
         reference_evaluator,                   # onnx's ReferenceEvaluator, external weights read lazily
@@ -50,6 +51,7 @@ __all__ = [
     "register_schemas",
     "save_model_with_shared_external_data",
     "undelay_initializers",
+    "verify_checkpoint",
     "verify_models",
 ]
 
@@ -69,6 +71,7 @@ _LAZY = {
     "LinkResult": "onnx_light_ref.io.results",
     "link_external_data": "onnx_light_ref.io",
     "verify_models": "onnx_light_ref.io",
+    "verify_checkpoint": "onnx_light_ref.io",
 }
 
 if TYPE_CHECKING:
@@ -82,6 +85,7 @@ if TYPE_CHECKING:
         align_models,
         link_external_data,
         save_model_with_shared_external_data,
+        verify_checkpoint,
         verify_models,
     )
     from onnx_light_ref.ops import (

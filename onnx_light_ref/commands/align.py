@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
+from onnx_light_ref.commands.hints import inline_hint, oversized_note, transformers_js_note
 from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument, bounded_size, size_argument
@@ -182,6 +183,13 @@ def align_command(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     warn_unless_onnx(args.dst)  # after success: a refusal's one error line says enough
     print(_summary(args.dst, result, elapsed))
+    notes = [oversized_note(result.weights_files, args.max_shard_size)]
+    notes.append(transformers_js_note(args.shard_names, result.weights_files))
+    if result.tensors == 0 and args.size_threshold is None:
+        notes.append(inline_hint(args.src))
+    for note in notes:
+        if note is not None:
+            print(printable(note))
     return 0
 
 

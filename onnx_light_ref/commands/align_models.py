@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
+from onnx_light_ref.commands.hints import inline_hint, oversized_note, transformers_js_note
 from onnx_light_ref.commands.paths import shown_path
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument, bounded_size, size_argument
+from onnx_light_ref.commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
 
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
@@ -70,18 +72,34 @@ _SIZE_OPTIONS: tuple[tuple[str, Callable[[str], int], int | None, str], ...] = (
 )
 
 
+def split_member_argument(text: str) -> str | tuple[str, str]:
+    """A member on the command line: ``SRC.onnx`` or ``SRC.onnx=NAME`` (a path that exists as written stays a path,
+    and a NAME never holds a ``/``)."""
+    path, sep, name = text.rpartition("=")
+    if not sep or not path or os.path.exists(text) or "/" in name:
+        return text
+    return path, name
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``align-models`` sub-command."""
     parser = subparsers.add_parser(
         "align-models",
         help="write a family of models (e.g. a decoder and a decoder-with-past) over one set of aligned weights "
         "files holding each distinct tensor once",
-        description="Write DIR/<file name of each SRC.onnx> and one set of aligned weights files in DIR that every "
-        "member points into, each distinct payload stored once (tensors compared byte for byte, whatever their "
-        "names and owners). Sources may live in different folders; they are never modified. The family is "
+        description="Write DIR/<file name of each SRC.onnx, or its NAME> and one set of aligned weights files in DIR "
+        "that every member points into, each distinct payload stored once (tensors compared byte for byte, whatever "
+        "their names and owners). Sources may live in different folders; they are never modified. The family is "
         "published as one transaction; re-running over the same DIR with the same members replaces it as a whole.",
     )
-    parser.add_argument("sources", metavar="SRC.onnx", nargs="+", help="the members' models (distinct file names)")
+    parser.add_argument(
+        "sources",
+        metavar="SRC.onnx[=NAME]",
+        nargs="+",
+        type=split_member_argument,
+        help="the members' models; each is written as DIR/<its file name>, or DIR/NAME with SRC.onnx=NAME (every "
+        "exporter writes model.onnx: a/model.onnx=decoder_model.onnx b/model.onnx=decoder_with_past_model.onnx)",
+    )
     parser.add_argument("--out", metavar="DIR", required=True, help="folder to write the family to (created)")
     parser.add_argument(
         "--weights",
@@ -166,6 +184,13 @@ def align_models_command(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         return error_exit(exc)  # created_folders removed the folders it made; an interrupt propagates to the CLI
     print(_summary(result, time.perf_counter() - started))
+    notes = [oversized_note(result.weights_files, args.max_shard_size)]
+    notes.append(transformers_js_note(args.shard_names, result.weights_files))
+    if not result.weights_files and args.size_threshold is None:
+        notes += [inline_hint(source if isinstance(source, str) else source[0]) for source in args.sources]
+    for note in notes:
+        if note is not None:
+            print(printable(note))
     return 0
 
 

@@ -12,14 +12,20 @@ status 1, without a traceback, having written nothing. A failure after the commi
 from __future__ import annotations
 
 import argparse
+import os
+from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.align import weights_path
-from onnx_light_ref.commands.errors import error_exit, published_exit
+from onnx_light_ref.commands.errors import PUBLISHED_WITH_ERRORS, error_exit, published_exit
 from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument, size_argument
 from onnx_light_ref.commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
+
+if TYPE_CHECKING:
+    from onnx_light_ref.io.results import LinkResult
+    from onnx_light_ref.io.write.contract import WritePlan
 
 __all__ = ["link_command", "register"]
 
@@ -40,6 +46,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("dst", metavar="DST.onnx", help="model to write, in the checkpoint's folder (or above it)")
     parser.add_argument("--map", metavar="NAMES.json", help="JSON object: model tensor name -> checkpoint key")
     parser.add_argument(
+        "--map-by-content",
+        action="store_true",
+        help="pair the tensors names (and --map) leave with keys of the same data type, shape and bytes (hashed, "
+        "then compared): tied and renamed weights; also finds tensors that are a key's transpose. Reads their bytes",
+    )
+    parser.add_argument(
+        "--transpose",
+        action="store_true",
+        help="link tensors that are a key's 2-D transpose (torch's optimize=True, the legacy exporter) through a "
+        "Transpose node over the key: no weight stored twice, outputs bit-identical; compares bytes like "
+        "--map-by-content",
+    )
+    parser.add_argument(
+        "--write-map",
+        metavar="FILE",
+        help="write the pairing (every tensor linked under another name) as a --map file to review or edit; an "
+        "existing FILE needs --overwrite",
+    )
+    parser.add_argument(
         "--weights",
         metavar="PATH",
         help="the model's own weights file (tensors not linked); a relative PATH is relative to DST.onnx's folder and "
@@ -51,6 +76,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=alignment_argument,
         default=4096,
         help="alignment of the tensors written to DST.onnx.data (default: 4096; 0 or 1 = packed)",
+    )
+    parser.add_argument(
+        "--align-threshold",
+        metavar="SIZE",
+        type=size_argument,
+        default=0,
+        help="tensors written to DST.onnx.data smaller than SIZE are packed, not aligned (default: 0: align all); "
+        "linked tensors keep the checkpoint's offsets",
     )
     parser.add_argument(
         "--size-threshold",
@@ -94,10 +127,10 @@ def _read_map(path: str) -> dict[str, str]:
 def link_command(args: argparse.Namespace) -> int:
     """Run the command; return the exit status."""
     from onnx_light_ref.io.link import link_external_data
-    from onnx_light_ref.io.results import summarize_names
 
     try:
         name_map = _read_map(args.map) if args.map is not None else None
+        map_plan = _map_plan(args) if args.write_map is not None else None
         with byte_progress("link", hidden=args.no_progress) as progress:
             result = link_external_data(
                 args.model,
@@ -112,12 +145,30 @@ def link_command(args: argparse.Namespace) -> int:
                 allow_outside_folder=args.allow_outside_folder,
                 replace_shared=args.replace_shared,
                 overwrite=args.overwrite,
+                map_by_content=args.map_by_content,
+                transpose=args.transpose,
+                align_threshold=args.align_threshold,
             )
     except PublishedWithErrorsError as exc:  # the model is written, but a step after the commit failed
         return published_exit(exc)
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         return error_exit(exc)
     warn_unless_onnx(args.dst)  # after success: a refusal's one error line says enough
+    print(_summary(args, result))
+    if map_plan is not None:
+        try:
+            _write_map(map_plan, result)
+        except (ValueError, OSError) as exc:
+            error_exit(f"{args.dst!r} is published, but --write-map {args.write_map!r} was not written: {exc}")
+            return PUBLISHED_WITH_ERRORS
+        print(f"wrote the pairing to {shown_path(args.write_map)} (a --map file)")
+    return 0
+
+
+def _summary(args: argparse.Namespace, result: LinkResult) -> str:
+    """The summary line and its notes (what was paired how, what would help)."""
+    from onnx_light_ref.io.results import summarize_names
+
     line = (
         f"{shown_path(args.dst)}: {result.linked_tensors} tensors linked to the checkpoint ({result.linked_bytes} "
         f"bytes, none copied), {result.written_tensors} written ({result.written_bytes} bytes"
@@ -138,5 +189,63 @@ def link_command(args: argparse.Namespace) -> int:
             f"used by {args.dst} and were not deleted: {', '.join(result.stale_weights_files)} (delete them if "
             "nothing else uses them)"
         )
-    print(line)
-    return 0
+    return line + "".join(f"\n{note}" for note in _pairing_notes(args, result))
+
+
+def _pairing_notes(args: argparse.Namespace, result: LinkResult) -> list[str]:
+    from onnx_light_ref.io.results import summarize_names
+
+    notes = [
+        f"  {printable(p.name)} -> {printable(p.key)} ({p.how})" for p in result.pairings if p.how in ("content", "map")
+    ]
+    notes += [
+        f"  {printable(p.name)} = Transpose({printable(p.key)})"
+        + ("" if p.name in result.transposed_tensors else " (written: --transpose links it)")
+        for p in result.pairings
+        if p.how == "transpose"
+    ]
+    if notes:
+        notes.insert(0, "pairing (model tensor -> checkpoint key):")
+    if result.transpose_candidates:
+        names = summarize_names([printable(name) for name in result.transpose_candidates])
+        notes.append(
+            f"note: {len(result.transpose_candidates)} tensor(s) have the swapped dims of a checkpoint key, probably "
+            f"pre-transposed weights (torch's optimize=True, the legacy exporter): {names}; export with "
+            "optimize=False to keep the checkpoint's layout, or link them with --transpose"
+        )
+    if result.unaligned_linked:
+        notes.append(
+            f"note: {result.unaligned_linked} linked tensor(s) keep the checkpoint's offsets, which are not multiples "
+            f"of --alignment {args.alignment} (a link never moves the checkpoint's bytes)"
+        )
+    return notes
+
+
+def _map_plan(args: argparse.Namespace) -> WritePlan:
+    """The --write-map file as the writer contract's plan, checked before the link writes anything."""
+    from onnx_light_ref.io.read.locations import file_identity
+    from onnx_light_ref.io.write.contract import PlannedFile, WriteOptions, WritePlan, check_plan
+
+    reads = {identity: path for path in (args.model, args.checkpoint) if (identity := file_identity(path))}
+    plan = WritePlan(
+        "link --write-map",
+        [],
+        [PlannedFile(os.path.abspath(args.write_map), "data", 0, format="json")],
+        WriteOptions(args.replace_shared, args.overwrite, args.allow_outside_folder),
+        reads,
+        rename_hint="another --write-map",
+    )
+    check_plan(plan)  # the name: before the link writes anything; the content once it is known
+    return plan
+
+
+def _write_map(plan: WritePlan, result: LinkResult) -> None:
+    import json
+
+    from onnx_light_ref.io.write.contract import PlannedFile
+    from onnx_light_ref.io.write.execute import execute
+
+    pairs = {p.name: p.key for p in result.pairings if p.how in ("map", "content")}
+    data = (json.dumps(pairs, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+    plan.files = [PlannedFile(plan.files[0].path, "data", len(data), writes=[(0, data)], format="json")]
+    execute(plan, lambda _stats: None)

@@ -46,7 +46,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "equal, 1 on a difference or an unreadable model.",
     )
     parser.add_argument("a", metavar="A.onnx", help="first model")
-    parser.add_argument("b", metavar="B.onnx", help="second model")
+    parser.add_argument(
+        "b",
+        metavar="B.onnx",
+        help="second model; or a checkpoint (a .safetensors file, a .safetensors.index.json or a folder): then prove "
+        "that A.onnx holds every checkpoint tensor (by name, --map, content or transpose) and list what it lacks",
+    )
+    parser.add_argument(
+        "--map", metavar="NAMES.json", help="with a checkpoint: JSON object, model tensor name -> checkpoint key"
+    )
     parser.add_argument(
         "--chunk-size",
         metavar="SIZE",
@@ -111,8 +119,11 @@ def verify_command(args: argparse.Namespace) -> int:
     or the ``equal:`` line. With ``--json``: one JSON document on stdout instead (``docs/json.md``); an error is then
     both a JSON document with an ``error`` member on stdout and the usual ``error:`` line on stderr.
     """
+    from onnx_light_ref.commands.verify_checkpoint import is_checkpoint, verify_checkpoint_command
     from onnx_light_ref.io.verify import verify_models
 
+    if is_checkpoint(args.b):
+        return verify_checkpoint_command(args)
     as_json = getattr(args, "json", False)
     max_differences = getattr(args, "max_differences", 1)
     try:

@@ -9,7 +9,8 @@ The folders are the stages of every writer's pipeline (data flows one way, no mo
 On top, the public functions: the writers ``align`` (re-align, streaming or in memory), ``align_models`` (a
 family of models over one set of weights files), ``shared_save`` (a variant
 writing only its new weights), ``link`` (point a model at a safetensors checkpoint's bytes), the readers ``verify``
-(two models hold the same tensors) and ``layout_report`` (``inspect``), what they return (``results``), and the two
+(two models hold the same tensors), ``verify_checkpoint`` (a model holds a checkpoint's tensors) and
+``layout_report`` (``inspect``), what they return (``results``), and the two
 modules every stage shares: ``arguments`` (argument types and checks) and ``posix`` (exact positional reads and
 writes, the checks made on an open file).
 
@@ -24,9 +25,11 @@ from onnx_light_ref.io.link import link_external_data
 from onnx_light_ref.io.results import AlignResult, FamilyResult, LinkResult, SaveResult
 from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
 from onnx_light_ref.io.verify import VerifyResult, verify_models
+from onnx_light_ref.io.verify_checkpoint import CheckpointVerifyResult, verify_checkpoint
 
 __all__ = [
     "AlignResult",
+    "CheckpointVerifyResult",
     "FamilyResult",
     "LinkResult",
     "SaveResult",
@@ -36,5 +39,6 @@ __all__ = [
     "align_models",
     "link_external_data",
     "save_model_with_shared_external_data",
+    "verify_checkpoint",
     "verify_models",
 ]

@@ -23,15 +23,15 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
 
 import onnx
 
-from onnx_light_ref.errors import DestinationConflictError
 from onnx_light_ref.io.align import warn_unaligned, write_plan
 from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
 from onnx_light_ref.io.plan.align_plan import SITE_KEPT, LayoutOptions, WeightsFormat, check_layout_options
 from onnx_light_ref.io.plan.family_plan import FamilyPlan, default_family_weights, lay_out_family, walk_family
+from onnx_light_ref.io.plan.member_names import member_sources
 from onnx_light_ref.io.plan.shard_names import ShardNames
 from onnx_light_ref.io.plan.sites import iter_sites
 from onnx_light_ref.io.read.sharing import model_references, scan_users
@@ -52,7 +52,7 @@ _RENAME_HINT = "another weights name (weights_name / --weights) or another folde
 
 
 def align_models(
-    src_onnx_paths: Iterable[PathLike],
+    src_onnx_paths: Iterable[PathLike | tuple[PathLike, str]] | Mapping[PathLike, str],
     dst_folder: PathLike,
     *,
     weights_name: PathLike | None = None,
@@ -71,12 +71,13 @@ def align_models(
 ) -> FamilyResult:
     """Write a family of models into ``dst_folder`` over one set of weights files, each distinct payload once.
 
-    Each source becomes ``<dst_folder>/<its basename>``; all of them point into the same aligned weights files,
-    which hold every distinct payload of the family once: payloads are compared byte for byte (equal lengths, then
-    samples, digests and the bytes themselves, as ``dedup=True`` does inside one model), whatever the tensors'
-    names and whichever member owns them. Sources may live in different folders and share nothing on disk. Weight
-    bytes go file to file through the kernel (reflinks kept), never through memory beyond one ``chunk_size``
-    buffer; every check passes and free space is reserved before the first byte is written.
+    Each source becomes ``<dst_folder>/<its name>`` (its file name, or the name it is given); all of them point into
+    the same aligned weights files, which hold every distinct payload of the family once: payloads are compared byte
+    for byte (equal lengths, then samples, digests and the bytes themselves, as ``dedup=True`` does inside one
+    model), whatever the tensors' names and whichever member owns them. Sources may live in different folders and
+    share nothing on disk. Weight bytes go file to file through the kernel (reflinks kept), never through memory
+    beyond one ``chunk_size`` buffer; every check passes and free space is reserved before the first byte is
+    written.
 
     The family is one transaction: the weights files, then every member, are published under the folder's lock;
     a process killed at any system call leaves every member loadable and computing its previous or its new values;
@@ -87,8 +88,10 @@ def align_models(
     ``docs/align_models.md``).
 
     Args:
-        src_onnx_paths: the members' source models (at least one; no two with the same basename). Their files
-            are read, never modified.
+        src_onnx_paths: the members' source models (at least one), each a path (the member keeps its file name) or
+            a ``(path, name)`` pair naming the member (every exporter writes ``model.onnx``:
+            ``[("a/model.onnx", "decoder_model.onnx"), ("b/model.onnx", "decoder_with_past_model.onnx")]``), or a
+            mapping ``{path: name}``. No two members with one name. Their files are read, never modified.
         dst_folder: the folder to write; it must exist. A source inside it that the run would replace is refused.
         weights_name: the (first) weights file, relative to ``dst_folder`` (or an absolute path inside it);
             default ``weights.data`` (``weights.onnx_data`` with ``shard_names="transformers.js"``,
@@ -141,7 +144,7 @@ def align_models(
             removing the previous versions, or a move that could not be undone (no ``RENAME_EXCHANGE``). Its
             ``result`` is the ``FamilyResult``. Never an ``OSError``: see ``docs/durability.md``.
     """
-    sources = _source_paths(src_onnx_paths)
+    sources, names = member_sources(src_onnx_paths)
     options = WriteOptions(
         check_bool("replace_shared", replace_shared),
         check_bool("overwrite", overwrite),
@@ -159,9 +162,14 @@ def align_models(
     )
     folder = _destination_folder(dst_folder)
     weights = _weights_path(folder, weights_name, layout)
-    _refuse_shared_basenames(sources)
     plan = walk_family(
-        sources, folder, weights, alignment=alignment, layout=layout, allow_outside_folder=allow_outside_folder
+        sources,
+        folder,
+        weights,
+        alignment=alignment,
+        layout=layout,
+        allow_outside_folder=allow_outside_folder,
+        names=names,
     )
     parsed = _check_names(plan, options)  # the writer contract on the names known, before any weight byte is read
     lay_out_family(plan, chunk_size)
@@ -176,21 +184,6 @@ def align_models(
 
 
 # ----------------------------------------------------------------------------------------------- arguments
-
-
-def _source_paths(src_onnx_paths: object) -> list[str]:
-    if isinstance(src_onnx_paths, (str, bytes, os.PathLike)) or not isinstance(src_onnx_paths, Iterable):
-        raise ArgumentTypeError(
-            f"src_onnx_paths must be a list of model paths, got {type(src_onnx_paths).__name__} {src_onnx_paths!r}."
-        )
-    paths = []
-    for path in src_onnx_paths:
-        if not isinstance(path, (str, os.PathLike)):
-            raise ArgumentTypeError(f"src_onnx_paths must hold paths, got {type(path).__name__} {path!r}.")
-        paths.append(os.path.abspath(os.fspath(path)))
-    if not paths:
-        raise ValueError("src_onnx_paths is empty: align_models needs at least one source model.")
-    return paths
 
 
 def _destination_folder(dst_folder: object) -> str:
@@ -213,25 +206,6 @@ def _weights_path(folder: str, weights_name: object, layout: LayoutOptions) -> s
 
 
 # ---------------------------------------------------------------------------------------------------- checks
-
-
-def _refuse_shared_basenames(sources: Sequence[str]) -> None:
-    """Each member is written as ``<folder>/<its file name>``: two sources with one name would be one output."""
-    seen: dict[str, str] = {}
-    for source in sources:
-        name = os.path.basename(source)
-        if name in seen and seen[name] == source:
-            raise DestinationConflictError(
-                f"source {source!r} is given twice: each member is written once, as <folder>/{name}; nothing was "
-                "written."
-            )
-        if name in seen:
-            raise DestinationConflictError(
-                f"sources {seen[name]!r} and {source!r} have the same file name {name!r}: align_models writes "
-                "each member as <folder>/<its file name>, so one would overwrite the other. Rename one of them; "
-                "nothing was written."
-            )
-        seen[name] = source
 
 
 def _check_names(plan: FamilyPlan, options: WriteOptions) -> ReferenceCache:

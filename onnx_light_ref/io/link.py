@@ -33,6 +33,7 @@ import onnx
 
 from onnx_light_ref.errors import ExternalDataError, SafetensorsError, UnsafeLocationError
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
+from onnx_light_ref.io.checkpoint_pairing import LinkPairingOptions, pair_for_link
 from onnx_light_ref.io.plan.alignment import validate_alignment
 from onnx_light_ref.io.plan.name_map import check_name_map, check_name_map_targets
 from onnx_light_ref.io.plan.placement import Placement, ShardedLayout
@@ -279,6 +280,9 @@ def link_external_data(
     allow_outside_folder: bool = False,
     replace_shared: bool = False,
     overwrite: bool = False,
+    map_by_content: bool = False,
+    transpose: bool = False,
+    align_threshold: int = 0,
 ) -> LinkResult:
     """Write ``dst_onnx_path`` so that every tensor found in ``checkpoint`` points at the checkpoint's bytes.
 
@@ -314,13 +318,25 @@ def link_external_data(
             of its folder or an ancestor folder, through external data or ``DelayedInitializer`` filenames).
         overwrite: replace an existing file the destination does not own (anything but ``dst_onnx_path``, the files
             its previous version references and the files named after it).
+        map_by_content: pair the tensors that names (and ``name_map``) leave by their bytes: a key of the same
+            data type, shape and bytes (a streaming hash, then a byte comparison), for tied and renamed weights; also
+            finds tensors that are a key's 2-D transpose (see ``transpose``). Reads the candidates' bytes once;
+            ``result.pairings`` lists every pairing (``link --write-map`` writes them as a name map).
+        transpose: with ``map_by_content``, replace each main-graph initializer found to be a key's transpose (of at
+            least ``size_threshold`` bytes) by a ``Transpose`` node over an initializer linked to that key: an
+            optimized export (torch's ``optimize=True``) then stores no weight twice. The outputs are bit-identical;
+            runtimes compute the transpose when the session is created (``docs/safetensors.md`` measures it).
+        align_threshold: tensors written to the model's weights file with fewer bytes are packed (no alignment
+            padding); default 0: every one aligned. Linked tensors keep the checkpoint's offsets:
+            ``result.unaligned_linked`` counts those of at least this size not at a multiple of ``alignment``.
 
     Returns:
         A :class:`~onnx_light_ref.io.results.LinkResult`: an ``int``, the bytes of the model's weights file
         (0 when every external tensor was linked), with ``linked_tensors``, ``linked_bytes``, ``written_tensors``,
         ``written_bytes``, ``mismatched_tensors``, ``checkpoint_files``, ``weights_files``,
-        ``stale_weights_files`` (e.g. the ``DST.onnx.data`` an earlier run wrote, when nothing is written to it now)
-        and ``kept_inline_reasons``.
+        ``stale_weights_files`` (e.g. the ``DST.onnx.data`` an earlier run wrote, when nothing is written to it now),
+        ``kept_inline_reasons``, ``pairings``, ``transposed_tensors``, ``transpose_candidates`` and
+        ``unaligned_linked``.
 
     Raises:
         ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type), or a
@@ -347,6 +363,13 @@ def link_external_data(
     threshold = check_int("size_threshold", size_threshold)
     check_int("chunk_size", chunk_size, minimum=1)
     check_bool("durable", durable)
+    pairing_options = LinkPairingOptions(
+        check_bool("map_by_content", map_by_content),
+        check_bool("transpose", transpose),
+        threshold,
+        chunk_size,
+        check_int("align_threshold", align_threshold),
+    )
     options = WriteOptions(
         check_bool("replace_shared", replace_shared),
         check_bool("overwrite", overwrite),
@@ -373,6 +396,10 @@ def link_external_data(
             src_folder = held.enter_context(open_model_folder(src, allow_outside_folder=options.allow_outside_folder))
             proto = load_model_metadata(src, folder=src_folder)
         check_name_map_targets(mapping, iter_tensors(proto), checkpoint_tensors)
+        paired = pair_for_link(
+            proto, LocationResolver(src_folder), checkpoint_tensors, dst_folder, mapping, pairing_options
+        )
+        mapping = paired.mapping
         plan = _plan_link(
             proto,
             src,
@@ -381,7 +408,7 @@ def link_external_data(
             checkpoint_tensors,
             mapping,
             (dst_onnx, dst_weights),
-            step,
+            (step, pairing_options.align_threshold),
             threshold,
             options,
         )
@@ -389,7 +416,8 @@ def link_external_data(
         if plan.copies and not plan.links:
             _warn_nothing_linked(dst_weights, [(t, item) for t, item, _ in plan.copies], checkpoint_tensors, mapping)
         checkpoint_names = sorted({found.path for found in checkpoint_tensors.values()})
-        result = _write(plan, dst_weights, chunk_size, durable, progress, checkpoint_names)
+        facts = paired.facts([found for _, found in plan.links], step, pairing_options.align_threshold)
+        result = _write(plan, dst_weights, chunk_size, durable, progress, checkpoint_names, facts)
     _log(result, dst_onnx)
     return result
 
@@ -402,7 +430,7 @@ def _plan_link(
     checkpoint_tensors: Mapping[str, CheckpointTensor],
     mapping: Mapping[str, str],
     dst: tuple[str, str],
-    step: int,
+    alignment: tuple[int, int],
     threshold: int,
     options: WriteOptions,
 ) -> _LinkPlan:
@@ -459,7 +487,7 @@ def _plan_link(
         sources[file.identity] = file.path
         copies.append((None, CopyRange(file.path, offset, 0, length, file.identity, file.folder, file.location)))
         order.append((SITE_MOVED, "copy", len(copies) - 1))
-    layout = ShardedLayout(step)  # every copy aligned; a zero-length one at the end of the file (placement.py)
+    layout = ShardedLayout(*alignment)  # copies aligned from align_threshold on; zero-length ones at the end
     placed = [(tensor, item, layout.place(_length(item))) for tensor, item in copies]
     size = layout.total_size if copies else 0
     sites = SiteColumns()
@@ -541,6 +569,7 @@ def _write(
     durable: bool,
     progress: ProgressCallback | None,
     checkpoint_names: list[str],
+    facts: Mapping[str, object],
 ) -> LinkResult:
     """Execute the plan: copy the written tensors, point every tensor at its place, publish (re-checked under the
     lock). The result is built before the publication, so that a failure after the commit still carries it."""
@@ -557,6 +586,7 @@ def _write(
             weights_files=[dst_weights] if plan.copies else [],
             stale_weights_files=plan.stale,
             kept_inline_reasons=plan.kept_inline,
+            **facts,  # type: ignore[arg-type]
         )
 
     return execute(plan.contract, result, durable=durable, chunk_size=chunk_size, progress=progress)

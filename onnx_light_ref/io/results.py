@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "AlignResult",
@@ -21,8 +21,11 @@ __all__ = [
     "LinkResult",
     "SaveResult",
     "SharedTensor",
+    "TensorPairing",
     "summarize_names",
 ]
+
+PairingHow = Literal["name", "map", "content", "transpose"]
 
 _NAMES_SHOWN = 3  # a warning or a repr names this many items of a long list, then counts the rest
 
@@ -235,6 +238,19 @@ class SaveResult(_SizeResult):
         return int(self) - self.payload_bytes
 
 
+@dataclass(frozen=True, slots=True)
+class TensorPairing:
+    """A model tensor (``name``) and the checkpoint key holding its values, and how they were paired.
+
+    ``how``: ``"name"`` (the key is its name), ``"map"`` (through a name map), ``"content"`` (equal bytes, compared),
+    ``"transpose"`` (the tensor is the key's 2-D transpose, compared).
+    """
+
+    name: str
+    key: str
+    how: PairingHow
+
+
 class LinkResult(_SizeResult):
     """The result of :func:`~onnx_light_ref.io.link.link_external_data`: the bytes of the model's own weights file
     (an ``int``, padding included; 0 when every external tensor was linked), plus what was linked and written.
@@ -253,6 +269,14 @@ class LinkResult(_SizeResult):
             shards of it), never deleted.
         kept_inline_reasons: inline tensors of at least ``size_threshold`` bytes left inline (not linked, not written)
             by reason: ``"shape tensor"``, ``"training_info"``, ``"function default attribute"``...
+        pairings: every model tensor paired with a checkpoint key (name, key, how: ``"name"``, ``"map"``,
+            ``"content"``, ``"transpose"``), model order; the model tensors that became ``Transpose`` outputs
+            (``transpose=True``) are among them.
+        transposed_tensors: model tensors now computed by a ``Transpose`` node over a linked key (``transpose=True``).
+        transpose_candidates: model tensors whose dims are a checkpoint key's swapped and that were not paired:
+            probably pre-transposed weights (torch's ``optimize=True``, the legacy exporter); written.
+        unaligned_linked: linked tensors of at least ``align_threshold`` bytes whose checkpoint offset is not a
+            multiple of ``alignment`` (a link keeps the checkpoint's layout).
     """
 
     _REPR_FIELDS = (
@@ -274,6 +298,10 @@ class LinkResult(_SizeResult):
     weights_files: tuple[str, ...]
     stale_weights_files: tuple[str, ...]
     kept_inline_reasons: dict[str, int]
+    pairings: tuple[TensorPairing, ...]
+    transposed_tensors: tuple[str, ...]
+    transpose_candidates: tuple[str, ...]
+    unaligned_linked: int
 
     def __new__(
         cls,
@@ -288,6 +316,10 @@ class LinkResult(_SizeResult):
         weights_files: Iterable[str] = (),
         stale_weights_files: Iterable[str] = (),
         kept_inline_reasons: Mapping[str, int] | None = None,
+        pairings: Iterable[TensorPairing] = (),
+        transposed_tensors: Iterable[str] = (),
+        transpose_candidates: Iterable[str] = (),
+        unaligned_linked: int = 0,
     ) -> LinkResult:
         result = super().__new__(cls, total_size)
         result._set(
@@ -300,6 +332,10 @@ class LinkResult(_SizeResult):
             weights_files=tuple(weights_files),
             stale_weights_files=tuple(stale_weights_files),
             kept_inline_reasons=dict(kept_inline_reasons or {}),
+            pairings=tuple(pairings),
+            transposed_tensors=tuple(transposed_tensors),
+            transpose_candidates=tuple(transpose_candidates),
+            unaligned_linked=unaligned_linked,
         )
         return result
 
@@ -310,7 +346,7 @@ class FamilyMember:
 
     Attributes:
         source: absolute path of the source ``.onnx``.
-        path: absolute path of the ``.onnx`` written (``<folder>/<basename of source>``).
+        path: absolute path of the ``.onnx`` written (``<folder>/<its name>``: its file name or the name given).
         tensors: external tensors of the written model.
         payload_bytes: distinct bytes its external tensors reference.
         shared_tensors: its external tensors whose bytes another member uses too.

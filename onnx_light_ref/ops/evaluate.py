@@ -59,6 +59,7 @@ from onnx_light_ref.onnx_compat import refuse_unsupported_evaluator_options
 from onnx_light_ref.ops.convert import delay_initializers
 from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
 from onnx_light_ref.ops.evaluator_cycle import weaken_log_callback
+from onnx_light_ref.ops.transpose import Transpose
 
 __all__ = ["LazyReferenceEvaluator", "reference_evaluator"]
 
@@ -148,7 +149,7 @@ def reference_evaluator(
     with open_model_folder(model_path, allow_outside_folder=allow_outside_folder) as folder:
         converted = _convert_and_load_eager(model_path, load_device, folder)
         op = DelayedInitializer.bind(folder, allow_outside_folder=allow_outside_folder)
-    new_ops = [op, *(kwargs.pop("new_ops", None) or [])]
+    new_ops = [op, Transpose, *(kwargs.pop("new_ops", None) or [])]
     try:
         sess = LazyReferenceEvaluator(converted, new_ops=new_ops, **kwargs)
     except BaseException:

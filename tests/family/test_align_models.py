@@ -454,7 +454,7 @@ def test_the_writer_contract_refuses_a_plan_that_externalizes_what_onnx_would_no
 ) -> None:
     """Rule 2 is decided again by the contract, whatever the planner decided: a planner that got it wrong is caught
     before the first byte."""
-    import onnx_light_ref.io.plan.align_plan as align_plan
+    import onnx_light_ref.io.plan.checkpoint_policy as checkpoint_policy
     from onnx_light_ref.io.plan.sites import SiteDecision, SitePolicy
 
     class Careless(SitePolicy):  # a planner ignoring the loader rule, with an analysis the contract cannot reuse
@@ -465,7 +465,7 @@ def test_the_writer_contract_refuses_a_plan_that_externalizes_what_onnx_would_no
             return SiteDecision(True)
 
     source = _sparse_source(tmp_path / "src")
-    monkeypatch.setattr(align_plan, "SitePolicy", Careless)
+    monkeypatch.setattr(checkpoint_policy, "SitePolicy", Careless)  # what the aligners' walk asks (site_policy)
     before = sha256_of_tree(tmp_path)
 
     with pytest.raises(AssertionError, match=r"was made external although rule 2 keeps it inline \(sparse tensor\)"):

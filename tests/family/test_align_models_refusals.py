@@ -103,7 +103,7 @@ def _unnamed_safetensors_key(tmp: Path, family: Family, out: Path) -> tuple[list
 
 
 REFUSALS: dict[str, tuple[Setup, type[BaseException], str]] = {
-    "same-basename": (_same_basename, DestinationConflictError, "have the same file name 'decoder_model.onnx'"),
+    "same-basename": (_same_basename, DestinationConflictError, "would both be written as 'decoder_model.onnx'"),
     "source-inside-the-folder": (_source_inside_the_folder, DestinationConflictError, "is the source file"),
     "source-data-is-the-weights": (_source_data_is_the_weights_file, DestinationConflictError, "is the source file"),
     "foreign-file": (_foreign_file, ExistingFileError, r"weights\.data' exists and is not an output of"),

@@ -104,7 +104,10 @@ def test_the_help_names_its_arguments_like_the_other_commands(capsys: pytest.Cap
         main(["align-models", "--help"])
     assert done.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "align-models [-h] --out DIR [--weights NAME] [--alignment N]" in text and "SRC.onnx [SRC.onnx ...]" in text
+    assert (
+        "align-models [-h] --out DIR [--weights NAME] [--alignment N]" in text
+        and "SRC.onnx[=NAME] [SRC.onnx[=NAME] ...]" in text
+    )
     assert "(default: 4096)" in text and "--no-progress" in text and "--overwrite" in text
     assert " ".join(EPILOG.split()) in text
 

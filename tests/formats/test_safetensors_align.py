@@ -291,15 +291,17 @@ def test_options_the_format_cannot_honour_are_refused_with_a_reason(
     assert sha256_of_tree(tmp_path) == before
 
 
-def test_inline_tensors_move_into_safetensors_with_size_threshold(tmp_path: Path) -> None:
+def test_every_named_initializer_moves_into_safetensors_whatever_the_size_threshold(tmp_path: Path) -> None:
+    """A checkpoint with holes is not a checkpoint: the 16-byte ``shape`` goes into the file too (issue 41)."""
     arrays = {"big": np.arange(2048, dtype=np.float32), "shape": np.array([2, 3], dtype=np.int64)}
     src = tmp_path / "src.onnx"
     src.write_bytes(identity_model(arrays).SerializeToString())
     result = align_external_data_streaming(src, tmp_path / "m.onnx", weights_format="safetensors", size_threshold=1024)
-    assert result.externalized_tensors == 1
+    assert result.externalized_tensors == 2 and result.kept_inline_tensors == 0
     with safe_open(str(tmp_path / "m.safetensors"), framework="numpy") as f:
-        assert list(f.keys()) == ["big"]
+        assert sorted(f.keys()) == ["big", "shape"]
         assert np.array_equal(f.get_tensor("big"), arrays["big"])
+        assert np.array_equal(f.get_tensor("shape"), arrays["shape"])
     outputs = run_onnxruntime(tmp_path / "m.onnx", {})
     assert all(np.array_equal(a, o) for a, o in zip(arrays.values(), outputs, strict=True))
     assert math.prod(onnx.load(str(tmp_path / "m.onnx")).graph.initializer[1].dims) == 2

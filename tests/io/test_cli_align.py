@@ -245,7 +245,11 @@ def test_layout_options_with_size_suffixes(tmp_path, build_identity_model, capsy
 
     assert status == 0
     out = capsys.readouterr().out
-    assert out.count("\n") == 1
+    assert out.count("\n") == 2  # the summary, and the note on the file over the cap (issue 41)
+    assert out.splitlines()[1] == (
+        "note: 1 file(s) hold a single tensor larger than --max-shard-size 16384 (a tensor is never split): "
+        "model.onnx.data.1 (20000 bytes)"
+    )
     assert "(+1 shards: 2 files)" in out
     assert "3 tensors (3 moved out of the .onnx, 1 deduplicated (12000 bytes saved))" in out
     assert sorted(p.name for p in dst.parent.iterdir()) == ["model.onnx", "model.onnx.data", "model.onnx.data.1"]

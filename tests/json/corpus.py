@@ -344,6 +344,29 @@ def _verify_errors(folder: Path) -> list[list[str]]:
     ]
 
 
+def _checkpoints(folder: Path) -> list[list[str]]:
+    """``verify MODEL CHECKPOINT``: real exports that hold their checkpoint (by name, content, transposes) and one
+    that lacks a key; a model with a tensor of other bytes under a key's name and one renamed through ``--map``."""
+    import json
+    import shutil
+
+    from tests.hf.fixtures import FIXTURES
+
+    for model in ("llama", "bert"):
+        shutil.copytree(FIXTURES / model, folder / model)
+    rng = np.random.default_rng(3)
+    weights = {"w1": rng.standard_normal((4, 3)).astype(np.float32), "b1": rng.standard_normal(3).astype(np.float32)}
+    save_external(mlp_model(weights), folder / "mlp.onnx", "mlp.data")
+    st_numpy.save_file({"w1": weights["w1"] + 1, "bias": weights["b1"]}, str(folder / "mlp.safetensors"))
+    (folder / "names.json").write_text(json.dumps({"b1": "bias"}))
+    return [
+        ["verify", str(folder / "llama" / "legacy" / "model.onnx"), str(folder / "llama" / "checkpoint")],
+        ["verify", str(folder / "bert" / "dynamo_optimized" / "model.onnx"), str(folder / "bert" / "checkpoint")],
+        ["verify", "--map", str(folder / "names.json"), str(folder / "mlp.onnx"), str(folder / "mlp.safetensors")],
+        ["verify", "--by-name", str(folder / "mlp.onnx"), str(folder / "mlp.safetensors")],
+    ]
+
+
 VERIFY_CASES: dict[str, Builder] = {
     **{f"zoo-{name}": _zoo_aligned(name) for name in ZOO},
     **{f"edit-{name}": _edit(name) for name in EDITS},
@@ -353,4 +376,5 @@ VERIFY_CASES: dict[str, Builder] = {
     "sparse-dims": _sparse_dims,
     "large-inline-difference": _large_inline_difference,
     "errors": _verify_errors,
+    "checkpoints": _checkpoints,
 }

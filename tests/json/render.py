@@ -124,7 +124,9 @@ def _folder_text(document: dict[str, Any]) -> str:
 
 
 def verify_text(document: dict[str, Any]) -> str:
-    """What ``verify`` prints on stdout for the comparison ``document`` describes."""
+    """What ``verify`` prints on stdout for the comparison (or checkpoint) ``document`` describes."""
+    if document["kind"] == "checkpoint":
+        return _checkpoint_text(document)
     lines = [f"checksum mismatch: {printable(path_text(m['message']))}" for m in document["checksum_mismatches"]]
     if not document["equal"]:
         lines += [f"different: {printable(path_text(d['message']))}" for d in document["differences"]]
@@ -134,3 +136,26 @@ def verify_text(document: dict[str, Any]) -> str:
     else:
         lines.append(f"equal: {document['tensors']} tensors, {document['bytes_compared']} bytes compared")
     return "\n".join(lines) + "\n"
+
+
+def _checkpoint_text(document: dict[str, Any]) -> str:
+    """What ``verify MODEL CHECKPOINT`` prints for ``document``."""
+    lines = [
+        f"different: model tensor {display(p['name'])!r} and checkpoint key {display(p['key'])!r} have the same name, "
+        "data type and shape but other bytes"
+        for p in document["differing"]
+    ]
+    lines += [
+        f"missing: checkpoint key {display(k)!r}: no model tensor holds its values" for k in document["missing_keys"]
+    ]
+    lines += [f"extra: model weight {display(n)!r} is not in the checkpoint" for n in document["extra_weights"]]
+    keys = document["checkpoint"]["keys"]
+    if document["ok"]:
+        words = {"name": "by name", "map": "through the map", "content": "by content", "transpose": "as transposes"}
+        counts = {how: sum(p["how"] == how for p in document["pairings"]) for how in words}
+        how = ", ".join(f"{count} {words[kind]}" for kind, count in counts.items() if count)
+        lines.append(f"holds: the model holds all {keys} checkpoint tensors ({how})")
+    else:
+        lacking = len(document["missing_keys"]) + len(document["differing"])
+        lines.append(f"incomplete: the model lacks {lacking} of the {keys} checkpoint tensors")
+    return "\n".join(printable(line) for line in lines) + "\n"

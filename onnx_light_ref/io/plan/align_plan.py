@@ -31,6 +31,7 @@ import onnx
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int, check_optional_int
 from onnx_light_ref.io.plan.alignment import validate_alignment
+from onnx_light_ref.io.plan.checkpoint_policy import site_policy
 from onnx_light_ref.io.plan.dedup import BlobSource, find_duplicates
 from onnx_light_ref.io.plan.placement import Placement, ShardedLayout
 from onnx_light_ref.io.plan.safetensors_layout import SafetensorsTensor, plan_safetensors
@@ -500,7 +501,7 @@ def walk_source(
             "written."
         ) from exc
     resolver = LocationResolver(folder)
-    policy = SitePolicy(model, inline_threshold) if inline_threshold is not None else None
+    policy = site_policy(model, inline_threshold, safetensors=safetensors)  # rule 2 (a checkpoint: no holes)
     walk = SourceWalk(src_onnx, model, stripped, onnx_identity, len(payloads), policy=policy)
     sites = walk.sites
     for site in iter_tensors(model):

@@ -151,6 +151,7 @@ def walk_family(
     alignment: int,
     layout: LayoutOptions,
     allow_outside_folder: bool,
+    names: Sequence[str] | None = None,
 ) -> FamilyPlan:
     """Walk every source (metadata only) into one set of columns and name every output; nothing is laid out yet.
 
@@ -161,6 +162,7 @@ def walk_family(
         alignment: as for the aligners (validated here).
         layout: the validated layout options (``dedup`` is ignored: a family always stores each payload once).
         allow_outside_folder: follow symbolic links in the sources' data paths.
+        names: the members' file names in ``dst_folder`` (default: each source's file name).
 
     Returns:
         The :class:`FamilyPlan`, walked; nothing was written and no weight byte was read.
@@ -193,7 +195,8 @@ def walk_family(
         identity = walk.onnx_identity or file_identity(walk.src_onnx)
         if identity is not None:
             source_files.setdefault(identity, walk.src_onnx)
-    destinations = [os.path.join(dst_folder, os.path.basename(src)) for src in src_onnx_paths]
+    names = names if names is not None else [os.path.basename(src) for src in src_onnx_paths]
+    destinations = [os.path.join(dst_folder, name) for name in names]
     return FamilyPlan(
         dst_folder, weights_path, list(src_onnx_paths), destinations, walks, table, payloads, layout, step, source_files
     )

@@ -537,7 +537,7 @@ def _foreign_message(
     for planned in foreign:
         if planned.role == "model":
             lines.append(f"destination {planned.path!r} exists and is not an ONNX model (nor named *.onnx)")
-        elif planned.role == "array":
+        elif planned.role in ("array", "data"):
             lines.append(f"output file {planned.path!r} exists")
         elif models:
             unreadable = ownership.unreadable()
