@@ -42,6 +42,7 @@ metadata; it never writes.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -93,6 +94,8 @@ __all__ = [
     "location_for",
     "recheck_plan",
 ]
+
+logger = logging.getLogger(__name__)
 
 FileRole = Literal["model", "weights", "index", "array", "data"]
 """What a written file is: a destination ``.onnx`` (always derived from :attr:`WritePlan.models`), a weights file, a
@@ -213,7 +216,9 @@ class WritePlan:
     rename_hint: str = "another name"
     source_checks: list[Callable[[], None]] = field(default_factory=list)
     format_checks: list[Callable[[WritePlan], None]] = field(default_factory=list)
+    removals: list[str] = field(default_factory=list)
     protected: frozenset[FileIdentity] = frozenset()
+    removable: dict[str, FileIdentity] = field(default_factory=dict)
     parsed: ReferenceCache = field(default_factory=dict, repr=False)  # destination models parsed by the checks
 
     @property
@@ -272,6 +277,7 @@ def check_plan(plan: WritePlan) -> list[list[ReferenceSite]]:
     for check in plan.format_checks:
         check(plan)
     plan.protected = _check_replacements(plan)
+    plan.removable = _removable(plan)
     return walks
 
 
@@ -330,6 +336,7 @@ def recheck_plan(plan: WritePlan) -> frozenset[FileIdentity]:
     for check in plan.source_checks:
         check()
     plan.protected = _check_replacements(plan)
+    plan.removable = _removable(plan)
     return plan.protected
 
 
@@ -460,6 +467,38 @@ def _kept_reference(site: ReferenceSite, folder: str) -> str | None:
     if not name:
         return None
     return os.path.normpath(os.path.join(folder, name))
+
+
+def _removable(plan: WritePlan) -> dict[str, FileIdentity]:
+    """The files of :attr:`WritePlan.removals` that may go once the models are published: regular files the
+    destination owns (rule 3), that no other model can reach and reference (rule 1) and that the job does not read
+    or write. The others are kept, with a warning naming why."""
+    if not plan.removals:
+        return {}
+    outputs = {os.path.normpath(os.path.abspath(f.path)) for f in plan.outputs}
+    candidates = {}
+    for path in dict.fromkeys(os.path.normpath(os.path.abspath(p)) for p in plan.removals):
+        identity = file_key(path)
+        if path in outputs or not isinstance(identity, FileIdentity) or os.path.islink(path):
+            continue
+        candidates[path] = identity
+    scan = scan_users(list(candidates), exclude=plan.model_paths)
+    ownership = Ownership(plan.model_paths, plan.parsed)
+    shard_set = next((f.shard_set for f in plan.files if f.shard_set is not None), None)
+    removable = {}
+    for path, identity in candidates.items():
+        why = None
+        if identity in plan.sources:
+            why = "this job reads it"
+        elif path in scan.users or path in scan.unreadable:
+            why = "another model uses it (or may: it cannot be read)"
+        elif not ownership.owns(path, shard_set):
+            why = "the destination does not own it"
+        if why is None:
+            removable[path] = identity
+        else:
+            logger.warning("%s: kept the earlier file %s (%s)", plan.writer, path, why)
+    return removable
 
 
 def _check_replacements(

@@ -101,7 +101,13 @@ def execute(
                 (model.path, _finish(model, walk, locations, pointed))
                 for model, walk in zip(plan.models, walks, strict=True)
             ]
-            outputs.publish(models, before_commit=lambda: recheck_plan(plan), result=value, journal=_journal(plan))
+            outputs.publish(
+                models,
+                before_commit=lambda: recheck_plan(plan),
+                result=value,
+                journal=_journal(plan),
+                removals=lambda: plan.removable,
+            )
         except BaseException:
             if not outputs.committed:
                 _restore(pointed, {planned.path: stage for planned, stage in zip(plan.files, staged, strict=True)})

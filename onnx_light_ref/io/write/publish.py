@@ -53,7 +53,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -894,13 +894,16 @@ class OutputTransaction:
         before_commit: BeforeCommit | None = None,
         result: object = None,
         journal: str | None = None,
+        removals: Callable[[], Mapping[str, FileIdentity]] | None = None,
     ) -> None:
         """Stage each model's ``.onnx`` (none: files that reference nothing, e.g. ``run``'s outputs), then publish
         every staged file and every model under the folder lock, the models last.
 
         ``before_commit`` runs under the lock right before the first move (what it raises leaves every destination
         as it was; the identities it returns are never deleted). ``journal`` (the first weights file): record the
-        weights names before the first move (module docstring). ``result`` is attached to a
+        weights names before the first move (module docstring). ``removals``, called right after
+        ``before_commit``: files to delete after the last commit (those still the file of that identity: an
+        earlier layout's files the caller checked). ``result`` is attached to a
         :class:`~onnx_light_ref.errors.PublishedWithErrorsError`.
 
         Raises:
@@ -919,6 +922,7 @@ class OutputTransaction:
         with folder_lock(_folders_of([staged.final_path for staged in self.files])) as lock:
             protected = before_commit() if before_commit is not None else None
             publication = _Publication(self, weights, staged_models, list(models), self.keep | set(protected or ()))
+            publication.removals = dict(removals()) if removals is not None else {}
             publication.prepare(journal)
             with deferred_interrupts():
                 try:
@@ -957,6 +961,7 @@ class _Publication:
         self.previous: list[_References] = []
         self.journal: StagedFile | None = None
         self.bridge_synced = False  # the folders were fsynced after the commits A
+        self.removals: dict[str, FileIdentity] = {}
 
     def prepare(self, journal: str | None) -> None:
         """Under the lock, before the first move: what the previous models reference, the bridges and their copies
@@ -1092,6 +1097,9 @@ class _Publication:
                 in_use[folder] = files_referenced_near(folder)
             return in_use[folder]
 
+        for path, identity in self.removals.items():  # an earlier layout's files, checked under this lock
+            if _identity_of(path) == identity:
+                after.attempt(functools.partial(os.unlink, path), f"removing the earlier file {path!r} failed")
         for path in hidden:
             remove = functools.partial(self._remove_unless_used, after, path, nearby)
             after.attempt(remove, f"checking which models use the hidden file {path!r} failed", leftover=path)
@@ -1134,6 +1142,14 @@ class _Publication:
                            "later publication into the folder removes it once no model uses it", path)  # fmt: skip
             return
         after.remove(path)
+
+
+def _identity_of(path: str) -> FileIdentity | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return FileIdentity(st.st_dev, st.st_ino)
 
 
 def _stats(paths: Sequence[str]) -> list[os.stat_result]:
