@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from onnx_light_ref.commands.errors import UsageError
+
 if TYPE_CHECKING:
     from sys import UnraisableHookArgs
 
@@ -188,6 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _signals_raise():
             return int(func(args))
+    except UsageError as exc:  # an argument argparse could not judge alone: reported as argparse reports
+        print(f"onnx-light-ref {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as exc:  # Interrupted, or a KeyboardInterrupt raised before the handlers were set
         print("error: interrupted", file=sys.stderr)
         return 128 + getattr(exc, "signum", signal.SIGINT)

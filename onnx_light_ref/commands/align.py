@@ -10,7 +10,7 @@ destination (never deleted), taken from the :class:`~onnx_light_ref.io.results.A
 returns. Unlike the Python API, the command creates missing
 destination folders, as users expect from a command line (and removes those it created if the run fails or is
 interrupted; see :mod:`onnx_light_ref.commands.folders`). A relative ``--weights`` is relative to DST.onnx's folder
-(:func:`weights_path`). A problem
+(:func:`~onnx_light_ref.commands.paths.weights_path`). A problem
 with the input (bad argument, unsafe or out-of-bounds reference, destination that is a source, missing file, I/O
 error) prints one ``error: ...`` line on stderr and exits with status 1, without a traceback; the library has then
 written nothing. A failure after the commit (the model is published; the fsync that makes it durable, or removing
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
 from onnx_light_ref.commands.hints import inline_hint, oversized_note, transformers_js_note
-from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx
+from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx, weights_argument, weights_path
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument, bounded_size, size_argument
 from onnx_light_ref.commands.text import printable
@@ -37,7 +37,7 @@ from onnx_light_ref.errors import PublishedWithErrorsError
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
     from onnx_light_ref.io.results import AlignResult
 
-__all__ = ["align_command", "register", "weights_path"]
+__all__ = ["align_command", "register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -58,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--weights",
         metavar="PATH",
+        type=weights_argument,
         help="weights file to write (with --max-shard-size, the first of PATH, PATH.1...); a relative PATH is "
         "relative to DST.onnx's folder, not the current one, and must stay inside it (default: DST.onnx.data)",
     )
@@ -154,7 +155,7 @@ def align_command(args: argparse.Namespace) -> int:
     from onnx_light_ref.io.align import align_external_data_streaming
 
     started = time.perf_counter()
-    weights = weights_path(args.dst, args.weights)
+    weights = weights_path(os.path.dirname(args.dst), args.weights)
     try:
         folders = [os.path.dirname(os.path.abspath(path)) for path in (args.dst, weights or args.dst)]
         with created_folders(folders), byte_progress("align", hidden=args.no_progress) as progress:
@@ -191,24 +192,6 @@ def align_command(args: argparse.Namespace) -> int:
         if note is not None:
             print(printable(note))
     return 0
-
-
-def weights_path(dst_onnx: str, weights: str | None) -> str | None:
-    """``--weights`` as the library wants it: a relative path is taken relative to DST.onnx's folder.
-
-    The location written into DST.onnx is relative to that folder, so ``--weights w.bin`` means ``<DST folder>/w.bin``
-    whatever the current folder is (and ``--weights ../w.bin`` is refused as outside it). An absolute path is kept.
-
-    Args:
-        dst_onnx: the DST.onnx argument.
-        weights: the ``--weights`` argument, or None for the default (``DST.onnx.data``).
-
-    Returns:
-        The path to hand to the library, or None.
-    """
-    if weights is None:
-        return None
-    return os.path.join(os.path.dirname(dst_onnx), weights)
 
 
 def _summary(dst_onnx: str, result: AlignResult, elapsed: float) -> str:

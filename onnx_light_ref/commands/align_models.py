@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
 from onnx_light_ref.commands.hints import inline_hint, oversized_note, transformers_js_note
-from onnx_light_ref.commands.paths import shown_path
+from onnx_light_ref.commands.paths import shown_path, weights_argument, weights_path
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument, bounded_size, size_argument
 from onnx_light_ref.commands.text import printable
@@ -104,6 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--weights",
         metavar="NAME",
+        type=weights_argument,
         help="the (first) shared weights file, relative to DIR and inside it (default: weights.data; "
         "model.safetensors with --format safetensors; weights.onnx_data with --shard-names transformers.js)",
     )
@@ -158,7 +159,7 @@ def align_models_command(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     folder = os.path.abspath(args.out)
-    weights = os.path.join(folder, args.weights) if args.weights is not None else None
+    weights = weights_path(folder, args.weights)
     try:
         folders = [folder, os.path.dirname(os.path.abspath(weights)) if weights is not None else folder]
         with created_folders(folders), byte_progress("align-models", hidden=args.no_progress) as progress:

@@ -14,7 +14,13 @@ import sys
 from onnx_light_ref.commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
 
-__all__ = ["PUBLISHED_WITH_ERRORS", "describe_error", "error_exit", "published_exit"]
+__all__ = ["PUBLISHED_WITH_ERRORS", "UsageError", "describe_error", "error_exit", "published_exit"]
+
+
+class UsageError(ValueError):
+    """A command line argument that is wrong in a way argparse cannot see alone (``--weights`` naming an existing
+    folder): the command line reports it as argparse does (usage error, exit status 2)."""
+
 
 PUBLISHED_WITH_ERRORS = 3
 """Exit status of a command whose model is published but a step after the commit failed (not 1: 1 says nothing

@@ -15,9 +15,8 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
-from onnx_light_ref.commands.align import weights_path
 from onnx_light_ref.commands.errors import PUBLISHED_WITH_ERRORS, error_exit, published_exit
-from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx
+from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx, weights_argument, weights_path
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument, size_argument
 from onnx_light_ref.commands.text import printable
@@ -67,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--weights",
         metavar="PATH",
+        type=weights_argument,
         help="the model's own weights file (tensors not linked); a relative PATH is relative to DST.onnx's folder and "
         "must stay inside it (default: DST.onnx.data)",
     )
@@ -128,6 +128,7 @@ def link_command(args: argparse.Namespace) -> int:
     """Run the command; return the exit status."""
     from onnx_light_ref.io.link import link_external_data
 
+    dst_weights = weights_path(os.path.dirname(args.dst), args.weights)  # a usage error, before anything else
     try:
         name_map = _read_map(args.map) if args.map is not None else None
         map_plan = _map_plan(args) if args.write_map is not None else None
@@ -137,7 +138,7 @@ def link_command(args: argparse.Namespace) -> int:
                 args.checkpoint,
                 args.dst,
                 name_map=name_map,
-                dst_weights_path=weights_path(args.dst, args.weights),
+                dst_weights_path=dst_weights,
                 alignment=args.alignment,
                 size_threshold=args.size_threshold,
                 durable=not args.no_fsync,

@@ -17,7 +17,7 @@ import sys
 
 from onnx_light_ref.commands.text import printable
 
-__all__ = ["shown_path", "warn_unless_onnx"]
+__all__ = ["shown_path", "warn_unless_onnx", "weights_argument", "weights_path"]
 
 
 def shown_path(path: str | os.PathLike[str]) -> str:
@@ -49,3 +49,43 @@ def warn_unless_onnx(dst_onnx: str | os.PathLike[str]) -> None:
             f"name (tools look for *.onnx files). For a folder, give a model path in it, e.g. {printable(folder)}",
             file=sys.stderr,
         )
+
+
+def weights_argument(value: str) -> str:
+    """The argparse type of ``--weights``: a file name, never a folder's (``sub/``, ``sub/.``, ``.``, ``..``).
+
+    Raises:
+        argparse.ArgumentTypeError: ``value`` names a folder (exit status 2, the usage printed).
+    """
+    import argparse
+
+    if value.endswith(("/", "/.")) or os.path.basename(value) in ("", ".", ".."):
+        raise argparse.ArgumentTypeError(f"{value!r} names a folder, not a file: give the weights file's name")
+    return value
+
+
+def weights_path(folder: str, weights: str | None) -> str | None:
+    """``--weights`` as the library wants it: a relative path is taken relative to ``folder`` (DST.onnx's, or
+    ``align-models``' DIR), since that is what the model records; an absolute one is kept.
+
+    ``--weights w.bin`` means ``<folder>/w.bin`` whatever the current folder is (and ``--weights ../w.bin`` is
+    refused by the library as outside it).
+
+    Args:
+        folder: the folder the weights are relative to.
+        weights: the ``--weights`` argument, or None for the writer's default.
+
+    Returns:
+        The path to hand to the library, or None.
+
+    Raises:
+        UsageError: ``weights`` names an existing folder (a trailing ``/`` is refused by argparse already).
+    """
+    from onnx_light_ref.commands.errors import UsageError
+
+    if weights is None:
+        return None
+    path = os.path.join(folder, weights)
+    if os.path.isdir(path):
+        raise UsageError(f"--weights {weights!r} names a folder ({path!r}), not a file: give the weights file's name")
+    return path

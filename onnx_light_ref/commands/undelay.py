@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from onnx_light_ref.commands.align import weights_path
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
-from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx
+from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx, weights_argument, weights_path
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument
 from onnx_light_ref.errors import InvalidModelError, PublishedWithErrorsError
@@ -60,7 +59,7 @@ def undelay_command(args: argparse.Namespace) -> int:
     """The ``undelay`` handler: 0 on success, 1 with one ``error:`` line on stderr otherwise."""
     from onnx_light_ref import undelay_initializers
 
-    weights = weights_path(args.dst, args.weights)
+    weights = weights_path(os.path.dirname(args.dst), args.weights)
     try:
         nodes = count_delayed_nodes(args.src)
         folders = [os.path.dirname(os.path.abspath(path)) for path in (args.dst, weights or args.dst)]
@@ -106,6 +105,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--weights",
         metavar="PATH",
+        type=weights_argument,
         default=None,
         help="weights file to write; a relative PATH is relative to DST.onnx's folder, not the current one, and must "
         "stay inside it (default: DST.onnx.data)",

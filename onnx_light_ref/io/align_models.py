@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 import onnx
 
 from onnx_light_ref.io.align import warn_unaligned, write_plan
-from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
+from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int, check_weights_file
 from onnx_light_ref.io.plan.align_plan import SITE_KEPT, LayoutOptions, WeightsFormat, check_layout_options
 from onnx_light_ref.io.plan.family_plan import FamilyPlan, default_family_weights, lay_out_family, walk_family
 from onnx_light_ref.io.plan.member_names import member_sources
@@ -202,7 +202,7 @@ def _weights_path(folder: str, weights_name: object, layout: LayoutOptions) -> s
         return os.path.join(folder, default_family_weights(layout.weights_format, layout.shard_names))
     if not isinstance(weights_name, (str, os.PathLike)):
         raise ArgumentTypeError(f"weights_name must be a path, got {type(weights_name).__name__} {weights_name!r}.")
-    return os.path.abspath(os.path.join(folder, os.fspath(weights_name)))
+    return check_weights_file("weights_name", os.path.join(folder, os.fspath(weights_name)))
 
 
 # ---------------------------------------------------------------------------------------------------- checks

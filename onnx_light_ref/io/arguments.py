@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["INT64_MAX", "ArgumentTypeError", "PathLike", "check_bool", "check_int", "check_optional_int"]
+__all__ = [
+    "INT64_MAX",
+    "ArgumentTypeError",
+    "PathLike",
+    "check_bool",
+    "check_int",
+    "check_optional_int",
+    "check_weights_file",
+]
 
 PathLike = str | os.PathLike[str]
 """Paths accepted by the public API; converted once at the boundary with ``os.fspath``."""
@@ -44,3 +52,21 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ArgumentTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}.")
     return value
+
+
+def check_weights_file(name: str, value: PathLike) -> str:
+    """``value``, a weights file a writer is asked to write, as an absolute path; refused when it names a folder.
+
+    A trailing ``/`` (or ``/.``, ``.``, ``..``) names a folder, and ``os.path.abspath`` would silently drop it (a
+    file named ``sub`` was written for ``--weights sub/``); an existing directory is no file either.
+
+    Raises:
+        ValueError: ``value`` names a folder.
+    """
+    raw = os.fspath(value)
+    if raw.endswith(("/", "/.")) or os.path.basename(raw) in ("", ".", "..") or os.path.isdir(raw):
+        raise ValueError(
+            f"{name} {raw!r} names a folder, not a file: give the weights file's name (e.g. "
+            f"{os.path.join(raw.rstrip('/.') or '.', 'model.onnx.data')!r}); nothing was written."
+        )
+    return os.path.abspath(raw)

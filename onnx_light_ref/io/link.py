@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError, SafetensorsError, UnsafeLocationError
-from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
+from onnx_light_ref.io.arguments import PathLike, check_bool, check_int, check_weights_file
 from onnx_light_ref.io.checkpoint_pairing import LinkPairingOptions, pair_for_link
 from onnx_light_ref.io.plan.alignment import validate_alignment
 from onnx_light_ref.io.plan.name_map import check_name_map, check_name_map_targets
@@ -377,7 +377,9 @@ def link_external_data(
     )
     mapping = check_name_map(name_map)
     dst_onnx = os.path.abspath(os.fspath(dst_onnx_path))
-    dst_weights = os.path.abspath(os.fspath(dst_weights_path) if dst_weights_path is not None else dst_onnx + ".data")
+    dst_weights = (
+        check_weights_file("dst_weights_path", dst_weights_path) if dst_weights_path is not None else dst_onnx + ".data"
+    )
     location_for(dst_onnx, dst_weights)  # refuse a bad destination before reading anything
     # Held from the plan to the publication: every checkpoint read goes through it, and the re-check before the
     # commit opens the same names in the same folder.

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError
-from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
+from onnx_light_ref.io.arguments import PathLike, check_bool, check_int, check_weights_file
 from onnx_light_ref.io.plan.alignment import validate_alignment
 from onnx_light_ref.io.plan.placement import ShardedLayout
 from onnx_light_ref.io.plan.sites import (
@@ -391,7 +391,9 @@ def undelay_initializers(
     """
     src = os.path.abspath(os.fspath(src_onnx_path))
     dst = os.path.abspath(os.fspath(dst_onnx_path))
-    weights = os.path.abspath(os.fspath(dst_weights_path)) if dst_weights_path is not None else dst + ".data"
+    weights = (
+        check_weights_file("dst_weights_path", dst_weights_path) if dst_weights_path is not None else dst + ".data"
+    )
     alignment = validate_alignment(alignment)
     allow_outside_folder = check_bool("allow_outside_folder", allow_outside_folder)
     durable = check_bool("durable", durable)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict, overload
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError
-from onnx_light_ref.io.arguments import PathLike, check_bool, check_int, check_optional_int
+from onnx_light_ref.io.arguments import PathLike, check_bool, check_int, check_optional_int, check_weights_file
 from onnx_light_ref.io.plan.alignment import validate_alignment
 from onnx_light_ref.io.plan.checkpoint_policy import site_policy
 from onnx_light_ref.io.plan.dedup import BlobSource, find_duplicates
@@ -367,10 +367,10 @@ def plan_alignment(
     chunk_size = _DEDUP_CHUNK if chunk_size is None else check_int("chunk_size", chunk_size, minimum=1)
     src_onnx = os.path.abspath(os.fspath(src_onnx_path))
     dst_onnx = os.path.abspath(os.fspath(dst_onnx_path))
-    dst_weights = os.path.abspath(
-        os.fspath(dst_weights_path)
+    dst_weights = (
+        check_weights_file("dst_weights_path", dst_weights_path)
         if dst_weights_path is not None
-        else default_weights_path(dst_onnx, weights_format, scheme)
+        else os.path.abspath(default_weights_path(dst_onnx, weights_format, scheme))
     )
     weights_location(dst_onnx, dst_weights)  # refuse a bad destination before reading anything (the contract's rule)
 
