@@ -549,6 +549,23 @@ def test_nesting_past_protobufs_limit_is_too_odd_to_scan(tmp_path: Path) -> None
         scan(tmp_path / "m.onnx", too_deep)
 
 
+def test_more_fields_than_the_budget_is_too_much_to_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past :data:`MAX_FIELDS` fields walked (lowered here to 1,000) the scan gives up, whatever the fields are: a
+    tensor holding the bytes ``location`` among 2,000 strings, 2,000 unknown fields, 2,000 nodes. Protobuf loads each
+    file, so the guard takes it as naming any file in its reach."""
+    monkeypatch.setattr(reference_scan, "MAX_FIELDS", 1000)
+    strings = lf(TENSOR["name"], b"location") + lf(TENSOR["string_data"], b"x") * 2000
+    for data in (
+        in_graph(lf(GRAPH["initializer"], strings)),
+        (field_key(99, VARINT) + b"\x01") * 2000,
+        in_graph(lf(GRAPH["node"], b"") * 2000),
+    ):
+        onnx.ModelProto().ParseFromString(data)
+        with pytest.raises(CannotScanError, match=r"^more than 1,000 fields to read in the messages that can name"):
+            scan(tmp_path / "m.onnx", data)
+    assert scan(tmp_path / "m.onnx", (field_key(99, VARINT) + b"\x01") * 900).files == []
+
+
 @SCAN_FUZZ
 @given(data=models(), window=WINDOWS)
 @example(data=SPLIT_EXTERNAL, window=10)

@@ -4,34 +4,38 @@ A model names a file through the ``location`` entries of its EXTERNAL tensors an
 ``ai.rt::DelayedInitializer`` nodes, wherever a tensor or a node can live (main graph, subgraphs of ``g`` and
 ``graphs`` at any depth, functions and their default attributes, ``training_info`` graphs; tensors as initializers,
 sparse values and indices, attribute ``t``/``tensors``/``sparse_tensor(s)``). :func:`named_files` walks the
-protobuf encoding of the file (through one 64 KiB read-ahead window, never the whole file) along those messages
-only, reads the few fields that decide a reference (a tensor's ``name``, ``data_location`` and ``external_data``
-entries; a node's ``domain``, ``op_type``, first ``output``, ``name`` and its attributes' ``name`` and ``s``; the
-names the labels are made of) and seeks over every other field, whatever it holds (``raw_data``, ``doc_string``,
-``string_data``, packed ``float_data``...).
+protobuf encoding of the file along those messages only, with positional reads (a 64 KiB read-ahead while it reads
+on, 4 KiB after a field it skipped; never the whole file), reads the few fields that decide a reference (a tensor's
+``name``, ``data_location`` and ``external_data`` entries; a node's ``domain``, ``op_type``, first ``output``,
+``name``, and its attributes' ``name`` and ``s``; the names labels are made of) and seeks over every other field,
+whatever it holds (``raw_data``, ``doc_string``, packed ``float_data``, each ``string_data``...).
 
-An element of a repeated field (a node, an initializer, an attribute, a function...) no longer than the window is
-first searched, at C speed, for the bytes ``location``, ``DelayedInitializer`` and ``filename``: one without any of
-them can name no file (its key, op type or attribute name would hold them) and is skipped whole. Elements of
-singular fields (``graph``, ``t``, ``g``, ``sparse_tensor``, sparse ``values``/``indices``, training graphs) are
-always walked: protobuf merges repeated occurrences of such a field, so an occurrence without those bytes may still
-set the ``data_location`` of a tensor whose ``location`` is in another; the walk merges them as protobuf does
-(``data_location`` is a closed enum: a value other than 0 or 1 leaves the previous one).
+Two shortcuts keep it fast on models of many nodes and tensors. An element of a repeated field (a node, an
+initializer, an attribute, a function...) of at most 4 KiB is first searched, at C speed, for the bytes
+``location``, ``DelayedInitializer`` and ``filename``: one without any of them names no file (its key, op type or
+attribute name would hold them) and is skipped whole. A small node or tensor that holds one is parsed by protobuf
+itself (one call in C), unless the node holds an external tensor or another such node (then it is walked: what
+they name needs their place and label). Elements of singular fields (``graph``, ``t``, ``g``, ``sparse_tensor``,
+sparse ``values``/``indices``, training graphs) are always walked: protobuf merges repeated occurrences of such a
+field, so an occurrence without those bytes may still set the ``data_location`` of a tensor whose ``location`` is in
+another; the walk merges them as protobuf does (``data_location`` is a closed enum: a value other than 0 or 1
+leaves the previous one; fields of another wire type than their own are unknown fields).
 
-The answer is the one :func:`onnx_light_ref.io.read.sharing.read_model_references` gave by parsing the model with
-protobuf and walking it (``tests/io/test_reference_scan.py`` checks them against each other): per file named, the
-first tensor (in :func:`~onnx_light_ref.io.read.walker.iter_tensors` order) or node (depth first, after every
-tensor) naming it, and how many do. Two deliberate differences: a ``location`` or ``filename`` of
+The answer is the one the guard got by parsing the model with protobuf and walking it with
+:func:`~onnx_light_ref.io.read.walker.iter_tensors` (``tests/io/test_reference_scan.py`` checks them against each
+other on generated hostile encodings): per file named, the first tensor (in ``iter_tensors`` order) or node (depth
+first, after every tensor) naming it, and how many do. Two deliberate differences: a ``location`` or ``filename`` of
 :data:`PATH_LIMIT` bytes or more names no file (no loader can open a path that long: ``ENAMETOOLONG``) and is not
 read; a name of :data:`PATH_LIMIT` bytes or more is cut there in the labels.
 
-Bounds: memory is the window, the path being walked and the answer; time is at most :data:`MAX_FIELDS` fields
-walked (a few seconds); nesting at most :data:`MAX_DEPTH` messages, protobuf's own limit. A file past a bound raises
-:class:`CannotScanError` (the guard then takes it as possibly naming any file in its reach). A file whose encoding is
-broken where the walk goes (truncated, a length past its message's end, a bad tag or wire type, an unclosed group)
-raises :class:`~onnx_light_ref.errors.InvalidModelError`: protobuf refuses such a file too, so ``onnx.load`` cannot
-load it. Parts the walk skips are not checked, so a file protobuf refuses may still be read here: it then names what
-it seems to name (the safe side for the guard).
+Bounds: memory is the read-ahead, the path being walked and the answer (a few hundred KiB); time is at most
+:data:`MAX_FIELDS` fields walked; nesting at most :data:`MAX_DEPTH` messages, protobuf's own limit. A file past a
+bound raises :class:`CannotScanError` (the guard then takes it as possibly naming any file in its reach). A file
+whose encoding is broken where the walk goes (truncated, a length past its message's end, a field number 0, a tag
+or length varint over 5 bytes, a value varint over 10, a wire type 6 or 7, an end-group tag alone, an unclosed
+group) raises :class:`MalformedModelError`: protobuf refuses such a file too (the tests check each case against it),
+so ``onnx.load`` cannot load it. Parts the walk skips are not checked: a file protobuf refuses may still be read
+here, and it then names what it seems to name (the safe side for the guard).
 """
 
 from __future__ import annotations
@@ -66,16 +70,16 @@ Via = Literal["external_data", "delayed_initializer"]
 MAX_DEPTH = 100
 """Messages nested below ``ModelProto`` that the walk follows; protobuf (``onnx.load``) refuses one level more."""
 
-MAX_FIELDS = 4_000_000
-"""Fields the walk decodes in one file before it gives up (:class:`CannotScanError`): a few seconds of work. A model
-reaches it only with millions of nodes or tensors, or a tensor of millions of separately encoded values that holds
-the bytes ``location``."""
+MAX_FIELDS = 2_000_000
+"""Fields the walk decodes in one file before it gives up (:class:`CannotScanError`): about a second of work. A model
+reaches it only with about two million nodes, tensors or other graph entries, or a tensor of that many separately
+encoded values holding the bytes ``location``."""
 
 PATH_LIMIT = 4096
 """``PATH_MAX``: a ``location`` or ``filename`` this long or longer cannot be opened by any loader."""
 
-_WINDOW = 64 * 1024
-_AFTER_SKIP = 4096  # read-ahead after a skipped field: fields skipped back to back cost 4 KiB each, not a window
+_WINDOW = 64 * 1024  # read-ahead while reading on
+_SMALL = 4096  # read-ahead after a field skipped; elements up to this long are searched (and parsed) whole
 _VARINT, _I64, _LEN, _SGROUP, _EGROUP, _I32 = 0, 1, 2, 3, 4, 5
 _MAX_TAG = 2**32 - 1
 
@@ -294,7 +298,7 @@ class _Scan:
     def __init__(self, fd: int, size: int, path: str) -> None:
         self._fd, self._size, self._path = fd, size, path
         self._buffer = bytearray()
-        self._base = self._limit = 0
+        self._base, self._limit = 0, -1  # the first read is a small one: many models are that small
         self._needle = -1  # where the next needle starts in the window, at or after the last position searched
         self._budget = MAX_FIELDS
         self._found: dict[bytes, list[Any]] = {}  # raw text -> [order key, labelled, via, count]
@@ -373,7 +377,7 @@ class _Scan:
         from the window's end, it reads a whole window; after a field skipped, a small one (the next field may be
         skipped too)."""
         if pos < self._base or pos + count > self._limit:
-            size = _WINDOW if pos == self._limit else _AFTER_SKIP
+            size = _WINDOW if pos == self._limit else _SMALL
             buffer = bytearray(min(max(size, count), self._size - pos))
             if pread_exact(self._fd, memoryview(buffer), pos) != len(buffer):
                 raise CannotScanError(f"the file shrank while it was read (at byte offset {pos})")
@@ -418,6 +422,9 @@ class _Scan:
         walked = 0
         while pos < end:
             walked += 1
+            if walked == 1024:  # the budget, counted now and then (handlers count their own walks)
+                self._count(walked)
+                walked = 0
             start = pos
             if base <= pos < limit and (tag := buffer[pos - base]) < 0x80:
                 pos += 1
@@ -440,14 +447,15 @@ class _Scan:
                     raise self._malformed(f"field {tag >> 3} (length {size}) runs past the end of its message", start)
                 handler = fields.get(tag)
                 if handler is not None:
-                    self._count(walked)
-                    walked = 0
                     handler(state, pos, size, depth)
                     buffer, base, limit = self._buffer, self._base, self._limit
                 pos += size
             elif wire_type == _VARINT:
-                value, pos = self._varint(pos, end, 10, f"field {tag >> 3} value")
-                buffer, base, limit = self._buffer, self._base, self._limit
+                if pos < end and base <= pos < limit and (value := buffer[pos - base]) < 0x80:
+                    pos += 1
+                else:
+                    value, pos = self._varint(pos, end, 10, f"field {tag >> 3} value")
+                    buffer, base, limit = self._buffer, self._base, self._limit
                 handler = fields.get(tag)
                 if handler is not None:
                     handler(state, value, 0, depth)
@@ -499,7 +507,7 @@ class _Scan:
         """Whether the element in ``[pos, pos + length)`` fits the window and holds none of the bytes
         (:data:`_NEEDLES`) that can name a file: as an element of a repeated field it merges with nothing, so it
         is skipped whole. The window is searched once, from the first element not known clean to the next match."""
-        if length > _WINDOW:
+        if length > _SMALL:
             return False
         if pos < self._base or pos + length > self._limit:
             self._window(pos, length)
@@ -703,7 +711,7 @@ class _Scan:
         ``depth``, parsed by protobuf: one call in C instead of a walk of its fields here, exactly protobuf's answer
         (merges, enums, text). None for a longer one, one whose fields would be deeper than the walk goes (the walk
         says so), or one protobuf refuses (the walk then says where it is broken, or reads what it can)."""
-        if length > _WINDOW or depth + 2 > MAX_DEPTH:
+        if length > _SMALL or depth + 2 > MAX_DEPTH:
             return None
         self._count(1 + length // 1024)
         first = self._window(pos, length)
