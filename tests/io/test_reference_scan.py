@@ -16,7 +16,6 @@ loads); when the scan says the file is broken, protobuf refuses it too; it never
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +38,7 @@ from onnx_light_ref.io.read.reference_scan import (
     named_files,
 )
 from onnx_light_ref.io.read.walker import iter_tensors
-from tests.hardening.test_fuzz_wire import damaged, group_fields
+from tests.hardening.test_fuzz_wire import damaged, group_fields, guarded
 from tests.wire_writer import encode_varint, field_key
 
 VARINT, I64, LEN, SGROUP, I32 = 0, 1, 2, 3, 5
@@ -128,29 +127,13 @@ def oracle(data: bytes) -> NamedFiles | None:
     return NamedFiles(files, model.HasField("graph"))
 
 
-@contextlib.contextmanager
-def guarded() -> Iterator[list[tuple[int, int]]]:
-    """Record every read; fail on one past the end of the file."""
-    reads: list[tuple[int, int]] = []
-    real = reference_scan.pread_exact
-
-    def checked(fd: int, buffer: memoryview, offset: int) -> int:
-        size = os.fstat(fd).st_size
-        assert offset >= 0 and offset + len(buffer) <= size, f"read of {len(buffer)} at {offset} past EOF {size}"
-        reads.append((offset, len(buffer)))
-        return real(fd, buffer, offset)
-
-    with mock.patch.object(reference_scan, "pread_exact", checked):
-        yield reads
-
-
 def scan(path: Path, data: bytes | None = None, window: int | None = None) -> NamedFiles:
     """:func:`named_files` of ``path`` (written with ``data`` first), through a read-ahead window of ``window``."""
     if data is not None:
         path.write_bytes(data)
     fd = os.open(path, os.O_RDONLY)
     try:
-        with guarded(), mock.patch.object(reference_scan, "_WINDOW", window or reference_scan._WINDOW):
+        with guarded(reference_scan), mock.patch.object(reference_scan, "_WINDOW", window or reference_scan._WINDOW):
             return named_files(fd, os.fstat(fd).st_size, str(path))
     finally:
         os.close(fd)
@@ -273,11 +256,18 @@ def tensor(draw: st.DrawFn) -> list[bytes]:
 
 
 @st.composite
-def sparse(draw: st.DrawFn) -> list[bytes]:
+def singular_parts(draw: st.DrawFn, numbers: dict[str, int], content: st.SearchStrategy[list[bytes]]) -> list[bytes]:
+    """Each message field of ``numbers`` (singular ones) present or not, holding ``content``."""
     pieces: list[bytes] = []
-    for part in ("values", "indices"):
+    for number in numbers.values():
         if draw(st.booleans()):
-            pieces += draw(message_pieces(SPARSE[part], draw(tensor()), singular=True))
+            pieces += draw(message_pieces(number, draw(content), singular=True))
+    return pieces
+
+
+@st.composite
+def sparse(draw: st.DrawFn) -> list[bytes]:
+    pieces = draw(singular_parts({"values": SPARSE["values"], "indices": SPARSE["indices"]}, tensor()))
     return [*pieces, field_key(SPARSE["dims"], VARINT) + b"\x07", *draw(noise(SPARSE))]
 
 
@@ -353,10 +343,8 @@ def function(draw: st.DrawFn) -> list[bytes]:
 
 @st.composite
 def training(draw: st.DrawFn) -> list[bytes]:
-    pieces: list[bytes] = []
-    for part in ("initialization", "algorithm"):
-        if draw(st.booleans()):
-            pieces += draw(message_pieces(TRAINING[part], draw(graph(1)), singular=True))
+    graphs = {"initialization": TRAINING["initialization"], "algorithm": TRAINING["algorithm"]}
+    pieces = draw(singular_parts(graphs, graph(1)))
     return pieces + draw(strings(TRAINING["initialization_binding"], st.just(b"\x0a\x01w"), 1))
 
 

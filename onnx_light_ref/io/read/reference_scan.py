@@ -260,7 +260,7 @@ class _Tensor:
 class _Sparse:
     __slots__ = ("holder", "indices", "kinds", "place", "values")
 
-    def __init__(self, place: tuple[int, ...], holder: _Graph | _Attribute, kinds: tuple[str, str]) -> None:
+    def __init__(self, place: tuple[int, ...], holder: _Graph | _Attribute, kinds: tuple[str, ...]) -> None:
         self.place, self.holder, self.kinds = place, holder, kinds
         self.values: _Tensor | None = None
         self.indices: _Tensor | None = None
@@ -274,11 +274,27 @@ class _Entry:
 
 
 class _Training:
-    __slots__ = ("graphs", "index")
+    __slots__ = ("algorithm", "index", "initialization")
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.graphs: dict[int, _Graph] = {}
+        self.initialization: _Graph | None = None
+        self.algorithm: _Graph | None = None
+
+
+class _Model:
+    __slots__ = ("functions", "graph", "trainings")
+
+    def __init__(self) -> None:
+        self.graph: _Graph | None = None
+        self.functions = self.trainings = 0
+
+
+def _training_graph(step: int, field: str) -> Callable[[_Training], _Graph]:
+    """What makes the graph of a training entry's ``field`` (``step`` 0 or 1 in the order of places)."""
+    return lambda training: _Graph(
+        (2, training.index, step), lambda name: f"training_info[{training.index}] {field} graph {name!r}"
+    )
 
 
 # --------------------------------------------------------------------------------------------------- the walk
@@ -302,70 +318,95 @@ class _Scan:
         self._needle = -1  # where the next needle starts in the window, at or after the last position searched
         self._budget = MAX_FIELDS
         self._found: dict[bytes, list[Any]] = {}  # raw text -> [order key, labelled, via, count]
-        self._main = _Graph((0,), lambda name: f"graph {name!r}")
-        self._trainings = self._functions = 0
-        self._has_graph = False
+        self._root = _Model()
         model, graph, node, attribute = onnx.ModelProto, onnx.GraphProto, onnx.NodeProto, onnx.AttributeProto
         tensor, function, sparse = onnx.TensorProto, onnx.FunctionProto, onnx.SparseTensorProto
         training, entry = onnx.TrainingInfoProto, onnx.StringStringEntryProto
-        self._model: dict[int, _Handler] = {
-            _tag(model, "graph"): self._main_graph,
-            _tag(model, "training_info"): self._training_info,
-            _tag(model, "functions"): self._function,
-        }
-        self._training: dict[int, _Handler] = {
-            _tag(training, "initialization"): self._training_graph(0, "initialization"),
-            _tag(training, "algorithm"): self._training_graph(1, "algorithm"),
-        }
-        self._graph: dict[int, _Handler] = {
-            _tag(graph, "node"): self._graph_node,
-            _tag(graph, "name"): self._set("name"),
-            _tag(graph, "initializer"): self._initializer,
-            _tag(graph, "sparse_initializer"): self._sparse_initializer,
-        }
-        self._function_fields: dict[int, _Handler] = {
-            _tag(function, "name"): self._set("name"),
-            _tag(function, "domain"): self._set("domain"),
-            _tag(function, "overload"): self._set("overload"),
-            _tag(function, "node"): self._function_node,
-            _tag(function, "attribute_proto"): self._function_default,
-        }
-        self._node: dict[int, _Handler] = {
-            _tag(node, "output"): self._output,
-            _tag(node, "name"): self._set("name"),
-            _tag(node, "op_type"): self._set("op_type"),
-            _tag(node, "domain"): self._set("domain"),
-            _tag(node, "attribute"): self._node_attribute,
-        }
-        self._attribute: dict[int, _Handler] = {
-            _tag(attribute, "name"): self._set("name"),
-            _tag(attribute, "s"): self._set("s", path=True),
-            _tag(attribute, "t"): self._attribute_t,
-            _tag(attribute, "g"): self._attribute_g,
-            _tag(attribute, "tensors"): self._attribute_tensors,
-            _tag(attribute, "graphs"): self._attribute_graphs,
-            _tag(attribute, "sparse_tensor"): self._attribute_sparse,
-            _tag(attribute, "sparse_tensors"): self._attribute_sparse_tensors,
-        }
-        self._sparse: dict[int, _Handler] = {
-            _tag(sparse, "values"): self._sparse_part(0),
-            _tag(sparse, "indices"): self._sparse_part(1),
+        # One table per message: the handler of each field that can lead to a file; every other field is skipped.
+        # Repeated fields' elements are numbered and may be skipped whole (_each); a singular field's occurrences
+        # merge into one state (_merged), as protobuf merges them.
+        self._entry: dict[int, _Handler] = {
+            _tag(entry, "key"): self._set("key"),
+            _tag(entry, "value"): self._set("value", path=True),
         }
         self._tensor: dict[int, _Handler] = {
             _tag(tensor, "name"): self._set("name"),
             _tag(tensor, "external_data"): self._external_data,
             _tag(tensor, "data_location", _VARINT): self._data_location,
         }
-        self._entry: dict[int, _Handler] = {
-            _tag(entry, "key"): self._set("key"),
-            _tag(entry, "value"): self._set("value", path=True),
+        self._sparse: dict[int, _Handler] = {
+            _tag(sparse, "values"): self._merged("values", lambda s: _Tensor((*s.place, 0), s.kinds[0], s.holder)),
+            _tag(sparse, "indices"): self._merged("indices", lambda s: _Tensor((*s.place, 1), s.kinds[1], s.holder)),
         }
+        self._graph: dict[int, _Handler] = {}  # filled below: attributes hold graphs, graphs hold nodes
+        self._attribute: dict[int, _Handler] = {
+            _tag(attribute, "name"): self._set("name"),
+            _tag(attribute, "s"): self._set("s", path=True),
+            _tag(attribute, "t"): self._merged("t", lambda a: _Tensor((*a.place, 0), a.kinds[0], a)),
+            _tag(attribute, "tensors"): self._each(
+                "tensors", lambda a, i: _Tensor((*a.place, 1, i), a.kinds[0], a), self._tensor_message
+            ),
+            _tag(attribute, "sparse_tensor"): self._merged("sparse", lambda a: _Sparse((*a.place, 2), a, a.kinds[1:])),
+            _tag(attribute, "sparse_tensors"): self._each(
+                "sparse_count", lambda a, i: _Sparse((*a.place, 3, i), a, a.kinds[1:]), self._sparse_message
+            ),
+            _tag(attribute, "g"): self._merged("g", lambda a: _Graph((*a.place, 4), lambda _: a.where())),
+            _tag(attribute, "graphs"): self._each(
+                "graphs",
+                lambda a, i: _Graph((*a.place, 5, i), lambda _: f"{a.where()}[{i}]"),
+                self._walker(self._graph),
+            ),
+        }
+        self._node: dict[int, _Handler] = {
+            _tag(node, "output"): self._output,
+            _tag(node, "name"): self._set("name"),
+            _tag(node, "op_type"): self._set("op_type"),
+            _tag(node, "domain"): self._set("domain"),
+            _tag(node, "attribute"): self._each(
+                "attributes", lambda n, i: _Attribute((*n.place, i), n, None), self._attribute_message
+            ),
+        }
+        self._graph.update({
+            _tag(graph, "node"): self._each("nodes", lambda g, i: _Node((*g.place, 2, i), i, g), self._node_message),
+            _tag(graph, "name"): self._set("name"),
+            _tag(graph, "initializer"): self._each(
+                "initializers", lambda g, i: _Tensor((*g.place, 0, i), "initializer", g), self._tensor_message
+            ),
+            _tag(graph, "sparse_initializer"): self._each(
+                "sparse",
+                lambda g, i: _Sparse((*g.place, 1, i), g, ("sparse initializer values", "sparse initializer indices")),
+                self._sparse_message,
+            ),
+        })  # fmt: skip
+        function_fields: dict[int, _Handler] = {
+            _tag(function, "name"): self._set("name"),
+            _tag(function, "domain"): self._set("domain"),
+            _tag(function, "overload"): self._set("overload"),
+            _tag(function, "node"): self._each("nodes", lambda f, i: _Node((*f.place, 0, i), i, f), self._node_message),
+            _tag(function, "attribute_proto"): self._each(
+                "defaults", lambda f, i: _Attribute((*f.place, 1, i), None, f), self._attribute_message
+            ),
+        }
+        training_fields = {
+            _tag(training, field): self._merged(field, _training_graph(step, field))
+            for step, field in enumerate(("initialization", "algorithm"))
+        }
+        self._model: dict[int, _Handler] = {
+            _tag(model, "graph"): self._merged("graph", lambda _: _Graph((0,), lambda name: f"graph {name!r}")),
+            _tag(model, "training_info"): self._each(
+                "trainings", lambda _, i: _Training(i), self._walker(training_fields)
+            ),
+            _tag(model, "functions"): self._each(
+                "functions", lambda _, i: _Function((1, i)), self._walker(function_fields)
+            ),
+        }
+        self._tables = {_Graph: self._graph, _Tensor: self._tensor, _Sparse: self._sparse}
 
     def run(self) -> NamedFiles:
-        self._walk(self._model, 0, self._size, -1, None)
+        self._walk(self._model, 0, self._size, -1, self._root)
         ordered = sorted(self._found.items(), key=lambda item: item[1][0])
         files = [NamedFile(held.label(), os.fsdecode(raw), via, count) for raw, (_, held, via, count) in ordered]
-        return NamedFiles(files, self._has_graph)
+        return NamedFiles(files, self._root.graph is not None)
 
     # -------------------------------------------------------------------------------------------- the encoding
 
@@ -533,45 +574,34 @@ class _Scan:
 
     # ------------------------------------------------------------------------------------------------ messages
 
-    def _main_graph(self, _: None, pos: int, length: int, depth: int) -> None:
-        self._has_graph = True
-        self._walk(self._graph, pos, length, depth, self._main)
+    def _each(self, counter: str, element: Callable[[Any, int], Any], message: _Handler) -> _Handler:
+        """The handler of a repeated field's elements: each is numbered (the holder's ``counter``: its place), then
+        skipped whole when clean (:meth:`_clean`: it merges with nothing), else ``element(holder, index)`` is read
+        by ``message``."""
 
-    def _training_info(self, _: None, pos: int, length: int, depth: int) -> None:
-        index = self._trainings
-        self._trainings += 1
-        if not self._clean(pos, length):
-            self._walk(self._training, pos, length, depth, _Training(index))
-
-    def _training_graph(self, step: int, field: str) -> _Handler:
-        def handle(training: _Training, pos: int, length: int, depth: int) -> None:
-            graph = training.graphs.get(step)  # a singular field: a second occurrence merges into the first
-            if graph is None:
-                index = training.index
-                graph = training.graphs[step] = _Graph(
-                    (2, index, step), lambda name: f"training_info[{index}] {field} graph {name!r}"
-                )
-            self._walk(self._graph, pos, length, depth, graph)
+        def handle(holder: Any, pos: int, length: int, depth: int) -> None:
+            index = getattr(holder, counter)
+            setattr(holder, counter, index + 1)
+            if not self._clean(pos, length):
+                message(element(holder, index), pos, length, depth)
 
         return handle
 
-    def _function(self, _: None, pos: int, length: int, depth: int) -> None:
-        index = self._functions
-        self._functions += 1
-        if not self._clean(pos, length):
-            self._walk(self._function_fields, pos, length, depth, _Function((1, index)))
+    def _merged(self, slot: str, make: Callable[[Any], Any]) -> _Handler:
+        """The handler of a singular message field: every occurrence is walked into one state (the holder's
+        ``slot``, made by ``make`` at the first), as protobuf merges them; it is read when its holder ends."""
 
-    def _graph_node(self, graph: _Graph, pos: int, length: int, depth: int) -> None:
-        index = graph.nodes
-        graph.nodes += 1
-        if not self._clean(pos, length):
-            self._node_message(_Node((*graph.place, 2, index), index, graph), pos, length, depth)
+        def handle(holder: Any, pos: int, length: int, depth: int) -> None:
+            state = getattr(holder, slot)
+            if state is None:
+                state = make(holder)
+                setattr(holder, slot, state)
+            self._walk(self._tables[type(state)], pos, length, depth, state)
 
-    def _function_node(self, function: _Function, pos: int, length: int, depth: int) -> None:
-        index = function.nodes
-        function.nodes += 1
-        if not self._clean(pos, length):
-            self._node_message(_Node((*function.place, 0, index), index, function), pos, length, depth)
+        return handle
+
+    def _walker(self, fields: dict[int, _Handler]) -> _Handler:
+        return lambda state, pos, length, depth: self._walk(fields, pos, length, depth, state)
 
     def _node_message(self, node: _Node, pos: int, length: int, depth: int) -> None:
         parsed = self._parsed(onnx.NodeProto, pos, length, depth)
@@ -600,18 +630,6 @@ class _Scan:
         if node.output is None:  # the label is the first output
             node.output = self._read(pos, length)
 
-    def _node_attribute(self, node: _Node, pos: int, length: int, depth: int) -> None:
-        index = node.attributes
-        node.attributes += 1
-        if not self._clean(pos, length):
-            self._attribute_message(_Attribute((*node.place, index), node, None), pos, length, depth)
-
-    def _function_default(self, function: _Function, pos: int, length: int, depth: int) -> None:
-        index = function.defaults
-        function.defaults += 1
-        if not self._clean(pos, length):
-            self._attribute_message(_Attribute((*function.place, 1, index), None, function), pos, length, depth)
-
     def _attribute_message(self, attribute: _Attribute, pos: int, length: int, depth: int) -> None:
         self._walk(self._attribute, pos, length, depth, attribute)
         if attribute.t is not None:
@@ -621,73 +639,9 @@ class _Scan:
         if attribute.node is not None and attribute.name == _FILENAME and attribute.s:
             attribute.node.filenames.append(attribute.s)
 
-    def _attribute_t(self, attribute: _Attribute, pos: int, length: int, depth: int) -> None:
-        if attribute.t is None:
-            attribute.t = _Tensor((*attribute.place, 0), attribute.kinds[0], attribute)
-        self._walk(self._tensor, pos, length, depth, attribute.t)
-
-    def _attribute_tensors(self, attribute: _Attribute, pos: int, length: int, depth: int) -> None:
-        index = attribute.tensors
-        attribute.tensors += 1
-        if not self._clean(pos, length):
-            self._tensor_message(
-                _Tensor((*attribute.place, 1, index), attribute.kinds[0], attribute), pos, length, depth
-            )
-
-    def _attribute_sparse(self, attribute: _Attribute, pos: int, length: int, depth: int) -> None:
-        if attribute.sparse is None:
-            kinds = (attribute.kinds[1], attribute.kinds[2])
-            attribute.sparse = _Sparse((*attribute.place, 2), attribute, kinds)
-        self._walk(self._sparse, pos, length, depth, attribute.sparse)
-
-    def _attribute_sparse_tensors(self, attribute: _Attribute, pos: int, length: int, depth: int) -> None:
-        index = attribute.sparse_count
-        attribute.sparse_count += 1
-        if not self._clean(pos, length):
-            sparse = _Sparse((*attribute.place, 3, index), attribute, (attribute.kinds[1], attribute.kinds[2]))
-            self._sparse_message(sparse, pos, length, depth)
-
-    def _attribute_g(self, attribute: _Attribute, pos: int, length: int, depth: int) -> None:
-        if attribute.g is None:
-            attribute.g = _Graph((*attribute.place, 4), lambda _: attribute.where())
-        self._walk(self._graph, pos, length, depth, attribute.g)
-
-    def _attribute_graphs(self, attribute: _Attribute, pos: int, length: int, depth: int) -> None:
-        index = attribute.graphs
-        attribute.graphs += 1
-        if not self._clean(pos, length):
-            graph = _Graph((*attribute.place, 5, index), lambda _: f"{attribute.where()}[{index}]")
-            self._walk(self._graph, pos, length, depth, graph)
-
-    def _initializer(self, graph: _Graph, pos: int, length: int, depth: int) -> None:
-        index = graph.initializers
-        graph.initializers += 1
-        if not self._clean(pos, length):
-            self._tensor_message(_Tensor((*graph.place, 0, index), "initializer", graph), pos, length, depth)
-
-    def _sparse_initializer(self, graph: _Graph, pos: int, length: int, depth: int) -> None:
-        index = graph.sparse
-        graph.sparse += 1
-        if not self._clean(pos, length):
-            kinds = ("sparse initializer values", "sparse initializer indices")
-            self._sparse_message(_Sparse((*graph.place, 1, index), graph, kinds), pos, length, depth)
-
     def _sparse_message(self, sparse: _Sparse, pos: int, length: int, depth: int) -> None:
         self._walk(self._sparse, pos, length, depth, sparse)
         self._sparse_named(sparse)
-
-    def _sparse_part(self, part: int) -> _Handler:
-        def handle(sparse: _Sparse, pos: int, length: int, depth: int) -> None:
-            tensor = sparse.values if part == 0 else sparse.indices  # singular fields: occurrences merge
-            if tensor is None:
-                tensor = _Tensor((*sparse.place, part), sparse.kinds[part], sparse.holder)
-                if part == 0:
-                    sparse.values = tensor
-                else:
-                    sparse.indices = tensor
-            self._walk(self._tensor, pos, length, depth, tensor)
-
-        return handle
 
     def _sparse_named(self, sparse: _Sparse) -> None:
         for tensor in (sparse.values, sparse.indices):
