@@ -315,7 +315,7 @@ class _Scan:
         self._fd, self._size, self._path = fd, size, path
         self._buffer = bytearray()
         self._base, self._limit = 0, -1  # the first read is a small one: many models are that small
-        self._needle = -1  # where the next needle starts in the window, at or after the last position searched
+        self._searched = self._needle = -1  # the window was searched from _searched: no needle before _needle
         self._budget = MAX_FIELDS
         self._found: dict[bytes, list[Any]] = {}  # raw text -> [order key, labelled, via, count]
         self._root = _Model()
@@ -422,7 +422,8 @@ class _Scan:
             buffer = bytearray(min(max(size, count), self._size - pos))
             if pread_exact(self._fd, memoryview(buffer), pos) != len(buffer):
                 raise CannotScanError(f"the file shrank while it was read (at byte offset {pos})")
-            self._buffer, self._base, self._limit, self._needle = buffer, pos, pos + len(buffer), -1
+            self._buffer, self._base, self._limit = buffer, pos, pos + len(buffer)
+            self._searched = self._needle = -1
         return pos - self._base
 
     def _varint(self, pos: int, end: int, most: int, what: str) -> tuple[int, int]:
@@ -552,9 +553,9 @@ class _Scan:
             return False
         if pos < self._base or pos + length > self._limit:
             self._window(pos, length)
-        if self._needle < pos:
+        if not self._searched <= pos <= self._needle:
             found = _NEEDLES.search(self._buffer, pos - self._base)
-            self._needle = self._limit if found is None else self._base + found.start()
+            self._searched, self._needle = pos, self._limit if found is None else self._base + found.start()
         return self._needle >= pos + length
 
     def _read(self, pos: int, length: int) -> bytes:
