@@ -292,6 +292,23 @@ def _align_streaming(args: dict[str, Any]) -> list[Phase]:
     return [("align", run)]
 
 
+def _align_below(args: dict[str, Any]) -> list[Phase]:
+    """``align_streaming`` into ``dst``, a fresh ``{fresh}/a/b/model.onnx``, with ``ancestor`` (when given) linked
+    as ``{fresh}/ancestor.onnx``: two folders above the destination's, where rule 1 of the writer contract reads it
+    (issue 38). The link is made before the baseline."""
+    align = _aligner("align_external_data_streaming", {})
+    os.makedirs(os.path.dirname(args["dst"]), exist_ok=True)
+    if args.get("ancestor"):
+        os.symlink(args["ancestor"], os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(args["dst"]))),
+                                                  "ancestor.onnx"))  # fmt: skip
+
+    def run(_: Any) -> dict[str, Any]:
+        written = align(args["src"], args["dst"], alignment=args["alignment"], chunk_size=args["chunk_size"])
+        return _align_result(args, written, None)
+
+    return [("align", run)]
+
+
 def _align_in_memory(args: dict[str, Any]) -> list[Phase]:
     options = {key: args[key] for key in _ALIGN_OPTIONS if key in args}
     align = _aligner("align_external_data_in_memory", options)
@@ -774,6 +791,7 @@ def _align_each(args: dict[str, Any]) -> list[Phase]:
 
 _SCENARIOS: dict[str, Callable[[dict[str, Any]], list[Phase]]] = {
     "align_streaming": _align_streaming,
+    "align_below": _align_below,
     "align_in_memory": _align_in_memory,
     "align_in_place": _align_in_place,
     "onnx_load_save": _onnx_load_save,

@@ -33,12 +33,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
 __all__ = [
+    "ANCESTOR_KINDS",
     "ENV_SIZE",
     "GIB",
     "KIB",
@@ -51,6 +53,7 @@ __all__ = [
     "TypedModel",
     "make_align_model",
     "make_aligned_copy",
+    "make_ancestor_model",
     "make_dedup_model",
     "make_delayed_model",
     "make_inline_model",
@@ -391,6 +394,40 @@ def make_inline_model(
         finally:
             os.close(fd)
     return InlineModel(onnx_path, count, tensor_bytes, ranges, holes)
+
+
+ANCESTOR_KINDS = ("raw_data", "doc_string", "float_data", "string_data")
+"""What holds the bulk of :func:`make_ancestor_model`'s file: one payload, the model's doc string, packed floats, or
+strings of 64 KiB each."""
+
+
+def make_ancestor_model(path: str | os.PathLike[str], kind: str, size: int) -> str:
+    """A valid ``.onnx`` of about ``size`` bytes whose bulk one kind of field holds (:data:`ANCESTOR_KINDS`), for the
+    guard's benchmark: the model a writer finds in a folder above its destination (issue 38). Its one external
+    tensor reads ``elsewhere.bin``, a file no benchmark writes. The bulk is holes of a sparse file: generated in
+    milliseconds, no disk used (``string_data``: one 5-byte header every 64 KiB)."""
+    wire = _wire_writer()
+    path = os.fspath(path)
+    bulk = size - 4096
+    tensor = _external_tensor("used", [4], "elsewhere.bin", 0, 16)
+    model = _identity_model([tensor])
+    segments: list[Any] = [model.SerializeToString()]
+    if kind == "doc_string":
+        segments += wire.len_field(6, [wire.Hole(bulk)])  # ModelProto.doc_string
+    else:
+        head = TensorProto(name="bulk", dims=[1]).SerializeToString()
+        if kind == "raw_data":
+            body = wire.len_field(9, [wire.Hole(bulk)])
+        elif kind == "float_data":
+            body = wire.len_field(4, [wire.Hole(bulk - bulk % 4)])  # packed floats, one field
+        elif kind == "string_data":
+            piece = 64 * KIB
+            body = [segment for _ in range(bulk // (piece + 4)) for segment in wire.len_field(6, [wire.Hole(piece)])]
+        else:
+            raise ValueError(f"unknown kind {kind!r}; expected one of {ANCESTOR_KINDS}")
+        segments += wire.len_field(7, wire.len_field(5, [head, *body]))  # a second graph: protobuf merges them
+    wire.write_segments(path, segments)
+    return path
 
 
 def make_delayed_model(folder: str | os.PathLike[str], nbytes: int) -> DelayedModel:

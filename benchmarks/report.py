@@ -129,6 +129,13 @@ _LABELS: dict[str, dict[str, str]] = {
         "inspect": "ours: the layout report of one (inspect)",
         "externalize": "reference: align size_threshold=1024 of one (streaming reader of issue 12)",
     },
+    "guard": {
+        "alone": "align a 64-byte model into a/b/, no .onnx above",
+        "raw_data": "the same, a 2 GiB .onnx two folders up: one raw_data",
+        "doc_string": "... the 2 GiB is its doc_string",
+        "float_data": "... the 2 GiB is packed float_data",
+        "string_data": "... the 2 GiB is string_data of 64 KiB strings",
+    },
     "startup": {
         "bare": "python -c pass (the bare interpreter)",
         "version": "onnx-light-ref --version",
@@ -146,7 +153,7 @@ _REFERENCE_METHOD = {"align": "streaming", "chunk-sizes": "chunk_4MiB", "shared-
                      "verify": "read_both", "externalize": "cfr_ranges_fsync", "in-place": "fresh_folder",
                      "reflink": "unaligned", "node-count": "delay", "safetensors": "onnx_ir_fsync",
                      "link": "copy_safetensors", "inline-readers": "externalize", "startup": "bare",
-                     "family": "copy_unique"}  # fmt: skip
+                     "family": "copy_unique", "guard": "alone"}  # fmt: skip
 # Families whose groups move or read ``payload_bytes``: their tables show a throughput column.
 _THROUGHPUT_FAMILIES = (
     "align", "chunk-sizes", "delayed", "dedup", "shards", "verify", "externalize", "in-place", "reflink", "safetensors",
@@ -325,6 +332,23 @@ def evaluate_targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[Targ
     targets.append(Target("reference_evaluator file mode, run peak RSS Δ / weights", main_size,
                           _ratio(run, weights_mib), 1.2, True, f"{run:.1f} MiB / {weights_mib:.0f} MiB"))  # fmt: skip
     targets += _bfloat16_targets(groups, main_size)
+    targets += _guard_targets(groups, main_size)
+    return targets
+
+
+def _guard_targets(groups: dict[str, Any], main_size: str) -> list[Target]:
+    """Issue 38: a write below a 2 GiB ``.onnx`` takes at most 0.5 s and 32 MiB above the baseline, whatever the
+    ``.onnx`` holds (rule 1 of the writer contract reads it)."""
+    guard = groups.get("guard")
+    label = _fmt_bytes((guard or {}).get("ancestor_bytes", float("nan")))
+    targets: list[Target] = []
+    for kind in ("raw_data", "doc_string", "float_data", "string_data"):
+        seconds = _get(guard, kind)
+        targets.append(Target(f"#38 align below a {label} .onnx ({kind}): seconds / 0.5 s", main_size,
+                              _ratio(seconds, 0.5), 1.0, True,
+                              f"{seconds:.3f} s (alone: {_get(guard, 'alone'):.3f} s)"))  # fmt: skip
+        targets.append(_rss_target(f"#38 align below a {label} .onnx ({kind}): peak RSS Δ / 32 MiB", main_size,
+                                   guard, kind, 32))  # fmt: skip
     return targets
 
 
@@ -611,6 +635,9 @@ def _group_title(group: str, info: dict[str, Any]) -> str:
     if family == "inline-readers":
         return (f"verify and inspect of inline single-file models ({info['file_bytes'] / MIB:,.0f} MiB .onnx, "
                 f"{_shape_label(info)} inline) (issue 29)")  # fmt: skip
+    if family == "guard":
+        return (f"Rule 1 of the writer contract: a 64-byte re-alignment below a {_fmt_bytes(info['ancestor_bytes'])} "
+                ".onnx, by what holds its bulk (issue 38)")  # fmt: skip
     if family == "startup":
         return ("CLI start-up: the whole fresh process, wall time and peak RSS (Δ: above the bare interpreter) "
                 "(issue 29)")  # fmt: skip

@@ -22,14 +22,32 @@ from onnx_light_ref.ops import reference_evaluator
 from onnx_light_ref.ops.schema import make_delayed_initializer_node
 from tests.checks import dead_pid, run_onnxruntime
 from tests.models import IR_VERSION, OPSET, identity_model, write_model
+from tests.wire_writer import encode_varint, field_key
 
-__all__ = ["SHARERS", "UNREADABLE", "bridge_name", "computes", "make_sharer", "make_unreadable", "shared_bytes"]
+__all__ = [
+    "NOT_MODELS",
+    "SHARERS",
+    "TEST_FIELD_BUDGET",
+    "UNREADABLE",
+    "bridge_name",
+    "computes",
+    "make_not_a_model",
+    "make_sharer",
+    "make_unreadable",
+    "shared_bytes",
+    "too_deep",
+    "too_large",
+]
 
 SHARERS = ["sibling", "sibling-upper-case", "parent-folder", "delayed-initializer"]
 
-UNREADABLE = ["truncated", "truncated-in-parent-folder", "malformed-group"]
-"""``.onnx`` files that do not parse, near a writer's file: they may be models someone loads (cut by a copy still
-running, written by a tool we cannot read), so they may use any file in their reach (:func:`make_unreadable`)."""
+UNREADABLE = ["too-large", "too-large-in-parent-folder"]
+"""``.onnx`` files near a writer's file whose references cannot be read: they may use any file in their reach
+(:func:`make_unreadable`)."""
+
+NOT_MODELS = ["truncated", "truncated-in-parent-folder", "malformed-group"]
+"""``.onnx`` files near a writer's file that protobuf refuses: ``onnx.load`` refuses them too, so they load no file
+(:func:`make_not_a_model`)."""
 
 
 def shared_bytes() -> bytes:
@@ -70,10 +88,50 @@ def make_sharer(kind: str, target: Path) -> Path:
     raise ValueError(kind)
 
 
+def too_deep(levels: int = 104) -> bytes:
+    """A second ``graph`` of a ModelProto (protobuf merges it into the first) whose subgraphs nest a
+    ``DelayedInitializer`` node ``levels`` messages below the model: past 100, protobuf's limit, ``onnx.load`` and
+    onnxruntime refuse the file, and so does the reference scan (it is no model)."""
+    content = field_key(1, 2) + _length_prefixed(field_key(4, 2) + _length_prefixed(b"DelayedInitializer"))
+    for _ in range((levels - 2) // 3):  # node, attribute, g: three levels each
+        content = field_key(1, 2) + _length_prefixed(
+            field_key(5, 2) + _length_prefixed(field_key(6, 2) + _length_prefixed(content))
+        )
+    return field_key(7, 2) + _length_prefixed(content)
+
+
+def _length_prefixed(content: bytes) -> bytes:
+    return encode_varint(len(content)) + content
+
+
+TEST_FIELD_BUDGET = 5_000
+"""The reference scan's field budget in the contract tests (``tests/contract/conftest.py``): a model of
+:func:`too_large` passes it, as a model of millions of nodes passes the real one."""
+
+
+def too_large(location: str) -> onnx.ModelProto:
+    """A model using ``location`` whose graph has more fields than :data:`TEST_FIELD_BUDGET`: a model onnx loads,
+    but too large for the reference scan to read (it then may use any file in its reach)."""
+    model = external_model(location)
+    model.graph.initializer.extend(onnx.TensorProto(name=f"t{i}") for i in range(TEST_FIELD_BUDGET + 100))
+    return model
+
+
 def make_unreadable(kind: str, target: Path) -> Path:
-    """Write the ``kind`` unreadable model near ``target`` (:data:`UNREADABLE`): a real model using ``target``, cut
-    in half (beside it, or two folders up), or whole but with an unclosed group after its graph (protobuf refuses
-    it); returns its path."""
+    """Write the ``kind`` model near ``target`` whose references cannot be read (:data:`UNREADABLE`): a real model
+    using ``target`` (beside it, or two folders up), too large for the scan's budget; returns its path."""
+    top = target.parent.parent.parent if kind == "too-large-in-parent-folder" else target.parent
+    if kind not in UNREADABLE:
+        raise ValueError(kind)
+    path = top / ("top.onnx" if top != target.parent else "other.onnx")
+    path.write_bytes(too_large(os.path.relpath(target, top)).SerializeToString())
+    return path
+
+
+def make_not_a_model(kind: str, target: Path) -> Path:
+    """Write the ``kind`` file protobuf refuses near ``target`` (:data:`NOT_MODELS`): a real model using ``target``,
+    cut in half (beside it, or two folders up), or whole but with an unclosed group after its graph; returns its
+    path."""
     if kind == "truncated":
         data = external_model(target.name).SerializeToString()
         path = target.parent / "other.onnx"

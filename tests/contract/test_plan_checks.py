@@ -3,24 +3,29 @@ plan that breaks rule 2 (a writer bug: the conformance suite shows no writer doe
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from onnx_light_ref.errors import ExistingFileError, SharedWeightsError
 from onnx_light_ref.io.plan.sites import SITE_EXTERNALIZED, SITE_INLINE, SITE_MOVED, SiteColumns
-from onnx_light_ref.io.read import wire
+from onnx_light_ref.io.read import reference_scan, sharing
 from onnx_light_ref.io.read.locations import FileIdentity
 from onnx_light_ref.io.read.sharing import (
+    NotAModel,
     UnreadableModel,
     file_key,
     files_referenced_near,
     folders_reaching,
     is_model_name,
+    model_references,
     models_in,
     read_model_references,
     read_references,
@@ -36,7 +41,7 @@ from onnx_light_ref.io.write.contract import (
 )
 from onnx_light_ref.io.write.ownership import Ownership, ShardSet
 from tests.checks import sha256_of_tree
-from tests.contract.sharers import delayed_model, external_model
+from tests.contract.sharers import delayed_model, external_model, too_deep, too_large
 from tests.models import identity_model, write_model
 from tests.wire_writer import Hole, encode_varint, field_key, write_segments
 
@@ -101,71 +106,130 @@ def _cut(path: Path, location: str) -> Path:
     return path
 
 
-def test_a_model_that_cannot_be_read_is_not_a_model_that_references_nothing(tmp_path: Path, monkeypatch) -> None:
+def _too_large(path: Path, location: str) -> Path:
+    path.write_bytes(too_large(location).SerializeToString())
+    return path
+
+
+def test_a_model_nested_past_protobufs_limit_is_not_a_model(tmp_path: Path) -> None:
+    """``onnx.load`` and onnxruntime refuse a model nested deeper than 100 messages: it loads no file, so it blocks
+    no write (a 1 KB file of that kind in a shared /tmp used to block every write below it)."""
+    path = tmp_path / "deep.onnx"
+    path.write_bytes(external_model("w.bin").SerializeToString() + too_deep())
+    found = read_model_references(str(path))
+    assert isinstance(found, NotAModel) and "nested deeper than 100 levels (protobuf's limit)" in found.reason
+    with pytest.raises(DecodeError):
+        onnx.load(str(path))
+
+
+def test_a_file_protobuf_refuses_is_not_a_model(tmp_path: Path) -> None:
+    """Cut short, an unclosed group, empty: ``onnx.load`` refuses the first two and reads nothing from the last, so
+    none loads a file (rule 1 warns and goes on)."""
     cut = _cut(tmp_path / "cut.onnx", "w.bin")
     found = read_model_references(str(cut))
-    assert isinstance(found, UnreadableModel) and found.model == str(cut)
-    assert "is not a valid ONNX model" in found.reason
-    assert found.describe() == f"{str(cut)!r}, which cannot be read as a model ({found.reason})"
-    # An unclosed group (protobuf refuses it) and metadata over protobuf's 2 GiB (a sparse file: no disk used).
+    assert found == NotAModel(str(cut), "field 7 (length 116) runs past the end of its message at byte offset 2")
+    assert found.describe() == f"{str(cut)!r}, which is not an ONNX model ({found.reason})"
     (tmp_path / "group.onnx").write_bytes(external_model("w.bin").SerializeToString() + field_key(999, 3))
-    assert "is not closed" in read_model_references(str(tmp_path / "group.onnx")).reason  # type: ignore[union-attr]
-    head = field_key(1, 0) + b"\x0a" + field_key(999, 2) + encode_varint(2**31)
-    write_segments(tmp_path / "huge.onnx", [head, Hole(2**31)])
-    assert "2 GiB" in read_model_references(str(tmp_path / "huge.onnx")).reason  # type: ignore[union-attr]
-    # A file this process may not read (another user's model, mode 0600): its references are unknown too.
-    real_open = wire.open_model_file
+    found = read_model_references(str(tmp_path / "group.onnx"))
+    assert isinstance(found, NotAModel) and "group of field 999 not closed" in found.reason
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    assert read_model_references(str(tmp_path / "empty.onnx")) == NotAModel(
+        str(tmp_path / "empty.onnx"), "it has no graph"
+    )
+    assert read_references(str(cut)) is None and model_references(str(cut)) == {}
+    for path in (cut, tmp_path / "group.onnx"):
+        with pytest.raises(DecodeError):
+            onnx.load(str(path))
 
-    def refused(path: str, folder: object = None) -> int:
-        if path.endswith("private.onnx"):
-            raise PermissionError(13, "Permission denied", path)
-        return real_open(path, folder)  # type: ignore[arg-type]
 
+def test_a_model_whose_references_cannot_be_read_is_not_a_model_that_references_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deep = _too_large(tmp_path / "deep.onnx", "w.bin")
+    found = read_model_references(str(deep))
+    assert isinstance(found, UnreadableModel) and "more than 5,000 fields" in found.reason
+    assert found.describe() == f"{str(deep)!r}, which cannot be read as a model ({found.reason})"
+    # A file this process may not open (another user's model, mode 0600), one the disk fails to read (EIO).
     write_model(tmp_path / "private.onnx", external_model("w.bin"))
-    monkeypatch.setattr(wire, "open_model_file", refused)
+    write_model(tmp_path / "failing.onnx", external_model("w.bin"))
+    real_open, real_read = sharing._open_model, reference_scan.pread_exact
+
+    def refused(path: str) -> int:
+        if path.endswith("private.onnx"):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_open(path)
+
+    def failing(fd: int, buffer: memoryview, offset: int) -> int:
+        if os.path.realpath(f"/proc/self/fd/{fd}").endswith("failing.onnx"):
+            raise OSError(errno.EIO, "Input/output error")
+        return real_read(fd, buffer, offset)
+
+    monkeypatch.setattr(sharing, "_open_model", refused)
+    monkeypatch.setattr(reference_scan, "pread_exact", failing)
     assert read_model_references(str(tmp_path / "private.onnx")) == UnreadableModel(
         str(tmp_path / "private.onnx"), "Permission denied"
+    )
+    assert read_model_references(str(tmp_path / "failing.onnx")) == UnreadableModel(
+        str(tmp_path / "failing.onnx"), "Input/output error"
     )
     assert read_references(str(tmp_path / "private.onnx")) is None  # rule 3's answer: it owns nothing by reference
     assert read_model_references(str(tmp_path / "gone.onnx")) is None  # gone: no model at all
 
 
-def test_the_scan_takes_a_model_that_cannot_be_read_as_using_every_existing_file_it_can_reach(tmp_path: Path) -> None:
+def test_a_model_over_2_gib_is_read_and_its_references_count(tmp_path: Path) -> None:
+    """Over protobuf's 2 GiB (a doc string of 2 GiB, a hole of a sparse file) with a graph using ``w.bin``: read in
+    a few reads, its reference found (it was "cannot be read as a model", which blocked every write below it)."""
+    (tmp_path / "w.bin").write_bytes(b"\0" * 16)
+    data = external_model("w.bin").SerializeToString()
+    write_segments(tmp_path / "huge.onnx", [data, field_key(6, 2) + encode_varint(2**31), Hole(2**31)])
+    references = read_model_references(str(tmp_path / "huge.onnx"))
+    assert isinstance(references, dict)
+    assert [(r.tensor, r.location, r.tensors) for r in references.values()] == [("s", "w.bin", 1)]
+    assert list(references) == [file_key(str(tmp_path / "w.bin"))]
+
+
+def test_the_scan_takes_a_model_that_cannot_be_read_as_using_every_existing_file_it_can_reach(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     for name in ("w.bin", "sub/v.bin", "sub/deeper/u.bin", "other/x.bin"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"\0" * 16)
-    cut = _cut(tmp_path / "sub" / "cut.ONNX", "v.bin")
+    deep = _too_large(tmp_path / "sub" / "deep.ONNX", "v.bin")
+    cut = _cut(tmp_path / "sub" / "cut.onnx", "v.bin")  # no model: it loads nothing, so it is taken as nothing
     targets = [str(tmp_path / name) for name in ("w.bin", "sub/v.bin", "sub/deeper/u.bin", "other/x.bin", "no.bin")]
-    scan = scan_users(targets)
-    reason = read_model_references(str(cut)).reason  # type: ignore[union-attr]
+    with caplog.at_level(logging.WARNING, logger="onnx_light_ref"):
+        scan = scan_users(targets)
+    reason = read_model_references(str(deep)).reason  # type: ignore[union-attr]
     assert scan.unreadable == {
-        str(tmp_path / "sub" / "v.bin"): [UnreadableModel(str(cut), reason)],
-        str(tmp_path / "sub" / "deeper" / "u.bin"): [UnreadableModel(str(cut), reason)],
+        str(tmp_path / "sub" / "v.bin"): [UnreadableModel(str(deep), reason)],
+        str(tmp_path / "sub" / "deeper" / "u.bin"): [UnreadableModel(str(deep), reason)],
     }  # its folder and below; not w.bin above it, nor other/, nor a file that does not exist
-    assert scan.users == {} and str(cut) in scan.models
-    assert scan_users(targets, exclude=[str(cut)]).unreadable == {}  # a destination model is rule 3's, not rule 1's
+    assert scan.users == {} and str(deep) in scan.models and str(cut) in scan.models
+    assert caplog.text.count(f"{str(cut)!r} is not an ONNX model") == 1
+    assert scan_users(targets, exclude=[str(deep)]).unreadable == {}  # a destination model is rule 3's, not rule 1's
     near = files_referenced_near(str(tmp_path / "sub" / "deeper"))
-    assert near.unreadable == (UnreadableModel(str(cut), reason),)
+    assert near.unreadable == (UnreadableModel(str(deep), reason),)
     assert files_referenced_near(str(tmp_path / "other")).unreadable == ()
 
 
 def test_rule_1_names_the_model_that_cannot_be_read_and_how_to_proceed(tmp_path: Path) -> None:
     (tmp_path / "w.bin").write_bytes(b"\0" * 16)
-    cut = _cut(tmp_path / "other.onnx", "w.bin")
+    deep = _too_large(tmp_path / "other.onnx", "w.bin")
     plan = WritePlan("align", [], [PlannedFile(str(tmp_path / "w.bin"), "weights", 0)], rename_hint="another name")
-    before = (tmp_path / "w.bin").read_bytes(), cut.read_bytes()
+    before = (tmp_path / "w.bin").read_bytes(), deep.read_bytes()
     with pytest.raises(SharedWeightsError) as raised:
         check_plan(plan)
-    reason = read_model_references(str(cut)).reason  # type: ignore[union-attr]
+    reason = read_model_references(str(deep)).reason  # type: ignore[union-attr]
+    assert reason.startswith("its references could not be read: more than 5,000 fields")
     assert str(raised.value) == (
-        f"align: file {str(tmp_path / 'w.bin')!r} may be used by {str(cut)!r}, which cannot be read as a model "
+        f"align: file {str(tmp_path / 'w.bin')!r} may be used by {str(deep)!r}, which cannot be read as a model "
         f"({reason}): replacing it would silently change what those models compute; a .onnx that cannot be read may "
         "still be a model someone loads (a copy still running, a file another tool reads), so it counts as using "
         "every file of its folder and below: move it away (or repair it) to let the writer check what it uses. "
         "Write under another name, or pass replace_shared=True (--replace-shared) to replace it anyway; nothing was "
         "written."
     )
-    assert ((tmp_path / "w.bin").read_bytes(), cut.read_bytes()) == before
+    assert ((tmp_path / "w.bin").read_bytes(), deep.read_bytes()) == before
     check_plan(WritePlan("align", [], plan.files, WriteOptions(replace_shared=True, overwrite=True)))
 
 
@@ -184,7 +248,7 @@ def test_a_destination_model_that_cannot_be_read_owns_nothing_by_reference_and_t
     reason = read_model_references(str(dst)).reason  # type: ignore[union-attr]
     assert (
         f"weights file {str(tmp_path / 'w.bin')!r} exists and is not an output of {str(dst)!r} ({str(dst)!r}, which "
-        f"cannot be read as a model ({reason}), so what it references is unknown (move it away, or repair it, to "
+        f"is not an ONNX model ({reason}), so what it references is unknown (move it away, or repair it, to "
         "let the writer see what it owns), and it is not named after them)"
     ) in str(raised.value)
     assert sha256_of_tree(tmp_path) == before

@@ -10,6 +10,7 @@ right values.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -22,11 +23,13 @@ from onnx_light_ref.errors import DestinationConflictError, ExistingFileError, S
 from onnx_light_ref.io.write import publish
 from tests.checks import run_onnxruntime, snapshot_tree, temp_files_under
 from tests.contract.sharers import (
+    NOT_MODELS,
     SHARERS,
     UNREADABLE,
     bridge_name,
     computes,
     external_model,
+    make_not_a_model,
     make_sharer,
     make_unreadable,
     shared_bytes,
@@ -209,9 +212,9 @@ def test_a_file_another_model_uses_is_refused_until_replace_shared(tmp_path: Pat
 def test_a_model_that_cannot_be_read_near_a_file_is_taken_as_using_it(
     tmp_path: Path, writer: Writer, kind: str
 ) -> None:
-    """A "cannot parse" never means "references nothing": a ``.onnx`` that does not parse (a copy still running, a
-    tool we cannot read) may be a model someone loads. Beside (or above) the writer's own previous output, which it
-    would replace, it blocks the replacement until the caller says ``replace_shared``."""
+    """A "cannot read" never means "references nothing": a ``.onnx`` whose references cannot be read (here nested
+    past the reference scan's budget) may be a model someone loads. Beside (or above) the writer's own
+    previous output, which it would replace, it blocks the replacement until the caller says ``replace_shared``."""
     name = foreign_name(writer)
     target_name = main_output(tmp_path, writer, name)
     scene = make_scene(tmp_path / "scene", writer, name)
@@ -229,6 +232,26 @@ def test_a_model_that_cannot_be_read_near_a_file_is_taken_as_using_it(
     writer.call(scene, overwrite=not writer.owns_previous, replace_shared=True)
     assert_written(scene, writer)
     assert other.read_bytes() == unreadable
+
+
+@pytest.mark.parametrize("kind", NOT_MODELS)
+@pytest.mark.parametrize("writer", WRITERS, ids=_ids)
+def test_a_file_protobuf_refuses_near_a_file_is_no_model_and_blocks_nothing(
+    tmp_path: Path, writer: Writer, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``.onnx`` protobuf refuses (cut in half, an unclosed group) is one ``onnx.load`` refuses too: it loads no
+    file, so it does not block the replacement of the writer's previous output; a warning names it."""
+    name = foreign_name(writer)
+    target_name = main_output(tmp_path, writer, name)
+    scene = make_scene(tmp_path / "scene", writer, name)
+    writer.call(scene)
+    other = make_not_a_model(kind, scene.out / target_name)
+    junk = other.read_bytes()
+    with caplog.at_level(logging.WARNING, logger="onnx_light_ref"):
+        writer.call(scene, overwrite=not writer.owns_previous)
+    assert_written(scene, writer)
+    assert f"{str(other)!r} is not an ONNX model: " in caplog.text and "onnx.load refuses it too" in caplog.text
+    assert other.read_bytes() == junk
 
 
 @pytest.mark.parametrize("writer", CLI_WRITERS, ids=_ids)
@@ -283,12 +306,15 @@ def test_a_sharer_saved_while_the_writer_works_is_refused_under_the_folder_lock(
     np.testing.assert_array_equal(computes(sharers[0]), np.frombuffer(kept[target_name][:16], dtype=np.float32))
 
 
-@pytest.mark.parametrize("near", ["a-variant-uses-it", "nothing-uses-it", "a-model-near-cannot-be-read"])
+@pytest.mark.parametrize(
+    "near", ["a-variant-uses-it", "nothing-uses-it", "a-model-near-cannot-be-read", "a-file-near-is-no-model"]
+)
 @pytest.mark.parametrize("writer", MODEL_WRITERS, ids=_ids)
 def test_a_bridge_file_a_visible_model_references_is_never_deleted(tmp_path: Path, writer: Writer, near: str) -> None:
     """A run killed between its two commits leaves the destination on a bridge file; a variant saved from it uses
     that file; the next publication to the destination sweeps the bridge only when no model it can see uses it, or
-    may use it (a ``.onnx`` there that cannot be read, e.g. that variant while a copy is still writing it)."""
+    may use it (a ``.onnx`` there whose references cannot be read). A file protobuf refuses loads nothing: it keeps
+    nothing."""
     scene = make_scene(tmp_path / "scene", writer)
     bridge = scene.out / bridge_name("model.onnx.data")
     bridge.write_bytes(shared_bytes())
@@ -297,7 +323,9 @@ def test_a_bridge_file_a_visible_model_references_is_never_deleted(tmp_path: Pat
     if near == "a-variant-uses-it":
         variant = write_model(scene.out / "variant.onnx", external_model(bridge.name))
     elif near == "a-model-near-cannot-be-read":
-        cut = make_unreadable("truncated", bridge)
+        cut = make_unreadable("too-large", bridge)
+    elif near == "a-file-near-is-no-model":
+        make_not_a_model("truncated", bridge)
     writer.call(scene)
     assert_written(scene, writer)
     if variant is not None:
@@ -305,7 +333,7 @@ def test_a_bridge_file_a_visible_model_references_is_never_deleted(tmp_path: Pat
         np.testing.assert_array_equal(computes(variant), np.arange(4, dtype=np.float32))
     elif near == "a-model-near-cannot-be-read":
         assert bridge.read_bytes() == shared_bytes()
-        # Once complete (the copy has finished), it loads its weights from the bridge file that was kept.
+        # Once readable (repaired), it loads its weights from the bridge file that was kept.
         write_model(cut, external_model(bridge.name))
         np.testing.assert_array_equal(computes(cut), np.arange(4, dtype=np.float32))
     else:

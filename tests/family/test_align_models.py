@@ -27,6 +27,7 @@ from onnx_light_ref.io.layout_report import build_layout_report
 from onnx_light_ref.io.results import FamilyResult
 from onnx_light_ref.ops import reference_evaluator
 from tests.checks import assert_no_temp_files, external_payload, sha256_of_tree
+from tests.contract.sharers import too_deep
 from tests.family.family_models import Family, outputs_of, write_family
 from tests.models import make_model, save_external, value_info
 
@@ -323,21 +324,29 @@ def test_re_running_with_another_weights_name_lists_the_old_weights_file_and_kee
         assert_computes_as_its_source(source, out / source.name)
 
 
+@pytest.mark.parametrize("near", ["unreadable", "no-model"])
 def test_an_old_weights_file_a_model_that_cannot_be_read_may_use_is_not_called_stale(
-    family: Family, out: Path, caplog: pytest.LogCaptureFixture
+    family: Family, out: Path, near: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A ``.onnx`` beside it that does not parse (a copy still running) may be a model that loads it: "cannot
-    parse" never means "references nothing", so the file is not listed as one the user may delete."""
+    """A ``.onnx`` beside it whose references cannot be read (nested past protobuf's limit) may be a model that
+    loads it: "cannot read" never means "references nothing", so the file is not listed as one the user may delete.
+    One protobuf refuses (a copy cut short) loads nothing: the file is stale, and a warning names that ``.onnx``."""
     align_models(family.sources, out)
     old = (out / "weights.data").read_bytes()
-    cut = (out / DECODER).read_bytes()
-    (out / "copy_in_progress.onnx").write_bytes(cut[: len(cut) // 2])
+    whole = (out / DECODER).read_bytes()
+    near_bytes = whole + too_deep() if near == "unreadable" else whole[: len(whole) // 2]
+    (out / "copy_in_progress.onnx").write_bytes(near_bytes)
 
-    result = align_models(family.sources, out, weights_name="renamed.data", alignment=256)
+    with caplog.at_level(logging.WARNING, logger="onnx_light_ref"):
+        result = align_models(family.sources, out, weights_name="renamed.data", alignment=256)
 
-    assert result.stale_weights_files == ()
+    if near == "unreadable":
+        assert result.stale_weights_files == ()
+    else:
+        assert result.stale_weights_files == (str(out / "weights.data"),)
+        assert f"{str(out / 'copy_in_progress.onnx')!r} is not an ONNX model" in caplog.text
     assert (out / "weights.data").read_bytes() == old
-    assert (out / "copy_in_progress.onnx").read_bytes() == cut[: len(cut) // 2]
+    assert (out / "copy_in_progress.onnx").read_bytes() == near_bytes
     for source in family.sources:
         assert_computes_as_its_source(source, out / source.name)
 

@@ -29,6 +29,7 @@ from onnx import numpy_helper
 from onnx_light_ref import align_external_data_streaming, save_model_with_shared_external_data
 from onnx_light_ref.io.write import publish
 from tests.checks import assert_no_temp_files, dead_pid, run_onnxruntime
+from tests.contract.sharers import too_deep
 from tests.hardening.publication_scenarios import computed, same, values
 from tests.models import identity_model
 
@@ -130,13 +131,15 @@ def test_a_dead_writers_bridge_file_that_a_model_loads_is_never_swept(tmp_path: 
     assert same(computed(out / "model.onnx"), arrays)
 
 
+@pytest.mark.parametrize("near", ["unreadable", "no-model"])
 @pytest.mark.parametrize("where", ["same-folder", "parent-folder"])
 def test_no_dead_writers_file_is_swept_while_a_model_near_cannot_be_read(
-    tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, where: str, near: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A "cannot parse" is not "references nothing": a truncated ``.onnx`` able to reach the folder (a variant still
-    being copied from the killed run's model) may load the bridge or temp files, so none is removed while it cannot
-    be read; the warning names it. Once it is gone, the next run sweeps them."""
+    """A "cannot read" is not "references nothing": a ``.onnx`` able to reach the folder whose references cannot be
+    read (a variant of the killed run's model, with a subgraph nested past protobuf's limit) may load the bridge or
+    temp files, so none is removed while it is there; the warning names it. Once it is gone, the next run sweeps
+    them. A ``.onnx`` protobuf refuses (cut short) loads nothing: it keeps nothing, a warning names it."""
     out = tmp_path / "root" / "out"
     out.mkdir(parents=True)
     array = np.arange(16, dtype=np.float32)
@@ -146,7 +149,7 @@ def test_no_dead_writers_file_is_swept_while_a_model_near_cannot_be_read(
     variant = out / "variant.onnx" if where == "same-folder" else tmp_path / "root" / "variant.onnx"
     _model_on(variant, bridge.name if where == "same-folder" else f"out/{bridge.name}", array)
     whole = variant.read_bytes()
-    variant.write_bytes(whole[: len(whole) // 2])  # the copy is still running
+    variant.write_bytes(whole + too_deep() if near == "unreadable" else whole[: len(whole) // 2])
 
     sources = tmp_path / "src"
     sources.mkdir()
@@ -155,10 +158,14 @@ def test_no_dead_writers_file_is_swept_while_a_model_near_cannot_be_read(
     with caplog.at_level(logging.WARNING, logger="onnx_light_ref"):
         align_external_data_streaming(sources / "model.onnx", out / "model.onnx")
 
+    assert same(computed(out / "model.onnx"), arrays)
+    if near == "no-model":
+        assert not bridge.exists() and not temp.exists()
+        assert f"{str(variant)!r} is not an ONNX model" in caplog.text
+        return
     assert bridge.read_bytes() == array.tobytes() and temp.read_bytes() == b"left by a killed run"
     assert str(variant) in caplog.text and "cannot be read as a model" in caplog.text and "move it away" in caplog.text
-    assert same(computed(out / "model.onnx"), arrays)
-    variant.write_bytes(whole)  # the copy has finished: it loads what was kept
+    variant.write_bytes(whole)  # repaired: it loads what was kept
     assert np.array_equal(run_onnxruntime(variant, {})[0], array)
     variant.unlink()
     align_external_data_streaming(sources / "model.onnx", out / "model.onnx")

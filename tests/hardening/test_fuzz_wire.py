@@ -38,6 +38,7 @@ import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from unittest import mock
 
 import numpy as np
@@ -118,14 +119,15 @@ def all_tensors(message: Message) -> Iterator[onnx.TensorProto]:
 
 
 def _on_alarm(signum: int, frame: object) -> None:
-    raise TimeoutError("load_model_stripped did not terminate within 10 s")
+    raise TimeoutError("the scan did not terminate within 10 s")
 
 
 @contextlib.contextmanager
-def guarded() -> Iterator[list[tuple[int, int]]]:
-    """Fail on any read past the end of the file, and on a scan that does not end."""
+def guarded(module: ModuleType = wire) -> Iterator[list[tuple[int, int]]]:
+    """Fail on any read past the end of the file, and on a scan that does not end (``module``'s ``pread_exact``:
+    the wire reader's, or the reference scan's)."""
     reads: list[tuple[int, int]] = []
-    real = wire.pread_exact
+    real = module.pread_exact
 
     def checked(fd: int, buffer: memoryview, offset: int) -> int:
         size = os.fstat(fd).st_size
@@ -136,7 +138,7 @@ def guarded() -> Iterator[list[tuple[int, int]]]:
     previous = signal.signal(signal.SIGALRM, _on_alarm)
     signal.alarm(10)
     try:
-        with mock.patch.object(wire, "pread_exact", checked):
+        with mock.patch.object(module, "pread_exact", checked):
             yield reads
     finally:
         signal.alarm(0)

@@ -11,42 +11,58 @@ folders: the file's folder and every ancestor up to ``/``, both along the path a
 model beside a symlinked folder reaches the file through the link only in onnxruntime, which follows links; the real
 path is what onnx's loader walks). ``/`` is the limit on purpose: stopping at the destination model's folder (the
 previous rule) missed ``root/top.onnx`` reaching ``root/a/b/w.data``, and any lower limit has the same hole; the
-cost is one ``scandir`` per ancestor and a metadata parse of each model found there (the wire reader skips
-payloads). Folders this process cannot list are skipped (a model there is invisible to it). A model is any regular
-file (or symlink to one) whose name ends with ``.onnx`` in any case (onnx and onnxruntime load ``variant.ONNX``
-like any name). One that cannot be read as a model (truncated, a copy still running, refused by our reader or by
-protobuf, no permission, metadata over 2 GiB) is an :class:`UnreadableModel`: "cannot parse" never means
-"references nothing", since it may be a model someone loads (complete later, or read by another tool), so it is
-taken as possibly using every file in its reach (its folder and below) and rule 1 refuses to replace those.
+cost is one ``scandir`` per ancestor and a read of each model found there, bounded whatever the model holds
+(:mod:`~onnx_light_ref.io.read.reference_scan` streams its wire format, reading only what can name a file, and seeks
+over the rest: a 2 GiB ``.onnx`` is read in milliseconds and a few hundred KiB of memory). Folders this process
+cannot list are skipped (a model there is invisible to it). A model is any regular file (or symlink to one) whose
+name ends with ``.onnx`` in any case (onnx and onnxruntime load ``variant.ONNX`` like any name).
+
+What a model found there can be:
+
+- a model: the files it references (below);
+- a file protobuf refuses (truncated, garbage, not protobuf at all: broken where the scan reads, at a byte offset
+  it names) is a :class:`NotAModel`: ``onnx.load`` refuses it too, so it cannot load any file. The guard logs a
+  warning naming it and goes on;
+- a file that may be a model but whose references cannot be read (no permission, an I/O error, nested deeper than
+  protobuf's 100 levels, more fields to walk than the scan's bound, changed while read) is an
+  :class:`UnreadableModel`: "cannot read" never means "references nothing", so it is taken as possibly using every
+  file in its reach (its folder and below) and rule 1 refuses to replace those (the message names it and
+  ``replace_shared``).
 
 A model references a file when one of its EXTERNAL tensors (anywhere in the model) has a ``location`` (any of its
 ``location`` entries, if it repeats the key: onnx reads the last, another tool may read the first), or one of its
-``ai.rt::DelayedInitializer`` nodes (anywhere: main graph, subgraphs, functions, training graphs) has a
-``filename``, that names it from the model's folder (an absolute ``filename`` as it is): the same device and inode
-(so a hard link or a symlink to it counts), or, for a file not there, the same normalized path. The op's domain,
-type and attribute name are constants here: ``io`` never imports ``ops``.
+``ai.rt::DelayedInitializer`` nodes (anywhere: main graph, subgraphs, functions and their default attributes,
+training graphs) has a ``filename``, that names it from the model's folder (an absolute ``filename`` as it is): the
+same device and inode (so a hard link or a symlink to it counts), or, for a file not there, the same normalized path.
+A name of 4096 bytes or more (``PATH_MAX``) names no file. The op's domain, type and attribute name are constants
+here: ``io`` never imports ``ops``.
+
+Each model is read once per write when the write runs inside :func:`reading_references` (a
+:class:`ReferenceReader` keyed by the file's identity: device, inode, size, modification and change times); outside
+one, each call reads afresh.
 
 This module reads model metadata only and never reads a weight byte, never writes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import logging
 import os
 import stat
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
 
-import onnx
-
-from onnx_light_ref.io.read.delayed_names import DELAYED_DOMAIN, DELAYED_FILENAME, DELAYED_OP_TYPE
-from onnx_light_ref.io.read.entries import is_external
 from onnx_light_ref.io.read.locations import FileIdentity
+from onnx_light_ref.io.read.reference_scan import CannotScanError, MalformedModelError, NamedFile, Via, named_files
 
 __all__ = [
     "ModelReference",
     "NearbyReferences",
+    "NotAModel",
+    "ReferenceReader",
     "SharedFile",
     "SharingScan",
     "UnreadableModel",
@@ -59,20 +75,16 @@ __all__ = [
     "models_in",
     "read_model_references",
     "read_references",
+    "reading_references",
     "scan_users",
 ]
 
 logger = logging.getLogger(__name__)
 
-# Inline payloads at least this long are skipped, not read, when a model is parsed for its references.
-_SKIP_PAYLOADS = 4096
-
 _MODEL_SUFFIX = ".onnx"
 
 FileKey = FileIdentity | str
 """An existing file by device and inode; a missing one by its normalized absolute path."""
-
-Via = Literal["external_data", "delayed_initializer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +110,19 @@ class UnreadableModel:
     def describe(self) -> str:
         """``'m.onnx', which cannot be read as a model (<reason>)``."""
         return f"{self.model!r}, which cannot be read as a model ({self.reason})"
+
+
+@dataclass(frozen=True, slots=True)
+class NotAModel:
+    """A ``*.onnx`` file protobuf refuses (truncated, garbage, not protobuf), and where: ``onnx.load`` refuses it too,
+    so it loads no file."""
+
+    model: str
+    reason: str
+
+    def describe(self) -> str:
+        """``'m.onnx', which is not an ONNX model (<reason>)``."""
+        return f"{self.model!r}, which is not an ONNX model ({self.reason})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,46 +176,157 @@ def read_references(model_path: str) -> dict[FileKey, ModelReference] | None:
 
     Returns:
         One :class:`ModelReference` per referenced file (external data locations and ``DelayedInitializer``
-        filenames), or None when the file is missing, unreadable or not an ONNX model.
+        filenames), or None when the file is missing, cannot be read or is not an ONNX model.
     """
     found = read_model_references(model_path)
-    return None if isinstance(found, UnreadableModel) else found
+    return None if isinstance(found, (UnreadableModel, NotAModel)) else found
 
 
-def read_model_references(model_path: str) -> dict[FileKey, ModelReference] | UnreadableModel | None:
-    """:func:`read_references` for a guard: an :class:`UnreadableModel` (with the reason) for a file that exists
-    but cannot be read as a model, None only when it is gone (or is no regular file: no loader opens it).
+def read_model_references(model_path: str) -> dict[FileKey, ModelReference] | UnreadableModel | NotAModel | None:
+    """:func:`read_references` for a guard: a :class:`NotAModel` for a file protobuf refuses, an
+    :class:`UnreadableModel` (with the reason) for one that may be a model but cannot be read, None only when it is
+    gone (or is no regular file: no loader opens it). Read once per :func:`reading_references` context.
 
     Args:
         model_path: a file (usually a ``.onnx``).
 
     Returns:
-        The references, an :class:`UnreadableModel`, or None.
+        The references, a :class:`NotAModel`, an :class:`UnreadableModel`, or None.
     """
-    from onnx_light_ref.io.read.wire import load_model_stripped  # the wire reader imports much; only writers need it
+    return _reader().read(model_path)
 
+
+class ReferenceReader:
+    """Reads each model's references once: the passes of one write (rule 1 before the first byte and again under the
+    lock, rule 3, the publication's sweep and its "does a model use this file?") share one, so that a model
+    unchanged in between is read once. Keyed by the file's identity (device, inode, size, modification and change
+    times): a model replaced or rewritten meanwhile is read again.
+
+    Example:
+        >>> reader = ReferenceReader()
+        >>> reader.read("model.onnx")  # doctest: +SKIP
+        {FileIdentity(device=2049, inode=1234): ModelReference(model='model.onnx', tensor='w', ...)}
+    """
+
+    def __init__(self) -> None:
+        self._read: dict[tuple[int, ...], list[NamedFile] | UnreadableModel | NotAModel] = {}
+        self._warned: set[str] = set()
+
+    def read(self, model_path: str) -> dict[FileKey, ModelReference] | UnreadableModel | NotAModel | None:
+        """What :func:`read_model_references` returns for ``model_path``, read from the file at most once."""
+        found = self._named(model_path)
+        if found is None or isinstance(found, list):
+            return None if found is None else _references(model_path, found)
+        return dataclasses.replace(found, model=model_path)  # read through another name: name this one
+
+    def warn_once(self, found: NotAModel) -> None:
+        """Log that ``found`` is not counted as a model (once per file per reader)."""
+        if found.model in self._warned:
+            return
+        self._warned.add(found.model)
+        logger.warning(
+            "%r is not an ONNX model: %s; onnx.load refuses it too, so it loads no file, and the writer does not "
+            "count it (if it is a model still being written, let it finish and run again)",
+            found.model,
+            found.reason,
+        )
+
+    def _named(self, model_path: str) -> list[NamedFile] | UnreadableModel | NotAModel | None:
+        try:
+            st = os.stat(model_path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except (OSError, ValueError) as exc:  # no permission on a folder on the way, a name too long...
+            return UnreadableModel(model_path, _reason(exc))
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        known = self._read.get(_read_key(st))
+        if known is not None:
+            return known
+        try:
+            fd = _open_model(model_path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:  # EACCES, EMFILE...
+            return UnreadableModel(model_path, _reason(exc))
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            found = _scan(fd, st, model_path)
+        finally:
+            os.close(fd)
+        self._read[_read_key(st)] = found
+        return found
+
+
+def _open_model(path: str) -> int:
+    # O_NONBLOCK: a FIFO put there since the stat must not hang the open (it is refused after it).
+    return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+
+
+def _scan(fd: int, st: os.stat_result, model_path: str) -> list[NamedFile] | UnreadableModel | NotAModel:
     try:
-        model = load_model_stripped(model_path, min_length=_SKIP_PAYLOADS).model
-    except FileNotFoundError as exc:  # gone since it was listed, or not a regular file (a FIFO, a folder)
-        logger.debug("no model file, skipped: %s (%s)", model_path, exc)
-        return None
-    except (OSError, ValueError) as exc:  # InvalidModelError is a ValueError; OSError: EACCES, EIO, EMFILE...
-        logger.debug("cannot read %s as a model (%s): it may use any file in its reach", model_path, exc)
+        found = named_files(fd, st.st_size, model_path)
+    except MalformedModelError as exc:
+        return NotAModel(model_path, exc.problem)
+    except CannotScanError as exc:
+        return UnreadableModel(model_path, f"its references could not be read: {exc}")
+    except OSError as exc:  # EIO...: the disk's problem, not proof the file is no model
         return UnreadableModel(model_path, _reason(exc))
+    if not found.graph and not found.files:  # empty, or protobuf without a graph: it runs nothing, names nothing
+        return NotAModel(model_path, "it has no graph")
+    return found.files
+
+
+def _read_key(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+_current: contextvars.ContextVar[ReferenceReader | None] = contextvars.ContextVar("reference_reader", default=None)
+
+
+@contextlib.contextmanager
+def reading_references() -> Iterator[ReferenceReader]:
+    """Within the block, every read of a model's references (:func:`scan_users`, :func:`files_referenced_near`,
+    :func:`read_model_references`, rule 3's ownership) shares one :class:`ReferenceReader`: each model is read once.
+    Wrap one write in it (a plan's check, its re-check under the lock and its publication); nested blocks share the
+    outer reader.
+
+    Example:
+        >>> with reading_references():  # doctest: +SKIP
+        ...     check_plan(plan)
+        ...     publish(..., before_commit=lambda: recheck_plan(plan))
+    """
+    reader = _current.get()
+    if reader is not None:
+        yield reader
+        return
+    reader = ReferenceReader()
+    token = _current.set(reader)
+    try:
+        yield reader
+    finally:
+        _current.reset(token)
+
+
+def _reader() -> ReferenceReader:
+    """The reader of the current :func:`reading_references` block, else a fresh one (each call reads afresh)."""
+    return _current.get() or ReferenceReader()
+
+
+def _references(model_path: str, named: list[NamedFile]) -> dict[FileKey, ModelReference]:
+    """Each named file by :func:`file_key` from the model's folder, with the first tensor or node naming it and how
+    many do (several names may be one file: ``w.bin``, ``./w.bin``, a hard link)."""
     folder = os.path.dirname(os.path.abspath(model_path))
     found: dict[FileKey, ModelReference] = {}
-    counts: dict[FileKey, int] = {}
-    keys: dict[str, FileKey] = {}  # one stat per distinct name, not per tensor
-    for label, location, via in _named_files(model):
-        key = keys.get(location)
-        if key is None:
-            key = keys[location] = file_key(os.path.join(folder, location))  # an absolute filename stays as it is
-        counts[key] = counts.get(key, 0) + 1
-        if key not in found:
-            found[key] = ModelReference(model_path, label, location, 0, via)
-    return {
-        key: ModelReference(ref.model, ref.tensor, ref.location, counts[key], ref.via) for key, ref in found.items()
-    }
+    for name in named:  # in order of the first tensor naming each: the first one wins
+        key = file_key(os.path.join(folder, name.location))  # an absolute filename stays as it is
+        known = found.get(key)
+        count = name.count + (known.tensors if known else 0)
+        first = known or ModelReference(model_path, name.label, name.location, 0, name.via)
+        found[key] = dataclasses.replace(first, tensors=count)
+    return found
 
 
 def model_references(model_path: str) -> dict[FileKey, ModelReference]:
@@ -263,11 +399,15 @@ def scan_users(targets: Collection[str], *, exclude: Collection[str] = ()) -> Sh
     referenced: set[FileIdentity] = set()
     scanned: list[str] = []
     reach: dict[FileIdentity | str, list[str]] | None = None  # folder -> existing targets it reaches, when needed
+    reader = _reader()
     for model_path in models_in(folders_reaching(targets)):
         if os.path.normpath(model_path) in excluded_paths or _identity(model_path) in excluded:
             continue
         scanned.append(model_path)
-        found = read_model_references(model_path)
+        found = reader.read(model_path)
+        if isinstance(found, NotAModel):
+            reader.warn_once(found)
+            continue
         if isinstance(found, UnreadableModel):
             if reach is None:
                 reach = _reach(wanted.values())
@@ -330,45 +470,16 @@ def files_referenced_near(folder: str) -> NearbyReferences:
     """
     found: set[FileKey] = set()
     unreadable: list[UnreadableModel] = []
+    reader = _reader()
     for model_path in models_in(folders_reaching([os.path.join(os.path.abspath(folder), "_")])):
-        references = read_model_references(model_path)
-        if isinstance(references, UnreadableModel):
+        references = reader.read(model_path)
+        if isinstance(references, NotAModel):
+            reader.warn_once(references)
+        elif isinstance(references, UnreadableModel):
             unreadable.append(references)
         elif references is not None:
             found.update(references)
     return NearbyReferences(frozenset(found), tuple(unreadable))
-
-
-def _named_files(model: onnx.ModelProto) -> Iterator[tuple[str, str, Via]]:
-    """(tensor or node label, location or filename, how) for every file the model names."""
-    from onnx_light_ref.io.read.walker import iter_tensors
-
-    for site in iter_tensors(model):
-        if is_external(site.tensor):
-            for location in _locations(site.tensor):
-                yield site.label, location, "external_data"
-    for node in _all_nodes(model):
-        if node.domain != DELAYED_DOMAIN or node.op_type != DELAYED_OP_TYPE:
-            continue
-        for attribute in node.attribute:
-            if attribute.name == DELAYED_FILENAME and attribute.s:
-                label = node.output[0] if node.output else (node.name or DELAYED_OP_TYPE)
-                yield label, os.fsdecode(attribute.s), "delayed_initializer"
-
-
-def _all_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
-    """Every node of the model: main graph, functions, training graphs, and every subgraph of those, at any depth."""
-    pending: list[onnx.GraphProto | onnx.FunctionProto] = [model.graph, *model.functions]
-    for training in model.training_info:
-        pending.extend(getattr(training, name) for name in ("initialization", "algorithm") if training.HasField(name))
-    while pending:
-        container = pending.pop()
-        for node in container.node:
-            yield node
-            for attribute in node.attribute:
-                if attribute.HasField("g"):
-                    pending.append(attribute.g)
-                pending.extend(attribute.graphs)
 
 
 def _ancestors(folder: str) -> Iterator[str]:
@@ -404,18 +515,3 @@ def _identity(path: str) -> FileIdentity | None:
     if not stat.S_ISREG(st.st_mode):
         return None
     return FileIdentity(st.st_dev, st.st_ino)
-
-
-def _locations(tensor: onnx.TensorProto) -> list[str]:
-    """Every file a ``location`` entry names, each once: onnx's loader opens the last one, another tool may open the
-    first, so the guard counts all of them. A value that is not UTF-8 names a file by its bytes (onnxruntime opens
-    it so): decoded with the file system's encoding, which gives those bytes back."""
-    found: list[str] = []
-    for entry in tensor.external_data:
-        key, value = entry.key, entry.value
-        if key != "location" or not value:  # a key that is not UTF-8 is bytes, never "location"
-            continue
-        text = os.fsdecode(value) if isinstance(value, bytes) else value
-        if text not in found:
-            found.append(text)
-    return found

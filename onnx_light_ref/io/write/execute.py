@@ -34,6 +34,7 @@ from onnx_light_ref.io.read.delayed_nodes import DelayedSite
 from onnx_light_ref.io.read.entries import write_entries
 from onnx_light_ref.io.read.locations import TYPED_VALUE_FIELDS
 from onnx_light_ref.io.read.model_file import serialize_model
+from onnx_light_ref.io.read.sharing import reading_references
 from onnx_light_ref.io.write.contract import (
     LazyPayload,
     Payload,
@@ -89,6 +90,18 @@ def execute(
         publication (``OSError`` before the commit: the destinations are as they were;
         ``PublishedWithErrorsError`` after it).
     """
+    with reading_references():  # each nearby model read once for the whole write (its checks and publication)
+        return _execute(plan, result, durable, chunk_size, progress, in_memory)
+
+
+def _execute(
+    plan: WritePlan,
+    result: Callable[[CopyStats], Result],
+    durable: bool,
+    chunk_size: int,
+    progress: ProgressCallback | None,
+    in_memory: bool,
+) -> Result:
     walks = check_plan(plan)
     payloads = _read_ranges(plan.files) if in_memory else None
     with OutputTransaction(durable=durable, keep=frozenset(plan.sources)) as outputs:

@@ -42,6 +42,7 @@ from onnx_light_ref.io.plan.shard_names import (
 from onnx_light_ref.io.read.sharing import (
     FileKey,
     ModelReference,
+    NotAModel,
     UnreadableModel,
     file_key,
     is_model_name,
@@ -67,10 +68,12 @@ class ShardSet:
         return frozenset(members)
 
 
-ReferenceCache = dict[tuple[str, int, int, int, int], "dict[FileKey, ModelReference] | UnreadableModel | None"]
-"""Parsed references of destination models by (path, device, inode, size, mtime): a model unchanged between the
-plan's check and its re-check under the lock is not parsed twice. An :class:`UnreadableModel` for one that cannot be
-read as a model: it owns nothing by reference (what it references is unknown)."""
+ReferenceCache = dict[
+    tuple[str, int, int, int, int, int], "dict[FileKey, ModelReference] | UnreadableModel | NotAModel | None"
+]
+"""Read references of destination models by (path, device, inode, size, mtime, ctime): a model unchanged between the
+plan's check and its re-check under the lock is not read twice. An :class:`UnreadableModel` for one that cannot be
+read, a :class:`NotAModel` for one protobuf refuses: either owns nothing by reference."""
 
 
 class Ownership:
@@ -92,10 +95,12 @@ class Ownership:
         """Whether the destination ``.onnx`` at ``path`` is an ONNX model now (it parses as one)."""
         return self._references(os.path.normpath(os.path.abspath(path))) is not None
 
-    def unreadable(self) -> list[UnreadableModel]:
-        """The destination ``.onnx`` files that exist but cannot be read as models (they own nothing by reference:
-        what they reference is unknown), for the messages."""
-        return [read for model in self.models if isinstance(read := self._read_cached(model), UnreadableModel)]
+    def unreadable(self) -> list[UnreadableModel | NotAModel]:
+        """The destination ``.onnx`` files that exist but cannot be read as models, or are none (they own nothing by
+        reference), for the messages."""
+        return [
+            read for model in self.models if isinstance(read := self._read_cached(model), (UnreadableModel, NotAModel))
+        ]
 
     def owns_model(self, path: str) -> bool:
         """Rule 3.1: the destination ``.onnx`` may be replaced (absent, named like a model, or a model)."""
@@ -147,14 +152,14 @@ class Ownership:
 
     def _read(self, model: str) -> dict[FileKey, ModelReference] | None:
         read = self._read_cached(model)
-        return None if isinstance(read, UnreadableModel) else read
+        return None if isinstance(read, (UnreadableModel, NotAModel)) else read
 
-    def _read_cached(self, model: str) -> dict[FileKey, ModelReference] | UnreadableModel | None:
+    def _read_cached(self, model: str) -> dict[FileKey, ModelReference] | UnreadableModel | NotAModel | None:
         try:
             st = os.stat(model)
         except OSError:
             return None
-        key = (model, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        key = (model, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         if key not in self._cache:
             self._cache[key] = read_model_references(model)
         return self._cache[key]
