@@ -43,7 +43,8 @@ EPILOG = (
     "exit status: 0 success; 1 refused (one 'error: ...' line on stderr, nothing written) or, for verify, a "
     "difference; 2 bad arguments (usage printed); 3 written, but a step after the commit failed (one 'error: DST is "
     "published ..., but ...' line: the fsync that makes it durable, or removing the previous versions); 130 "
-    "interrupted by SIGINT, 143 by SIGTERM (temp files and folders the command created are removed)."
+    "interrupted by SIGINT, 143 by SIGTERM (the destination as it was, temp files and folders the command created "
+    "removed; or, when the signal came while the new files were being moved into place, complete)."
 )
 """The exit-status paragraph shown at the end of every ``--help``."""
 

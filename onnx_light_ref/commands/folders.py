@@ -3,7 +3,8 @@
 Users expect a command line to create a missing output folder; the Python API keeps refusing one (a typo in a
 library call should fail, not scatter folders). Every writing command calls :func:`make_folders` before the
 library call and :func:`remove_created_folders` when that call fails or is interrupted (or wraps the call in
-:func:`created_folders`, which does both), so a refused or interrupted run leaves the tree as it was.
+:func:`created_folders`, which does both), so a refused run, or one interrupted before its publication's first
+move, leaves the tree as it was.
 
 An interrupt (SIGINT/SIGTERM, raised by the CLI as a ``KeyboardInterrupt``) never lands between a temp file's
 creation and its record, nor inside a publication: the library defers both signals there

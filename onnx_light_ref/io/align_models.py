@@ -6,16 +6,15 @@ encoder-decoder pair sharing embeddings, task heads over one backbone. :func:`al
 every member points into: each distinct payload once, found by comparing bytes as ``dedup=True`` does inside one
 model (tensor names and owning model do not matter).
 
-It reads plan → check → copy → publish, like the aligner it is built from: :mod:`~onnx_light_ref.io.plan.family_plan`
+It reads validate → plan → execute, like the aligner it is built from: :mod:`~onnx_light_ref.io.plan.family_plan`
 walks every source (metadata only) and lays the payloads out with the aligner's own planning functions; the family
-is one :class:`~onnx_light_ref.io.write.contract.WritePlan` of the writer contract (every member, the shared weights
-set, every source), checked by :func:`~onnx_light_ref.io.write.contract.check_plan` on the names before any weight
-byte is read, again on the whole plan before the first byte, and by
-:func:`~onnx_light_ref.io.write.contract.recheck_plan` under the folder lock right before the first move; this module
-decides no rule itself (only the members' names: two sources with one basename would be one output). Bytes go
-file to file through the aligner's copy engine (reflinks kept, memory bounded by one chunk); the weights files and
-every member are published as one :class:`~onnx_light_ref.io.write.publish.FamilyTransaction`. This module never
-modifies a source file and never deletes a file it did not create.
+is one :class:`~onnx_light_ref.io.write.contract.WritePlan` of the writer contract (every member with its sites, the
+shared weights set, every source), whose names are checked by :func:`~onnx_light_ref.io.write.contract.check_names`
+before any weight byte is read, then handed to :func:`~onnx_light_ref.io.write.execute.execute` (every rule checked
+on the whole plan before the first byte and again under the folder lock right before the first move; bytes copied
+file to file through the copy engine, reflinks kept, memory bounded by one chunk; the weights files and every member
+published as one transaction). This module decides no rule itself (only the members' names: two sources with one
+basename would be one output), never modifies a source file and never deletes a file it did not create.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 With ``tests/hardening/test_publish_kill_points.py``'s ``in_child`` (the family publishes through the same
 ``OutputTransaction.publish``): a forked child runs ``align_models`` with ``publish.before_syscall`` counting the
-system calls of :meth:`FamilyTransaction.publish_models` and SIGKILLs itself at the k-th; a first child, never
+system calls of :meth:`OutputTransaction.publish` and SIGKILLs itself at the k-th; a first child, never
 killed, counts them and reads the state a kill at each would leave. Each distinct state is killed into once, at its
 first call (a later call leaving the same files has the same verdicts and the same recovery; the killed run must
 leave the state the counting run saw). For every such k, *without any recovery*, every member of

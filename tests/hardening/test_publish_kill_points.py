@@ -2,7 +2,7 @@
 
 ``onnx_light_ref.io.write.publish.before_syscall`` is called before every system call the publication makes (the test
 seam of that module). A forked child runs one writer with a hook that counts those calls during
-:meth:`OutputTransaction.publish` (its ``_publish``, which ``FamilyTransaction.publish_models`` shares) and SIGKILLs
+:meth:`OutputTransaction.publish` (every writer's and the family's publication: one method) and SIGKILLs
 the child at the k-th; a first child, never killed, counts them and reads, at each, the state a kill there would
 leave (:mod:`tests.hardening.kill_states`: a SIGKILL leaves exactly what the folder holds at that instant). Each
 distinct state is killed into once, at its first call, and the killed run must leave the state the counting run saw;
@@ -89,7 +89,7 @@ def in_child(
                 if cleanup_fails and name == "unlink":
                     raise OSError(errno.EIO, "unlink failed (injected)")
 
-            # Every model publication goes through it: OutputTransaction.publish, FamilyTransaction.publish_models.
+            # Every publication goes through it (execute calls it for every writer, one model or a family).
             real_publish = publish.OutputTransaction.publish
 
             def counted_publish(self: publish.OutputTransaction, *args: object, **kwargs: object) -> object:
