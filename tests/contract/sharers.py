@@ -31,6 +31,7 @@ __all__ = [
     "UNREADABLE",
     "bridge_name",
     "computes",
+    "grown",
     "make_not_a_model",
     "make_sharer",
     "make_unreadable",
@@ -112,8 +113,12 @@ TEST_FIELD_BUDGET = 5_000
 def too_large(location: str) -> onnx.ModelProto:
     """A model using ``location`` whose graph has more fields than :data:`TEST_FIELD_BUDGET`: a model onnx loads,
     but too large for the reference scan to read (it then may use any file in its reach)."""
-    model = external_model(location)
-    model.graph.initializer.extend(onnx.TensorProto(name=f"t{i}") for i in range(TEST_FIELD_BUDGET + 100))
+    return grown(external_model(location))
+
+
+def grown(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with more fields than :data:`TEST_FIELD_BUDGET` (empty initializers nothing uses)."""
+    model.graph.initializer.extend(onnx.TensorProto(name=f"unused{i}") for i in range(TEST_FIELD_BUDGET + 100))
     return model
 
 

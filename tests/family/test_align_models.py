@@ -24,10 +24,11 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_light_ref import align_external_data_streaming, align_models, verify_models
 from onnx_light_ref.errors import ExistingFileError, SharedWeightsError
 from onnx_light_ref.io.layout_report import build_layout_report
+from onnx_light_ref.io.read import reference_scan
 from onnx_light_ref.io.results import FamilyResult
 from onnx_light_ref.ops import reference_evaluator
 from tests.checks import assert_no_temp_files, external_payload, sha256_of_tree
-from tests.contract.sharers import too_deep
+from tests.contract.sharers import TEST_FIELD_BUDGET, grown
 from tests.family.family_models import Family, outputs_of, write_family
 from tests.models import make_model, save_external, value_info
 
@@ -326,15 +327,18 @@ def test_re_running_with_another_weights_name_lists_the_old_weights_file_and_kee
 
 @pytest.mark.parametrize("near", ["unreadable", "no-model"])
 def test_an_old_weights_file_a_model_that_cannot_be_read_may_use_is_not_called_stale(
-    family: Family, out: Path, near: str, caplog: pytest.LogCaptureFixture
+    family: Family, out: Path, near: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A ``.onnx`` beside it whose references cannot be read (nested past protobuf's limit) may be a model that
+    """A ``.onnx`` beside it whose references cannot be read (too large for the reference scan) may be a model that
     loads it: "cannot read" never means "references nothing", so the file is not listed as one the user may delete.
     One protobuf refuses (a copy cut short) loads nothing: the file is stale, and a warning names that ``.onnx``."""
     align_models(family.sources, out)
     old = (out / "weights.data").read_bytes()
     whole = (out / DECODER).read_bytes()
-    near_bytes = whole + too_deep() if near == "unreadable" else whole[: len(whole) // 2]
+    monkeypatch.setattr(reference_scan, "MAX_FIELDS", TEST_FIELD_BUDGET)
+    near_bytes = (
+        grown(onnx.load_from_string(whole)).SerializeToString() if near == "unreadable" else whole[: len(whole) // 2]
+    )
     (out / "copy_in_progress.onnx").write_bytes(near_bytes)
 
     with caplog.at_level(logging.WARNING, logger="onnx_light_ref"):

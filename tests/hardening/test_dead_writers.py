@@ -27,9 +27,10 @@ import pytest
 from onnx import numpy_helper
 
 from onnx_light_ref import align_external_data_streaming, save_model_with_shared_external_data
+from onnx_light_ref.io.read import reference_scan
 from onnx_light_ref.io.write import publish
 from tests.checks import assert_no_temp_files, dead_pid, run_onnxruntime
-from tests.contract.sharers import too_deep
+from tests.contract.sharers import TEST_FIELD_BUDGET, grown
 from tests.hardening.publication_scenarios import computed, same, values
 from tests.models import identity_model
 
@@ -134,10 +135,10 @@ def test_a_dead_writers_bridge_file_that_a_model_loads_is_never_swept(tmp_path: 
 @pytest.mark.parametrize("near", ["unreadable", "no-model"])
 @pytest.mark.parametrize("where", ["same-folder", "parent-folder"])
 def test_no_dead_writers_file_is_swept_while_a_model_near_cannot_be_read(
-    tmp_path: Path, where: str, near: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, where: str, near: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A "cannot read" is not "references nothing": a ``.onnx`` able to reach the folder whose references cannot be
-    read (a variant of the killed run's model, with a subgraph nested past protobuf's limit) may load the bridge or
+    read (a variant of the killed run's model, too large for the reference scan) may load the bridge or
     temp files, so none is removed while it is there; the warning names it. Once it is gone, the next run sweeps
     them. A ``.onnx`` protobuf refuses (cut short) loads nothing: it keeps nothing, a warning names it."""
     out = tmp_path / "root" / "out"
@@ -149,7 +150,10 @@ def test_no_dead_writers_file_is_swept_while_a_model_near_cannot_be_read(
     variant = out / "variant.onnx" if where == "same-folder" else tmp_path / "root" / "variant.onnx"
     _model_on(variant, bridge.name if where == "same-folder" else f"out/{bridge.name}", array)
     whole = variant.read_bytes()
-    variant.write_bytes(whole + too_deep() if near == "unreadable" else whole[: len(whole) // 2])
+    monkeypatch.setattr(reference_scan, "MAX_FIELDS", TEST_FIELD_BUDGET)
+    variant.write_bytes(
+        grown(onnx.load_from_string(whole)).SerializeToString() if near == "unreadable" else whole[: len(whole) // 2]
+    )
 
     sources = tmp_path / "src"
     sources.mkdir()

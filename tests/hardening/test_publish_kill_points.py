@@ -40,8 +40,11 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
 
+from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.errors import PublishedWithErrorsError
 from onnx_light_ref.io.write import publish
 from tests.checks import assert_no_temp_files, temp_files_under
@@ -259,3 +262,57 @@ def test_align_into_weights_of_another_name_killed_after_moving_them_in_is_rerun
 
     assert same(computed(dst / "out.onnx"), values(2))
     assert sorted(p.name for p in dst.iterdir()) == ["out.onnx", "w.bin"]
+
+
+def _evaluated(model: Path) -> list[np.ndarray]:
+    """What a model read through DelayedInitializer nodes computes (onnxruntime cannot run it: our evaluator)."""
+    from onnx_light_ref import reference_evaluator
+
+    for node in onnx.load(str(model), load_external_data=False).graph.node:
+        for attribute in node.attribute:
+            if attribute.name == "filename":  # every file it reads has one link and is no symlink
+                path = model.parent / attribute.s.decode()
+                assert not path.is_symlink() and path.stat().st_nlink == 1
+    evaluator = reference_evaluator(str(model))
+    try:
+        return list(evaluator.run(None, {}))
+    finally:
+        evaluator.close()
+
+
+def test_a_kill_at_any_system_call_of_a_delayed_initializer_model_over_its_previous_output(
+    work: Path, sources: tuple[Path, Path]
+) -> None:
+    """The model reads its weights through DelayedInitializer nodes only: their filenames reference the weights file
+    the re-alignment rewrites, so it must go through bridge names as external data does (it did not: a kill between
+    the weights' move and the commit left the previous model reading new bytes at its old offsets)."""
+    old_src, new_src = sources
+
+    def write(src: Path, dst: Path, alignment: int) -> object:
+        return align_external_data_streaming(src / "delayed.onnx", dst, alignment=alignment)
+
+    template = work / "template"
+    template.mkdir()
+    write(old_src, template / "out.onnx", OLD_ALIGNMENT)
+    old, new = (sorted(array.tobytes() for array in values(seed).values()) for seed in (1, 2))
+    assert sorted(a.tobytes() for a in _evaluated(template / "out.onnx")) == old
+    reference = work / "reference"
+    shutil.copytree(template, reference)
+    states = in_child(lambda: write(new_src, reference / "out.onnx", NEW_ALIGNMENT), None, watch=reference)
+    assert sorted(a.tobytes() for a in _evaluated(reference / "out.onnx")) == new
+    seen: dict[str, str] = {}
+    for kill_at, state in enumerate(states, start=1):
+        if state in seen:
+            continue
+        dst = work / f"k{kill_at}"
+        shutil.copytree(template, dst)
+        in_child(lambda dst=dst: write(new_src, dst / "out.onnx", NEW_ALIGNMENT), kill_at)
+        assert folder_state(dst) == state, f"kill at call {kill_at}: not the state the counting run saw there"
+        got = sorted(a.tobytes() for a in _evaluated(dst / "out.onnx"))
+        assert got in (old, new), f"kill at call {kill_at}: mixed model"
+        seen[state] = "new" if got == new else "previous"
+        write(new_src, dst / "out.onnx", NEW_ALIGNMENT)  # the recovery
+        assert sorted(a.tobytes() for a in _evaluated(dst / "out.onnx")) == new
+        assert_no_temp_files(dst)
+        shutil.rmtree(dst)
+    assert set(seen.values()) == {"previous", "new"}, seen

@@ -62,6 +62,7 @@ import onnx
 from onnx_light_ref.errors import InvalidModelError, PublishedWithErrorsError
 from onnx_light_ref.io.arguments import check_bool
 from onnx_light_ref.io.posix import pwrite_all
+from onnx_light_ref.io.read.delayed_nodes import iter_delayed
 from onnx_light_ref.io.read.locations import FileIdentity
 from onnx_light_ref.io.read.model_file import serialize_model
 from onnx_light_ref.io.read.sharing import NearbyReferences, files_referenced_near
@@ -650,14 +651,20 @@ class _References:
         return FileIdentity(st.st_dev, st.st_ino) in self.identities
 
 
-def _locations(model: onnx.ModelProto) -> Iterator[tuple[onnx.StringStringEntryProto, str]]:
-    """Each ``location`` entry of an EXTERNAL tensor of ``model``, with its value as text."""
+def _named_files(model: onnx.ModelProto, folder: str) -> Iterator[tuple[str, Callable[[str], None]]]:
+    """Each file the model names (an EXTERNAL tensor's ``location`` entries, a ``DelayedInitializer`` node's
+    ``filename``) as a normalized path from ``folder``, with how to make that reference name another one."""
     for site in iter_tensors(model):
         if site.tensor.data_location == onnx.TensorProto.EXTERNAL:
             for entry in site.tensor.external_data:
                 if entry.key == "location":
                     value: str | bytes = entry.value
-                    yield entry, value if isinstance(value, str) else os.fsdecode(value)
+                    text = value if isinstance(value, str) else os.fsdecode(value)
+                    yield os.path.normpath(os.path.join(folder, text)), functools.partial(setattr, entry, "value")
+    for node in iter_delayed(model):
+        if node.filename is not None:
+            path = os.path.normpath(os.path.join(folder, node.filename))
+            yield path, functools.partial(node.point_at, offset=node.offset)
 
 
 def _read_references(model_path: str) -> _References:
@@ -681,8 +688,7 @@ def _read_references(model_path: str) -> _References:
         return _References(known=False)
     if (stripped.device, stripped.inode) != (st.st_dev, st.st_ino):
         return _References(known=False)
-    folder = os.path.dirname(model_path)
-    paths = frozenset(os.path.normpath(os.path.join(folder, location)) for _, location in _locations(stripped.model))
+    paths = frozenset(path for path, _ in _named_files(stripped.model, os.path.dirname(model_path)))
     identities = set()
     for path in paths:
         with contextlib.suppress(OSError):
@@ -692,14 +698,13 @@ def _read_references(model_path: str) -> _References:
 
 
 def _bridge_model(model_bytes: bytes, model_path: str, bridges: dict[str, str]) -> bytes:
-    """The new model with every location naming a key of ``bridges`` (a final weights path) pointing at its value."""
+    """The new model with every reference naming a key of ``bridges`` (a final weights path) naming its value."""
     model = onnx.ModelProto()
     model.ParseFromString(model_bytes)
     folder = os.path.dirname(model_path)
-    for entry, location in _locations(model):
-        target = os.path.normpath(os.path.join(folder, location))
+    for target, rename in list(_named_files(model, folder)):
         if target in bridges:
-            entry.value = os.path.relpath(bridges[target], folder)
+            rename(os.path.relpath(bridges[target], folder))
     return serialize_model(model)
 
 
