@@ -150,7 +150,8 @@ _LABELS: dict[str, dict[str, str]] = {
 }
 _LABELS["evaluator-bfloat16"] = _LABELS["evaluator"]
 _REFERENCE_METHOD = {"evaluator-bfloat16": "plain", "align": "streaming", "chunk-sizes": "chunk_4MiB",
-                     "shared-save": "shared_save", "delayed": "np_fromfile", "evaluator": "plain", "dedup": "streaming", "shards": "one_file",
+                     "shared-save": "shared_save", "delayed": "np_fromfile", "evaluator": "plain",
+                     "dedup": "streaming", "shards": "one_file",
                      "verify": "read_both", "externalize": "cfr_ranges_fsync", "in-place": "fresh_folder",
                      "reflink": "unaligned", "node-count": "delay", "safetensors": "onnx_ir_fsync",
                      "link": "copy_safetensors", "inline-readers": "externalize", "startup": "bare",
