@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
-from onnx_light_ref.commands.hints import inline_hint, oversized_note, transformers_js_note
+from onnx_light_ref.commands.hints import inline_hint, kept_inline_note, oversized_note, transformers_js_note
 from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument, bounded_size, size_argument
@@ -183,7 +183,7 @@ def align_command(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     warn_unless_onnx(args.dst)  # after success: a refusal's one error line says enough
     print(_summary(args.dst, result, elapsed))
-    notes = [oversized_note(result.weights_files, args.max_shard_size)]
+    notes = [kept_inline_note(result.kept_inline_names), oversized_note(result.weights_files, args.max_shard_size)]
     notes.append(transformers_js_note(args.shard_names, result.weights_files))
     if result.tensors == 0 and args.size_threshold is None:
         notes.append(inline_hint(args.src))
@@ -239,9 +239,8 @@ def _written(dst_onnx: str, result: AlignResult, elapsed: float) -> str:
     extras = []
     if result.externalized_tensors:
         extras.append(f"{result.externalized_tensors} moved out of the .onnx")
-    if result.kept_inline_tensors:
-        reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(result.kept_inline_reasons.items()))
-        extras.append(f"{result.kept_inline_tensors} kept inline where onnx would not load them back: {reasons}")
+    if result.kept_inline_tensors:  # named by reason in a note (kept_inline_note)
+        extras.append(f"{result.kept_inline_tensors} left in the .onnx")
     if result.deduplicated_tensors:
         extras.append(f"{result.deduplicated_tensors} deduplicated ({result.deduplicated_bytes} bytes saved)")
     if result.unaligned_tensors:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
-from onnx_light_ref.commands.hints import inline_hint, oversized_note, transformers_js_note
+from onnx_light_ref.commands.hints import inline_hint, kept_inline_note, oversized_note, transformers_js_note
 from onnx_light_ref.commands.paths import shown_path
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument, bounded_size, size_argument
@@ -184,7 +184,8 @@ def align_models_command(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         return error_exit(exc)  # created_folders removed the folders it made; an interrupt propagates to the CLI
     print(_summary(result, time.perf_counter() - started))
-    notes = [oversized_note(result.weights_files, args.max_shard_size)]
+    notes = [kept_inline_note(member.kept_inline_names, shown_path(member.path)) for member in result.members]
+    notes.append(oversized_note(result.weights_files, args.max_shard_size))
     notes.append(transformers_js_note(args.shard_names, result.weights_files))
     if not result.weights_files and args.size_threshold is None:
         notes += [inline_hint(source if isinstance(source, str) else source[0]) for source in args.sources]
@@ -204,7 +205,7 @@ def _summary(result: FamilyResult, elapsed: float) -> str:
             extras.append(f"{member.externalized_tensors} moved out of the .onnx")
         if member.kept_inline_reasons:
             kept = sum(member.kept_inline_reasons.values())
-            extras.append(f"{kept} kept inline where onnx would not load them back")
+            extras.append(f"{kept} left in the .onnx")
         detail = f" ({', '.join(extras)})" if extras else ""
         lines.append(f"{shown_path(member.path)}: {member.tensors} tensors, {member.shared_tensors} shared{detail}")
     if result.weights_files:

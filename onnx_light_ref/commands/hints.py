@@ -7,6 +7,9 @@
   the exact ``use_external_data_format`` value for ``config.json``.
 * A tensor larger than ``--max-shard-size`` gets a file of its own: :func:`oversized_note` counts those files and
   names the largest few (never one warning per tensor).
+* Tensors left in the ``.onnx`` by rule 2 (shape tensors, what onnx would not load back, with ``--format
+  safetensors`` a tensor without a name): :func:`kept_inline_note` names them by reason (a checkpoint user must know
+  which keys the file lacks).
 
 Reads the source ``.onnx``'s metadata (never a weights file) and the sizes of the files a run wrote.
 """
@@ -15,9 +18,9 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-__all__ = ["inline_hint", "oversized_note", "transformers_js_note"]
+__all__ = ["inline_hint", "kept_inline_note", "oversized_note", "transformers_js_note"]
 
 _SIZES = ((1024, "1K"), (64 * 1024, "64K"), (1024 * 1024, "1M"))
 _SHOWN = 3
@@ -41,6 +44,23 @@ def inline_hint(src_onnx: str) -> str | None:
         "note: every tensor of the source is inline in the .onnx, so the options that act on external weights "
         f"(--max-shard-size, --format, --dedup, --alignment) had nothing to act on: {'; '.join(said)}"
     )
+
+
+def kept_inline_note(names: Mapping[str, Sequence[str]], model: str | None = None) -> str | None:
+    """``note: ...`` naming the tensors left in the ``.onnx`` (``kept_inline_names``: labels by reason), or None.
+
+    Args:
+        names: the tensors' labels by reason, as the results carry them.
+        model: the member they belong to (a family's summary), shown first.
+    """
+    from onnx_light_ref.io.results import summarize_names
+
+    count = sum(len(labels) for labels in names.values())
+    if not count:
+        return None
+    parts = "; ".join(f"{reason}: {summarize_names(list(labels))}" for reason, labels in sorted(names.items()))
+    whose = f"{model}: " if model is not None else ""
+    return f"note: {whose}{count} tensor(s) stay in the .onnx, not in the weights files: {parts}"
 
 
 def oversized_note(files: Sequence[str], cap: int | None) -> str | None:

@@ -124,6 +124,7 @@ def aligned_result(plan: AlignPlan, stats: CopyStats) -> AlignResult:
         index_file=plan.index[0] if plan.index is not None else None,
         unaligned_tensors=plan.unaligned_tensors,
         kept_inline_reasons=plan.kept_inline,
+        kept_inline_names=plan.kept_inline_names,
     )
 
 

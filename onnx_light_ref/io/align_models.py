@@ -266,6 +266,7 @@ def _result(plan: FamilyPlan, stats: CopyStats, stale: list[str]) -> FamilyResul
                 sum(1 for payload in span if plan.first[payload] in shared),
                 walk.externalized,
                 dict(walk.kept_inline),
+                {reason: tuple(names) for reason, names in walk.kept_inline_names.items()},
             )
         )
     shared_tensors = [
