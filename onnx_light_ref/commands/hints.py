@@ -7,6 +7,8 @@
   the exact ``use_external_data_format`` value for ``config.json``.
 * A tensor larger than ``--max-shard-size`` gets a file of its own: :func:`oversized_note` counts those files and
   names the largest few (never one warning per tensor).
+* An earlier layout's files no model uses any more: :func:`stale_notes` names those ``--delete-stale`` removed, those
+  it kept, or says that it would remove them.
 * Tensors left in the ``.onnx`` by rule 2 (shape tensors, what onnx would not load back, with ``--format
   safetensors`` a tensor without a name): :func:`kept_inline_note` names them by reason (a checkpoint user must know
   which keys the file lacks).
@@ -20,7 +22,20 @@ import os
 import struct
 from collections.abc import Mapping, Sequence
 
-__all__ = ["inline_hint", "kept_inline_note", "oversized_note", "transformers_js_note"]
+__all__ = [
+    "DELETE_STALE_HELP",
+    "inline_hint",
+    "kept_inline_note",
+    "oversized_note",
+    "stale_notes",
+    "transformers_js_note",
+]
+
+DELETE_STALE_HELP = (
+    "once the new output is published, delete the files an earlier run left here that no model written now uses "
+    "(the ones the note lists, e.g. W.3 after a run with fewer shards); a file another model uses, or that the "
+    "destination does not own, is kept with a warning naming why"
+)
 
 _SIZES = ((1024, "1K"), (64 * 1024, "64K"), (1024 * 1024, "1M"))
 _SHOWN = 3
@@ -61,6 +76,31 @@ def kept_inline_note(names: Mapping[str, Sequence[str]], model: str | None = Non
     parts = "; ".join(f"{reason}: {summarize_names(list(labels))}" for reason, labels in sorted(names.items()))
     whose = f"{model}: " if model is not None else ""
     return f"note: {whose}{count} tensor(s) stay in the .onnx, not in the weights files: {parts}"
+
+
+def stale_notes(stale: Sequence[str], removed: Sequence[str], delete_stale: bool) -> list[str]:
+    """The lines about an earlier layout's files: those ``--delete-stale`` removed, those still there (kept by it, or
+    left because it was not given)."""
+    lines = []
+    if removed:
+        lines.append(f"removed {len(removed)} earlier file(s) no model uses now: {_paths(removed)}")
+    if stale and delete_stale:
+        lines.append(
+            f"note: kept {len(stale)} earlier file(s) no model written now uses, which --delete-stale may not remove "
+            f"(another model uses them, or this destination does not own them; a warning says which): {_paths(stale)}"
+        )
+    elif stale:
+        lines.append(
+            f"note: {len(stale)} file(s) left by an earlier run here are not used by what was written and were not "
+            f"deleted: {_paths(stale)} (--delete-stale removes those no other model uses)"
+        )
+    return lines
+
+
+def _paths(paths: Sequence[str]) -> str:
+    from onnx_light_ref.commands.paths import shown_path
+
+    return ", ".join(shown_path(path) for path in paths)
 
 
 def oversized_note(files: Sequence[str], cap: int | None) -> str | None:

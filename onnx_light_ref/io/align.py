@@ -23,6 +23,7 @@ one transaction). This module never writes a file itself.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
@@ -36,7 +37,7 @@ from onnx_light_ref.io.plan.align_plan import (
 )
 from onnx_light_ref.io.plan.shard_names import ShardNames
 from onnx_light_ref.io.read.locations import FileIdentity
-from onnx_light_ref.io.results import AlignResult, summarize_names
+from onnx_light_ref.io.results import AlignResult, record_removed, summarize_names
 from onnx_light_ref.io.write.contract import PlannedFile, PlannedModel, ShardSet, WriteOptions, WritePlan
 from onnx_light_ref.io.write.copy_engine import CopyStats, ProgressCallback
 from onnx_light_ref.io.write.execute import DEFAULT_CHUNK_SIZE, execute
@@ -48,6 +49,7 @@ __all__ = [
     "align_external_data_streaming",
     "aligned_result",
     "plan_alignment",
+    "removed_after",
     "warn_unaligned",
     "write_plan",
 ]
@@ -128,7 +130,13 @@ def aligned_result(plan: AlignPlan, stats: CopyStats) -> AlignResult:
     )
 
 
-def _log(plan: AlignPlan, result: AlignResult) -> None:
+def removed_after(plan: WritePlan) -> list[str]:
+    """The files of ``plan.removals`` the publication deleted: those the contract let go under the folder lock
+    (:attr:`WritePlan.removable`) that are gone now (one replaced since, by another identity, stayed)."""
+    return [path for path in plan.removable if not os.path.lexists(path)]
+
+
+def _log(plan: AlignPlan, result: AlignResult, delete_stale: bool) -> None:
     logger.info(
         "wrote %d weights file(s) %s (%d tensors, %d externalized, %d deduplicated, %d bytes, %d padding) and %s",
         len(result.weights_files),
@@ -141,8 +149,10 @@ def _log(plan: AlignPlan, result: AlignResult) -> None:
         plan.dst_onnx_path,
     )
     warn_unaligned(result.unaligned_tensors)
-    if result.stale_weights_files:
-        # Not ours to delete: another model may use them. Naming them is the least we owe the user.
+    if result.removed_files:
+        logger.info("removed %d earlier file(s): %s", len(result.removed_files), ", ".join(result.removed_files))
+    if result.stale_weights_files and not delete_stale:  # with it, the contract warned about each one it kept
+        # Not ours to delete unasked: another model may use them. Naming them is the least we owe the user.
         logger.warning(
             "%s does not reference %d file(s) left by an earlier run at this destination, not deleted: %s",
             plan.dst_onnx_path,
@@ -175,6 +185,7 @@ def _align(
     allow_outside_folder: bool = False,
     replace_shared: bool = False,
     overwrite: bool = False,
+    delete_stale: bool = False,
 ) -> AlignResult:
     """Plan, then execute the plan in ``mode`` (read everything first when ``in_memory``), then publish.
 
@@ -188,6 +199,7 @@ def _align(
         check_bool("overwrite", overwrite),
         check_bool("allow_outside_folder", allow_outside_folder),
     )
+    check_bool("delete_stale", delete_stale)
     plan = plan_alignment(
         src_onnx_path,
         dst_onnx_path,
@@ -204,6 +216,8 @@ def _align(
         shard_names=layout.shard_names,
     )
     contract = write_plan([plan], options, f"align ({mode.replace('_', '-')})")
+    if delete_stale:
+        contract.removals = list(plan.stale_weights_files)
     result = execute(
         contract,
         lambda stats: aligned_result(plan, stats),
@@ -212,7 +226,8 @@ def _align(
         progress=progress,
         in_memory=mode == "in_memory",
     )
-    _log(plan, result)
+    record_removed(result, removed_after(contract))
+    _log(plan, result, delete_stale)
     return result
 
 
@@ -234,6 +249,7 @@ def align_external_data_streaming(
     shard_names: ShardNames = None,
     replace_shared: bool = False,
     overwrite: bool = False,
+    delete_stale: bool = False,
 ) -> AlignResult:
     """Copy the weights of ``src_onnx_path`` into aligned external data files, without loading them.
 
@@ -293,13 +309,19 @@ def align_external_data_streaming(
         overwrite: replace existing files the destination does not own (anything but the ``.onnx``, the files the
             previous ``.onnx`` references and its own leftovers: e.g. a PyTorch ``model.safetensors`` where the
             safetensors weights would go). False (default) refuses with ``ExistingFileError`` naming them.
+        delete_stale: once the new model is published, delete the files an earlier run left at this destination
+            that it no longer references (``stale_weights_files``: ``W.3`` after a run with fewer shards), through
+            the writer contract's guard: a file another model uses (or may: a ``.onnx`` near it cannot be read), one
+            the destination does not own or one this job reads is kept, with a warning naming why. The deleted ones
+            are ``result.removed_files``; nothing is deleted when the run is refused or fails before its commit.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`: an ``int`` equal to the bytes of all weights files,
         padding included (0, and no weights file, when no tensor is external), which also carries the tensor
         counts, payload bytes, padding, weights files, dedup and externalization counts, how bytes moved, and
         the files named like further shards that an earlier run left at the destination (``stale_weights_files``:
-        not referenced by the new ``.onnx``, never deleted; also logged as a warning).
+        not referenced by the new ``.onnx`` and still there; also logged as a warning) and, with ``delete_stale``,
+        the ones deleted (``removed_files``).
 
     Raises:
         ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type), an option
@@ -345,6 +367,7 @@ def align_external_data_streaming(
         allow_outside_folder,
         replace_shared,
         overwrite,
+        delete_stale,
     )
 
 
@@ -365,6 +388,7 @@ def align_external_data_in_memory(
     shard_names: ShardNames = None,
     replace_shared: bool = False,
     overwrite: bool = False,
+    delete_stale: bool = False,
 ) -> AlignResult:
     """Same result as :func:`align_external_data_streaming`, but every payload is read into memory first.
 
@@ -389,6 +413,7 @@ def align_external_data_in_memory(
         shard_names: as for :func:`align_external_data_streaming`.
         replace_shared: as for :func:`align_external_data_streaming`.
         overwrite: as for :func:`align_external_data_streaming`.
+        delete_stale: as for :func:`align_external_data_streaming`.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`, as :func:`align_external_data_streaming` returns
@@ -424,4 +449,5 @@ def align_external_data_in_memory(
         allow_outside_folder,
         replace_shared,
         overwrite,
+        delete_stale,
     )

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 
 import onnx
 
-from onnx_light_ref.io.align import warn_unaligned, write_plan
+from onnx_light_ref.io.align import removed_after, warn_unaligned, write_plan
 from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
 from onnx_light_ref.io.plan.align_plan import SITE_KEPT, LayoutOptions, WeightsFormat, check_layout_options
 from onnx_light_ref.io.plan.family_plan import FamilyPlan, default_family_weights, lay_out_family, walk_family
@@ -35,7 +35,7 @@ from onnx_light_ref.io.plan.member_names import member_sources
 from onnx_light_ref.io.plan.shard_names import ShardNames
 from onnx_light_ref.io.plan.sites import iter_sites
 from onnx_light_ref.io.read.sharing import model_references, scan_users
-from onnx_light_ref.io.results import FamilyMember, FamilyResult, SharedTensor, summarize_names
+from onnx_light_ref.io.results import FamilyMember, FamilyResult, SharedTensor, record_removed, summarize_names
 from onnx_light_ref.io.write.contract import PlannedFile, ShardSet, WriteOptions, check_names
 from onnx_light_ref.io.write.copy_engine import CopyStats, ProgressCallback
 from onnx_light_ref.io.write.execute import execute
@@ -68,6 +68,7 @@ def align_models(
     replace_shared: bool = False,
     overwrite: bool = False,
     chunk_size: int = _DEFAULT_CHUNK,
+    delete_stale: bool = False,
 ) -> FamilyResult:
     """Write a family of models into ``dst_folder`` over one set of weights files, each distinct payload once.
 
@@ -118,11 +119,17 @@ def align_models(
             what a killed run's journal names). False (default) refuses with ``ExistingFileError`` naming them.
         chunk_size: at most this many bytes per system call (an int >= 1); also each of the two buffers dedup
             compares with.
+        delete_stale: once the family is published, delete the files of the folder no model uses any more
+            (``stale_weights_files``: an earlier layout's shards, files the previous members referenced), through
+            the writer contract's guard: a file another model uses (or may), one the family does not own or one
+            this job reads is kept, with a warning naming why. The deleted ones are ``result.removed_files``;
+            nothing is deleted when the run is refused or fails before its commit.
 
     Returns:
         A :class:`~onnx_light_ref.io.results.FamilyResult`: an ``int`` equal to the bytes of all weights files
         (padding included) carrying each member's path and tensors, the weights files, the unique bytes, the bytes
-        saved against storing each member separately, the shared tensors and the stale files left in the folder.
+        saved against storing each member separately, the shared tensors, the stale files left in the folder and,
+        with ``delete_stale``, those deleted (``removed_files``).
 
     Raises:
         ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type), no source,
@@ -151,6 +158,7 @@ def align_models(
         check_bool("allow_outside_folder", allow_outside_folder),
     )
     check_int("chunk_size", chunk_size, minimum=1)
+    check_bool("delete_stale", delete_stale)
     layout = check_layout_options(
         align_threshold,
         max_shard_size,
@@ -176,10 +184,13 @@ def align_models(
     contract = write_plan(plan.members, options, _WRITER, _RENAME_HINT)
     contract.parsed = parsed  # the previous members, parsed once while they do not change
     stale = _stale_files(plan)
+    if delete_stale:
+        contract.removals = stale
     result = execute(
         contract, lambda stats: _result(plan, stats, stale), durable=durable, chunk_size=chunk_size, progress=progress
     )
-    _log(result)
+    record_removed(result, removed_after(contract))
+    _log(result, delete_stale)
     return result
 
 
@@ -310,7 +321,7 @@ def _moved_labels(model: onnx.ModelProto, sites: bytearray) -> list[str]:
     return [site.label for site, kind in zip(iter_sites(model), sites, strict=True) if kind != SITE_KEPT]
 
 
-def _log(result: FamilyResult) -> None:
+def _log(result: FamilyResult, delete_stale: bool) -> None:
     logger.info(
         "wrote %d member(s) over %d weights file(s) %s: %d bytes (%d unique, %d saved against separate copies, "
         "%d shared tensors)",
@@ -323,7 +334,9 @@ def _log(result: FamilyResult) -> None:
         len(result.shared_tensors),
     )
     warn_unaligned(result.unaligned_tensors)
-    if result.stale_weights_files:
+    if result.removed_files:
+        logger.info("removed %d earlier file(s): %s", len(result.removed_files), summarize_names(result.removed_files))
+    if result.stale_weights_files and not delete_stale:  # with it, the contract warned about each one it kept
         logger.warning(
             "%d file(s) of the folder are used by no model any more (an earlier run's), not deleted: %s",
             len(result.stale_weights_files),
