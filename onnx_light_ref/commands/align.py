@@ -30,6 +30,8 @@ from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
 from onnx_light_ref.commands.hints import (
     DELETE_STALE_HELP,
+    UPDATE_CONFIG_HELP,
+    config_note,
     inline_hint,
     kept_inline_note,
     oversized_note,
@@ -153,6 +155,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "DST.onnx references and files named after it: e.g. a PyTorch model.safetensors where --format "
         "safetensors would write); without it, such a run is refused and names the files",
     )
+    parser.add_argument("--update-config", metavar="CONFIG.json", help=UPDATE_CONFIG_HELP)
     parser.add_argument("--delete-stale", action="store_true", help=DELETE_STALE_HELP)
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=align_command)
@@ -185,6 +188,7 @@ def align_command(args: argparse.Namespace) -> int:
                 replace_shared=args.replace_shared,
                 overwrite=args.overwrite,
                 delete_stale=args.delete_stale,
+                update_config=args.update_config,
             )
     except PublishedWithErrorsError as exc:  # before OSError's clause: the model is written, exit status 3
         return published_exit(exc)
@@ -195,7 +199,10 @@ def align_command(args: argparse.Namespace) -> int:
     print(_written(args.dst, result, elapsed))
     notes: list[str | None] = [*stale_notes(result.stale_weights_files, result.removed_files, args.delete_stale)]
     notes += [kept_inline_note(result.kept_inline_names), oversized_note(result.weights_files, args.max_shard_size)]
-    notes.append(transformers_js_note(args.shard_names, result.weights_files))
+    models = [(os.path.abspath(args.dst), result.weights_files)]
+    notes.append(config_note(result.config_file, models))
+    if result.config_file is None:
+        notes.append(transformers_js_note(args.shard_names, models))
     if result.tensors == 0 and args.size_threshold is None:
         notes.append(inline_hint(args.src))
     for note in notes:

@@ -26,6 +26,8 @@ from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
 from onnx_light_ref.commands.hints import (
     DELETE_STALE_HELP,
+    UPDATE_CONFIG_HELP,
+    config_note,
     inline_hint,
     kept_inline_note,
     oversized_note,
@@ -156,6 +158,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="skip every fsync: outputs still appear atomically with the same bytes, but may be lost on a crash",
     )
+    parser.add_argument("--update-config", metavar="CONFIG.json", help=UPDATE_CONFIG_HELP)
     parser.add_argument("--delete-stale", action="store_true", help=DELETE_STALE_HELP)
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=align_models_command)
@@ -188,6 +191,7 @@ def align_models_command(args: argparse.Namespace) -> int:
                 durable=not args.no_fsync,
                 progress=progress,
                 delete_stale=args.delete_stale,
+                update_config=args.update_config,
             )
     except PublishedWithErrorsError as exc:  # before OSError's clause: members are published, exit status 3
         return published_exit(exc)
@@ -197,7 +201,10 @@ def align_models_command(args: argparse.Namespace) -> int:
     notes: list[str | None] = [*stale_notes(result.stale_weights_files, result.removed_files, args.delete_stale)]
     notes += [kept_inline_note(member.kept_inline_names, shown_path(member.path)) for member in result.members]
     notes.append(oversized_note(result.weights_files, args.max_shard_size))
-    notes.append(transformers_js_note(args.shard_names, result.weights_files))
+    models = [(member.path, result.weights_files if member.tensors else ()) for member in result.members]
+    notes.append(config_note(result.config_file, models))
+    if result.config_file is None:
+        notes.append(transformers_js_note(args.shard_names, models))
     if not result.weights_files and args.size_threshold is None:
         notes += [inline_hint(source if isinstance(source, str) else source[0]) for source in args.sources]
     for note in notes:

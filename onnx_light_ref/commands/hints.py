@@ -4,7 +4,8 @@
   ``--format safetensors``, ``--dedup`` or ``--alignment`` to act on: :func:`inline_hint` says that
   ``--size-threshold`` moves inline tensors out, and how many bytes a few sizes would move.
 * transformers.js loads ``model.onnx_data``, ``model.onnx_data_1``, ... by count: :func:`transformers_js_note` gives
-  the exact ``use_external_data_format`` value for ``config.json``.
+  the exact ``use_external_data_format`` value for ``config.json`` (or says why none would load the model), and
+  :func:`config_note` what ``--update-config`` wrote there.
 * A tensor larger than ``--max-shard-size`` gets a file of its own: :func:`oversized_note` counts those files and
   names the largest few (never one warning per tensor).
 * An earlier layout's files no model uses any more: :func:`stale_notes` names those ``--delete-stale`` removed, those
@@ -24,6 +25,8 @@ from collections.abc import Mapping, Sequence
 
 __all__ = [
     "DELETE_STALE_HELP",
+    "UPDATE_CONFIG_HELP",
+    "config_note",
     "inline_hint",
     "kept_inline_note",
     "oversized_note",
@@ -76,6 +79,29 @@ def kept_inline_note(names: Mapping[str, Sequence[str]], model: str | None = Non
     parts = "; ".join(f"{reason}: {summarize_names(list(labels))}" for reason, labels in sorted(names.items()))
     whose = f"{model}: " if model is not None else ""
     return f"note: {whose}{count} tensor(s) stay in the .onnx, not in the weights files: {parts}"
+
+
+UPDATE_CONFIG_HELP = (
+    "a transformers.js config.json to update in the same transaction: the exact use_external_data_format (the "
+    "number of DST.onnx_data* files) goes into its transformers.js_config under the model's file name, every other "
+    "key kept; needs --shard-names transformers.js and the default weights name"
+)
+
+
+def config_note(config_file: str | None, models: Sequence[tuple[str, Sequence[str]]]) -> str | None:
+    """``updated CONFIG: ...`` with the counts ``--update-config`` stored, or None when it was not given."""
+    if config_file is None:
+        return None
+    from onnx_light_ref.commands.paths import shown_path
+
+    counts = {os.path.basename(model): len(files) for model, files in models}
+    return f'updated {shown_path(config_file)}: "transformers.js_config": "use_external_data_format" {_json(counts)}'
+
+
+def _json(value: object) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False)
 
 
 def stale_notes(stale: Sequence[str], removed: Sequence[str], delete_stale: bool) -> list[str]:
@@ -136,11 +162,25 @@ def _data_size(path: str) -> int | None:
         return None
 
 
-def transformers_js_note(shard_names: str | None, files: Sequence[str]) -> str | None:
-    """``note: ...`` with the ``use_external_data_format`` value transformers.js needs, or None."""
-    if shard_names != "transformers.js" or not files:
+def transformers_js_note(shard_names: str | None, models: Sequence[tuple[str, Sequence[str]]]) -> str | None:
+    """``note: ...`` with the ``use_external_data_format`` value transformers.js needs for ``models`` (each written
+    ``.onnx`` and the weights files it references), or why no value loads one of them; None without
+    ``--shard-names transformers.js`` or weights files."""
+    from onnx_light_ref.io.transformers_js import chunk_count
+
+    if shard_names != "transformers.js" or not any(files for _, files in models):
         return None
+    counts = {}
+    for model, files in models:
+        count = chunk_count(model, files)
+        name = os.path.basename(model)
+        if count is None:
+            return (
+                f"note: transformers.js fetches the external data of {name} from files named after it ({name}_data, "
+                f"{name}_data_1...), so it cannot load {name} by count from {os.path.basename(files[0])}*"
+            )
+        counts[name] = count
     return (
-        f'note: transformers.js: set "use_external_data_format": {len(files)} in config.json\'s '
-        f'"transformers.js_config" (it loads that many {os.path.basename(files[0])}* files)'
+        f'note: transformers.js: set "use_external_data_format": {_json(counts)} in config.json\'s '
+        '"transformers.js_config" (--update-config config.json writes it)'
     )

@@ -26,7 +26,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
+from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
 from onnx_light_ref.io.plan.align_plan import (
     AlignPlan,
     LayoutOptions,
@@ -38,6 +38,7 @@ from onnx_light_ref.io.plan.align_plan import (
 from onnx_light_ref.io.plan.shard_names import ShardNames
 from onnx_light_ref.io.read.locations import FileIdentity
 from onnx_light_ref.io.results import AlignResult, record_removed, summarize_names
+from onnx_light_ref.io.transformers_js import model_counts, plan_config_update
 from onnx_light_ref.io.write.contract import PlannedFile, PlannedModel, ShardSet, WriteOptions, WritePlan
 from onnx_light_ref.io.write.copy_engine import CopyStats, ProgressCallback
 from onnx_light_ref.io.write.execute import DEFAULT_CHUNK_SIZE, execute
@@ -45,9 +46,11 @@ from onnx_light_ref.io.write.execute import DEFAULT_CHUNK_SIZE, execute
 __all__ = [
     "AlignPlan",
     "AlignResult",
+    "add_config_update",
     "align_external_data_in_memory",
     "align_external_data_streaming",
     "aligned_result",
+    "check_config_path",
     "plan_alignment",
     "removed_after",
     "warn_unaligned",
@@ -107,8 +110,9 @@ def write_plan(
     return WritePlan(writer, models, files, options, reads, rename_hint=rename_hint)
 
 
-def aligned_result(plan: AlignPlan, stats: CopyStats) -> AlignResult:
-    """The :class:`~onnx_light_ref.io.results.AlignResult` of an executed plan."""
+def aligned_result(plan: AlignPlan, stats: CopyStats, config_file: str | None = None) -> AlignResult:
+    """The :class:`~onnx_light_ref.io.results.AlignResult` of an executed plan (``config_file``: the config it
+    updated)."""
     bytes_by_method: dict[str, int] = {method: count for method, count in stats.bytes_by_method.items() if count}
     return AlignResult(
         plan.total_size,
@@ -127,7 +131,29 @@ def aligned_result(plan: AlignPlan, stats: CopyStats) -> AlignResult:
         unaligned_tensors=plan.unaligned_tensors,
         kept_inline_reasons=plan.kept_inline,
         kept_inline_names=plan.kept_inline_names,
+        config_file=config_file,
     )
+
+
+def check_config_path(update_config: object) -> str | None:
+    """``update_config`` as an absolute path (None: no config to update)."""
+    if update_config is None:
+        return None
+    if not isinstance(update_config, (str, os.PathLike)):
+        raise ArgumentTypeError(
+            f"update_config must be a path to a config.json, got {type(update_config).__name__} {update_config!r}."
+        )
+    return os.path.abspath(os.fspath(update_config))
+
+
+def add_config_update(contract: WritePlan, config_path: str, counts: dict[str, int]) -> None:
+    """Add the updated ``config.json`` to ``contract`` (a planned file of the same transaction, re-read under the
+    folder lock); ``counts``: each model's ``use_external_data_format`` by file name."""
+    folder = os.path.dirname(contract.model_paths[0])
+    update = plan_config_update(config_path, counts, folder, contract.writer)
+    contract.files.append(update.planned)
+    contract.source_checks.append(update.check)
+    logger.info("%s: transformers.js_config.use_external_data_format = %s", config_path, update.value)
 
 
 def removed_after(plan: WritePlan) -> list[str]:
@@ -186,6 +212,7 @@ def _align(
     replace_shared: bool = False,
     overwrite: bool = False,
     delete_stale: bool = False,
+    update_config: PathLike | None = None,
 ) -> AlignResult:
     """Plan, then execute the plan in ``mode`` (read everything first when ``in_memory``), then publish.
 
@@ -200,6 +227,7 @@ def _align(
         check_bool("allow_outside_folder", allow_outside_folder),
     )
     check_bool("delete_stale", delete_stale)
+    config_path = check_config_path(update_config)
     plan = plan_alignment(
         src_onnx_path,
         dst_onnx_path,
@@ -218,9 +246,13 @@ def _align(
     contract = write_plan([plan], options, f"align ({mode.replace('_', '-')})")
     if delete_stale:
         contract.removals = list(plan.stale_weights_files)
+    if config_path is not None:
+        hint = "pass shard_names='transformers.js' (--shard-names transformers.js) and no other weights name"
+        counts = model_counts([(plan.dst_onnx_path, plan.weights_paths)], contract.writer, hint)
+        add_config_update(contract, config_path, counts)
     result = execute(
         contract,
-        lambda stats: aligned_result(plan, stats),
+        lambda stats: aligned_result(plan, stats, config_path),
         durable=durable,
         chunk_size=chunk_size or DEFAULT_CHUNK_SIZE,
         progress=progress,
@@ -250,6 +282,7 @@ def align_external_data_streaming(
     replace_shared: bool = False,
     overwrite: bool = False,
     delete_stale: bool = False,
+    update_config: PathLike | None = None,
 ) -> AlignResult:
     """Copy the weights of ``src_onnx_path`` into aligned external data files, without loading them.
 
@@ -314,6 +347,13 @@ def align_external_data_streaming(
             the writer contract's guard: a file another model uses (or may: a ``.onnx`` near it cannot be read), one
             the destination does not own or one this job reads is kept, with a warning naming why. The deleted ones
             are ``result.removed_files``; nothing is deleted when the run is refused or fails before its commit.
+        update_config: a transformers.js model's ``config.json`` (it must exist): the exact
+            ``use_external_data_format`` the written model needs (its number of ``DST_data``, ``DST_data_1``...
+            files) is stored in its ``transformers.js_config``, under the model's file name (``{"model.onnx": 3}``;
+            ``docs/safetensors.md`` says how an existing entry changes); every other key keeps its place and value.
+            The config is a file of the same transaction as the model and its weights. Needs the files named as
+            transformers.js fetches them (``shard_names="transformers.js"``, default weights path); else
+            ``ValueError`` before anything is written. ``result.config_file`` names it.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`: an ``int`` equal to the bytes of all weights files,
@@ -325,7 +365,10 @@ def align_external_data_streaming(
 
     Raises:
         ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type), an option
-            the format refuses, more than 100 files with ``shard_names="transformers.js"``.
+            the format refuses, more than 100 files with ``shard_names="transformers.js"``, ``update_config`` with
+            weights files transformers.js does not fetch by count.
+        ConfigFileError: (a ``ValueError``) ``update_config`` names a file that is not a UTF-8 JSON object, or whose
+            ``transformers.js_config`` has an entry of another type, or that changed while the run worked.
         SafetensorsError: (an ``ExternalDataError``) with ``weights_format="safetensors"``, tensors without a
             name or sharing one, or whose data type safetensors cannot store (all listed; nothing written).
         InvalidModelError: ``src_onnx_path`` is not an ONNX model (a truncated or malformed one names the byte
@@ -368,6 +411,7 @@ def align_external_data_streaming(
         replace_shared,
         overwrite,
         delete_stale,
+        update_config,
     )
 
 
@@ -389,6 +433,7 @@ def align_external_data_in_memory(
     replace_shared: bool = False,
     overwrite: bool = False,
     delete_stale: bool = False,
+    update_config: PathLike | None = None,
 ) -> AlignResult:
     """Same result as :func:`align_external_data_streaming`, but every payload is read into memory first.
 
@@ -414,6 +459,7 @@ def align_external_data_in_memory(
         replace_shared: as for :func:`align_external_data_streaming`.
         overwrite: as for :func:`align_external_data_streaming`.
         delete_stale: as for :func:`align_external_data_streaming`.
+        update_config: as for :func:`align_external_data_streaming`.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`, as :func:`align_external_data_streaming` returns
@@ -450,4 +496,5 @@ def align_external_data_in_memory(
         replace_shared,
         overwrite,
         delete_stale,
+        update_config,
     )
