@@ -118,7 +118,7 @@ def test_a_foreign_file_at_an_output_name_is_refused_by_the_command_until_overwr
 
 @pytest.mark.parametrize("writer", WRITERS, ids=_ids)
 def test_its_own_previous_outputs_are_replaced_without_overwrite(tmp_path: Path, writer: Writer) -> None:
-    """A destination owns what its previous ``.onnx`` references (``run`` owns nothing: it needs ``overwrite``)."""
+    """A destination owns what its previous ``.onnx`` references (``run``: the outputs its record lists)."""
     scene = make_scene(tmp_path / "scene", writer, foreign_name(writer))
     writer.call(scene)
     if writer.owns_previous:

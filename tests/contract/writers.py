@@ -3,8 +3,8 @@
 Adding a writer to the package is adding one :class:`Writer` to :data:`WRITERS`: every test of
 ``tests/contract/test_rules.py`` then runs every rule of the writer contract against it. A row knows how to build
 its sources (``build``), how to call the writer through its Python API (``call``) and through the command line
-(``argv``, None for a writer without one), and what it owns (``owns_previous``: a writer with a destination model
-replaces its own earlier outputs; ``run`` owns nothing it did not write in this call).
+(``argv``, None for a writer without one), and what it owns (``owns_previous``: a writer replaces its own earlier
+outputs: a destination model's files, the ``.npy`` files ``run``'s record lists).
 
 Every scene has the same layout under its root: ``src/`` holds the sources, the destination folder is
 ``top/a/b/`` (deep, so that a model two folders up can reach its files), the destination model is
@@ -313,7 +313,7 @@ WRITERS: list[Writer] = [
     Writer("shared-save", _inline_source, _shared, None, tags=frozenset({"shared-save"})),
     Writer("undelay", _delayed_source, _undelay, _undelay_argv, tags=frozenset({"undelay"})),
     Writer("link", _checkpoint_source, _link, _link_argv, tags=frozenset({"link"})),
-    Writer("run", _run_source, _run, _run_argv, owns_previous=False, has_model=False, tags=frozenset({"run"})),
+    Writer("run", _run_source, _run, _run_argv, has_model=False, tags=frozenset({"run"})),
 ]
 """Every writer of the package (align: both modes x onnx/safetensors x shard schemes; align_models: onnx and
 safetensors, one file and sharded), one row each."""
