@@ -161,40 +161,27 @@ def test_a_missing_config_is_refused_by_the_command_in_one_line(tmp_path: Path) 
     assert snapshot_tree(tmp_path) == before
 
 
+@pytest.mark.parametrize("change", ["edited", "replaced by a copy"])
 def test_a_config_changed_while_the_run_worked_is_refused_under_the_lock(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
 ) -> None:
+    """Re-read under the folder lock: other bytes, or the same bytes in another file (an editor's save: rule 3's
+    evidence is that very file)."""
     source, dst, config = _repository(tmp_path)
     real_publish = publish.OutputTransaction.publish
+    copy = config.with_name("config.json.new")
+    copy.write_text('{"edited": "meanwhile"}' if change == "edited" else config.read_text())
+    expected = json.loads(copy.read_text())
 
-    def edit_then_publish(self: publish.OutputTransaction, *args: object, **kwargs: object) -> object:
-        config.write_text('{"edited": "meanwhile"}')
+    def change_then_publish(self: publish.OutputTransaction, *args: object, **kwargs: object) -> object:
+        copy.replace(config)
         return real_publish(self, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(publish.OutputTransaction, "publish", edit_then_publish)
+    monkeypatch.setattr(publish.OutputTransaction, "publish", change_then_publish)
     with pytest.raises(ConfigFileError, match="changed while this run worked"):
         align_external_data_streaming(source, dst, shard_names="transformers.js", update_config=config)
-    assert json.loads(config.read_text()) == {"edited": "meanwhile"}
+    assert json.loads(config.read_text()) == expected
     assert sorted(p.name for p in dst.parent.iterdir()) == [] and temp_files_under(tmp_path) == []
-
-
-def test_a_file_put_at_the_config_name_since_it_was_read_is_not_replaced(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The evidence is that very file (rule 3 by identity): another file at its name is someone else's."""
-    source, dst, config = _repository(tmp_path)
-    real_publish = publish.OutputTransaction.publish
-
-    def swap_then_publish(self: publish.OutputTransaction, *args: object, **kwargs: object) -> object:
-        copy = config.with_name("config.json.new")
-        copy.write_bytes(config.read_bytes())
-        copy.replace(config)  # same bytes, another file (an editor's save)
-        return real_publish(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(publish.OutputTransaction, "publish", swap_then_publish)
-    with pytest.raises(ConfigFileError, match="changed while this run worked"):
-        align_external_data_streaming(source, dst, shard_names="transformers.js", update_config=config)
-    assert "transformers.js_config" not in json.loads(config.read_text())
 
 
 def test_a_family_member_named_like_its_weights_gets_its_count(tmp_path: Path) -> None:
