@@ -140,7 +140,18 @@ def _signals_raise() -> Iterator[None]:
 
 
 # Every module is part of the package; one that fails to import is a broken install, reported as the import error.
-_COMMAND_MODULES = ("align", "align_models", "inspect", "verify", "run", "undelay", "link", "demo", "generate_tests")
+_COMMAND_MODULES = (
+    "align",
+    "align_models",
+    "inspect",
+    "verify",
+    "run",
+    "delay",
+    "undelay",
+    "link",
+    "demo",
+    "generate_tests",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 __all__ = [
+    "ConfigFileError",
     "DanglingReferenceError",
     "DestinationConflictError",
     "ExistingFileError",
@@ -69,6 +70,12 @@ class ExistingFileError(DestinationConflictError):
 
 class DanglingReferenceError(ExternalDataError):
     """A reused external reference would not resolve from the destination model's folder."""
+
+
+class ConfigFileError(ValueError):
+    """A ``config.json`` a writer was asked to update (``update_config``) cannot be: missing keys are added, but a
+    file that is not a UTF-8 JSON object, an entry of another type, or a file changed while the run worked is
+    refused; nothing was written."""
 
 
 class InvalidModelError(ValueError):

@@ -229,7 +229,7 @@ def test_a_missing_nested_output_dir_is_created(tmp_path, capsys):
 
     expected = ReferenceEvaluator(str(path)).run(None, {"x": x})
     np.testing.assert_array_equal(np.load(out / "y.npy"), expected[0])
-    assert sorted(p.name for p in out.iterdir()) == ["w_sum.npy", "y.npy"]
+    assert sorted(p.name for p in out.iterdir()) == [".onnx-light-ref-run.json", "w_sum.npy", "y.npy"]
 
 
 @pytest.mark.parametrize("failure", ["wrong feed", "model the converter refuses"])

@@ -148,8 +148,8 @@ def _relocate(model_path: Path, location: str) -> None:
 def test_an_existing_output_file_is_replaced_only_with_overwrite(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A run owns no file before it writes it (rule 3 of the writer contract): an existing ``y.npy`` is refused,
-    named, before the model runs; ``--overwrite`` replaces it."""
+    """A run owns no file that no previous run wrote (rule 3 of the writer contract): an existing ``y.npy`` is
+    refused, named, before the model runs; ``--overwrite`` replaces it."""
     model = add_model(tmp_path, output="y")
     np.save(tmp_path / "x.npy", np.array([1, 2], dtype=np.float32))
     (tmp_path / "out").mkdir()

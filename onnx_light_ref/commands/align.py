@@ -6,7 +6,8 @@ Options map one to one to the library's: ``--align-threshold``, ``--max-shard-si
 A thin front end of :func:`onnx_light_ref.align_external_data_streaming`: a progress bar (bytes) fed by its
 ``progress`` callback, then one summary line (tensors, weights files, externalized and deduplicated tensors, bytes
 written, padding, time, throughput) on stdout, and a ``note:`` line naming shard files an earlier run left at the
-destination (never deleted), taken from the :class:`~onnx_light_ref.io.results.AlignResult` it
+destination (deleted with ``--delete-stale`` when no other model uses them), taken from the
+:class:`~onnx_light_ref.io.results.AlignResult` it
 returns. Unlike the Python API, the command creates missing
 destination folders, as users expect from a command line (and removes those it created if the run fails or is
 interrupted; see :mod:`onnx_light_ref.commands.folders`). A relative ``--weights`` is relative to DST.onnx's folder
@@ -27,7 +28,16 @@ from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
-from onnx_light_ref.commands.hints import inline_hint, oversized_note, transformers_js_note
+from onnx_light_ref.commands.hints import (
+    DELETE_STALE_HELP,
+    UPDATE_CONFIG_HELP,
+    config_note,
+    inline_hint,
+    kept_inline_note,
+    oversized_note,
+    stale_notes,
+    transformers_js_note,
+)
 from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx, weights_argument, weights_path
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument, bounded_size, size_argument
@@ -146,6 +156,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "DST.onnx references and files named after it: e.g. a PyTorch model.safetensors where --format "
         "safetensors would write); without it, such a run is refused and names the files",
     )
+    parser.add_argument("--update-config", metavar="CONFIG.json", help=UPDATE_CONFIG_HELP)
+    parser.add_argument("--delete-stale", action="store_true", help=DELETE_STALE_HELP)
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=align_command)
 
@@ -176,6 +188,8 @@ def align_command(args: argparse.Namespace) -> int:
                 shard_names=args.shard_names,
                 replace_shared=args.replace_shared,
                 overwrite=args.overwrite,
+                delete_stale=args.delete_stale,
+                update_config=args.update_config,
             )
     except PublishedWithErrorsError as exc:  # before OSError's clause: the model is written, exit status 3
         return published_exit(exc)
@@ -183,30 +197,19 @@ def align_command(args: argparse.Namespace) -> int:
         return error_exit(exc)  # created_folders removed the folders it made; an interrupt propagates to the CLI
     elapsed = time.perf_counter() - started
     warn_unless_onnx(args.dst)  # after success: a refusal's one error line says enough
-    print(_summary(args.dst, result, elapsed))
-    notes = [oversized_note(result.weights_files, args.max_shard_size)]
-    notes.append(transformers_js_note(args.shard_names, result.weights_files))
+    print(_written(args.dst, result, elapsed))
+    notes: list[str | None] = [*stale_notes(result.stale_weights_files, result.removed_files, args.delete_stale)]
+    notes += [kept_inline_note(result.kept_inline_names), oversized_note(result.weights_files, args.max_shard_size)]
+    models = [(os.path.abspath(args.dst), result.weights_files)]
+    notes.append(config_note(result.config_file, models))
+    if result.config_file is None:
+        notes.append(transformers_js_note(args.shard_names, models))
     if result.tensors == 0 and args.size_threshold is None:
         notes.append(inline_hint(args.src))
     for note in notes:
         if note is not None:
             print(printable(note))
     return 0
-
-
-def _summary(dst_onnx: str, result: AlignResult, elapsed: float) -> str:
-    """One line (the files written, tensors, bytes, padding, dedup, externalized tensors, time and throughput), plus
-    one naming the files an earlier run left at this destination, if any. Paths are shown by
-    :func:`~onnx_light_ref.commands.paths.shown_path`; names from the model are escaped."""
-    line = _written(dst_onnx, result, elapsed)
-    stale = result.stale_weights_files
-    if stale:
-        line += (
-            f"\nnote: {len(stale)} file(s) left by an earlier run at this destination are not used by "
-            f"{shown_path(dst_onnx)} and were not deleted: {', '.join(shown_path(path) for path in stale)} (delete "
-            "them if nothing else uses them)"
-        )
-    return line
 
 
 def _written(dst_onnx: str, result: AlignResult, elapsed: float) -> str:
@@ -222,9 +225,8 @@ def _written(dst_onnx: str, result: AlignResult, elapsed: float) -> str:
     extras = []
     if result.externalized_tensors:
         extras.append(f"{result.externalized_tensors} moved out of the .onnx")
-    if result.kept_inline_tensors:
-        reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(result.kept_inline_reasons.items()))
-        extras.append(f"{result.kept_inline_tensors} kept inline where onnx would not load them back: {reasons}")
+    if result.kept_inline_tensors:  # named by reason in a note (kept_inline_note)
+        extras.append(f"{result.kept_inline_tensors} left in the .onnx")
     if result.deduplicated_tensors:
         extras.append(f"{result.deduplicated_tensors} deduplicated ({result.deduplicated_bytes} bytes saved)")
     if result.unaligned_tensors:

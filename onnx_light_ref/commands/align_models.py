@@ -7,7 +7,8 @@ function, the command creates DIR (and the weights file's folder) when missing, 
 run fails or is interrupted (:mod:`onnx_light_ref.commands.folders`). It draws a byte progress bar, then prints one
 line per member (its path, tensors, shared tensors) and one for the family (weights files, bytes written, unique
 bytes, bytes saved against separate copies, time), and a ``note:`` naming files of DIR no model uses any more
-(never deleted). A refusal prints one ``error: ...`` line and exits 1; the library has then written nothing. A
+(deleted with ``--delete-stale`` when no other model uses them). A refusal prints one ``error: ...`` line and exits 1;
+the library has then written nothing. A
 failure once a member is published (the fsync that makes it durable, removing previous versions, or a move that
 could not be undone) prints one ``error: ... published ..., but ...`` line naming the members that are new (and
 those still previous) and exits 3.
@@ -23,7 +24,16 @@ from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
-from onnx_light_ref.commands.hints import inline_hint, oversized_note, transformers_js_note
+from onnx_light_ref.commands.hints import (
+    DELETE_STALE_HELP,
+    UPDATE_CONFIG_HELP,
+    config_note,
+    inline_hint,
+    kept_inline_note,
+    oversized_note,
+    stale_notes,
+    transformers_js_note,
+)
 from onnx_light_ref.commands.paths import shown_path, weights_argument, weights_path
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument, bounded_size, size_argument
@@ -149,6 +159,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="skip every fsync: outputs still appear atomically with the same bytes, but may be lost on a crash",
     )
+    parser.add_argument("--update-config", metavar="CONFIG.json", help=UPDATE_CONFIG_HELP)
+    parser.add_argument("--delete-stale", action="store_true", help=DELETE_STALE_HELP)
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=align_models_command)
 
@@ -179,14 +191,21 @@ def align_models_command(args: argparse.Namespace) -> int:
                 allow_outside_folder=args.allow_outside_folder,
                 durable=not args.no_fsync,
                 progress=progress,
+                delete_stale=args.delete_stale,
+                update_config=args.update_config,
             )
     except PublishedWithErrorsError as exc:  # before OSError's clause: members are published, exit status 3
         return published_exit(exc)
     except (ValueError, OSError) as exc:  # ExternalDataError is a ValueError; FileNotFoundError an OSError
         return error_exit(exc)  # created_folders removed the folders it made; an interrupt propagates to the CLI
     print(_summary(result, time.perf_counter() - started))
-    notes = [oversized_note(result.weights_files, args.max_shard_size)]
-    notes.append(transformers_js_note(args.shard_names, result.weights_files))
+    notes: list[str | None] = [*stale_notes(result.stale_weights_files, result.removed_files, args.delete_stale)]
+    notes += [kept_inline_note(member.kept_inline_names, shown_path(member.path)) for member in result.members]
+    notes.append(oversized_note(result.weights_files, args.max_shard_size))
+    models = [(member.path, result.weights_files if member.tensors else ()) for member in result.members]
+    notes.append(config_note(result.config_file, models))
+    if result.config_file is None:
+        notes.append(transformers_js_note(args.shard_names, models))
     if not result.weights_files and args.size_threshold is None:
         notes += [inline_hint(source if isinstance(source, str) else source[0]) for source in args.sources]
     for note in notes:
@@ -196,8 +215,8 @@ def align_models_command(args: argparse.Namespace) -> int:
 
 
 def _summary(result: FamilyResult, elapsed: float) -> str:
-    """One line per member, one for the family, and a note naming the files no model uses any more (paths shown by
-    :func:`~onnx_light_ref.commands.paths.shown_path`: absolute and escaped)."""
+    """One line per member and one for the family (paths shown by :func:`~onnx_light_ref.commands.paths.shown_path`:
+    absolute and escaped)."""
     lines = []
     for member in result.members:
         extras = []
@@ -205,7 +224,7 @@ def _summary(result: FamilyResult, elapsed: float) -> str:
             extras.append(f"{member.externalized_tensors} moved out of the .onnx")
         if member.kept_inline_reasons:
             kept = sum(member.kept_inline_reasons.values())
-            extras.append(f"{kept} kept inline where onnx would not load them back")
+            extras.append(f"{kept} left in the .onnx")
         detail = f" ({', '.join(extras)})" if extras else ""
         lines.append(f"{shown_path(member.path)}: {member.tensors} tensors, {member.shared_tensors} shared{detail}")
     if result.weights_files:
@@ -221,10 +240,4 @@ def _summary(result: FamilyResult, elapsed: float) -> str:
         )
     else:
         lines.append(f"{len(result.members)} members written: no external tensor, no weights file.")
-    if result.stale_weights_files:
-        lines.append(
-            f"note: {len(result.stale_weights_files)} file(s) of the folder are used by no model any more and were "
-            f"not deleted: {', '.join(shown_path(path) for path in result.stale_weights_files)} (delete them if "
-            "nothing else uses them)"
-        )
     return "\n".join(lines)

@@ -9,12 +9,13 @@ surface.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from onnx_light_ref.commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
 
-__all__ = ["PUBLISHED_WITH_ERRORS", "UsageError", "describe_error", "error_exit", "published_exit"]
+__all__ = ["PUBLISHED_WITH_ERRORS", "UsageError", "cli_spelling", "describe_error", "error_exit", "published_exit"]
 
 
 class UsageError(ValueError):
@@ -61,8 +62,16 @@ def error_exit(message: object) -> int:
     Returns:
         1, the status every command exits with on an ordinary mistake.
     """
-    print(f"error: {printable(describe_error(message))}", file=sys.stderr)
+    print(f"error: {printable(cli_spelling(describe_error(message)))}", file=sys.stderr)
     return 1
+
+
+_PYTHON_OPT_IN = re.compile(r"\b([a-z_]+)=True \((--[a-z-]+)\)")
+
+
+def cli_spelling(text: str) -> str:
+    """The library's "pass overwrite=True (--overwrite)" as a command line user types it: "pass --overwrite"."""
+    return _PYTHON_OPT_IN.sub(r"\2", text)
 
 
 def published_exit(exc: PublishedWithErrorsError) -> int:

@@ -16,6 +16,7 @@ import os
 from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import PUBLISHED_WITH_ERRORS, error_exit, published_exit
+from onnx_light_ref.commands.hints import DELETE_STALE_HELP, stale_notes
 from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx, weights_argument, weights_path
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument, size_argument
@@ -112,6 +113,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "a run is refused and names the files",
     )
     parser.add_argument("--no-fsync", action="store_true", help="skip every fsync (outputs still appear atomically)")
+    parser.add_argument("--delete-stale", action="store_true", help=DELETE_STALE_HELP)
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=link_command)
 
@@ -149,6 +151,7 @@ def link_command(args: argparse.Namespace) -> int:
                 map_by_content=args.map_by_content,
                 transpose=args.transpose,
                 align_threshold=args.align_threshold,
+                delete_stale=args.delete_stale,
             )
     except PublishedWithErrorsError as exc:  # the model is written, but a step after the commit failed
         return published_exit(exc)
@@ -184,12 +187,8 @@ def _summary(args: argparse.Namespace, result: LinkResult) -> str:
     if result.kept_inline_tensors:
         reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(result.kept_inline_reasons.items()))
         line += f"\nnote: {result.kept_inline_tensors} tensor(s) kept inline where onnx needs them inline: {reasons}"
-    if result.stale_weights_files:
-        line += (
-            f"\nnote: {len(result.stale_weights_files)} file(s) left by an earlier run at this destination are not "
-            f"used by {args.dst} and were not deleted: {', '.join(result.stale_weights_files)} (delete them if "
-            "nothing else uses them)"
-        )
+    for note in stale_notes(result.stale_weights_files, result.removed_files, args.delete_stale):
+        line += f"\n{note}"
     return line + "".join(f"\n{note}" for note in _pairing_notes(args, result))
 
 

@@ -15,8 +15,11 @@ The outputs are a plan of the writer contract (:mod:`onnx_light_ref.io.write.con
 runs and again under the folder lock right before they are moved into place: an output file that is (same device
 and inode: the same path, a hard link, a symlink to it) an ``--input`` file, the model, or a weights file the model
 names (external data, a ``DelayedInitializer`` filename) is refused; so is a name longer than the folder allows, an
-output that is a directory, an existing file at an output name (``--overwrite`` replaces it: a ``run`` owns no
-file before it writes it) and a file another model uses as weights (``--replace-shared``).
+output that is a directory, an existing file at an output name that no previous ``run`` wrote (``--overwrite``
+replaces it) and a file another model uses as weights (``--replace-shared``). A rerun replaces the outputs a previous
+``run`` wrote in that folder without ``--overwrite``: ``.onnx-light-ref-run.json``, written with the outputs, lists
+each one's name, size and SHA-256, and a file still matching its entry is ``run``'s own
+(:mod:`~onnx_light_ref.commands.run_record`).
 
 Every model-controlled string printed (output names, error messages quoting the model) goes through
 :func:`~onnx_light_ref.commands.text.printable`, so an escape sequence (OSC 52 clipboard writes, clear-screen) or a
@@ -44,6 +47,7 @@ if TYPE_CHECKING:  # numpy, onnx and the library are imported when the command r
     import numpy as np
 
     from onnx_light_ref.commands.npy_types import NpyForm
+    from onnx_light_ref.commands.run_record import RunRecord
     from onnx_light_ref.io.read.locations import FileIdentity
     from onnx_light_ref.io.write.contract import WritePlan
 
@@ -283,42 +287,44 @@ def _model_files(model_path: str) -> dict[FileIdentity, str]:
     return files
 
 
-def _output_plan(args: argparse.Namespace, names: list[str], read: dict[FileIdentity, str]) -> WritePlan:
-    """Every output file as the writer contract's plan, checked before the model runs (names, lengths, existing
-    files and folders at those names, files the run reads)."""
-    from onnx_light_ref.io.write.contract import PlannedFile, WriteOptions, WritePlan, check_plan
+def _output_plan(
+    args: argparse.Namespace, names: list[str], read: dict[FileIdentity, str]
+) -> tuple[WritePlan, RunRecord]:
+    """Every output file and the folder's record of what ``run`` wrote there (:mod:`.run_record`: the evidence that
+    a previous run's outputs are its own to replace) as the writer contract's plan, checked before the model runs
+    (names, lengths, existing files and folders at those names, files the run reads)."""
+    from onnx_light_ref.commands.run_record import RunRecord
+    from onnx_light_ref.io.write.contract import WriteOptions, WritePlan, check_plan
 
+    paths = [os.path.abspath(path) for path in _output_paths(args.output_dir, names)]
+    record = RunRecord.read(args.output_dir, paths)
     plan = WritePlan(
         "run",
         [],
-        [
-            PlannedFile(os.path.abspath(path), "array", 0, format="npy")
-            for path in _output_paths(args.output_dir, names)
-        ],
+        [*(record.planned(path) for path in paths), record.planned_record()],
         WriteOptions(args.replace_shared, args.overwrite, args.allow_outside_folder),
         dict(read),
         rename_hint="another --output-dir",
+        source_checks=[record.check_unchanged()],
     )
     try:
         check_plan(plan)  # the names: checked before the model runs, the contents once it has
     except (ValueError, OSError) as exc:
         raise _RunError(f"{exc}") from exc
-    return plan
+    return plan, record
 
 
-def _save_outputs(folder: str, planned: list[_Planned], plan: WritePlan) -> None:
+def _save_outputs(folder: str, planned: list[_Planned], plan: WritePlan, record: RunRecord) -> None:
     import numpy as np
 
-    from onnx_light_ref.io.write.contract import PlannedFile
     from onnx_light_ref.io.write.execute import execute
 
-    files = []
+    outputs = []
     for _, target, array, _ in planned:
         buffer = io.BytesIO()
         np.save(buffer, array, allow_pickle=False)
-        data = buffer.getvalue()
-        files.append(PlannedFile(target, "array", len(data), writes=[(0, data)], format="npy"))
-    plan.files = files
+        outputs.append((target, buffer.getvalue()))
+    plan.files = [*(record.planned(target, data) for target, data in outputs), record.planned_record(outputs)]
     try:
         execute(plan, lambda _stats: None)  # checked again, and under the folder lock: a file made while it ran
     except ValueError as exc:  # the writer contract, re-checked under the folder lock
@@ -358,7 +364,7 @@ def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray], read: 
     except _USER_ERRORS as exc:
         raise _RunError(f"cannot read {args.model!r}: {describe_error(exc)}") from exc
     names = list(sess.output_names)
-    plan = _output_plan(args, names, read)
+    plan, record = _output_plan(args, names, read)
     try:
         outputs = sess.run(None, feeds)
     except _USER_ERRORS as exc:
@@ -367,7 +373,7 @@ def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray], read: 
         raise _RunError(f"evaluation failed: {type(exc).__name__}: {describe_error(exc)}") from exc
     done = time.perf_counter()
     planned = _plan_outputs(args.output_dir, names, list(outputs), args.raw_bits)
-    _save_outputs(args.output_dir, planned, plan)
+    _save_outputs(args.output_dir, planned, plan, record)
     for name, target, array, note in planned:
         converted = f" ({note})" if note else ""
         print(f"{printable(name)}: shape {list(array.shape)} dtype {array.dtype}{converted} -> {shown_path(target)}")
@@ -427,8 +433,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace existing files at the output names (<output-dir>/<name>.npy); without it, a run whose output "
-        "file exists is refused before the model runs, naming the file",
+        help="replace existing files at the output names (<output-dir>/<name>.npy) that no previous run wrote; "
+        "without it, such a run is refused before the model runs, naming the file (a previous run's outputs, listed "
+        "in <output-dir>/.onnx-light-ref-run.json, are replaced without it)",
     )
     parser.add_argument(
         "--replace-shared",

@@ -23,9 +23,10 @@ one transaction). This module never writes a file itself.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 
-from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
+from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
 from onnx_light_ref.io.plan.align_plan import (
     AlignPlan,
     LayoutOptions,
@@ -36,7 +37,8 @@ from onnx_light_ref.io.plan.align_plan import (
 )
 from onnx_light_ref.io.plan.shard_names import ShardNames
 from onnx_light_ref.io.read.locations import FileIdentity
-from onnx_light_ref.io.results import AlignResult, summarize_names
+from onnx_light_ref.io.results import AlignResult, record_removed, summarize_names
+from onnx_light_ref.io.transformers_js import model_counts, plan_config_update
 from onnx_light_ref.io.write.contract import PlannedFile, PlannedModel, ShardSet, WriteOptions, WritePlan
 from onnx_light_ref.io.write.copy_engine import CopyStats, ProgressCallback
 from onnx_light_ref.io.write.execute import DEFAULT_CHUNK_SIZE, execute
@@ -44,10 +46,13 @@ from onnx_light_ref.io.write.execute import DEFAULT_CHUNK_SIZE, execute
 __all__ = [
     "AlignPlan",
     "AlignResult",
+    "add_config_update",
     "align_external_data_in_memory",
     "align_external_data_streaming",
     "aligned_result",
+    "check_config_path",
     "plan_alignment",
+    "removed_after",
     "warn_unaligned",
     "write_plan",
 ]
@@ -105,8 +110,9 @@ def write_plan(
     return WritePlan(writer, models, files, options, reads, rename_hint=rename_hint)
 
 
-def aligned_result(plan: AlignPlan, stats: CopyStats) -> AlignResult:
-    """The :class:`~onnx_light_ref.io.results.AlignResult` of an executed plan."""
+def aligned_result(plan: AlignPlan, stats: CopyStats, config_file: str | None = None) -> AlignResult:
+    """The :class:`~onnx_light_ref.io.results.AlignResult` of an executed plan (``config_file``: the config it
+    updated)."""
     bytes_by_method: dict[str, int] = {method: count for method, count in stats.bytes_by_method.items() if count}
     return AlignResult(
         plan.total_size,
@@ -124,10 +130,39 @@ def aligned_result(plan: AlignPlan, stats: CopyStats) -> AlignResult:
         index_file=plan.index[0] if plan.index is not None else None,
         unaligned_tensors=plan.unaligned_tensors,
         kept_inline_reasons=plan.kept_inline,
+        kept_inline_names=plan.kept_inline_names,
+        config_file=config_file,
     )
 
 
-def _log(plan: AlignPlan, result: AlignResult) -> None:
+def check_config_path(update_config: object) -> str | None:
+    """``update_config`` as an absolute path (None: no config to update)."""
+    if update_config is None:
+        return None
+    if not isinstance(update_config, (str, os.PathLike)):
+        raise ArgumentTypeError(
+            f"update_config must be a path to a config.json, got {type(update_config).__name__} {update_config!r}."
+        )
+    return os.path.abspath(os.fspath(update_config))
+
+
+def add_config_update(contract: WritePlan, config_path: str, counts: dict[str, int]) -> None:
+    """Add the updated ``config.json`` to ``contract`` (a planned file of the same transaction, re-read under the
+    folder lock); ``counts``: each model's ``use_external_data_format`` by file name."""
+    folder = os.path.dirname(contract.model_paths[0])
+    update = plan_config_update(config_path, counts, folder, contract.writer)
+    contract.files.append(update.planned)
+    contract.source_checks.append(update.check)
+    logger.info("%s: transformers.js_config.use_external_data_format = %s", config_path, update.value)
+
+
+def removed_after(plan: WritePlan) -> list[str]:
+    """The files of ``plan.removals`` the publication deleted: those the contract let go under the folder lock
+    (:attr:`WritePlan.removable`) that are gone now (one replaced since, by another identity, stayed)."""
+    return [path for path in plan.removable if not os.path.lexists(path)]
+
+
+def _log(plan: AlignPlan, result: AlignResult, delete_stale: bool) -> None:
     logger.info(
         "wrote %d weights file(s) %s (%d tensors, %d externalized, %d deduplicated, %d bytes, %d padding) and %s",
         len(result.weights_files),
@@ -140,8 +175,10 @@ def _log(plan: AlignPlan, result: AlignResult) -> None:
         plan.dst_onnx_path,
     )
     warn_unaligned(result.unaligned_tensors)
-    if result.stale_weights_files:
-        # Not ours to delete: another model may use them. Naming them is the least we owe the user.
+    if result.removed_files:
+        logger.info("removed %d earlier file(s): %s", len(result.removed_files), ", ".join(result.removed_files))
+    if result.stale_weights_files and not delete_stale:  # with it, the contract warned about each one it kept
+        # Not ours to delete unasked: another model may use them. Naming them is the least we owe the user.
         logger.warning(
             "%s does not reference %d file(s) left by an earlier run at this destination, not deleted: %s",
             plan.dst_onnx_path,
@@ -174,6 +211,8 @@ def _align(
     allow_outside_folder: bool = False,
     replace_shared: bool = False,
     overwrite: bool = False,
+    delete_stale: bool = False,
+    update_config: PathLike | None = None,
 ) -> AlignResult:
     """Plan, then execute the plan in ``mode`` (read everything first when ``in_memory``), then publish.
 
@@ -187,6 +226,8 @@ def _align(
         check_bool("overwrite", overwrite),
         check_bool("allow_outside_folder", allow_outside_folder),
     )
+    check_bool("delete_stale", delete_stale)
+    config_path = check_config_path(update_config)
     plan = plan_alignment(
         src_onnx_path,
         dst_onnx_path,
@@ -203,15 +244,22 @@ def _align(
         shard_names=layout.shard_names,
     )
     contract = write_plan([plan], options, f"align ({mode.replace('_', '-')})")
+    if delete_stale:
+        contract.removals = list(plan.stale_weights_files)
+    if config_path is not None:
+        hint = "pass shard_names='transformers.js' (--shard-names transformers.js) and no other weights name"
+        counts = model_counts([(plan.dst_onnx_path, plan.weights_paths)], contract.writer, hint)
+        add_config_update(contract, config_path, counts)
     result = execute(
         contract,
-        lambda stats: aligned_result(plan, stats),
+        lambda stats: aligned_result(plan, stats, config_path),
         durable=durable,
         chunk_size=chunk_size or DEFAULT_CHUNK_SIZE,
         progress=progress,
         in_memory=mode == "in_memory",
     )
-    _log(plan, result)
+    record_removed(result, removed_after(contract))
+    _log(plan, result, delete_stale)
     return result
 
 
@@ -233,6 +281,8 @@ def align_external_data_streaming(
     shard_names: ShardNames = None,
     replace_shared: bool = False,
     overwrite: bool = False,
+    delete_stale: bool = False,
+    update_config: PathLike | None = None,
 ) -> AlignResult:
     """Copy the weights of ``src_onnx_path`` into aligned external data files, without loading them.
 
@@ -292,17 +342,33 @@ def align_external_data_streaming(
         overwrite: replace existing files the destination does not own (anything but the ``.onnx``, the files the
             previous ``.onnx`` references and its own leftovers: e.g. a PyTorch ``model.safetensors`` where the
             safetensors weights would go). False (default) refuses with ``ExistingFileError`` naming them.
+        delete_stale: once the new model is published, delete the files an earlier run left at this destination
+            that it no longer references (``stale_weights_files``: ``W.3`` after a run with fewer shards), through
+            the writer contract's guard: a file another model uses (or may: a ``.onnx`` near it cannot be read), one
+            the destination does not own or one this job reads is kept, with a warning naming why. The deleted ones
+            are ``result.removed_files``; nothing is deleted when the run is refused or fails before its commit.
+        update_config: a transformers.js model's ``config.json`` (it must exist): the exact
+            ``use_external_data_format`` the written model needs (its number of ``DST_data``, ``DST_data_1``...
+            files) is stored in its ``transformers.js_config``, under the model's file name (``{"model.onnx": 3}``;
+            ``docs/safetensors.md`` says how an existing entry changes); every other key keeps its place and value.
+            The config is a file of the same transaction as the model and its weights. Needs the files named as
+            transformers.js fetches them (``shard_names="transformers.js"``, default weights path); else
+            ``ValueError`` before anything is written. ``result.config_file`` names it.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`: an ``int`` equal to the bytes of all weights files,
         padding included (0, and no weights file, when no tensor is external), which also carries the tensor
         counts, payload bytes, padding, weights files, dedup and externalization counts, how bytes moved, and
         the files named like further shards that an earlier run left at the destination (``stale_weights_files``:
-        not referenced by the new ``.onnx``, never deleted; also logged as a warning).
+        not referenced by the new ``.onnx`` and still there; also logged as a warning) and, with ``delete_stale``,
+        the ones deleted (``removed_files``).
 
     Raises:
         ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type), an option
-            the format refuses, more than 100 files with ``shard_names="transformers.js"``.
+            the format refuses, more than 100 files with ``shard_names="transformers.js"``, ``update_config`` with
+            weights files transformers.js does not fetch by count.
+        ConfigFileError: (a ``ValueError``) ``update_config`` names a file that is not a UTF-8 JSON object, or whose
+            ``transformers.js_config`` has an entry of another type, or that changed while the run worked.
         SafetensorsError: (an ``ExternalDataError``) with ``weights_format="safetensors"``, tensors without a
             name or sharing one, or whose data type safetensors cannot store (all listed; nothing written).
         InvalidModelError: ``src_onnx_path`` is not an ONNX model (a truncated or malformed one names the byte
@@ -344,6 +410,8 @@ def align_external_data_streaming(
         allow_outside_folder,
         replace_shared,
         overwrite,
+        delete_stale,
+        update_config,
     )
 
 
@@ -364,6 +432,8 @@ def align_external_data_in_memory(
     shard_names: ShardNames = None,
     replace_shared: bool = False,
     overwrite: bool = False,
+    delete_stale: bool = False,
+    update_config: PathLike | None = None,
 ) -> AlignResult:
     """Same result as :func:`align_external_data_streaming`, but every payload is read into memory first.
 
@@ -388,6 +458,8 @@ def align_external_data_in_memory(
         shard_names: as for :func:`align_external_data_streaming`.
         replace_shared: as for :func:`align_external_data_streaming`.
         overwrite: as for :func:`align_external_data_streaming`.
+        delete_stale: as for :func:`align_external_data_streaming`.
+        update_config: as for :func:`align_external_data_streaming`.
 
     Returns:
         An :class:`~onnx_light_ref.io.results.AlignResult`, as :func:`align_external_data_streaming` returns
@@ -423,4 +495,6 @@ def align_external_data_in_memory(
         allow_outside_folder,
         replace_shared,
         overwrite,
+        delete_stale,
+        update_config,
     )

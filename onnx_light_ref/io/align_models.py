@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 
 import onnx
 
-from onnx_light_ref.io.align import warn_unaligned, write_plan
+from onnx_light_ref.io.align import add_config_update, check_config_path, removed_after, warn_unaligned, write_plan
 from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int, check_weights_file
 from onnx_light_ref.io.plan.align_plan import SITE_KEPT, LayoutOptions, WeightsFormat, check_layout_options
 from onnx_light_ref.io.plan.family_plan import FamilyPlan, default_family_weights, lay_out_family, walk_family
@@ -34,7 +34,8 @@ from onnx_light_ref.io.plan.member_names import member_sources
 from onnx_light_ref.io.plan.shard_names import ShardNames
 from onnx_light_ref.io.plan.sites import iter_sites
 from onnx_light_ref.io.read.sharing import model_references, scan_users
-from onnx_light_ref.io.results import FamilyMember, FamilyResult, SharedTensor, summarize_names
+from onnx_light_ref.io.results import FamilyMember, FamilyResult, SharedTensor, record_removed, summarize_names
+from onnx_light_ref.io.transformers_js import model_counts
 from onnx_light_ref.io.write.contract import PlannedFile, ShardSet, WriteOptions, check_names
 from onnx_light_ref.io.write.copy_engine import CopyStats, ProgressCallback
 from onnx_light_ref.io.write.execute import execute
@@ -48,6 +49,10 @@ logger = logging.getLogger(__name__)
 _DEFAULT_CHUNK = 4 * 1024 * 1024  # as the streaming aligner: bytes per copy call, and each dedup compare buffer
 _WRITER = "align_models"
 _RENAME_HINT = "another weights name (weights_name / --weights) or another folder"
+_SHARED_SET_HINT = (
+    "a set of weights files shared by several members cannot be loaded by count: write each member with align "
+    "(its own files), or name the weights after the one member holding external tensors (weights_name / --weights)"
+)
 
 
 def align_models(
@@ -67,6 +72,8 @@ def align_models(
     replace_shared: bool = False,
     overwrite: bool = False,
     chunk_size: int = _DEFAULT_CHUNK,
+    delete_stale: bool = False,
+    update_config: PathLike | None = None,
 ) -> FamilyResult:
     """Write a family of models into ``dst_folder`` over one set of weights files, each distinct payload once.
 
@@ -117,15 +124,30 @@ def align_models(
             what a killed run's journal names). False (default) refuses with ``ExistingFileError`` naming them.
         chunk_size: at most this many bytes per system call (an int >= 1); also each of the two buffers dedup
             compares with.
+        delete_stale: once the family is published, delete the files of the folder no model uses any more
+            (``stale_weights_files``: an earlier layout's shards, files the previous members referenced), through
+            the writer contract's guard: a file another model uses (or may), one the family does not own or one
+            this job reads is kept, with a warning naming why. The deleted ones are ``result.removed_files``;
+            nothing is deleted when the run is refused or fails before its commit.
+        update_config: a transformers.js ``config.json`` (it must exist): each member's exact
+            ``use_external_data_format`` is stored in its ``transformers.js_config`` under the member's file name,
+            in the same transaction (as for :func:`~onnx_light_ref.io.align.align_external_data_streaming`).
+            transformers.js fetches a model's external data from files named after that model, so one set of
+            weights files serves at most one member (named ``<member>_data...``: ``weights_name`` and
+            ``shard_names="transformers.js"``) plus members without external tensors (count 0); any other family
+            is refused with ``ValueError`` before anything is written.
 
     Returns:
         A :class:`~onnx_light_ref.io.results.FamilyResult`: an ``int`` equal to the bytes of all weights files
         (padding included) carrying each member's path and tensors, the weights files, the unique bytes, the bytes
-        saved against storing each member separately, the shared tensors and the stale files left in the folder.
+        saved against storing each member separately, the shared tensors, the stale files left in the folder and,
+        with ``delete_stale``, those deleted (``removed_files``).
 
     Raises:
         ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type), no source,
-            more than 100 files with ``shard_names="transformers.js"``.
+            more than 100 files with ``shard_names="transformers.js"``, ``update_config`` for members transformers.js
+            cannot load by count. ``ConfigFileError`` (a ``ValueError``): the config cannot be updated (see the
+            aligners).
         InvalidModelError: a source is not an ONNX model, or a result cannot be serialized.
         ExternalDataError: a malformed or out-of-bounds reference in a source (``UnsafeLocationError`` for an
             unsafe location or hard-linked source file; ``SafetensorsError`` for keys or data types safetensors
@@ -150,6 +172,8 @@ def align_models(
         check_bool("allow_outside_folder", allow_outside_folder),
     )
     check_int("chunk_size", chunk_size, minimum=1)
+    check_bool("delete_stale", delete_stale)
+    config_path = check_config_path(update_config)
     layout = check_layout_options(
         align_threshold,
         max_shard_size,
@@ -175,10 +199,23 @@ def align_models(
     contract = write_plan(plan.members, options, _WRITER, _RENAME_HINT)
     contract.parsed = parsed  # the previous members, parsed once while they do not change
     stale = _stale_files(plan)
+    if delete_stale:
+        contract.removals = stale
+    if config_path is not None:
+        files = [shard.path for shard in plan.shards]
+        members = [
+            (path, files if walk.moved else []) for path, walk in zip(plan.destinations, plan.walks, strict=True)
+        ]
+        add_config_update(contract, config_path, model_counts(members, _WRITER, _SHARED_SET_HINT))
     result = execute(
-        contract, lambda stats: _result(plan, stats, stale), durable=durable, chunk_size=chunk_size, progress=progress
+        contract,
+        lambda stats: _result(plan, stats, stale, config_path),
+        durable=durable,
+        chunk_size=chunk_size,
+        progress=progress,
     )
-    _log(result)
+    record_removed(result, removed_after(contract))
+    _log(result, delete_stale)
     return result
 
 
@@ -239,7 +276,7 @@ def _stale_files(plan: FamilyPlan) -> list[str]:
     return sorted({*plan.stale_weights_files, *(path for path in previous if path not in used)})
 
 
-def _result(plan: FamilyPlan, stats: CopyStats, stale: list[str]) -> FamilyResult:
+def _result(plan: FamilyPlan, stats: CopyStats, stale: list[str], config_file: str | None) -> FamilyResult:
     placement = plan.placement
     assert placement is not None
     owners: dict[int, set[int]] = {}
@@ -265,6 +302,7 @@ def _result(plan: FamilyPlan, stats: CopyStats, stale: list[str]) -> FamilyResul
                 sum(1 for payload in span if plan.first[payload] in shared),
                 walk.externalized,
                 dict(walk.kept_inline),
+                {reason: tuple(names) for reason, names in walk.kept_inline_names.items()},
             )
         )
     shared_tensors = [
@@ -300,6 +338,7 @@ def _result(plan: FamilyPlan, stats: CopyStats, stale: list[str]) -> FamilyResul
         index_file=plan.index[0] if plan.index is not None else None,
         unaligned_tensors=placement.unaligned,
         kept_inline_reasons=kept,
+        config_file=config_file,
     )
 
 
@@ -308,7 +347,7 @@ def _moved_labels(model: onnx.ModelProto, sites: bytearray) -> list[str]:
     return [site.label for site, kind in zip(iter_sites(model), sites, strict=True) if kind != SITE_KEPT]
 
 
-def _log(result: FamilyResult) -> None:
+def _log(result: FamilyResult, delete_stale: bool) -> None:
     logger.info(
         "wrote %d member(s) over %d weights file(s) %s: %d bytes (%d unique, %d saved against separate copies, "
         "%d shared tensors)",
@@ -321,7 +360,9 @@ def _log(result: FamilyResult) -> None:
         len(result.shared_tensors),
     )
     warn_unaligned(result.unaligned_tensors)
-    if result.stale_weights_files:
+    if result.removed_files:
+        logger.info("removed %d earlier file(s): %s", len(result.removed_files), summarize_names(result.removed_files))
+    if result.stale_weights_files and not delete_stale:  # with it, the contract warned about each one it kept
         logger.warning(
             "%d file(s) of the folder are used by no model any more (an earlier run's), not deleted: %s",
             len(result.stale_weights_files),

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError, SafetensorsError, UnsafeLocationError
+from onnx_light_ref.io.align import removed_after
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int, check_weights_file
 from onnx_light_ref.io.checkpoint_pairing import LinkPairingOptions, pair_for_link
 from onnx_light_ref.io.plan.alignment import validate_alignment
@@ -64,7 +65,7 @@ from onnx_light_ref.io.read.model_file import load_model_metadata, open_model_fo
 from onnx_light_ref.io.read.safetensors_header import SafetensorsEntry, read_header, require_covered
 from onnx_light_ref.io.read.sharing import file_key
 from onnx_light_ref.io.read.walker import TensorSite, iter_tensors
-from onnx_light_ref.io.results import LinkResult, summarize_names
+from onnx_light_ref.io.results import LinkResult, record_removed, summarize_names
 from onnx_light_ref.io.write.contract import (
     Payload,
     PlannedFile,
@@ -283,6 +284,7 @@ def link_external_data(
     map_by_content: bool = False,
     transpose: bool = False,
     align_threshold: int = 0,
+    delete_stale: bool = False,
 ) -> LinkResult:
     """Write ``dst_onnx_path`` so that every tensor found in ``checkpoint`` points at the checkpoint's bytes.
 
@@ -329,14 +331,18 @@ def link_external_data(
         align_threshold: tensors written to the model's weights file with fewer bytes are packed (no alignment
             padding); default 0: every one aligned. Linked tensors keep the checkpoint's offsets:
             ``result.unaligned_linked`` counts those of at least this size not at a multiple of ``alignment``.
+        delete_stale: once the model is published, delete the files an earlier run left at this destination that
+            it no longer references (``stale_weights_files``: its ``DST.onnx.data`` when every tensor is now linked),
+            through the writer contract's guard (a file another model uses, or the destination does not own, is
+            kept, with a warning naming why); the deleted ones are ``result.removed_files``.
 
     Returns:
         A :class:`~onnx_light_ref.io.results.LinkResult`: an ``int``, the bytes of the model's weights file
         (0 when every external tensor was linked), with ``linked_tensors``, ``linked_bytes``, ``written_tensors``,
         ``written_bytes``, ``mismatched_tensors``, ``checkpoint_files``, ``weights_files``,
         ``stale_weights_files`` (e.g. the ``DST.onnx.data`` an earlier run wrote, when nothing is written to it now),
-        ``kept_inline_reasons``, ``pairings``, ``transposed_tensors``, ``transpose_candidates`` and
-        ``unaligned_linked``.
+        ``kept_inline_reasons``, ``pairings``, ``transposed_tensors``, ``transpose_candidates``,
+        ``unaligned_linked`` and ``removed_files``.
 
     Raises:
         ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type), or a
@@ -363,6 +369,7 @@ def link_external_data(
     threshold = check_int("size_threshold", size_threshold)
     check_int("chunk_size", chunk_size, minimum=1)
     check_bool("durable", durable)
+    check_bool("delete_stale", delete_stale)
     pairing_options = LinkPairingOptions(
         check_bool("map_by_content", map_by_content),
         check_bool("transpose", transpose),
@@ -415,12 +422,15 @@ def link_external_data(
             options,
         )
         plan.contract.source_checks.append(lambda: _check_unchanged(_checkpoint_files(checkpoint_tensors), dst_folder))
+        if delete_stale:
+            plan.contract.removals = list(plan.stale)
         if plan.copies and not plan.links:
             _warn_nothing_linked(dst_weights, [(t, item) for t, item, _ in plan.copies], checkpoint_tensors, mapping)
         checkpoint_names = sorted({found.path for found in checkpoint_tensors.values()})
         facts = paired.facts([found for _, found in plan.links], step, pairing_options.align_threshold)
         result = _write(plan, dst_weights, chunk_size, durable, progress, checkpoint_names, facts)
-    _log(result, dst_onnx)
+    record_removed(result, removed_after(plan.contract))
+    _log(result, dst_onnx, delete_stale)
     return result
 
 
@@ -594,14 +604,16 @@ def _write(
     return execute(plan.contract, result, durable=durable, chunk_size=chunk_size, progress=progress)
 
 
-def _log(result: LinkResult, dst_onnx: str) -> None:
+def _log(result: LinkResult, dst_onnx: str, delete_stale: bool) -> None:
     if result.mismatched_tensors:
         logger.warning(
             "%d tensor(s) named like a checkpoint key but of another data type or shape were written, not linked: %s",
             len(result.mismatched_tensors),
             ", ".join(result.mismatched_tensors),
         )
-    if result.stale_weights_files:
+    if result.removed_files:
+        logger.info("removed %d earlier file(s): %s", len(result.removed_files), ", ".join(result.removed_files))
+    if result.stale_weights_files and not delete_stale:  # with it, the contract warned about each one it kept
         logger.warning(
             "%s does not reference %d file(s) left by an earlier run at this destination, not deleted: %s",
             dst_onnx,

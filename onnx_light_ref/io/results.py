@@ -22,6 +22,7 @@ __all__ = [
     "SaveResult",
     "SharedTensor",
     "TensorPairing",
+    "record_removed",
     "summarize_names",
 ]
 
@@ -54,6 +55,20 @@ def _shown(value: object) -> str:
         head = ", ".join(repr(item) for item in value[:_NAMES_SHOWN])
         return f"({head}, ... {len(value)} in all)"
     return repr(value)
+
+
+def record_removed(result: AlignResult | LinkResult | FamilyResult, removed: Sequence[str]) -> None:
+    """Record on ``result`` the stale files the publication deleted (``delete_stale``): they move from
+    ``stale_weights_files`` (what is still there) to ``removed_files``.
+
+    The result is built before the publication (so that a failure after the commit carries it), and which stale files
+    may go is decided again under the folder lock: the writer records what went once the publication returned.
+    """
+    gone = set(removed)
+    result._set(
+        removed_files=tuple(path for path in result.stale_weights_files if path in gone),
+        stale_weights_files=tuple(path for path in result.stale_weights_files if path not in gone),
+    )
 
 
 class _SizeResult(int):
@@ -106,7 +121,10 @@ class AlignResult(_SizeResult):
             shares extents (reflinks): cloned rather than copied. 0 on ext4, tmpfs and across filesystems.
         stale_weights_files: absolute paths of files named like further shards of this destination (``W.3`` when
             this run wrote ``W`` and ``W.1``; ``W`` itself when it wrote none) that an earlier run left: the new
-            ``.onnx`` does not reference them, and they were not deleted.
+            ``.onnx`` does not reference them, and they are still there (not deleted, or kept by ``delete_stale``
+            because another model uses them or the destination does not own them: a warning says which).
+        removed_files: with ``delete_stale``, the stale files deleted after the commit (absolute paths).
+        config_file: with ``update_config``, the ``config.json`` whose ``transformers.js_config`` was updated.
         weights_format: ``"onnx"`` (raw weights files) or ``"safetensors"``.
         index_file: the ``model.safetensors.index.json`` written with a sharded safetensors set, else None.
         unaligned_tensors: safetensors only: names of the tensors of at least ``align_threshold`` bytes that could
@@ -115,6 +133,9 @@ class AlignResult(_SizeResult):
             would not read them back from external data (sparse tensors, function default attributes,
             ``training_info``); see ``docs/align.md``.
         kept_inline_reasons: the same tensors counted by reason (``"sparse tensor"``, ``"training_info"``...).
+        kept_inline_names: the same tensors' names (walker labels, e.g. ``'Constant_0/value'`` for an unnamed
+            ``Constant``), by reason: with ``weights_format="safetensors"``, every tensor of the source the
+            checkpoint does not hold (``"shape tensor"``, ``"no name (no safetensors key)"``...).
     """
 
     _REPR_FIELDS = (
@@ -145,6 +166,9 @@ class AlignResult(_SizeResult):
     index_file: str | None
     unaligned_tensors: tuple[str, ...]
     kept_inline_reasons: dict[str, int]
+    kept_inline_names: dict[str, tuple[str, ...]]
+    removed_files: tuple[str, ...]
+    config_file: str | None
 
     def __new__(
         cls,
@@ -164,6 +188,9 @@ class AlignResult(_SizeResult):
         index_file: str | None = None,
         unaligned_tensors: Iterable[str] = (),
         kept_inline_reasons: Mapping[str, int] | None = None,
+        kept_inline_names: Mapping[str, Iterable[str]] | None = None,
+        removed_files: Iterable[str] = (),
+        config_file: str | None = None,
     ) -> AlignResult:
         result = super().__new__(cls, total_size)
         result._set(
@@ -181,6 +208,9 @@ class AlignResult(_SizeResult):
             index_file=index_file,
             unaligned_tensors=tuple(unaligned_tensors),
             kept_inline_reasons=dict(kept_inline_reasons or {}),
+            kept_inline_names={reason: tuple(names) for reason, names in (kept_inline_names or {}).items()},
+            removed_files=tuple(removed_files),
+            config_file=config_file,
         )
         return result
 
@@ -266,7 +296,8 @@ class LinkResult(_SizeResult):
         weights_files: the model's own weights file, when one was written.
         stale_weights_files: files an earlier run left at this destination that the new ``.onnx`` does not reference
             (its own weights file ``DST.onnx.data`` when every tensor is now linked, or files named like further
-            shards of it), never deleted.
+            shards of it), still there (not deleted, or kept by ``delete_stale``: a warning says why).
+        removed_files: with ``delete_stale``, the stale files deleted after the commit.
         kept_inline_reasons: inline tensors of at least ``size_threshold`` bytes left inline (not linked, not written)
             by reason: ``"shape tensor"``, ``"training_info"``, ``"function default attribute"``...
         pairings: every model tensor paired with a checkpoint key (name, key, how: ``"name"``, ``"map"``,
@@ -302,6 +333,7 @@ class LinkResult(_SizeResult):
     transposed_tensors: tuple[str, ...]
     transpose_candidates: tuple[str, ...]
     unaligned_linked: int
+    removed_files: tuple[str, ...]
 
     def __new__(
         cls,
@@ -320,6 +352,7 @@ class LinkResult(_SizeResult):
         transposed_tensors: Iterable[str] = (),
         transpose_candidates: Iterable[str] = (),
         unaligned_linked: int = 0,
+        removed_files: Iterable[str] = (),
     ) -> LinkResult:
         result = super().__new__(cls, total_size)
         result._set(
@@ -336,6 +369,7 @@ class LinkResult(_SizeResult):
             transposed_tensors=tuple(transposed_tensors),
             transpose_candidates=tuple(transpose_candidates),
             unaligned_linked=unaligned_linked,
+            removed_files=tuple(removed_files),
         )
         return result
 
@@ -353,6 +387,7 @@ class FamilyMember:
         externalized_tensors: tensors that were inline in the source (``size_threshold``).
         kept_inline_reasons: inline tensors of at least ``size_threshold`` bytes left inline by rule 2 of the
             writer contract (onnx's loader would not read them back, or a shape tensor), by reason.
+        kept_inline_names: the same tensors' names (walker labels), by reason.
     """
 
     source: str
@@ -362,6 +397,7 @@ class FamilyMember:
     shared_tensors: int = 0
     externalized_tensors: int = 0
     kept_inline_reasons: Mapping[str, int] = field(default_factory=dict)
+    kept_inline_names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -402,7 +438,10 @@ class FamilyResult(_SizeResult):
         externalized_tensors: tensors of all members that were inline in their source (``size_threshold``).
         copy_methods, bytes_by_method, clone_eligible_bytes: how the bytes moved (as :class:`AlignResult`).
         stale_weights_files: files of the folder named like further shards of the weights, or that the replaced
-            members referenced, that no model written uses now; never deleted (also logged as a warning).
+            members referenced, that no model written uses now, still there (not deleted, or kept by
+            ``delete_stale``: a warning says why).
+        removed_files: with ``delete_stale``, the stale files deleted after the commit.
+        config_file: with ``update_config``, the ``config.json`` whose ``transformers.js_config`` was updated.
         weights_format: ``"onnx"`` or ``"safetensors"``.
         index_file: the ``.safetensors.index.json`` of a sharded safetensors family, else None.
         unaligned_tensors: safetensors only: keys of tensors of at least ``align_threshold`` bytes not aligned.
@@ -427,6 +466,8 @@ class FamilyResult(_SizeResult):
     index_file: str | None
     unaligned_tensors: tuple[str, ...]
     kept_inline_reasons: dict[str, int]
+    removed_files: tuple[str, ...]
+    config_file: str | None
 
     def __new__(
         cls,
@@ -449,6 +490,8 @@ class FamilyResult(_SizeResult):
         index_file: str | None = None,
         unaligned_tensors: Iterable[str] = (),
         kept_inline_reasons: Mapping[str, int] | None = None,
+        removed_files: Iterable[str] = (),
+        config_file: str | None = None,
     ) -> FamilyResult:
         result = super().__new__(cls, total_size)
         result._set(
@@ -469,6 +512,8 @@ class FamilyResult(_SizeResult):
             index_file=index_file,
             unaligned_tensors=tuple(unaligned_tensors),
             kept_inline_reasons=dict(kept_inline_reasons or {}),
+            removed_files=tuple(removed_files),
+            config_file=config_file,
         )
         return result
 

@@ -7,6 +7,7 @@ Importing this package imports ``onnx.reference`` (through the kernel) but regis
 from __future__ import annotations
 
 from onnx_light_ref.ops.convert import delay_initializers
+from onnx_light_ref.ops.delay_write import DelayResult, write_delayed_model
 from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
 from onnx_light_ref.ops.dtypes import ALLOWED_DTYPES
 from onnx_light_ref.ops.evaluate import LazyReferenceEvaluator, reference_evaluator
@@ -15,10 +16,12 @@ from onnx_light_ref.ops.undelay import undelay_initializers
 
 __all__ = [
     "ALLOWED_DTYPES",
+    "DelayResult",
     "DelayedInitializer",
     "LazyReferenceEvaluator",
     "delay_initializers",
     "reference_evaluator",
     "register_schemas",
     "undelay_initializers",
+    "write_delayed_model",
 ]

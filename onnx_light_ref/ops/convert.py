@@ -71,7 +71,14 @@ from onnx_light_ref.ops.dtypes import (
 )
 from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE, SINCE_VERSION, make_delayed_initializer_node
 
-__all__ = ["ConversionPlan", "DelayedTensor", "delay_initializers", "plan_delayed_initializers"]
+__all__ = [
+    "ConversionPlan",
+    "DelayedTensor",
+    "check_load_device",
+    "convert_planned",
+    "delay_initializers",
+    "plan_delayed_initializers",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -344,9 +351,27 @@ def delay_initializers(
             dims and dtype).
         FileNotFoundError: a data file that does not exist.
     """
+    check_load_device(load_device)
+    plan = plan_delayed_initializers(model_or_path, base_dir=base_dir, min_size=min_size, portable=portable)
+    return convert_planned(plan, load_device)
+
+
+def check_load_device(load_device: object) -> None:
+    """Refuse a ``load_device`` the op does not know (``ValueError``)."""
     if load_device not in LOAD_DEVICES:
         raise ValueError(f"load_device must be one of {list(LOAD_DEVICES)}, got {load_device!r}.")
-    plan = plan_delayed_initializers(model_or_path, base_dir=base_dir, min_size=min_size, portable=portable)
+
+
+def convert_planned(plan: ConversionPlan, load_device: str) -> onnx.ModelProto:
+    """Rewrite ``plan.model`` as :func:`delay_initializers` documents: each planned initializer becomes a node.
+
+    Args:
+        plan: what :func:`plan_delayed_initializers` decided (its private model copy is rewritten and returned).
+        load_device: ``"file"`` or ``"cpu"``, checked by the caller.
+
+    Returns:
+        The rewritten model.
+    """
     model = plan.model
     if not plan.delayed:
         logger.info("no external initializer to delay")

@@ -3,8 +3,8 @@
 Adding a writer to the package is adding one :class:`Writer` to :data:`WRITERS`: every test of
 ``tests/contract/test_rules.py`` then runs every rule of the writer contract against it. A row knows how to build
 its sources (``build``), how to call the writer through its Python API (``call``) and through the command line
-(``argv``, None for a writer without one), and what it owns (``owns_previous``: a writer with a destination model
-replaces its own earlier outputs; ``run`` owns nothing it did not write in this call).
+(``argv``, None for a writer without one), and what it owns (``owns_previous``: a writer replaces its own earlier
+outputs: a destination model's files, the ``.npy`` files ``run``'s record lists).
 
 Every scene has the same layout under its root: ``src/`` holds the sources, the destination folder is
 ``top/a/b/`` (deep, so that a model two folders up can reach its files), the destination model is
@@ -35,7 +35,7 @@ from onnx_light_ref import (
     save_model_with_shared_external_data,
 )
 from onnx_light_ref.cli import build_parser
-from onnx_light_ref.ops import delay_initializers, undelay_initializers
+from onnx_light_ref.ops import delay_initializers, undelay_initializers, write_delayed_model
 from tests.models import IR_VERSION, OPSET, identity_model, write_external_model
 
 __all__ = ["ARRAYS", "WRITERS", "Scene", "Writer", "dry_run_outputs", "make_scene"]
@@ -77,6 +77,8 @@ class Writer:
     owns_previous: bool = True
     has_model: bool = True
     tags: frozenset[str] = field(default_factory=frozenset)
+    writes_files: bool = True  # files besides its .onnx, named by the scene's weights_name (delay writes none)
+    onnxruntime: bool = True  # its model runs in onnxruntime (a DelayedInitializer model runs in our evaluator)
 
 
 def make_scene(root: Path, writer: Writer, weights_name: str | None = None) -> Scene:
@@ -268,6 +270,19 @@ def _family_rows() -> Iterator[Writer]:
         )
 
 
+def _source_in_destination(scene: Scene) -> None:
+    """``delay``'s source: in the destination folder, whose model must reach its data file."""
+    write_external_model(scene.out, ARRAYS, name="source.onnx")
+
+
+def _delay(scene: Scene, **options: Any) -> object:
+    return write_delayed_model(scene.out / "source.onnx", scene.dst, **options)
+
+
+def _delay_argv(scene: Scene) -> list[str]:
+    return ["delay", str(scene.out / "source.onnx"), str(scene.dst)]
+
+
 def _run_argv(scene: Scene) -> list[str]:
     return ["run", str(scene.src / "model.onnx"), "--output-dir", str(scene.out)]
 
@@ -312,8 +327,17 @@ WRITERS: list[Writer] = [
     *_family_rows(),
     Writer("shared-save", _inline_source, _shared, None, tags=frozenset({"shared-save"})),
     Writer("undelay", _delayed_source, _undelay, _undelay_argv, tags=frozenset({"undelay"})),
+    Writer(
+        "delay",
+        _source_in_destination,
+        _delay,
+        _delay_argv,
+        tags=frozenset({"delay"}),
+        writes_files=False,
+        onnxruntime=False,
+    ),
     Writer("link", _checkpoint_source, _link, _link_argv, tags=frozenset({"link"})),
-    Writer("run", _run_source, _run, _run_argv, owns_previous=False, has_model=False, tags=frozenset({"run"})),
+    Writer("run", _run_source, _run, _run_argv, has_model=False, tags=frozenset({"run"})),
 ]
 """Every writer of the package (align: both modes x onnx/safetensors x shard schemes; align_models: onnx and
 safetensors, one file and sharded), one row each."""

@@ -94,7 +94,10 @@ def test_a_note_names_the_file_no_model_uses_any_more(tmp_path: Path, capsys: py
     assert main([*argv, "--weights", "v2.data"]) == 0
 
     note = capsys.readouterr().out.splitlines()[-1]
-    assert note.startswith("note: 1 file(s) of the folder are used by no model any more") and "weights.data" in note
+    assert (
+        note.startswith("note: 1 file(s) left by an earlier run here are not used by what was written")
+        and "weights.data" in note
+    )
     assert (out / "weights.data").exists()
 
 

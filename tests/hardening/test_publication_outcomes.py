@@ -438,9 +438,13 @@ def test_run_output_dir_exits_3_when_removing_a_previous_output_fails(
     seam(failing_at(1, errno.EIO, ("unlink",)))
     assert main([*args, "--overwrite"]) == 3
     _, err = capsys.readouterr()
-    assert err.startswith(f"error: {str(out_dir / 'y.npy')!r} (and 1 more output(s)) is published"), err
+    # y.npy, w_sum.npy and the record of what run wrote there (.onnx-light-ref-run.json)
+    assert err.startswith(f"error: {str(out_dir / 'y.npy')!r} (and 2 more output(s)) is published"), err
     assert sorted(p.name for p in out_dir.iterdir() if not p.name.startswith(".")) == ["w_sum.npy", "y.npy"]
-    assert len(hidden(out_dir)) == 1
+    assert [Path(p).name for p in hidden(out_dir) if not Path(p).name.startswith(".olr~")] == [
+        ".onnx-light-ref-run.json"
+    ]
+    assert len(hidden(out_dir)) == 2  # the record and the one temp file left
 
 
 def test_published_with_errors_is_neither_an_oserror_nor_a_valueerror_and_pickles_with_its_fields() -> None:

@@ -53,6 +53,6 @@ def test_transformers_js_is_given_the_exact_use_external_data_format(tmp_path: P
     files = sorted(path.name for path in (tmp_path / "out").iterdir() if path.name != "model.onnx")
     assert files == ["model.onnx_data", "model.onnx_data_1", "model.onnx_data_2"]
     assert (
-        'note: transformers.js: set "use_external_data_format": 3 in config.json\'s "transformers.js_config" (it '
-        "loads that many model.onnx_data* files)"
+        'note: transformers.js: set "use_external_data_format": {"model.onnx": 3} in config.json\'s '
+        '"transformers.js_config" (--update-config config.json writes it)'
     ) in done.stdout.splitlines()

@@ -36,13 +36,14 @@ def test_the_small_biases_the_exporter_kept_inline_are_keys_of_the_file(tmp_path
 def test_an_unnamed_constant_stays_in_the_onnx_instead_of_refusing_the_run(tmp_path: Path) -> None:
     table = np.arange(512, dtype=np.float32)  # 2 KiB, like the legacy export's rotary Constant
     weight = numpy_helper.from_array(np.ones(512, dtype=np.float32), "w")
+    shape = numpy_helper.from_array(np.array([16, 32], dtype=np.int64), "shape")  # a shape tensor: stays too
     constant = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(table, ""))
     graph = helper.make_graph(
-        [constant, helper.make_node("Add", ["c", "w"], ["y"])],
+        [constant, helper.make_node("Add", ["c", "w"], ["s"]), helper.make_node("Reshape", ["s", "shape"], ["y"])],
         "g",
         [],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512])],
-        [weight],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 32])],
+        [weight, shape],
     )
     source = tmp_path / "src.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(source))
@@ -51,8 +52,28 @@ def test_an_unnamed_constant_stays_in_the_onnx_instead_of_refusing_the_run(tmp_p
         "--no-progress",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert f"1 {UNNAMED}" in done.stdout
+    constant_label = "<unnamed attribute in graph 'g' / node '#0' (Constant) / value>"
+    assert "2 left in the .onnx" in done.stdout
+    assert (
+        f"note: 2 tensor(s) stay in the .onnx, not in the weights files: {UNNAMED}: {constant_label}; "
+        "shape tensor: shape\n" in done.stdout
+    )
     with safe_open(str(tmp_path / "m.safetensors"), framework="numpy") as opened:
         assert list(opened.keys()) == ["w"]
     assert verify_models(source, tmp_path / "m.onnx").equal
-    np.testing.assert_array_equal(run_ort(tmp_path / "m.onnx")[0], table + 1)
+    np.testing.assert_array_equal(run_ort(tmp_path / "m.onnx")[0], (table + 1).reshape(16, 32))
+
+
+def test_the_result_names_every_tensor_the_checkpoint_does_not_hold(tmp_path: Path) -> None:
+    folder = copy_fixture("qwen2", tmp_path)
+    source = folder / "dynamo" / "model.onnx"
+    graph_model = onnx.load(str(source), load_external_data=False)
+    shapes = [node.input[1] for node in graph_model.graph.node if node.op_type == "Reshape"]
+    dst = folder / "dynamo" / "st.onnx"
+    result = align_external_data_streaming(source, dst, weights_format="safetensors", durable=False)
+    initializers = {init.name for init in graph_model.graph.initializer}
+    kept_shapes = set(result.kept_inline_names.get("shape tensor", ()))
+    assert kept_shapes <= set(shapes) and kept_shapes == {name for name in shapes if name in initializers}
+    assert result.kept_inline_reasons == {reason: len(names) for reason, names in result.kept_inline_names.items()}
+    with safe_open(str(folder / "dynamo" / "st.safetensors"), framework="numpy") as opened:
+        assert not set(opened.keys()) & kept_shapes  # what the result names is what the checkpoint lacks

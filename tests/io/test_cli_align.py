@@ -279,8 +279,8 @@ def test_align_names_the_shards_an_earlier_run_left_and_keeps_them(tmp_path, bui
     assert len(lines) == 2 and "(+1 shards: 2 files)" in lines[0]
     stale = str(dst.parent / "model.onnx.data.2")
     assert lines[1] == (
-        f"note: 1 file(s) left by an earlier run at this destination are not used by {dst} and were not deleted: "
-        f"{stale} (delete them if nothing else uses them)"
+        f"note: 1 file(s) left by an earlier run here are not used by what was written and were not deleted: "
+        f"{stale} (--delete-stale removes those no other model uses)"
     )
     assert (dst.parent / "model.onnx.data.2").read_bytes() == left
     assert {

@@ -220,6 +220,7 @@ class AlignPlan:
     unaligned_tensors: list[str] = field(default_factory=list)  # safetensors: >= align_threshold, not aligned
     # inline tensors at or above size_threshold kept inline (rule 2 of the writer contract), by reason
     kept_inline: dict[str, int] = field(default_factory=dict)
+    kept_inline_names: dict[str, list[str]] = field(default_factory=dict)  # the same tensors' labels, by reason
     weights_base: str = ""  # the first weights path the shards are named from
     shard_names: ShardNames = None
     size_threshold: int | None = None
@@ -428,6 +429,7 @@ def plan_alignment(
         index_file,
         placed.unaligned,
         walk.kept_inline,
+        walk.kept_inline_names,
         dst_weights,
         scheme,
         inline_threshold,
@@ -456,6 +458,7 @@ class SourceWalk:
     externalized: int = 0
     named: list[SafetensorsTensor] = field(default_factory=list)  # safetensors: each moved tensor's key, type, dims
     kept_inline: dict[str, int] = field(default_factory=dict)
+    kept_inline_names: dict[str, list[str]] = field(default_factory=dict)  # their labels, by reason
     refs: dict[FileIdentity, ExternalRef] = field(default_factory=dict)  # first reference to each data file
     delayed_files: dict[FileIdentity, str] = field(default_factory=dict)  # files DelayedInitializer nodes read
     policy: SitePolicy | None = None  # rule 2's decision for this model (with size_threshold)
@@ -523,6 +526,7 @@ def walk_source(
                     _restore_payload(tensor, site.label, inline.payload, payload_source, onnx_identity)
                 if decision.reason is not None:
                     walk.kept_inline[decision.reason] = walk.kept_inline.get(decision.reason, 0) + 1
+                    walk.kept_inline_names.setdefault(decision.reason, []).append(site.label)
                 sites.append(SITE_KEPT)
                 continue
             _add_inline(tensor, site.label, inline, payload_source, onnx_identity, table, payloads)

@@ -325,6 +325,7 @@ def _member_plan(plan: FamilyPlan, index: int) -> AlignPlan:
         index=plan.index,
         unaligned_tensors=[],
         kept_inline=walk.kept_inline,
+        kept_inline_names=walk.kept_inline_names,
         weights_base=plan.weights_base,
         shard_names=plan.layout.shard_names,
         size_threshold=plan.layout.size_threshold,

@@ -27,8 +27,9 @@ right before the first move. No writer decides any of these in its own body:
   placed site passes :func:`~onnx_light_ref.io.plan.sites.may_sit` in a planned or referenced file, and every
   reference the plan keeps names a planned or referenced file from the destination's folder (a writer violating it
   is a bug: ``AssertionError``, nothing written);
-* rule 3, replace only what the destination owns (:mod:`~onnx_light_ref.io.write.ownership`): any other existing
-  file is refused, all of them named at once (``ExistingFileError``), unless ``overwrite``; a file rule 1 found
+* rule 3, replace only what the destination owns (:mod:`~onnx_light_ref.io.write.ownership`, or the very file a
+  writer showed is its own: :attr:`PlannedFile.replaces`): any other existing file is refused, all of them named at
+  once (``ExistingFileError``), unless ``overwrite``; a file rule 1 found
   users for is rule 1's alone (``replace_shared`` is the caller's word on it);
 * rule 4, format limits: every safetensors file the plan writes has a header the ``safetensors`` library opens
   (:data:`~onnx_light_ref.io.read.safetensors_header.MAX_HEADER_SIZE`; the layout refuses earlier while planning,
@@ -123,7 +124,10 @@ class PlannedFile:
     ``ranges``: byte ranges of source files copied into it, file to file; ``writes``: ``(offset, payload)`` written
     from memory; ``data_start``: the first byte a tensor may use (a safetensors header's length); ``shard_set``:
     the weights set it belongs to (rule 3 recognizes that set's leftovers); ``format``: ``"raw"``,
-    ``"safetensors"``, ``"json"`` or ``"npy"`` (rule 4's checks select by it).
+    ``"safetensors"``, ``"json"`` or ``"npy"`` (rule 4's checks select by it); ``replaces``: the identity of the
+    existing file at ``path`` that the writer showed to be its own to replace (its evidence: a file ``run`` recorded
+    writing, the ``config.json`` the caller asked to update): rule 3 owns that very file, never another one put at
+    the name since (a writer re-checks content that can change in place with a source check).
     """
 
     path: str
@@ -135,6 +139,7 @@ class PlannedFile:
     data_start: int = 0
     shard_set: ShardSet | None = None
     format: str = "raw"
+    replaces: FileIdentity | None = None
 
     @property
     def payload_bytes(self) -> int:
@@ -530,6 +535,8 @@ def _check_owned(plan: WritePlan, existing: Sequence[PlannedFile], scan: Sharing
         path = os.path.normpath(os.path.abspath(planned.path))
         if path in scan.users:
             continue  # rule 1's: the caller passed replace_shared for it
+        if planned.replaces is not None and file_key(path) == planned.replaces:
+            continue  # the writer's evidence: this very file is its own
         owned = ownership.owns_model(path) if planned.role == "model" else ownership.owns(path, planned.shard_set)
         if not owned:
             foreign.append(planned)
