@@ -208,11 +208,52 @@ def raw_element_size(data_type: int) -> int | None:
     return _FIXED_RAW_SIZES.get(data_type)
 
 
+# The largest int32_data entry of the types whose entries hold bit patterns: one element's (float16, bfloat16, float8,
+# float6) or two packed 4-bit ones (float4). onnx.proto says they MUST fit; onnxruntime refuses a larger or negative
+# entry ("data overflow") while onnx's numpy_helper keeps its low bits (0x13C00 read as 1.0), so bytes compared after
+# onnx's conversion would call such a tensor equal to one no runtime loads. By number: onnx 1.17 lacks the newer ones.
+_INT32_DATA_LIMITS = {
+    TensorProto.FLOAT16: 0xFFFF,
+    TensorProto.BFLOAT16: 0xFFFF,
+    **dict.fromkeys((17, 18, 19, 20, 23, 24), 0xFF),  # FLOAT8E4M3FN(UZ), FLOAT8E5M2(FNUZ), FLOAT4E2M1, FLOAT8E8M0
+    **dict.fromkeys((27, 28), 0x3F),  # FLOAT6E2M3, FLOAT6E3M2: "bits 6-31 MUST be zero"
+}
+
+
+def _check_int32_data(tensor: TensorProto) -> None:
+    """Refuse ``int32_data`` entries that are no value of the tensor's type, or that the loaders read differently.
+
+    A BOOL entry is true when it is not 0 for onnxruntime and onnx 1.17, when its low byte is not 0 for onnx 1.18 and
+    newer (which keep the low byte): they agree except on a non-zero entry whose low byte is 0 (256...), refused.
+    """
+    limit = _INT32_DATA_LIMITS.get(tensor.data_type)
+    if limit is None and tensor.data_type != TensorProto.BOOL:
+        return
+    values = np.asarray(tensor.int32_data, dtype=np.int64)
+    if limit is not None:
+        bad = np.flatnonzero((values < 0) | (values > limit))
+        if bad.size:
+            raise ValueError(
+                f"int32_data[{bad[0]}] is {values[bad[0]]}, not a {element_type_name(tensor.data_type)} bit pattern "
+                f"(0 to {limit:#x}): onnxruntime refuses it (data overflow), onnx keeps its low bits"
+            )
+        return
+    bad = np.flatnonzero((values != 0) & (values & 0xFF == 0))
+    if bad.size:
+        raise ValueError(
+            f"int32_data[{bad[0]}] is {values[bad[0]]}, a BOOL that onnxruntime and onnx 1.17 read as true and "
+            "onnx 1.18 and newer as false (they keep its low byte); store 0 or 1"
+        )
+
+
 def typed_raw_bytes(tensor: TensorProto) -> bytes:
-    """The ``raw_data`` bytes of a tensor held in typed fields, as onnx converts them (sub-byte packing included).
+    """The ``raw_data`` bytes of a tensor held in typed fields, as the loaders convert them (sub-byte packing included).
 
     ``numpy_helper.from_array(numpy_helper.to_array(tensor))``, through :func:`array_raw_bytes` (which packs an odd
-    count of sub-byte values where this onnx's ``from_array`` refuses to).
+    count of sub-byte values where this onnx's ``from_array`` refuses to). ``int32_data`` entries that are no value
+    of the type are refused: a float16, bfloat16, float8, float4 or float6 bit pattern out of its range (onnxruntime
+    refuses the model, onnx would keep the low bits), a BOOL the loaders read differently (256: see
+    :func:`_check_int32_data`). A BOOL entry such as 2 is true, one byte 1, as every loader reads it.
 
     Args:
         tensor: a tensor whose values are in its typed fields (``float_data``, ``int32_data``...).
@@ -223,8 +264,16 @@ def typed_raw_bytes(tensor: TensorProto) -> bytes:
     Raises:
         ValueError: the typed data do not fit the dims and data type (also ``TypeError`` or ``KeyError``, as onnx
             raises them for an unknown or unconvertible type).
+
+    Example:
+        >>> typed_raw_bytes(TensorProto(data_type=TensorProto.BOOL, dims=[2], int32_data=[2, 0]))
+        b'\\x01\\x00'
     """
-    return array_raw_bytes(numpy_helper.to_array(tensor), tensor.data_type)
+    _check_int32_data(tensor)
+    array = numpy_helper.to_array(tensor)
+    if tensor.data_type == TensorProto.BOOL:
+        array = array.view(np.uint8) != 0  # onnx 1.18+ keeps a 2 as the byte 2
+    return array_raw_bytes(array, tensor.data_type)
 
 
 def array_raw_bytes(array: np.ndarray, data_type: int | None = None) -> bytes:
