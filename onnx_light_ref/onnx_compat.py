@@ -57,6 +57,8 @@ __all__ = [
     "evaluator_checks_shapes",
     "evaluator_dtype",
     "evaluator_shape_checks",
+    "make_onnx_readable",
+    "onnx_ignores_raw_data",
     "onnx_readable_tensor",
     "raw_element_size",
     "raw_type_refusal",
@@ -484,8 +486,52 @@ def onnx_readable_tensor(data_type: int, dims: list[int], raw: bytes, name: str 
             f"onnx {ONNX_VERSION}'s numpy_helper.to_array ignores raw_data of element type {data_type} "
             f"({element_type_name(data_type)}), and no typed field is known to hold it."
         )
-    tensor.int32_data.extend(np.frombuffer(raw, dtype=f"<u{size}").astype(np.int32).tolist())
+    # From the array itself: a list of Python ints would cost ~36 bytes per element for a moment.
+    tensor.int32_data.extend(np.frombuffer(raw, dtype=f"<u{size}").astype(np.int32))
     return tensor
+
+
+def onnx_ignores_raw_data(tensor: TensorProto) -> bool:
+    """Whether the installed onnx's ``numpy_helper.to_array`` (so its evaluator) would ignore ``tensor``'s inline
+    ``raw_data``: a BFLOAT16 tensor on onnx 1.17, read as uninitialized memory there. False on the newest onnx."""
+    data_type = tensor.data_type
+    return (
+        tensor.HasField("raw_data")
+        and evaluator_dtype(data_type) is not None
+        and not to_array_reads_raw_data(data_type)
+        and data_type in _FIXED_RAW_SIZES
+    )
+
+
+def make_onnx_readable(tensor: TensorProto) -> bool:
+    """Move ``tensor``'s ``raw_data`` into the typed field the installed onnx reads, where it would ignore it.
+
+    Every path that hands onnx's evaluator a tensor with ``raw_data`` calls it (eagerly loaded external tensors,
+    inline initializers and attribute tensors, the backend's models): on onnx 1.17 a BFLOAT16 tensor becomes
+    ``int32_data`` (:func:`onnx_readable_tensor`), elsewhere nothing changes. A tensor whose ``raw_data`` does not
+    fit its dims is left as it is, for onnx to refuse.
+
+    Args:
+        tensor: the tensor, rewritten in place.
+
+    Returns:
+        Whether it was rewritten.
+
+    Example:
+        >>> t = TensorProto(data_type=TensorProto.BFLOAT16, dims=[1], raw_data=b"\\x80\\x3f")
+        >>> make_onnx_readable(t) == (not to_array_reads_raw_data(TensorProto.BFLOAT16))
+        True
+    """
+    if not onnx_ignores_raw_data(tensor):
+        return False
+    raw = tensor.raw_data
+    count = int(np.prod(tensor.dims, dtype=np.int64))
+    if len(raw) != count * _FIXED_RAW_SIZES[tensor.data_type]:
+        return False
+    readable = onnx_readable_tensor(tensor.data_type, list(tensor.dims), raw)
+    tensor.ClearField("raw_data")
+    tensor.int32_data.extend(readable.int32_data)
+    return True
 
 
 def readable_tensor_from_array(array: np.ndarray, name: str = "") -> TensorProto:

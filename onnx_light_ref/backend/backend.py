@@ -36,6 +36,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx_light_ref.backend.expect import DEFAULT_IR_VERSION, DEFAULT_OPSET_IMPORTS
 from onnx_light_ref.onnx_compat import refuse_unsupported_evaluator_options
 from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
+from onnx_light_ref.ops.evaluate import readable_model
 from onnx_light_ref.ops.schema import register_schemas
 
 __all__ = ["DelayedInitializerBackend", "DelayedInitializerBackendRep"]
@@ -53,7 +54,8 @@ def _evaluator(
 ) -> DelayedInitializerBackendRep:
     """The prepared model owning ``op``; ``op``'s descriptors are released if the evaluator cannot be built."""
     try:
-        session = ReferenceEvaluator(model, new_ops=[op], **kwargs)
+        # A copy where onnx would misread a tensor (bfloat16 raw_data on onnx 1.17); the given model is never mutated.
+        session = ReferenceEvaluator(readable_model(model), new_ops=[op], **kwargs)
     except BaseException:
         if op is not DelayedInitializer:
             op.close()
