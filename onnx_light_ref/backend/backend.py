@@ -151,7 +151,8 @@ class DelayedInitializerBackend(Backend):
             base_dir: Folder the op is bound to; default the model's folder for a path, none for a proto (the
                 unbound op: absolute names as they are, relative ones against the current directory).
             allow_outside_folder: Passed to ``DelayedInitializer.bind``: a bound op may then read absolute
-                filenames outside ``base_dir``. Ignored without a folder (the unbound op is not confined).
+                filenames outside ``base_dir`` and follows symbolic links (a relative name that is a link reads its
+                target, wherever it is). Ignored without a folder (the unbound op is not confined).
             **kwargs: Passed to ``ReferenceEvaluator`` (``verbose``, ``check_shape_annotations``...).
 
         Returns:

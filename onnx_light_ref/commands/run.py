@@ -461,8 +461,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--allow-outside-folder",
         action="store_true",
-        help="trust the model: let DelayedInitializer nodes read absolute filenames outside the model's folder "
-        "(the spec's examples use /tmp paths); refused by default",
+        help="trust the model: its DelayedInitializer filenames and external data locations may be absolute names "
+        "outside the model's folder (the spec's examples use /tmp paths) and may go through symbolic links, so a "
+        "relative name that is a symbolic link in the folder reads the file it points to, wherever it is (e.g. the "
+        "Hugging Face cache); refused by default, as onnx's loader refuses both ('..' stays refused)",
     )
     parser.add_argument(
         "--overwrite",

@@ -15,7 +15,8 @@ is built, before any byte is read, and a folder renamed away and replaced by a s
 construction changes nothing: the held folder is still read. In file mode each weights file is held open from
 construction and read from that descriptor; a run refuses a weights file replaced or modified since then (typed
 error naming the file). ``allow_outside_folder=True`` trusts the model's absolute filenames (the spec's examples use
-``/tmp`` paths) and symbolic links (the Hugging Face cache).
+``/tmp`` paths) and symbolic links (the Hugging Face cache): a relative name that is a link in the folder then reads
+its target, outside the folder too.
 
 Ownership: the evaluator returned (:class:`LazyReferenceEvaluator`) owns its kernel's descriptors and releases them
 on ``close()``, at the end of a ``with`` block, or when it is dropped.
@@ -128,8 +129,11 @@ def reference_evaluator(
         path: the ``.onnx`` file.
         load_device: ``"file"`` (each run reads the weights, construction reads none) or ``"cpu"`` (construction
             reads each weight once; runs return copies).
-        allow_outside_folder: trust absolute ``filename`` attributes pointing outside the model's folder (the
-            spec's behaviour). Relative names stay confined either way.
+        allow_outside_folder: trust the model's files: absolute ``filename`` attributes (and locations) outside the
+            model's folder are read (the spec's behaviour: its examples use ``/tmp`` paths), and symbolic links are
+            followed, so a relative name that is a symbolic link in the folder reads the file it points to, wherever
+            it is (a trusted layout such as the Hugging Face cache). Relative names still may not contain ``..``.
+            Without it, every name must resolve inside the folder with no symbolic link on the way.
         **kwargs: passed to ``ReferenceEvaluator`` (``verbose``, ``check_shape_annotations``, ``new_ops``...); your
             ``new_ops`` come after the bound ``DelayedInitializer``.
 
