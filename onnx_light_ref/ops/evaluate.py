@@ -193,9 +193,9 @@ def _convert_and_load_eager(model_path: str, load_device: str, folder: ModelFold
     return converted
 
 
-def _make_readable(model: onnx.ModelProto) -> bool:
-    """Rewrite in place every tensor onnx's evaluator would misread (:func:`make_onnx_readable`); whether any was.
-    Training graphs are skipped: inference never runs them."""
+def _make_readable(model: onnx.ModelProto) -> None:
+    """Rewrite in place every tensor onnx's evaluator would misread (:func:`make_onnx_readable`). Training graphs
+    are skipped: inference never runs them."""
     rewritten = [
         site.label for site in iter_tensors(model) if site.scope != "training" and make_onnx_readable(site.tensor)
     ]
@@ -206,7 +206,6 @@ def _make_readable(model: onnx.ModelProto) -> bool:
             len(rewritten),
             ", ".join(rewritten[:5]) + (", ..." if len(rewritten) > 5 else ""),
         )
-    return bool(rewritten)
 
 
 def readable_model(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -41,7 +41,7 @@ from onnx_light_ref.ops.dtypes import dtype_name, is_packed_dtype, np_dtype_for
 __all__ = ["PACKED_CHUNK_BYTES", "RawReader", "array_from_bytes", "read_array"]
 
 PACKED_CHUNK_BYTES = 3 * 1024 * 1024
-"""Packed bytes unpacked per ``to_array`` call: a multiple of 3, so that every chunk but the last holds whole
+"""Packed bytes read and unpacked per step: a multiple of 3, so that every chunk but the last holds whole
 elements of every packing (four float6 take three bytes), and small next to any tensor worth reading lazily."""
 
 _TAKE_BLOCK = 64 * 1024
