@@ -49,6 +49,7 @@ from benchmarks.models import (
     make_align_model,
     make_delayed_model,
     make_mlp_model,
+    make_packed_model,
     make_typed_model,
     parse_size,
     scaled,
@@ -142,6 +143,7 @@ class ModelCache:
         self._delayed: DelayedModel | None = None
         self._mlp: MlpModel | None = None
         self._typed: TypedModel | None = None
+        self._packed: TypedModel | None = None
 
     def align(self, shape: str) -> AlignModel:
         if shape not in self._align:
@@ -167,6 +169,13 @@ class ModelCache:
             self._typed = make_typed_model(self.root / "typed", scaled(self.total, 512 * 1024 * 1024))
             os.sync()
         return self._typed
+
+    def packed(self) -> TypedModel:
+        """One int4 weight of 16 MiB packed bytes at the 1G reference size (the issue-40 case)."""
+        if self._packed is None:
+            self._packed = make_packed_model(self.root / "packed", scaled(self.total, 16 * 1024 * 1024))
+            os.sync()
+        return self._packed
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

@@ -58,6 +58,7 @@ __all__ = [
     "make_delayed_model",
     "make_inline_model",
     "make_mlp_model",
+    "make_packed_model",
     "make_typed_model",
     "parse_size",
     "scaled",
@@ -590,6 +591,27 @@ def make_typed_model(folder: str | os.PathLike[str], weight_bytes: int, tensors:
     onnx_path = os.path.join(folder, "typed.onnx")
     _save_proto(model, onnx_path)
     return TypedModel(onnx_path, TensorProto.BFLOAT16, tensors, tensors * length)
+
+
+def make_packed_model(
+    folder: str | os.PathLike[str], weight_bytes: int, data_type: int = TensorProto.INT4
+) -> TypedModel:
+    """One external weight ``W`` of a 4-bit type, ``weight_bytes`` packed bytes in ``packed.data`` (two elements per
+    byte): the graph's output is ``W`` itself, so a run holds the unpacked weight (one byte per element) and nothing
+    else. The issue-40 case: onnx 1.17 unpacked 4-bit types in Python, ~850 MiB per chunk."""
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    location = "packed.data"
+    dims = [weight_bytes * 2]
+    weights = _external_tensor("W", dims, location, 0, weight_bytes, data_type)
+    _write_repeated(os.path.join(folder, location), weight_bytes, _random_block(float_values=False))
+    graph = helper.make_graph(
+        [], "packed", [], [helper.make_tensor_value_info("W", data_type, dims)], initializer=[weights]
+    )
+    model = helper.make_model(graph, ir_version=_IR_VERSION, opset_imports=[helper.make_opsetid("", 21)])
+    onnx_path = os.path.join(folder, "packed.onnx")
+    _save_proto(model, onnx_path)
+    return TypedModel(onnx_path, data_type, 1, weight_bytes)
 
 
 def _main() -> None:  # pragma: no cover - manual check: python -m benchmarks.models DIR SIZE

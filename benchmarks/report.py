@@ -148,8 +148,9 @@ _LABELS: dict[str, dict[str, str]] = {
         "lazy_cpu": "reference_evaluator(path, 'cpu')",
     },
 }
-_LABELS["evaluator-bfloat16"] = _LABELS["evaluator"]
-_REFERENCE_METHOD = {"evaluator-bfloat16": "plain", "align": "streaming", "chunk-sizes": "chunk_4MiB",
+_LABELS["evaluator-bfloat16"] = _LABELS["evaluator-int4"] = _LABELS["evaluator"]
+_REFERENCE_METHOD = {"evaluator-bfloat16": "plain", "evaluator-int4": "plain", "align": "streaming",
+                     "chunk-sizes": "chunk_4MiB",
                      "shared-save": "shared_save", "delayed": "np_fromfile", "evaluator": "plain",
                      "dedup": "streaming", "shards": "one_file",
                      "verify": "read_both", "externalize": "cfr_ranges_fsync", "in-place": "fresh_folder",
@@ -335,6 +336,7 @@ def evaluate_targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[Targ
                           _ratio(run, weights_mib), 1.2, True, f"{run:.1f} MiB / {weights_mib:.0f} MiB"))  # fmt: skip
     targets += _bfloat16_targets(groups, main_size)
     targets += _guard_targets(groups, main_size)
+    targets += _int4_targets(groups, main_size)
     family = groups.get("family")
     targets.append(_time_target("#28 align_models / copy_file_range of the unique ranges + fsync", main_size, family,
                                 "align_models", "copy_unique", 1.5))  # fmt: skip
@@ -357,6 +359,21 @@ def _guard_targets(groups: dict[str, Any], main_size: str) -> list[Target]:
         targets.append(_rss_target(f"#38 align below a {label} .onnx ({kind}): peak RSS Δ / 32 MiB", main_size,
                                    guard, kind, 32))  # fmt: skip
     return targets
+
+
+def _int4_targets(groups: dict[str, Any], main_size: str) -> list[Target]:
+    """Issue 40: one int4 weight read lazily costs the unpacked output (a byte per element) plus one 3 MiB chunk."""
+    packed = groups.get("evaluator-int4")
+    output_mib = 2 * (packed or {}).get("weight_bytes", float("nan")) / MIB
+    limit = output_mib + 3 + 1  # one chunk of packed bytes, 1 MiB for the rest
+    construct = _get(packed, "lazy_cpu", "delta_mib", phase="construct")
+    run = _get(packed, "lazy_file", "delta_mib")
+    return [
+        Target("#40 int4: reference_evaluator cpu mode, construction peak RSS Δ / (output + chunk)", main_size,
+               _ratio(construct, limit), 1.0, True, f"{construct:.1f} MiB / {limit:.0f} MiB"),
+        Target("#40 int4: reference_evaluator file mode, run peak RSS Δ / (output + chunk)", main_size,
+               _ratio(run, limit), 1.0, True, f"{run:.1f} MiB / {limit:.0f} MiB"),
+    ]  # fmt: skip
 
 
 def _bfloat16_targets(groups: dict[str, Any], main_size: str) -> list[Target]:
@@ -648,6 +665,9 @@ def _group_title(group: str, info: dict[str, Any]) -> str:
     if family == "startup":
         return ("CLI start-up: the whole fresh process, wall time and peak RSS (Δ: above the bare interpreter) "
                 "(issue 29)")  # fmt: skip
+    if family == "evaluator-int4":
+        return (f"Lazy evaluation of one int4 weight, {info['weight_bytes'] / MIB:,.0f} MiB packed (construct + first "
+                "run) (issue 40)")  # fmt: skip
     if family == "evaluator-bfloat16":
         return (f"Lazy evaluation of bfloat16 weights: {info['tensors']} tensors, {info['weight_bytes'] / MIB:,.0f} "
                 "MiB (construct + first run) (issue 27)")  # fmt: skip

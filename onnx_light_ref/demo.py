@@ -27,6 +27,7 @@ the command prints (progress bars go to stderr through tqdm). Peak memory is rea
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import math
@@ -34,8 +35,8 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -49,10 +50,11 @@ from onnx_light_ref.io import align_external_data_streaming, save_model_with_sha
 from onnx_light_ref.io.layout_report import build_layout_report
 from onnx_light_ref.io.read.entries import write_entries
 from onnx_light_ref.io.verify import verify_models
+from onnx_light_ref.io.write.space import filesystem_of
 from onnx_light_ref.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.ops import DelayedInitializer, delay_initializers, reference_evaluator
 
-__all__ = ["DemoResult", "MlpShape", "build_two_file_mlp", "mlp_shape", "run_demo"]
+__all__ = ["DemoResult", "MlpShape", "build_two_file_mlp", "check_free_space", "disk_bytes", "mlp_shape", "run_demo"]
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +169,56 @@ def _mlp_graph(shape: MlpShape, initializers: list[TensorProto]) -> onnx.ModelPr
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], ir_version=_IR_VERSION)
 
 
+def disk_bytes(size: int) -> int:
+    """The most bytes :func:`run_demo` writes for ``size``: the source's weights, their aligned copy (each tensor
+    padded to 4096), the variant's head, and 256 KiB for the four ``.onnx`` files (a few KiB each) and the
+    filesystem's block rounding."""
+    shape = mlp_shape(size)
+    tensors = 2 * len(shape.layers)
+    head_weight = 4 * shape.hidden * shape.d_out
+    return 2 * shape.nbytes + tensors * _ALIGNMENT + head_weight + _ALIGNMENT + 256 * 1024
+
+
+def check_free_space(size: int, folder: str) -> None:
+    """Refuse to start a demo of ``size`` whose files cannot fit in ``folder`` (or its nearest existing parent).
+
+    Args:
+        size: the demo's ``--size`` in bytes.
+        folder: where it will write.
+
+    Raises:
+        OSError: ``errno.ENOSPC``, naming the bytes needed and free and the filesystem, as the aligners' check does.
+
+    Example:
+        >>> check_free_space(64 * 1024, ".")  # 2.2 MiB fit here
+    """
+    existing = os.path.abspath(folder)
+    while not os.path.isdir(existing):
+        existing = os.path.dirname(existing)
+    stats = os.statvfs(existing)
+    free = stats.f_bavail * stats.f_frsize
+    needed = disk_bytes(size)
+    if needed > free:
+        where = filesystem_of(os.stat(existing).st_dev, existing).describe(existing)
+        raise OSError(
+            errno.ENOSPC,
+            f"not enough free space on {where} for the demo in {os.path.abspath(folder)!r}: {needed} bytes needed "
+            f"({needed / 2**20:.1f} MiB), {free} bytes free ({free / 2**20:.1f} MiB); nothing was written (a smaller "
+            "--size needs less)",
+        )
+
+
+@contextmanager
+def _writing(path: str) -> Iterator[None]:
+    """Name ``path`` in an ``OSError`` raised while writing it: a full disk's ENOSPC from ``write`` names no file."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), path) from exc
+
+
 def build_two_file_mlp(folder: str, shape: MlpShape, *, seed: int = 0, progress: bool = False) -> str:
     """Write ``folder/mlp.onnx`` with layers 0-1 in ``mlp_a.data`` and layers 2-3 in ``mlp_b.data`` (packed).
 
@@ -179,7 +231,9 @@ def build_two_file_mlp(folder: str, shape: MlpShape, *, seed: int = 0, progress:
         total=shape.nbytes, desc="write weights", unit="B", unit_scale=True, unit_divisor=1024, disable=not progress
     ) as bar:
         for location, layer_indices in files.items():
-            with open(os.path.join(folder, location), "wb") as data:
+            data_path = os.path.join(folder, location)
+            # Python's write, not ndarray.tofile: on a full disk tofile says "N requested and M written", no errno.
+            with _writing(data_path), open(data_path, "wb") as data:
                 for index in layer_indices:
                     fan_in, fan_out = shape.layers[index]
                     scale = np.float32(1 / math.sqrt(fan_in))
@@ -189,11 +243,12 @@ def build_two_file_mlp(folder: str, shape: MlpShape, *, seed: int = 0, progress:
                         remaining = math.prod(dims)
                         while remaining:
                             count = min(remaining, _WRITE_BLOCK // 4)
-                            (rng.standard_normal(count, dtype=np.float32) * scale).tofile(data)
+                            data.write(rng.standard_normal(count, dtype=np.float32) * scale)
                             remaining -= count
                             bar.update(4 * count)
     path = os.path.join(folder, "mlp.onnx")
-    onnx.save_model(_mlp_graph(shape, initializers), path)
+    with _writing(path):
+        onnx.save_model(_mlp_graph(shape, initializers), path)
     return path
 
 
@@ -355,7 +410,8 @@ def run_demo(size: int, workdir: str, *, progress: bool = False, seed: int = 0) 
     _check_alignment(result, "variant", variant)
 
     light = os.path.join(workdir, "light.onnx")
-    onnx.save_model(delay_initializers(aligned), light)
+    with _writing(light):
+        onnx.save_model(delay_initializers(aligned), light)
     result.lines.append("4. wrote light.onnx: model.onnx for onnx-light, DelayedInitializer nodes read model.onnx.data")
 
     result.lines.append("5. evaluate (outputs compared across evaluators and models)")

@@ -57,6 +57,8 @@ __all__ = [
     "evaluator_checks_shapes",
     "evaluator_dtype",
     "evaluator_shape_checks",
+    "make_onnx_readable",
+    "onnx_ignores_raw_data",
     "onnx_readable_tensor",
     "raw_element_size",
     "raw_type_refusal",
@@ -208,11 +210,52 @@ def raw_element_size(data_type: int) -> int | None:
     return _FIXED_RAW_SIZES.get(data_type)
 
 
+# The largest int32_data entry of the types whose entries hold bit patterns: one element's (float16, bfloat16, float8,
+# float6) or two packed 4-bit ones (float4). onnx.proto says they MUST fit; onnxruntime refuses a larger or negative
+# entry ("data overflow") while onnx's numpy_helper keeps its low bits (0x13C00 read as 1.0), so bytes compared after
+# onnx's conversion would call such a tensor equal to one no runtime loads. By number: onnx 1.17 lacks the newer ones.
+_INT32_DATA_LIMITS = {
+    TensorProto.FLOAT16: 0xFFFF,
+    TensorProto.BFLOAT16: 0xFFFF,
+    **dict.fromkeys((17, 18, 19, 20, 23, 24), 0xFF),  # FLOAT8E4M3FN(UZ), FLOAT8E5M2(FNUZ), FLOAT4E2M1, FLOAT8E8M0
+    **dict.fromkeys((27, 28), 0x3F),  # FLOAT6E2M3, FLOAT6E3M2: "bits 6-31 MUST be zero"
+}
+
+
+def _check_int32_data(tensor: TensorProto) -> None:
+    """Refuse ``int32_data`` entries that are no value of the tensor's type, or that the loaders read differently.
+
+    A BOOL entry is true when it is not 0 for onnxruntime and onnx 1.17, when its low byte is not 0 for onnx 1.18 and
+    newer (which keep the low byte): they agree except on a non-zero entry whose low byte is 0 (256...), refused.
+    """
+    limit = _INT32_DATA_LIMITS.get(tensor.data_type)
+    if limit is None and tensor.data_type != TensorProto.BOOL:
+        return
+    values = np.asarray(tensor.int32_data, dtype=np.int64)
+    if limit is not None:
+        bad = np.flatnonzero((values < 0) | (values > limit))
+        if bad.size:
+            raise ValueError(
+                f"int32_data[{bad[0]}] is {values[bad[0]]}, not a {element_type_name(tensor.data_type)} bit pattern "
+                f"(0 to {limit:#x}): onnxruntime refuses it (data overflow), onnx keeps its low bits"
+            )
+        return
+    bad = np.flatnonzero((values != 0) & (values & 0xFF == 0))
+    if bad.size:
+        raise ValueError(
+            f"int32_data[{bad[0]}] is {values[bad[0]]}, a BOOL that onnxruntime and onnx 1.17 read as true and "
+            "onnx 1.18 and newer as false (they keep its low byte); store 0 or 1"
+        )
+
+
 def typed_raw_bytes(tensor: TensorProto) -> bytes:
-    """The ``raw_data`` bytes of a tensor held in typed fields, as onnx converts them (sub-byte packing included).
+    """The ``raw_data`` bytes of a tensor held in typed fields, as the loaders convert them (sub-byte packing included).
 
     ``numpy_helper.from_array(numpy_helper.to_array(tensor))``, through :func:`array_raw_bytes` (which packs an odd
-    count of sub-byte values where this onnx's ``from_array`` refuses to).
+    count of sub-byte values where this onnx's ``from_array`` refuses to). ``int32_data`` entries that are no value
+    of the type are refused: a float16, bfloat16, float8, float4 or float6 bit pattern out of its range (onnxruntime
+    refuses the model, onnx would keep the low bits), a BOOL the loaders read differently (256: see
+    :func:`_check_int32_data`). A BOOL entry such as 2 is true, one byte 1, as every loader reads it.
 
     Args:
         tensor: a tensor whose values are in its typed fields (``float_data``, ``int32_data``...).
@@ -223,8 +266,16 @@ def typed_raw_bytes(tensor: TensorProto) -> bytes:
     Raises:
         ValueError: the typed data do not fit the dims and data type (also ``TypeError`` or ``KeyError``, as onnx
             raises them for an unknown or unconvertible type).
+
+    Example:
+        >>> typed_raw_bytes(TensorProto(data_type=TensorProto.BOOL, dims=[2], int32_data=[2, 0]))
+        b'\\x01\\x00'
     """
-    return array_raw_bytes(numpy_helper.to_array(tensor), tensor.data_type)
+    _check_int32_data(tensor)
+    array = numpy_helper.to_array(tensor)
+    if tensor.data_type == TensorProto.BOOL:
+        array = array.view(np.uint8) != 0  # onnx 1.18+ keeps a 2 as the byte 2
+    return array_raw_bytes(array, tensor.data_type)
 
 
 def array_raw_bytes(array: np.ndarray, data_type: int | None = None) -> bytes:
@@ -435,8 +486,52 @@ def onnx_readable_tensor(data_type: int, dims: list[int], raw: bytes, name: str 
             f"onnx {ONNX_VERSION}'s numpy_helper.to_array ignores raw_data of element type {data_type} "
             f"({element_type_name(data_type)}), and no typed field is known to hold it."
         )
-    tensor.int32_data.extend(np.frombuffer(raw, dtype=f"<u{size}").astype(np.int32).tolist())
+    # From the array itself: a list of Python ints would cost ~36 bytes per element for a moment.
+    tensor.int32_data.extend(np.frombuffer(raw, dtype=f"<u{size}").astype(np.int32))
     return tensor
+
+
+def onnx_ignores_raw_data(tensor: TensorProto) -> bool:
+    """Whether the installed onnx's ``numpy_helper.to_array`` (so its evaluator) would ignore ``tensor``'s inline
+    ``raw_data``: a BFLOAT16 tensor on onnx 1.17, read as uninitialized memory there. False on the newest onnx."""
+    data_type = tensor.data_type
+    return (
+        tensor.HasField("raw_data")
+        and evaluator_dtype(data_type) is not None
+        and not to_array_reads_raw_data(data_type)
+        and data_type in _FIXED_RAW_SIZES
+    )
+
+
+def make_onnx_readable(tensor: TensorProto) -> bool:
+    """Move ``tensor``'s ``raw_data`` into the typed field the installed onnx reads, where it would ignore it.
+
+    Every path that hands onnx's evaluator a tensor with ``raw_data`` calls it (eagerly loaded external tensors,
+    inline initializers and attribute tensors, the backend's models): on onnx 1.17 a BFLOAT16 tensor becomes
+    ``int32_data`` (:func:`onnx_readable_tensor`), elsewhere nothing changes. A tensor whose ``raw_data`` does not
+    fit its dims is left as it is, for onnx to refuse.
+
+    Args:
+        tensor: the tensor, rewritten in place.
+
+    Returns:
+        Whether it was rewritten.
+
+    Example:
+        >>> t = TensorProto(data_type=TensorProto.BFLOAT16, dims=[1], raw_data=b"\\x80\\x3f")
+        >>> make_onnx_readable(t) == (not to_array_reads_raw_data(TensorProto.BFLOAT16))
+        True
+    """
+    if not onnx_ignores_raw_data(tensor):
+        return False
+    raw = tensor.raw_data
+    count = int(np.prod(tensor.dims, dtype=np.int64))
+    if len(raw) != count * _FIXED_RAW_SIZES[tensor.data_type]:
+        return False
+    readable = onnx_readable_tensor(tensor.data_type, list(tensor.dims), raw)
+    tensor.ClearField("raw_data")
+    tensor.int32_data.extend(readable.int32_data)
+    return True
 
 
 def readable_tensor_from_array(array: np.ndarray, name: str = "") -> TensorProto:

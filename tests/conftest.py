@@ -7,7 +7,8 @@ function of the same name, for the tests that still receive it as a fixture argu
 It also registers the hypothesis profile ``ci`` (see :data:`HYPOTHESIS_CI_PROFILE`), loaded when the environment has
 ``HYPOTHESIS_PROFILE=ci`` or ``CI`` set (CI runs ``.ci/run`` with ``CI=true``): the same examples on every run, so a
 test passes or fails alike on every clone. Developers' runs keep hypothesis' random exploration, which is how new
-failing examples are found; each one found gets pinned with ``@example`` in its test.
+failing examples are found; each one found gets pinned with ``@example`` in its test. ``HYPOTHESIS_PROFILE=thorough``
+(:data:`HYPOTHESIS_THOROUGH_PROFILE`) explores randomly with 20 times each test's examples, for a one-off hunt.
 
 Every test process (each xdist worker) gets a system temp folder of its own (:func:`_private_system_temp_dir`), and
 collects the garbage a test left in reference cycles when its memory grew (:func:`pytest_runtest_protocol`).
@@ -36,6 +37,32 @@ database: hypothesis implies none with ``derandomize`` (a fresh clone would not 
 
 settings.register_profile(HYPOTHESIS_CI_PROFILE, derandomize=True, print_blob=True, database=None)
 
+HYPOTHESIS_THOROUGH_PROFILE = "thorough"
+"""A much larger random budget, for a one-off hunt (``HYPOTHESIS_PROFILE=thorough python -m pytest tests``): random
+exploration (``derandomize=False``), no deadline, every failure's ``@reproduce_failure`` blob printed, and each
+property test's number of examples multiplied by :data:`THOROUGH_FACTOR`, its own ``@settings(max_examples=...)``
+included (:func:`thorough_settings`). Never CI's: a failure it finds is pinned with ``@example``."""
+
+THOROUGH_FACTOR = 20
+
+settings.register_profile(
+    HYPOTHESIS_THOROUGH_PROFILE,
+    max_examples=settings.default.max_examples * THOROUGH_FACTOR,
+    derandomize=False,
+    deadline=None,
+    print_blob=True,
+    database=None,
+)
+
+
+def thorough_settings(own: settings) -> settings:
+    """A test's settings with :data:`THOROUGH_FACTOR` times its examples, unless they are the thorough profile's
+    (the test sets none); a deadline it sets is lifted too (the budget is examples, not time)."""
+    profile = settings.get_profile(HYPOTHESIS_THOROUGH_PROFILE)
+    if own.max_examples == profile.max_examples:
+        return own
+    return settings(own, max_examples=own.max_examples * THOROUGH_FACTOR, deadline=None)
+
 
 def _hypothesis_profile(environ: os._Environ[str] | dict[str, str]) -> str | None:
     """The profile to load: ``HYPOTHESIS_PROFILE`` when set, else ``ci`` when ``CI`` is set (not ``""``/``0``/
@@ -51,6 +78,19 @@ def _hypothesis_profile(environ: os._Environ[str] | dict[str, str]) -> str | Non
 _PROFILE = _hypothesis_profile(os.environ)
 if _PROFILE is not None:
     settings.load_profile(_PROFILE)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under the thorough profile, scale each property test's own ``max_examples`` (see :func:`thorough_settings`)."""
+    if _PROFILE != HYPOTHESIS_THOROUGH_PROFILE:
+        return
+    scaled: set[int] = set()
+    for item in items:
+        test = getattr(item, "obj", None)
+        if not getattr(test, "is_hypothesis_test", False) or id(test) in scaled:
+            continue  # a parametrized test is one function for all its items: scaled once
+        scaled.add(id(test))
+        test._hypothesis_internal_use_settings = thorough_settings(test._hypothesis_internal_use_settings)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -76,7 +76,18 @@ def onnx_widened(dtype: int) -> np.ndarray:
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", onnx.defs.onnx_opset_version())])
     (widened,) = ReferenceEvaluator(model).run(None, {})
-    return np.asarray(widened)
+    widened = np.array(widened)
+    if dtype in ONE_NAN:  # its one NaN has no sign: run writes np.nan on every onnx (Cast's sign differs by version)
+        widened[np.isnan(widened)] = np.nan
+    return widened
+
+
+# The types with one NaN code, and that code: the float8 fnuz types and float8e8m0 (where this onnx has it).
+ONE_NAN = {
+    getattr(TensorProto, name): code
+    for name, code in (("FLOAT8E4M3FNUZ", 0x80), ("FLOAT8E5M2FNUZ", 0x80), ("FLOAT8E8M0", 0xFF))
+    if getattr(TensorProto, name, None) in EXTENDED_DTYPES
+}
 
 
 def run(path: Path, x: Path, out: Path, *options: str) -> int:
@@ -239,3 +250,59 @@ def test_a_node_of_a_type_this_onnx_cannot_produce_is_one_error_line(
     assert line.startswith(f"error: cannot evaluate {str(tmp_path / 'model.onnx')!r}: DelayedInitializer node ")
     assert f"dtype {dtype} ({name}) is not supported: " in line and why in line
     assert captured.out == "" and sha256_of_tree(tmp_path) == before
+
+
+# Every float32 NaN: the ones onnx's Cast wrote for a fnuz NaN (-nan on onnx 1.23, nan on 1.17, so `run` on one onnx
+# wrote a .npy the other refused), a payload, a signalling NaN.
+NANS = {"nan": 0x7FC00000, "-nan": 0xFFC00000, "payload": 0x7FC00001, "signalling": 0x7F800001, "-payload": 0xFFFFFFFF}
+
+
+@pytest.mark.parametrize("dtype", list(ONE_NAN), ids=dtype_name)
+def test_any_nan_is_the_one_nan_of_a_fnuz_or_e8m0_type_on_every_onnx(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dtype: int
+) -> None:
+    """``x_out = Identity(x)``: every NaN fed is the type's NaN code (checked with --raw-bits), written back as
+    ``np.nan`` (0x7FC00000) on every onnx; the same assertions hold in the floor pass (onnx 1.17) and the newest,
+    so a .npy either wrote feeds the other."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["x_out"])],
+        "g",
+        [helper.make_tensor_value_info("x", dtype, [len(NANS) + 1])],
+        [helper.make_tensor_value_info("x_out", dtype, [len(NANS) + 1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", onnx.defs.onnx_opset_version())])
+    model.ir_version = 10
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    fed = np.array([*NANS.values(), 0x3F800000], dtype=np.uint32).view(np.float32)  # and a 1.0
+    np.save(tmp_path / "x.npy", fed)
+
+    assert run(tmp_path / "model.onnx", tmp_path / "x.npy", tmp_path / "out") == 0
+    capsys.readouterr()
+    written = np.load(tmp_path / "out" / "x_out.npy")
+    assert written.view(np.uint32).tolist() == [0x7FC00000] * len(NANS) + [0x3F800000]
+
+    assert run(tmp_path / "model.onnx", tmp_path / "out" / "x_out.npy", tmp_path / "again") == 0  # fed back
+    assert np.load(tmp_path / "again" / "x_out.npy").tobytes() == written.tobytes()
+    np.save(tmp_path / "codes.npy", np.array([ONE_NAN[dtype]] * len(NANS) + [0], dtype=np.uint8))
+    assert run(tmp_path / "model.onnx", tmp_path / "codes.npy", tmp_path / "bits", "--raw-bits") == 0
+    assert np.load(tmp_path / "bits" / "x_out.npy").tolist()[: len(NANS)] == [ONE_NAN[dtype]] * len(NANS)
+
+
+def test_a_type_with_two_nans_keeps_refusing_a_nan_payload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """float8e4m3fn has two NaNs (+ and -): no NaN is mapped there, a payload it cannot hold is refused."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT8E4M3FN, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT8E4M3FN, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", onnx.defs.onnx_opset_version())])
+    model.ir_version = 10
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    np.save(tmp_path / "x.npy", np.array([NANS["-nan"], NANS["payload"]], dtype=np.uint32).view(np.float32))
+    before = sha256_of_tree(tmp_path)
+
+    assert run(tmp_path / "model.onnx", tmp_path / "x.npy", tmp_path / "out") == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "1 of its 2 values cannot be held exactly by float8e4m3fn; the first, at index [1], is nan" in line
+    assert sha256_of_tree(tmp_path) == before

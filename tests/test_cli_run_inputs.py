@@ -2,7 +2,9 @@
 
 An empty ``.npy`` gave a raw ``EOFError`` traceback, a graph input of unknown ``elem_type`` (999) a raw
 ``KeyError``; a graph input that has an initializer (an overridable default, which onnx's evaluator runs without)
-was refused with ``missing --input for ['bias']``; a FIFO given as ``--input`` is looked at, never opened.
+was refused with ``missing --input for ['bias']``; a FIFO given as ``--input`` is looked at, never opened. A malformed
+``.npy`` header (a dict never closed, a stray ``)``, a NUL, non-ASCII keys, a huge header length) gave a 22-47-line
+``tokenize.TokenError`` traceback (issue 40).
 """
 
 from __future__ import annotations
@@ -68,16 +70,59 @@ def _run(path: Path, out: Path, *feeds: str, load_device: str = "file") -> int:
     return main(argv)
 
 
+def npy(header: bytes, *, version: int = 1, length: int | None = None, data: bytes = bytes(8)) -> bytes:
+    """A ``.npy`` file with ``header`` as its header text, as it is (numpy would not write it)."""
+    size = len(header) if length is None else length
+    field = size.to_bytes(2 if version == 1 else 4, "little")
+    return b"\x93NUMPY" + bytes([version, 0]) + field + header + data
+
+
+GOOD = b"{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }"
+
+
 @pytest.mark.parametrize(
     ("content", "fragment"),
     [
         (b"", "the file is empty (0 bytes), not a .npy file"),
         (b"\x93NUMPY\x01\x00", "EOF: reading array header length"),  # a header cut short: numpy's own words
         (b"\x93NUMPY\x01\x00\x76\x00{'descr'", "cannot load input 'x'"),  # cut inside the header dict
+        # numpy's tokenizer: tokenize.TokenError, a 22-47-line traceback before
+        (npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (2,), \n"), "TokenError: "),
+        (npy(GOOD[:-1] + b")}\n"), "is malformed ("),  # a stray ")": TokenError on Python 3.10, ValueError later
+        (npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': ((2,), }\n"), "TokenError: "),
+        (npy(GOOD + b"\x00\n"), "is malformed ("),  # a NUL: TokenError or ValueError, by Python version
+        (npy(GOOD[:-1] + "'é': 1}\n".encode("latin-1")), "ValueError: Header does not contain the correct keys"),
+        (npy(GOOD[:-1] + "'é': 1}\n".encode(), version=3), "ValueError: Header does not contain the correct keys"),
+        (npy(GOOD[:-1] + b"[1]: 2}\n"), "TypeError: unhashable type: 'list'"),
+        (
+            npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (" + b"(" * 5000 + b")" * 5000 + b")}\n"),
+            "Header info length (10054) is large",
+        ),
+        (
+            npy(GOOD + b"\n", length=65535),
+            "its .npy header length is 65535 bytes, but the file holds 66 bytes after it",
+        ),
+        (npy(GOOD + b"\n", version=2, length=2**32 - 1), "header length is 4294967295 bytes, but the file holds"),
+        (npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }\n"), "the shape [-2], with a negative"),
     ],
-    ids=["empty", "cut-after-magic", "cut-in-header"],
+    ids=[
+        "empty",
+        "cut-after-magic",
+        "cut-in-header",
+        "dict-never-closed",
+        "stray-paren",
+        "unbalanced-paren",
+        "nul",
+        "non-ascii-latin1",
+        "non-ascii-utf8-v3",
+        "unhashable-key",
+        "over-numpys-header-limit",
+        "huge-header-length",
+        "huge-header-length-v2",
+        "negative-dimension",
+    ],
 )
-def test_an_empty_or_truncated_npy_is_one_error_line(
+def test_an_empty_truncated_or_malformed_npy_is_one_error_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, fragment: str
 ) -> None:
     path = _identity_model(tmp_path)
@@ -86,6 +131,19 @@ def test_an_empty_or_truncated_npy_is_one_error_line(
     assert _run(path, tmp_path / "out", f"x={tmp_path / 'x.npy'}") == 1
     one_error_line(capsys, fragment)
     assert snapshot_tree(tmp_path) == before
+
+
+def test_the_header_error_names_the_input_and_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A dict never closed (a TokenError traceback before), then the same file with its header closed runs."""
+    path = _identity_model(tmp_path)
+    (tmp_path / "x.npy").write_bytes(npy(GOOD + b"\n"))
+    assert _run(path, tmp_path / "out", f"x={tmp_path / 'x.npy'}") == 0
+    capsys.readouterr()
+    (tmp_path / "x.npy").write_bytes(npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (2,), \n"))
+    assert _run(path, tmp_path / "out2", f"x={tmp_path / 'x.npy'}") == 1
+    one_error_line(
+        capsys, f"error: cannot load input 'x' from {str(tmp_path / 'x.npy')!r}: its .npy header is malformed"
+    )
 
 
 def test_an_unknown_declared_element_type_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

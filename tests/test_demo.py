@@ -216,3 +216,24 @@ def test_demo_exits_3_when_its_model_is_published_but_a_step_after_the_commit_fa
         assert sorted(p.name for p in folder.iterdir()) == ["model.onnx", "model.onnx.data", "source"]
     else:  # the temporary folder is removed all the same
         assert list((tmp_path / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["created", "existing-empty"])
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, ValueError], ids=["interrupted", "failed"])
+def test_demo_keep_that_fails_or_is_interrupted_removes_what_it_wrote(tmp_path, capsys, monkeypatch, existing, raised):
+    """Everything in ``DIR`` is the run's (it was absent or empty): a run that fails (exit 1) or is interrupted
+    (130) leaves the tree as it was. The full-disk case, on a real tmpfs: ``tests/fs/test_demo_full_disk.py``."""
+    keep = tmp_path / "parent" / "demo"
+    if existing:
+        keep.mkdir(parents=True)
+    before = sha256_of_tree(tmp_path, every_entry=True)
+
+    def fail(path):  # step 4, after the source, the aligned model and the variant are written
+        raise raised("injected")
+
+    monkeypatch.setattr(demo, "delay_initializers", fail)
+    status = main(["demo", "--size", "1M", "--keep", str(keep), "--no-progress"])
+
+    assert status == (130 if raised is KeyboardInterrupt else 1)
+    assert capsys.readouterr().err.splitlines() == ["error: interrupted" if status == 130 else "error: injected"]
+    assert sha256_of_tree(tmp_path, every_entry=True) == before

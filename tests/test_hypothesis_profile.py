@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from tests.conftest import HYPOTHESIS_CI_PROFILE, _hypothesis_profile
+from tests.conftest import (
+    HYPOTHESIS_CI_PROFILE,
+    HYPOTHESIS_THOROUGH_PROFILE,
+    THOROUGH_FACTOR,
+    _hypothesis_profile,
+    thorough_settings,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,3 +79,43 @@ def test_two_ci_runs_draw_the_same_examples_and_two_developer_runs_do_not(tmp_pa
     developer = [draw_examples(tmp_path, ci=False) for _ in range(2)]
     assert developer[0].startswith("False [")
     assert developer[0] != developer[1]
+
+
+def test_the_thorough_profile_explores_randomly_with_twenty_times_the_examples():
+    thorough = settings.get_profile(HYPOTHESIS_THOROUGH_PROFILE)
+    assert thorough.derandomize is False and thorough.database is None and thorough.deadline is None
+    assert thorough.max_examples == 100 * THOROUGH_FACTOR == 2000
+    assert thorough_settings(settings(thorough, max_examples=30, deadline=500)).max_examples == 600
+    assert thorough_settings(settings(thorough, max_examples=30, deadline=500)).deadline is None
+    assert thorough_settings(thorough) is thorough  # a test that sets no max_examples has the profile's
+
+
+COUNTED = """
+from hypothesis import given, settings, strategies as st
+import pytest
+
+@settings(max_examples=3)
+@given(st.integers())
+@pytest.mark.parametrize("p", [1, 2])
+def test_counted(p, value):
+    with open(f"calls-{p}", "a") as calls:
+        calls.write("x")
+"""
+
+
+def test_the_thorough_profile_scales_a_tests_own_max_examples_once(tmp_path):
+    """A real pytest run with the suite's conftest: ``max_examples=3`` becomes 60 examples, for each parameter."""
+    (tmp_path / "test_counted.py").write_text(COUNTED)
+    environ = {k: v for k, v in os.environ.items() if k not in ("CI", "HYPOTHESIS_PROFILE")}
+    environ.update(HYPOTHESIS_PROFILE=HYPOTHESIS_THOROUGH_PROFILE, PYTHONPATH=str(ROOT))
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider", "-n", "0"]
+    done = subprocess.run(
+        [*command, "--rootdir", str(tmp_path), "-c", os.devnull, "test_counted.py"],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [len((tmp_path / f"calls-{p}").read_text()) for p in (1, 2)] == [60, 60]

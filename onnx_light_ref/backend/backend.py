@@ -36,6 +36,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx_light_ref.backend.expect import DEFAULT_IR_VERSION, DEFAULT_OPSET_IMPORTS
 from onnx_light_ref.onnx_compat import refuse_unsupported_evaluator_options
 from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
+from onnx_light_ref.ops.evaluate import readable_model
 from onnx_light_ref.ops.schema import register_schemas
 
 __all__ = ["DelayedInitializerBackend", "DelayedInitializerBackendRep"]
@@ -53,7 +54,8 @@ def _evaluator(
 ) -> DelayedInitializerBackendRep:
     """The prepared model owning ``op``; ``op``'s descriptors are released if the evaluator cannot be built."""
     try:
-        session = ReferenceEvaluator(model, new_ops=[op], **kwargs)
+        # A copy where onnx would misread a tensor (bfloat16 raw_data on onnx 1.17); the given model is never mutated.
+        session = ReferenceEvaluator(readable_model(model), new_ops=[op], **kwargs)
     except BaseException:
         if op is not DelayedInitializer:
             op.close()
@@ -149,7 +151,8 @@ class DelayedInitializerBackend(Backend):
             base_dir: Folder the op is bound to; default the model's folder for a path, none for a proto (the
                 unbound op: absolute names as they are, relative ones against the current directory).
             allow_outside_folder: Passed to ``DelayedInitializer.bind``: a bound op may then read absolute
-                filenames outside ``base_dir``. Ignored without a folder (the unbound op is not confined).
+                filenames outside ``base_dir`` and follows symbolic links (a relative name that is a link reads its
+                target, wherever it is). Ignored without a folder (the unbound op is not confined).
             **kwargs: Passed to ``ReferenceEvaluator`` (``verbose``, ``check_shape_annotations``...).
 
         Returns:

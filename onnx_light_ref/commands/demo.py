@@ -2,14 +2,19 @@
 
 Builds a two-file MLP, re-aligns it, saves a variant sharing its weights, evaluates everything lazily (and with
 onnxruntime when installed) and prints a short report; the logic lives in :mod:`onnx_light_ref.demo`. Works in a
-temporary folder removed at the end unless ``--keep DIR`` is given. Exit status 0 when every output agrees, else 1;
-3 when a publication of the demo is in place but a step after its commit failed, as for every writing command.
+temporary folder removed at the end unless ``--keep DIR`` is given. Free space is checked first (the bytes the demo
+writes at most, :func:`~onnx_light_ref.demo.disk_bytes`), and a ``--keep`` run that fails anyway (a disk filled
+meanwhile) leaves nothing behind: one ``error:`` line naming the file and the cause. Exit status 0 when every output
+agrees, else 1; 3 when a publication of the demo is in place but a step after its commit failed, as for every
+writing command.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
 import sys
 import tempfile
 from typing import Any
@@ -48,9 +53,32 @@ def _demo_size(text: str) -> int:
     return size
 
 
+def _run_kept(size: int, keep: str, progress: bool) -> Any:
+    """The demo in ``keep`` (absent or empty: checked), created if missing. A run that fails or is interrupted
+    leaves nothing: what it wrote in ``keep`` (all of it is the run's) and the folders it created are removed. A
+    publication in place whose later step failed (exit status 3) keeps its files."""
+    from onnx_light_ref.commands.folders import make_folders, remove_created_folders
+    from onnx_light_ref.demo import run_demo
+
+    created = make_folders([keep])
+    try:
+        return run_demo(size, keep, progress=progress)
+    except PublishedWithErrorsError:
+        raise
+    except BaseException:
+        for entry in os.scandir(keep):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+        remove_created_folders(created)
+        raise
+
+
 def demo_command(args: argparse.Namespace) -> int:
     """Run the demo for the parsed ``args``; print its report; return the exit status (1 on any problem)."""
-    from onnx_light_ref.demo import run_demo
+    from onnx_light_ref.demo import check_free_space, run_demo
 
     progress = not args.no_progress and sys.stderr.isatty()
     try:
@@ -58,9 +86,10 @@ def demo_command(args: argparse.Namespace) -> int:
             problem = _check_keep_folder(args.keep)
             if problem is not None:
                 return error_exit(problem)
-            os.makedirs(args.keep, exist_ok=True)
-            result = run_demo(args.size, os.path.abspath(args.keep), progress=progress)
+            check_free_space(args.size, args.keep)
+            result = _run_kept(args.size, os.path.abspath(args.keep), progress)
         else:
+            check_free_space(args.size, tempfile.gettempdir())
             with tempfile.TemporaryDirectory(prefix="onnx-light-ref-demo-") as workdir:
                 result = run_demo(args.size, workdir, progress=progress)
     except PublishedWithErrorsError as exc:  # before OSError's clause: a model is published, exit status 3

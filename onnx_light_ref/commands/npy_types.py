@@ -12,6 +12,9 @@ reads back as raw void (``'|V2'``): the type is lost. So ``run``:
   (:func:`input_from_npy`): a value the type cannot hold (0.1 for bfloat16, 8 for int4, inf for float8 E4M3FN, a
   NaN payload bfloat16 cannot keep) is refused, naming the input, the first such value and its index; with
   ``raw_bits=True`` it reads the bits form instead.
+* a type with **one NaN** (float8 E4M3FNUZ and E5M2FNUZ, float8 E8M0: their NaN has no sign) writes it as
+  ``np.nan`` and reads any float32 NaN (either sign, any payload) as it, on every onnx (onnx's ``Cast`` gives it a
+  sign that differs between onnx versions): a ``.npy`` ``run`` wrote on one onnx feeds the model on another.
 
 Every conversion is onnx's own: widening is the ``Cast`` operator of onnx's reference evaluator (exact: every
 value of these types is a float32, an int8 or a uint8), narrowing is its inverse, looked up in the widening of
@@ -133,7 +136,25 @@ def _widened_type(data_type: int) -> int:
 
 
 def _widen(array: np.ndarray, data_type: int) -> np.ndarray:
-    return _cast(array, data_type, _widened_type(data_type)).astype(_widened_dtype(data_type), copy=False)
+    widened = _cast(array, data_type, _widened_type(data_type)).astype(_widened_dtype(data_type), copy=False)
+    if _has_one_nan(data_type):
+        widened[np.isnan(widened)] = np.nan  # onnx's Cast gives it a sign, not the same on every onnx
+    return widened
+
+
+@functools.cache
+def _has_one_nan(data_type: int) -> bool:
+    """Whether the type has exactly one NaN code (the float8 fnuz types, float8e8m0), which has no sign.
+
+    onnx's ``Cast`` widens it to a float32 NaN of a sign that depends on the onnx version (fnuz: ``-nan`` on 1.23,
+    ``nan`` on 1.17), so ``run`` writes it as ``np.nan`` (``0x7FC00000``) and reads any NaN as it, on every onnx: a
+    ``.npy`` written on one onnx feeds the same model on another.
+    """
+    if _widened_dtype(data_type).kind != "f":
+        return False
+    shape, raw = every_code(data_type)
+    codes = array_from_bytes(data_type, raw, shape, where=dtype_name(data_type)).reshape(-1)
+    return int(np.count_nonzero(np.isnan(_cast(codes, data_type, _widened_type(data_type))))) == 1
 
 
 @functools.cache
@@ -210,7 +231,10 @@ def input_from_npy(name: str, array: np.ndarray, data_type: int, *, raw_bits: bo
     if raw_bits:
         return _from_bits(name, array, data_type)
     codes, keys, order = _inverse_widening(data_type)
-    wanted = array.reshape(-1).view(keys.dtype)
+    values = array.reshape(-1)
+    if _has_one_nan(data_type):  # any NaN, of any sign or payload, is the type's one NaN
+        values = np.where(np.isnan(values), np.float32(np.nan), values)
+    wanted = values.view(keys.dtype)
     position = np.minimum(np.searchsorted(keys, wanted), keys.size - 1)
     wrong = np.flatnonzero(keys[position] != wanted)
     if wrong.size:

@@ -116,11 +116,7 @@ def _load_array(name: str, path: str, read: dict[FileIdentity, str]) -> Any:
             raise _RunError(f"cannot load input {name!r} from {path!r}: the file is empty (0 bytes), not a .npy file.")
         if f.read(6) == b"\x93NUMPY":
             f.seek(0)
-            version = np.lib.format.read_magic(f)
-            read_header = (
-                np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            )
-            shape, _, dtype = read_header(f)
+            shape, dtype = _read_npy_header(name, path, f, st.st_size)
             needed = math.prod(shape) * dtype.itemsize
             if not dtype.hasobject and needed > st.st_size - f.tell():
                 raise _RunError(
@@ -135,6 +131,49 @@ def _load_array(name: str, path: str, read: dict[FileIdentity, str]) -> Any:
             )
         f.seek(0)
         return np.load(f, allow_pickle=False)
+
+
+def _read_npy_header(name: str, path: str, f: Any, size: int) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype the ``.npy`` header of ``f`` (``size`` bytes) announces, or one error line naming the file.
+
+    numpy parses the header's dict with ``ast.literal_eval`` after a tokenizer pass: a malformed one raises
+    ``tokenize.TokenError`` (a dict never closed, a stray ``)``), ``SyntaxError``, ``TypeError`` (an unhashable key)
+    or ``ValueError`` (a header over numpy's 10,000-byte safety limit), none of which should reach the user as a
+    traceback. A header length past the end of the file is refused before numpy asks for that many bytes (up to
+    4 GiB in a version 2 header), and a negative dimension, which numpy 1.24 loads as another shape, after.
+    """
+    import struct
+    import tokenize
+
+    import numpy as np
+
+    try:
+        version = np.lib.format.read_magic(f)
+        length_format = "<H" if version == (1, 0) else "<I"
+        start = f.tell()
+        length_field = f.read(struct.calcsize(length_format))
+        if len(length_field) == struct.calcsize(length_format):
+            (length,) = struct.unpack(length_format, length_field)
+            if length > size - f.tell():
+                raise _RunError(
+                    f"cannot load input {name!r} from {path!r}: its .npy header length is {length} bytes, but the "
+                    f"file holds {size - f.tell()} bytes after it."
+                )
+        f.seek(start)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(f)
+    except (ValueError, TypeError, SyntaxError, RecursionError, tokenize.TokenError) as exc:
+        what = exc.args[0] if isinstance(exc, tokenize.TokenError) and exc.args else describe_error(exc)
+        raise _RunError(
+            f"cannot load input {name!r} from {path!r}: its .npy header is malformed ({type(exc).__name__}: "
+            f"{str(what).splitlines()[0] if str(what) else 'no detail'})."
+        ) from exc
+    if any(dim < 0 for dim in shape):
+        raise _RunError(
+            f"cannot load input {name!r} from {path!r}: its .npy header announces the shape {list(shape)}, with a "
+            "negative dimension."
+        )
+    return shape, dtype
 
 
 def _check_output_dir(folder: str) -> None:
@@ -427,8 +466,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--allow-outside-folder",
         action="store_true",
-        help="trust the model: let DelayedInitializer nodes read absolute filenames outside the model's folder "
-        "(the spec's examples use /tmp paths); refused by default",
+        help="trust the model: its DelayedInitializer filenames and external data locations may be absolute names "
+        "outside the model's folder (the spec's examples use /tmp paths) and may go through symbolic links, so a "
+        "relative name that is a symbolic link in the folder reads the file it points to, wherever it is (e.g. the "
+        "Hugging Face cache); refused by default, as onnx's loader refuses both ('..' stays refused)",
     )
     parser.add_argument(
         "--overwrite",

@@ -120,7 +120,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--allow-outside-folder",
         action="store_true",
-        help="trust absolute filenames outside SRC.onnx's folder (the spec's examples use /tmp paths)",
+        help="trust SRC.onnx: its DelayedInitializer filenames may be absolute names outside its folder (the "
+        "spec's examples use /tmp paths) and may go through symbolic links, so a relative name that is a symbolic "
+        "link in the folder reads the file it points to, wherever it is; refused by default ('..' stays refused)",
     )
     parser.add_argument(
         "--replace-shared",

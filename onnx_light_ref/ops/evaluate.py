@@ -15,7 +15,8 @@ is built, before any byte is read, and a folder renamed away and replaced by a s
 construction changes nothing: the held folder is still read. In file mode each weights file is held open from
 construction and read from that descriptor; a run refuses a weights file replaced or modified since then (typed
 error naming the file). ``allow_outside_folder=True`` trusts the model's absolute filenames (the spec's examples use
-``/tmp`` paths) and symbolic links (the Hugging Face cache).
+``/tmp`` paths) and symbolic links (the Hugging Face cache): a relative name that is a link in the folder then reads
+its target, outside the folder too.
 
 Ownership: the evaluator returned (:class:`LazyReferenceEvaluator`) owns its kernel's descriptors and releases them
 on ``close()``, at the end of a ``with`` block, or when it is dropped.
@@ -23,7 +24,9 @@ on ``close()``, at the end of a ``with`` block, or when it is dropped.
 External tensors the converter leaves alone (initializers overridable by a graph input, tensors in node attributes
 such as ``Constant``'s value, dtypes the op cannot produce, subgraph initializers named like an outer value) are
 validated like the converted ones (the package's typed errors, before any of them is read), then read eagerly
-through the same held folder.
+through the same held folder. Every tensor handed to onnx's evaluator with ``raw_data`` (those, and the model's
+inline ones) is put in the form the installed onnx reads (:func:`readable_model`): on onnx 1.17, whose loader ignores
+a bfloat16 tensor's ``raw_data``, its values move to ``int32_data``.
 Tensors of ``ModelProto.training_info`` graphs are neither converted nor loaded: inference never runs those graphs
 (onnx's evaluator ignores them), so their files are not even opened.
 
@@ -55,13 +58,18 @@ from onnx_light_ref.io.read.locations import (
 )
 from onnx_light_ref.io.read.model_file import open_model_folder
 from onnx_light_ref.io.read.walker import iter_tensors
-from onnx_light_ref.onnx_compat import refuse_unsupported_evaluator_options
+from onnx_light_ref.onnx_compat import (
+    ONNX_VERSION,
+    make_onnx_readable,
+    onnx_ignores_raw_data,
+    refuse_unsupported_evaluator_options,
+)
 from onnx_light_ref.ops.convert import delay_initializers
 from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
 from onnx_light_ref.ops.evaluator_cycle import weaken_log_callback
 from onnx_light_ref.ops.transpose import Transpose
 
-__all__ = ["LazyReferenceEvaluator", "reference_evaluator"]
+__all__ = ["LazyReferenceEvaluator", "readable_model", "reference_evaluator"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +130,11 @@ def reference_evaluator(
         path: the ``.onnx`` file.
         load_device: ``"file"`` (each run reads the weights, construction reads none) or ``"cpu"`` (construction
             reads each weight once; runs return copies).
-        allow_outside_folder: trust absolute ``filename`` attributes pointing outside the model's folder (the
-            spec's behaviour). Relative names stay confined either way.
+        allow_outside_folder: trust the model's files: absolute ``filename`` attributes (and locations) outside the
+            model's folder are read (the spec's behaviour: its examples use ``/tmp`` paths), and symbolic links are
+            followed, so a relative name that is a symbolic link in the folder reads the file it points to, wherever
+            it is (a trusted layout such as the Hugging Face cache). Relative names still may not contain ``..``.
+            Without it, every name must resolve inside the folder with no symbolic link on the way.
         **kwargs: passed to ``ReferenceEvaluator`` (``verbose``, ``check_shape_annotations``, ``new_ops``...); your
             ``new_ops`` come after the bound ``DelayedInitializer``.
 
@@ -179,7 +190,49 @@ def _convert_and_load_eager(model_path: str, load_device: str, folder: ModelFold
             len(eager),
             ", ".join(site.label for site in eager[:5]) + (", ..." if len(eager) > 5 else ""),
         )
+    _make_readable(converted)
     return converted
+
+
+def _make_readable(model: onnx.ModelProto) -> None:
+    """Rewrite in place every tensor onnx's evaluator would misread (:func:`make_onnx_readable`). Training graphs
+    are skipped: inference never runs them."""
+    rewritten = [
+        site.label for site in iter_tensors(model) if site.scope != "training" and make_onnx_readable(site.tensor)
+    ]
+    if rewritten:
+        logger.info(
+            "onnx %s ignores the raw_data of %d tensors (bfloat16): given as int32_data instead: %s",
+            ONNX_VERSION,
+            len(rewritten),
+            ", ".join(rewritten[:5]) + (", ..." if len(rewritten) > 5 else ""),
+        )
+
+
+def readable_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``, or a copy in the form the installed onnx's evaluator reads exactly, when it would misread it.
+
+    onnx 1.17's loader ignores the ``raw_data`` of a bfloat16 tensor and evaluates uninitialized memory instead: the
+    copy holds such values in ``int32_data`` (:func:`~onnx_light_ref.onnx_compat.make_onnx_readable`). On the newest
+    onnx, and for a model without such a tensor, ``model`` itself is returned; it is never mutated.
+
+    Args:
+        model: the model about to be handed to ``onnx.reference.ReferenceEvaluator``.
+
+    Returns:
+        ``model`` or the rewritten copy.
+
+    Example:
+        >>> import onnx
+        >>> readable_model(onnx.ModelProto()).ByteSize()
+        0
+    """
+    if not any(site.scope != "training" and onnx_ignores_raw_data(site.tensor) for site in iter_tensors(model)):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    _make_readable(copy)
+    return copy
 
 
 def _load_through_folder(tensor: onnx.TensorProto, ref: ExternalRef, label: str) -> None:

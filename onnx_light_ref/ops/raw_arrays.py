@@ -10,16 +10,22 @@ function returns for the same bytes, NaN payloads and ``-0.0`` included. :func:`
   bytes of a bfloat16 tensor, see :mod:`onnx_light_ref.onnx_compat`; reading them into its bfloat16 dtype is what
   it does with ``int32_data``.)
 * **packed types** (int4, uint4, float4: two per byte; int2, uint2: four; float6: four in three bytes; odd counts
-  padded): the packed bytes are read :data:`PACKED_CHUNK_BYTES` at a time and each chunk is unpacked by onnx
-  itself, ``numpy_helper.to_array`` on a ``TensorProto`` holding it, into the output: the bit order, the padding
-  and the sign handling are onnx's, and the memory is the output plus one chunk (unpacking the whole tensor at once
-  took about 3.5x the output: the bytes copied into the proto, again out of it, and onnx's temporaries).
+  padded): the packed bytes are read :data:`PACKED_CHUNK_BYTES` at a time and unpacked into the output, so the
+  memory is the output plus one chunk (unpacking the whole tensor at once took about 3.5x the output: the bytes
+  copied into the proto, again out of it, and onnx's temporaries). Where whole elements fit in a byte (4 and 2
+  bits), each byte is looked up in :func:`_unpack_table`, onnx's own ``to_array`` of every byte value computed once
+  per type, and written straight into the output (``np.take``): the bit order and the sign handling are onnx's,
+  bit for bit, on every onnx. (onnx 1.17 unpacks 4-bit types in Python: ``to_array`` on each chunk took ~850 MiB
+  of temporaries and minutes per 16 MiB.) float6, whose elements cross bytes, is unpacked by ``to_array`` on a
+  ``TensorProto`` holding each chunk.
 
-This module must never open a file (the caller reads, through its held folder) and never decode bits itself.
+This module must never open a file (the caller reads, through its held folder) and never decode bits itself: onnx
+decodes them (each byte value once, or each chunk).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Callable
@@ -35,8 +41,11 @@ from onnx_light_ref.ops.dtypes import dtype_name, is_packed_dtype, np_dtype_for
 __all__ = ["PACKED_CHUNK_BYTES", "RawReader", "array_from_bytes", "read_array"]
 
 PACKED_CHUNK_BYTES = 3 * 1024 * 1024
-"""Packed bytes unpacked per ``to_array`` call: a multiple of 3, so that every chunk but the last holds whole
+"""Packed bytes read and unpacked per step: a multiple of 3, so that every chunk but the last holds whole
 elements of every packing (four float6 take three bytes), and small next to any tensor worth reading lazily."""
+
+_TAKE_BLOCK = 64 * 1024
+"""Packed bytes looked up per ``np.take`` call (its index copy: 512 KiB)."""
 
 RawReader = Callable[[memoryview, int], int]
 """``read(view, position)``: fill ``view`` with the tensor's raw bytes from ``position`` (0: its first byte) on;
@@ -68,8 +77,44 @@ def read_array(dtype: int, shape: tuple[int, ...], read: RawReader, *, where: st
     return out, _read_packed(dtype, out.reshape(-1), read, where)
 
 
+@functools.cache
+def _unpack_table(dtype: int) -> np.ndarray | None:
+    """onnx's unpacking of every byte value, for a type whose elements fit whole in a byte (4 or 2 bits).
+
+    Row ``b`` holds the bytes of the elements ``numpy_helper.to_array`` returns for the raw byte ``b``, first element
+    first (onnx 1.17's int4 is sign-extended to the byte, newer onnx keeps the code: whatever it does is the table).
+    None for float6, whose elements cross byte boundaries.
+    """
+    bits = element_bits(dtype)
+    if bits is None or 8 % bits:
+        return None
+    per_byte = 8 // bits
+    values = numpy_helper.to_array(TensorProto(data_type=dtype, dims=[256 * per_byte], raw_data=bytes(range(256))))
+    return np.ascontiguousarray(values).view(np.uint8).reshape(256, per_byte)
+
+
+def _unpack_chunk(dtype: int, chunk: memoryview, out: np.ndarray) -> None:
+    """Unpack the packed bytes ``chunk`` into ``out`` (the next ``out.size`` elements), as onnx unpacks them."""
+    table = _unpack_table(dtype)
+    if table is None:
+        tensor = TensorProto(data_type=dtype, dims=[out.size], raw_data=bytes(chunk))
+        out[:] = numpy_helper.to_array(tensor)
+        return
+    per_byte = table.shape[1]
+    codes = np.frombuffer(chunk, dtype=np.uint8)
+    whole, rest = divmod(out.size, per_byte)
+    target = out.view(np.uint8)[: whole * per_byte].reshape(whole, per_byte)
+    # np.take converts its indices to intp (8 bytes per packed byte): a block at a time keeps that small. mode="clip"
+    # (a byte always indexes the table) writes into ``out`` directly; "raise" would buffer it in a copy.
+    for start in range(0, whole, _TAKE_BLOCK):
+        stop = min(start + _TAKE_BLOCK, whole)
+        np.take(table, codes[start:stop], axis=0, out=target[start:stop], mode="clip")
+    if rest:  # an odd count's last byte: its first elements only
+        out.view(np.uint8)[whole * per_byte :] = table[codes[whole], :rest]
+
+
 def _read_packed(dtype: int, flat: np.ndarray, read: RawReader, where: str) -> int:
-    """Fill ``flat`` chunk by chunk, each chunk unpacked by ``numpy_helper.to_array``; the bytes read."""
+    """Fill ``flat`` chunk by chunk, each chunk unpacked as onnx unpacks it (:func:`_unpack_chunk`); the bytes read."""
     bits = element_bits(dtype)
     nbytes = packed_nbytes(dtype, flat.size)
     assert bits is not None and nbytes is not None
@@ -82,9 +127,8 @@ def _read_packed(dtype: int, flat: np.ndarray, read: RawReader, where: str) -> i
         if got < size:
             return position + got
         count = min(size * 8 // bits, flat.size - first)
-        tensor = TensorProto(data_type=dtype, dims=[count], raw_data=bytes(view))
         try:
-            flat[first : first + count] = numpy_helper.to_array(tensor)
+            _unpack_chunk(dtype, view, flat[first : first + count])
         except MemoryError as exc:
             raise TensorAllocationError(
                 f"{where}: unpacking {count} {dtype_name(dtype)} values failed to allocate ({exc})."

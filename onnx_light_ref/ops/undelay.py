@@ -355,7 +355,7 @@ def undelay_initializers(
         dst_weights_path: its weights file, inside the destination's folder (default ``<dst_onnx_path>.data``).
         alignment: byte alignment of each tensor in the weights file, a power of two; 0 or 1 pack them.
         allow_outside_folder: trust absolute ``filename`` values outside the source's folder (the spec's examples
-            use ``/tmp`` paths). Relative names stay confined to the folder either way.
+            use ``/tmp`` paths) and symbolic links: a relative name that is a link in the folder reads its target.
         durable: fsync the outputs and their folder before returning (default); ``False``: same bytes, no fsync.
         chunk_size: most bytes one copy call moves (and the size of the one buffer the last fallback uses).
         progress: called as ``progress(done_bytes, total_bytes)`` while copying.

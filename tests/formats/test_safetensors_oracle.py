@@ -239,6 +239,23 @@ def cases(draw: st.DrawFn) -> Case:
     return Case(header, data, max(size, 0) % U64, reasons)
 
 
+def repeats_a_key(header: bytes) -> bool:
+    """Whether an object of the header repeats a key, compared once decoded (``"\\ud83d\\ude00"`` and ``"😀"`` are one
+    key, as for serde_json, which keeps the last): the header text decides, whatever the strategy meant to write."""
+    repeated = False
+
+    def pairs_hook(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        nonlocal repeated
+        repeated |= len({key for key, _ in pairs}) != len(pairs)
+        return dict(pairs)
+
+    try:
+        json.loads(header.decode("utf-8"), object_pairs_hook=pairs_hook)
+    except (ValueError, RecursionError):
+        return False  # not JSON: the library refuses it anyway
+    return repeated
+
+
 def _check(case: Case, path: Path) -> None:
     case.write(path)
     library = library_accepts(path)
@@ -247,7 +264,8 @@ def _check(case: Case, path: Path) -> None:
         assert isinstance(ours, SafetensorsError), f"we accept a header safetensors refuses: {case!r}"
         return
     if isinstance(ours, SafetensorsError):
-        assert case.reasons, f"we refuse a header safetensors accepts, for no documented reason: {case!r}: {ours}"
+        reasons = case.reasons | ({"a repeated key"} if repeats_a_key(case.header) else set())
+        assert reasons, f"we refuse a header safetensors accepts, for no documented reason: {case!r}: {ours}"
         return
     assert {k: (e.dtype, list(e.shape)) for k, e in ours.entries.items()} == library
 
@@ -269,9 +287,41 @@ def test_pinned_adversarial_headers_agree_with_the_library(tmp_path: Path, case:
     _check(case, tmp_path / "h.safetensors")
 
 
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ('"\\ud83d\\ude00"', '"\\ud83d\\ude00"'),
+        ('"\\ud83d\\ude00"', '"😀"'),
+        ('"\\u00e9"', '"é"'),
+        ('"a"', '"\\u0061"'),
+    ],
+)
+def test_a_key_repeated_in_another_spelling_is_a_repeated_key(tmp_path: Path, first: str, second: str) -> None:
+    """Two spellings of one key are one key for serde_json (the library keeps the last entry: its dtype is I8 here)
+    and for Python's json: refused as any repeated key, the file says two things. No byte is changed."""
+    entry = '{"dtype":"%s","shape":[1],"data_offsets":[0,1]}'
+    header = f"{{{first}:{entry % 'U8'},{second}:{entry % 'I8'}}}".encode()
+    path = Case(header, b"\x05").write(tmp_path / "h.safetensors")
+    before = path.read_bytes()
+    key = json.loads(first)
+    assert library_accepts(path) == {key: ("I8", [1])}
+    refusal = we_accept(path)
+    assert isinstance(refusal, SafetensorsError)
+    assert str(refusal) == f"{str(path)!r}: safetensors header repeats the key {key!r}."
+    assert repeats_a_key(header)
+    assert path.read_bytes() == before
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=cases())
 @example(case=Case(b'{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}', bytes(4)))
+# Found by a random run: a key written with escapes, twice (the library keeps the last; we refuse the repeat).
+@example(
+    case=Case(
+        b'{"\\ud83d\\ude00":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},"\\ud83d\\ude00":{"dtype"'
+        b':"U8","shape":[0],"data_offsets":[0,0]}}'
+    )
+)
 def test_we_refuse_every_header_the_library_refuses(tmp_path: Path, case: Case) -> None:
     """One file, rewritten by every example (hypothesis runs them one after the other in this test)."""
     _check(case, tmp_path / "h.safetensors")

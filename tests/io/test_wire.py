@@ -485,7 +485,9 @@ def in_graph(content: bytes) -> bytes:
             field_key(7, LEN) + encode_varint(100) + b"abc",
             "field 7 (length 100) runs past the end of the file at byte offset 0",
         ),
-        (field_key(6, LEN) + encode_varint(2**63), "runs past the end of the file at byte offset 0"),
+        (field_key(6, LEN) + encode_varint(2**35 - 1), "runs past the end of the file at byte offset 0"),
+        (field_key(6, LEN) + encode_varint(2**63), "field 6 length varint longer than 5 bytes at byte offset 1"),
+        (encode_varint(7 << 3 | LEN, min_bytes=6) + b"\x00", "field tag varint longer than 5 bytes at byte offset 0"),
         (field_key(9, 5) + b"\x00\x00", "field 9 (4-byte value) runs past the end of the file at byte offset 0"),
         (field_key(9, 1) + bytes(7), "field 9 (8-byte value) runs past the end of the file at byte offset 0"),
         (

@@ -103,6 +103,12 @@ faster on many small tensors, ``benchmarks/wire_scan_timing.py``); above it the 
 tensor, is small beside reading the weights, and memory stays the metadata alone whatever the inline weights."""
 
 _MAX_VARINT_BYTES = 10
+# upb, the protobuf of ``onnx.load``, reads a tag or a length in at most 5 bytes and refuses a longer encoding even of
+# a small value ("wire format was corrupt"; onnxruntime refuses it too), while a varint value may take 10. The scan
+# refuses the same: it re-encodes the lengths and keys of the messages it strips payloads from, so an over-long one
+# it let through would reach protobuf minimal, and a file no loader opens would read as valid
+# (tests/io/test_wire_overlong.py compares the verdicts with onnx.load's).
+_MAX_KEY_BYTES = 5
 _MAX_TAG = 2**32 - 1
 
 
@@ -414,11 +420,13 @@ class _Scanner:
     def _varint(self, pos: int, end: int, kind: str, role: str, number: int = 0) -> tuple[int, int]:
         """Decode the varint at ``pos`` that must end before ``end``; return (value, position after it).
 
-        ``role`` and ``number`` only name the varint in an error ("field tag", or field ``number``'s "value" or
-        "length"); the message is built only on failure.
+        ``role`` names the varint ("field tag", or field ``number``'s "value" or "length") and sets its longest
+        encoding: 10 bytes for a value, 5 for a tag or a length, as upb reads them. ``role`` and ``number`` name it in
+        an error; the message is built only on failure.
         """
         reader = self._reader
-        limit = min(pos + _MAX_VARINT_BYTES, end)
+        longest = _MAX_VARINT_BYTES if role == "value" else _MAX_KEY_BYTES
+        limit = min(pos + longest, end)
         if pos < reader.start or limit > reader.start + len(reader.buffer):
             reader.fill(pos)  # limit - pos <= 10 bytes and limit <= end <= file size: the new window covers them
         buffer, base = reader.buffer, reader.start
@@ -430,8 +438,8 @@ class _Scanner:
                 return value, base + i + 1
             shift += 7
         what = role if role == "field tag" else f"field {number} {role}"
-        if limit - pos == _MAX_VARINT_BYTES:
-            raise self._fail(f"{what} varint longer than {_MAX_VARINT_BYTES} bytes", pos, kind)
+        if limit - pos == longest:
+            raise self._fail(f"{what} varint longer than {longest} bytes", pos, kind)
         where = "file" if limit == reader.size else "enclosing message"
         raise self._fail(f"{what} varint truncated by the end of the {where}", pos, kind)
 
