@@ -43,9 +43,7 @@ from __future__ import annotations
 import bisect
 import os
 from dataclasses import dataclass, field
-from typing import Literal, get_args
-
-import onnx
+from typing import TYPE_CHECKING, Literal, get_args
 
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError, UnsafeLocationError
 from onnx_light_ref.io.arguments import PathLike, check_bool
@@ -60,6 +58,9 @@ from onnx_light_ref.io.read.safetensors_header import SafetensorsHeader
 from onnx_light_ref.io.read.safetensors_refs import check_reference, is_safetensors_location, read_safetensors_file
 from onnx_light_ref.io.read.walker import SitePlace, TensorKind, TensorSite, iter_tensors
 from onnx_light_ref.io.read.wire import load_model_lean
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "ERROR_STATUSES",

@@ -141,16 +141,19 @@ def test_the_progress_bar_follows_the_bytes_to_the_total(
     tmp_path, make_external_model, reference_tensors, monkeypatch, capsys
 ):
     """On a terminal the bar is shown; here it is forced on, as if stderr were one."""
+    import tqdm
+
     import onnx_light_ref.commands.progress as command
 
     bars = []
 
-    class VisibleBar(command.tqdm):
+    class RecordedBar(tqdm.tqdm):
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, **{**kwargs, "disable": False})
+            super().__init__(*args, **kwargs)
             bars.append(self)
 
-    monkeypatch.setattr(command, "tqdm", VisibleBar)
+    monkeypatch.setattr(tqdm, "tqdm", RecordedBar)
+    monkeypatch.setattr(command, "_is_terminal", lambda stream: True)
     src = make_external_model(tmp_path, reference_tensors())
 
     assert main(["align", str(src), str(tmp_path / "out.onnx"), "--chunk-size", "5"]) == 0

@@ -25,9 +25,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import onnx
-
 from onnx_light_ref.errors import SafetensorsError
+from onnx_light_ref.io.read.proto import TensorProto, data_type_name
 from onnx_light_ref.io.read.safetensors_header import SafetensorsEntry, check_data_alignment, encode_header
 
 __all__ = [
@@ -39,7 +38,7 @@ __all__ = [
     "storage_shape",
 ]
 
-_T = onnx.TensorProto
+_T = TensorProto
 
 # ONNX data type -> safetensors dtype code, for every type both have (safetensors 0.8's Dtype enum).
 _DTYPES: dict[int, str] = {
@@ -202,10 +201,8 @@ def _check_dtypes(tensors: Sequence[SafetensorsTensor]) -> None:
 
 
 def _type_name(data_type: int) -> str:
-    try:
-        return onnx.helper.tensor_dtype_to_string(data_type).removeprefix("TensorProto.")
-    except (KeyError, ValueError):
-        return f"data type {data_type}"
+    name = data_type_name(data_type)
+    return f"data type {data_type}" if name is None else name
 
 
 def _split(tensors: Sequence[SafetensorsTensor], cap: int | None) -> list[list[int]]:

@@ -36,13 +36,14 @@ import os
 import stat
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
-
-import onnx
+from typing import TYPE_CHECKING, Literal
 
 from onnx_light_ref.io.read.delayed_names import DELAYED_DOMAIN, DELAYED_FILENAME, DELAYED_OP_TYPE
 from onnx_light_ref.io.read.entries import is_external
 from onnx_light_ref.io.read.locations import FileIdentity
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "ModelReference",
