@@ -146,7 +146,7 @@ def test_model_without_external_tensors(tmp_path, capsys):
     status, out = inspect(path, capsys)
 
     assert status == 0
-    assert "no external tensors (1 inline)." in out
+    assert "no external tensors and no DelayedInitializer node (1 inline)." in out
 
 
 def test_missing_model_file(tmp_path, capsys):
