@@ -34,6 +34,7 @@ import importlib.machinery
 import logging
 import signal
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -47,11 +48,13 @@ __all__ = ["EPILOG", "Interrupted", "build_parser", "console_main", "main"]
 
 EPILOG = (
     "exit status: 0 success; 1 refused (one 'error: ...' line on stderr, nothing written) or, for verify, a "
-    "difference; 2 bad arguments (usage printed); 3 written, but a step after the commit failed (one 'error: DST is "
-    "published ..., but ...' line: the fsync that makes it durable, or removing the previous versions); 130 "
-    "interrupted by SIGINT, 143 by SIGTERM (temp files and folders the command created are removed)."
+    "difference, for inspect, a broken reference; 2 bad arguments (usage printed); 3 written, but a step after the "
+    "commit failed (one 'error: DST is published ..., but ...' line: the fsync that makes it durable, or removing the "
+    "previous versions); 130 interrupted by SIGINT, 143 by SIGTERM (temp files and folders the command created are "
+    "removed). Each COMMAND --help says what its own statuses mean."
 )
-"""The exit-status paragraph shown at the end of every ``--help``."""
+"""The exit-status paragraph at the end of ``onnx-light-ref --help``; each command's ``--help`` ends with its own
+(:func:`~onnx_light_ref.commands.help_text.exit_statuses`)."""
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -162,6 +165,21 @@ def _signals_raise(*, ignore_after: bool = False) -> Iterator[None]:
         sys.unraisablehook = previous_hook
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, but a word is never cut: not at a hyphen, not when longer than the line. The help
+    texts hold URLs (``.../onnx-light-ref/blob/main/docs/json.md``) that a cut would break for the reader who copies
+    them; a long one overflows its line instead."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines = textwrap.wrap(
+            " ".join(text.split()), width - len(indent), break_on_hyphens=False, break_long_words=False
+        )
+        return "\n".join(indent + line for line in lines)
+
+
 # Every module is part of the package; one that fails to import is a broken install, reported as the import error.
 _COMMAND_MODULES = ("align", "align_models", "inspect", "verify", "run", "undelay", "link", "demo", "generate_tests")
 
@@ -179,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="onnx-light-ref",
+        formatter_class=_HelpFormatter,
         epilog=EPILOG,
         description="Rewrite ONNX external weights without loading them (align, shard, deduplicate, externalize, "
         "verify, inspect), and evaluate ai.rt::DelayedInitializer models lazily (run, undelay, conformance cases).",
@@ -188,8 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
         importlib.import_module(f"onnx_light_ref.commands.{name}").register(subparsers)
-    for command in subparsers.choices.values():  # every command's --help ends with the exit statuses
-        command.epilog = EPILOG
+    for command in subparsers.choices.values():
+        command.formatter_class = _HelpFormatter
     return parser
 
 
@@ -214,7 +233,9 @@ def _run(argv: Sequence[str] | None, *, exiting: bool) -> int:
     try:
         with _signals_raise(ignore_after=exiting):  # first: parsing imports the command modules, which takes time
             parser = build_parser()
-            args = parser.parse_args(argv)
+            args, unknown = parser.parse_known_args(argv)
+            if unknown:
+                _refuse_unknown(parser, args, unknown)
             logging.basicConfig(
                 level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
             )
@@ -229,6 +250,31 @@ def _run(argv: Sequence[str] | None, *, exiting: bool) -> int:
             return status
         print("error: interrupted", file=sys.stderr)
         return 128 + getattr(exc, "signum", signal.SIGINT)
+
+
+def _refuse_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace, unknown: list[str]) -> None:
+    """Exit 2 for arguments no parser took, with the command's usage (argparse's own error prints the top-level
+    one, which names none of the command's options) and a hint for each: an option of the program given after the
+    command (``-v``), an option another command has, or what the command says about it (its ``option_hints``
+    default: ``align-models`` has no ``--dedup``, it always stores identical payloads once)."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    command = commands.get(args.command) if args.command else None
+    if command is None:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    top_level = {option for action in parser._actions for option in action.option_strings}
+    own_hints: dict[str, str] = getattr(args, "option_hints", {})
+    hints = []
+    for argument in unknown:
+        option = argument.split("=", 1)[0]
+        if option in top_level:
+            hints.append(f"{option} goes before the command: onnx-light-ref {option} {args.command} ...")
+        elif option in own_hints:
+            hints.append(f"{option}: {own_hints[option]}")
+        elif option.startswith("-"):
+            others = [n for n, p in commands.items() if any(option in a.option_strings for a in p._actions)]
+            if others:
+                hints.append(f"{option} is an option of {', '.join(others)}, not of {args.command}")
+    command.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" ({'; '.join(hints)})" if hints else ""))
 
 
 def console_main() -> int:

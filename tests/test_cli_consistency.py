@@ -39,10 +39,10 @@ def help_of(command: str, capsys: pytest.CaptureFixture[str]) -> str:
         ("generate-tests", "OUTPUT_DIR"),
     ],
 )
-def test_every_help_names_its_arguments_alike_and_ends_with_the_exit_statuses(command, usage, capsys) -> None:
+def test_every_help_names_its_arguments_alike_and_ends_with_its_exit_statuses(command, usage, capsys) -> None:
     text = help_of(command, capsys)
     assert usage in text
-    assert " ".join(EPILOG.split()) in text
+    assert "exit status: 0 " in text and " ".join(EPILOG.split()) not in text  # its own statuses, not the list of all
     if command in ("align", "undelay"):
         assert "SRC.onnx DST.onnx" in text
         assert "relative to DST.onnx's folder" in text
@@ -220,7 +220,10 @@ def printed_paths(text: str) -> list[str]:
     [
         (["--max-shard-size", "40K", "--weights", "w.bin", "--shard-names", "hf"], "w-00001-of-00003.bin"),
         (["--max-shard-size", "40K", "--weights", "w.bin"], "w.bin"),
-        (["--max-shard-size", "40K", "--format", "safetensors"], "m-00001-of-00003.safetensors"),
+        (
+            ["--max-shard-size", "44K", "--format", "safetensors"],
+            "m-00001-of-00003.safetensors",
+        ),  # the cap counts the 4 KiB header
         (["--format", "safetensors"], "m.safetensors"),
         (["--max-shard-size", "40K", "--shard-names", "transformers.js"], "m.onnx_data"),
     ],

@@ -206,3 +206,14 @@ def test_the_documented_temp_file_names_are_the_code_s(tmp_path: Path) -> None:
         assert _as_regex(token).fullmatch(real), f"{name}: {token!r} does not describe {real!r}"
     for name, text in _documents().items():
         assert ".second.onnx.data.<pid>" not in text, name
+
+
+def test_the_user_documentation_cites_no_internal_issue_number() -> None:
+    """A reader has no access to the project's issue tracker: "issue 12" in a page says nothing to them."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    cited = [
+        f"{page.name}: {match.group()}"
+        for page in pages
+        for match in re.finditer(r"\b(?:issues?|Issue) #?\d+", page.read_text(encoding="utf-8"))
+    ]
+    assert cited == []

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
+from onnx_light_ref.commands.help_text import REFUSED, docs_url, exit_statuses
 from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument, bounded_size, size_argument
@@ -43,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``align`` sub-command."""
     parser = subparsers.add_parser(
         "align",
+        epilog=exit_statuses("the model and its weights files are written", REFUSED, writes=True),
         help="re-align weights into aligned (optionally sharded, deduplicated) external data files; move inline "
         "weights out of a .onnx with --size-threshold",
         description="Copy every external tensor of SRC.onnx (and, with --size-threshold, every large inline one) "
@@ -121,7 +123,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="onnx",
         help="weights file format: raw external data (onnx, default) or safetensors files that safetensors "
         "loaders read too (default name DST.safetensors; with --max-shard-size, DST-00001-of-0000N.safetensors "
-        "plus DST.safetensors.index.json); see docs/safetensors.md",
+        f"plus DST.safetensors.index.json); see {docs_url('safetensors.md')}",
     )
     parser.add_argument(
         "--shard-names",
@@ -235,7 +237,7 @@ def _written(dst_onnx: str, result: AlignResult, elapsed: float) -> str:
         reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(result.kept_inline_reasons.items()))
         extras.append(f"{result.kept_inline_tensors} kept inline where onnx would not load them back: {reasons}")
     if result.deduplicated_tensors:
-        extras.append(f"{result.deduplicated_tensors} deduplicated ({result.deduplicated_bytes} bytes saved)")
+        extras.append(f"{result.deduplicated_tensors} deduplicated: {result.deduplicated_bytes} bytes saved")
     if result.unaligned_tensors:
         names = summarize_names([printable(name) for name in result.unaligned_tensors])
         extras.append(f"{len(result.unaligned_tensors)} large tensor(s) not aligned: {names}")

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
+from onnx_light_ref.commands.help_text import REFUSED, docs_url, exit_statuses
 from onnx_light_ref.commands.paths import shown_path
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument, bounded_size, size_argument
@@ -74,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``align-models`` sub-command."""
     parser = subparsers.add_parser(
         "align-models",
+        epilog=exit_statuses("every member and the weights files are written", REFUSED, writes=True),
         help="write a family of models (e.g. a decoder and a decoder-with-past) over one set of aligned weights "
         "files holding each distinct tensor once",
         description="Write DIR/<file name of each SRC.onnx> and one set of aligned weights files in DIR that every "
@@ -97,7 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("onnx", "safetensors"),
         default="onnx",
         help="weights file format: raw external data (onnx, default) or safetensors (each distinct tensor under the "
-        "name of its first user); see docs/align_models.md",
+        f"name of its first user); see {docs_url('align_models.md')}",
     )
     parser.add_argument(
         "--shard-names",
@@ -131,7 +133,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="skip every fsync: outputs still appear atomically with the same bytes, but may be lost on a crash",
     )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
-    parser.set_defaults(func=align_models_command)
+    parser.set_defaults(
+        func=align_models_command,
+        option_hints={"--dedup": "a family always stores identical payloads once; no option is needed"},
+    )
 
 
 def align_models_command(args: argparse.Namespace) -> int:
@@ -181,7 +186,8 @@ def _summary(result: FamilyResult, elapsed: float) -> str:
             kept = sum(member.kept_inline_reasons.values())
             extras.append(f"{kept} kept inline where onnx would not load them back")
         detail = f" ({', '.join(extras)})" if extras else ""
-        lines.append(f"{shown_path(member.path)}: {member.tensors} tensors, {member.shared_tensors} shared{detail}")
+        shared = f"{member.shared_tensors} on bytes another member uses"
+        lines.append(f"{shown_path(member.path)}: {member.tensors} tensors, {shared}{detail}")
     if result.weights_files:
         files = len(result.weights_files)
         where = shown_path(result.weights_files[0]) + (f" (+{files - 1} shards: {files} files)" if files > 1 else "")
@@ -190,7 +196,8 @@ def _summary(result: FamilyResult, elapsed: float) -> str:
         lines.append(
             f"{where}: {len(result.members)} members, {result.tensors} tensors, {result} bytes written "
             f"({result.unique_bytes} unique, {result.padding} padding{index}), {result.saved_bytes} bytes saved "
-            f"against separate copies ({len(result.shared_tensors)} shared tensors) in {elapsed:.2f} s, "
+            f"against separate copies ({len(result.shared_tensors)} distinct payloads used by several members) in "
+            f"{elapsed:.2f} s, "
             f"{speed:.1f} MiB/s"
         )
     else:

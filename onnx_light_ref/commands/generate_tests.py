@@ -22,6 +22,7 @@ from typing import Any
 
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.folders import remove_created_folders
+from onnx_light_ref.commands.help_text import REFUSED, exit_statuses
 from onnx_light_ref.commands.paths import shown_path
 
 __all__ = ["generate_tests_command", "register"]
@@ -82,6 +83,7 @@ def register(subparsers: Any) -> None:
     """Add the ``generate-tests`` sub-command to the CLI's subparsers."""
     parser = subparsers.add_parser(
         "generate-tests",
+        epilog=exit_statuses("the cases are written", REFUSED, writes=True, publishes=False),
         help="write ai.rt::DelayedInitializer node conformance cases (onnx backend-test layout)",
         description="Write node/<case>/model.onnx, node/<case>/test_data_set_0/output_0.pb and each case's weights "
         "file under OUTPUT_DIR. The two seed cases (test_cc_delayedinitializer_cpu/_file) write their weights to "

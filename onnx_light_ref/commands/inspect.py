@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import describe_error, error_exit
+from onnx_light_ref.commands.help_text import docs_url, exit_statuses
 from onnx_light_ref.commands.text import printable
 
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
@@ -209,10 +210,13 @@ def build_folder_report(folder: str, *, allow_outside_folder: bool = False) -> F
         allow_outside_folder: as for :func:`~onnx_light_ref.io.layout_report.build_layout_report`.
 
     Returns:
-        The :class:`FolderReport`; a model that cannot be read is listed with its error.
+        The :class:`FolderReport` (its ``folder`` absolute, as every printed path is); a model that cannot be read is
+        listed with its error.
     """
     from onnx_light_ref.io.layout_report import build_layout_report
     from onnx_light_ref.io.read.sharing import folder_sharing, is_model_name
+
+    folder = os.path.abspath(folder)
 
     models = []
     for name in sorted(name for name in os.listdir(folder) if is_model_name(name)):
@@ -327,6 +331,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the ``inspect`` sub-command to ``subparsers``."""
     parser = subparsers.add_parser(
         "inspect",
+        epilog=exit_statuses(
+            "every reference is fine ('status: OK')",
+            "a reference is broken (the report says which), or the model cannot be read (one 'error: ...' line)",
+            writes=False,
+        ),
         help="show the layout of a model's external tensors (offsets, alignment, gaps, overlaps, errors)",
         description="Print one row per external tensor, the problems found, totals per data file and the largest "
         "alignment every tensor satisfies. Exit status 1 if any reference is broken. Reads no external weight, and no "
@@ -347,7 +356,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON document on stdout instead of the text (schema: docs/json.md, "
-        "onnx_light_ref/schemas/inspect-2.json); same exit status",
+        help=f"print one JSON document on stdout instead of the text ({docs_url('json.md')}; its schema: "
+        "onnx_light_ref.schemas.load_schema('inspect')); same exit status",
     )
     parser.set_defaults(func=inspect_command)

@@ -15,6 +15,7 @@ import argparse
 
 from onnx_light_ref.commands.align import weights_path
 from onnx_light_ref.commands.errors import error_exit, published_exit
+from onnx_light_ref.commands.help_text import REFUSED, exit_statuses
 from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument, size_argument
@@ -28,6 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``link`` sub-command."""
     parser = subparsers.add_parser(
         "link",
+        epilog=exit_statuses("the model is written, pointing at the checkpoint", REFUSED, writes=True),
         help="point a model's tensors at an existing safetensors checkpoint (no byte copied)",
         description="Write DST.onnx so that every tensor of MODEL.onnx whose name (through --map) is a key of "
         "CHECKPOINT with the same data type and shape points at the checkpoint's bytes: one copy of the weights "

@@ -202,7 +202,7 @@ class FileLayout:
     size: int | None
     tensors: int = 0
     bytes_used: int = 0  # union of the valid ranges: shared bytes count once
-    gaps: list[Gap] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)  # a safetensors file's header (when it parses) is not one
     safetensors: str | None = None  # a ``*.safetensors`` file: what its header says (see read_safetensors_file)
     safetensors_ok: bool = True  # False: the safetensors library refuses the file (malformed, too large, not covered)
     safetensors_header: SafetensorsHeader | None = None  # the parsed header (None: not safetensors, or malformed)
@@ -569,6 +569,10 @@ def _check_safetensors(folder: ModelFolder, file: FileLayout, members: list[Tens
     checked = read_safetensors_file(folder, file.location)
     file.safetensors, file.safetensors_ok = checked.description, checked.refusal is None
     file.safetensors_header = checked.header
+    if checked.header is not None:  # the header is the file's own bytes, not a gap between tensors
+        start = checked.header.data_start
+        file.gaps = [Gap(max(g.offset, start), g.offset + g.length - max(g.offset, start))
+                     for g in file.gaps if g.offset + g.length > start]  # fmt: skip
     for tensor in members:
         if tensor.is_error or tensor.offset is None or tensor.length is None:
             continue

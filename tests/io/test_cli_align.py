@@ -250,7 +250,7 @@ def test_layout_options_with_size_suffixes(tmp_path, build_identity_model, capsy
     out = capsys.readouterr().out
     assert out.count("\n") == 1
     assert "(+1 shards: 2 files)" in out
-    assert "3 tensors (3 moved out of the .onnx, 1 deduplicated (12000 bytes saved))" in out
+    assert "3 tensors (3 moved out of the .onnx, 1 deduplicated: 12000 bytes saved)," in out  # no nested parentheses
     assert sorted(p.name for p in dst.parent.iterdir()) == ["model.onnx", "model.onnx.data", "model.onnx.data.1"]
     # a (12,000 bytes) fits the cap; b (20,000 bytes) is larger, so it gets a file of its own; tiny stays inline
     assert (dst.parent / "model.onnx.data").stat().st_size == 12000
