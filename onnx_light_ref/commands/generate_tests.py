@@ -45,7 +45,10 @@ def generate_tests_command(args: argparse.Namespace) -> int:
     for case_dir in case_dirs:
         logger.info("wrote %s", case_dir)
     node_dir = case_dirs[0].parent if case_dirs else args.output_dir
-    print(f"wrote {len(case_dirs)} cases under {shown_path(node_dir)}")
+    seeds = ", ".join(shown_path(path) for path in seed_weights_paths())
+    # The seed cases' weights are not under OUTPUT_DIR: the spec names them absolutely in the system temp folder.
+    print(f"wrote {len(case_dirs)} cases under {shown_path(node_dir)}, and the two seed cases' weights in the system "
+          f"temp folder, where the spec's absolute names put them: {seeds}")  # fmt: skip
     return 0
 
 
