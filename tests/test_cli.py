@@ -110,7 +110,15 @@ def test_inspect_and_verify_of_a_model_import_neither_onnx_nor_numpy(tmp_path: P
     (tmp_path / "b").mkdir()
     model = make_external_model(tmp_path / "a", tensors)
     copy = make_external_model(tmp_path / "b", tensors)
-    runs = [["inspect", str(model)], ["inspect", str(tmp_path / "a")], ["verify", str(model), str(copy)]]
+    from tests.delayed_reads import converted_delayed_model
+
+    light = converted_delayed_model(tmp_path / "light")  # read by DelayedInitializer nodes
+    runs = [
+        ["inspect", str(model)],
+        ["inspect", str(tmp_path / "a")],
+        ["inspect", str(light)],
+        ["verify", str(model), str(copy)],
+    ]
 
     done = subprocess.run(
         [sys.executable, "-c", _READ_ONLY, json.dumps(runs)], capture_output=True, text=True, check=False, timeout=60
@@ -118,8 +126,8 @@ def test_inspect_and_verify_of_a_model_import_neither_onnx_nor_numpy(tmp_path: P
 
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)
-    assert [status for status, _ in printed["statuses"]] == [0, 0, 0], printed["statuses"]
-    assert printed["statuses"][2][1].startswith("equal: ")
+    assert [status for status, _ in printed["statuses"]] == [0, 0, 0, 0], printed["statuses"]
+    assert printed["statuses"][3][1].startswith("equal: ")
     # protobuf is needed (the model is parsed); onnx's package, numpy, ml_dtypes, tqdm (no terminal: no bar) are not.
     not_needed = ("onnx", "numpy", "ml_dtypes", "onnxruntime", "tqdm", "onnx_light_ref.ops", "onnx_light_ref.io.align")
     heavy = [name for name in printed["modules"] if any(name == m or name.startswith(f"{m}.") for m in not_needed)]
