@@ -140,7 +140,7 @@ _LABELS: dict[str, dict[str, str]] = {
         "bare": "python -c pass (the bare interpreter)",
         "version": "onnx-light-ref --version",
         "help": "onnx-light-ref --help",
-        "inspect_help": "onnx-light-ref inspect --help",
+        "inspect_help": "onnx-light-ref inspect --help",  # newer runs name their methods (extra_info "labels")
     },
     "evaluator": {
         "plain": "onnx ReferenceEvaluator(path)",
@@ -318,12 +318,7 @@ def evaluate_targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[Targ
     targets += _layout_targets(groups, main_size)
     targets += _durability_targets(groups, main_size)
     targets += _format_targets(groups, main_size)
-    startup = groups.get("startup")
-    slowest = max(("version", "help", "inspect_help"), key=lambda method: _get(startup, method, "above_bare_s"))
-    above = _get(startup, slowest, "above_bare_s")
-    targets.append(Target("#29 CLI start-up above the bare interpreter (s), slowest printing command", main_size,
-                          above, 0.25, True, f"{slowest}: {_get(startup, slowest):.3f} s vs "
-                          f"{_get(startup, 'bare'):.3f} s"))  # fmt: skip
+    targets += _startup_targets(groups.get("startup"), main_size)
 
     evaluator = groups.get("evaluator")
     weights_mib = (evaluator or {}).get("weight_bytes", float("nan")) / MIB
@@ -552,6 +547,26 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.3f} s"
 
 
+def _startup_targets(startup: dict[str, Any] | None, main_size: str) -> list[Target]:
+    """Issue 29's target for the printing commands; issue 42's for inspect and verify of a small model, once per
+    interpreter the run measured (``@ml_dtypes-X``: benchmarks/test_bench_startup.py)."""
+    printing = "#29 CLI start-up above the bare interpreter (s), slowest printing command"
+    targets = [_slowest_startup(startup, main_size, "", ("version", "help", "inspect_help"), 0.25, printing)]
+    for suffix in [python["suffix"] for python in (startup or {}).get("interpreters", [{"suffix": ""}])]:
+        name = f"#42 inspect / verify of a small model, above the bare interpreter (s){suffix and f' [{suffix[1:]}]'}"
+        targets.append(_slowest_startup(startup, main_size, suffix, ("inspect", "verify"), 0.3, name))
+    return targets
+
+
+def _slowest_startup(
+    startup: dict[str, Any] | None, main_size: str, suffix: str, methods: tuple[str, ...], limit: float, name: str
+) -> Target:
+    slowest = max((m + suffix for m in methods), key=lambda method: _get(startup, method, "above_bare_s"))
+    above = _get(startup, slowest, "above_bare_s")
+    return Target(name, main_size, above, limit, True,
+                  f"{slowest}: {_get(startup, slowest):.3f} s vs {_get(startup, 'bare' + suffix):.3f} s")  # fmt: skip
+
+
 def _group_bytes(info: dict[str, Any]) -> int | None:
     return info.get("payload_bytes") or info.get("tensor_bytes")
 
@@ -567,7 +582,8 @@ def _group_table(group: str, info: dict[str, Any]) -> list[str]:
         f"{reference} | RSS Δ / {reference} |",
         "|---|---|---|---|" + ("---|" if nbytes else "") + "---|---|---|",
     ]
-    for method, label in _LABELS[family].items():
+    labels = info.get("labels") or _LABELS[family]  # startup: one set of methods per interpreter measured
+    for method, label in labels.items():
         summary = info["summary"].get(method)
         if summary is None:
             reason = info.get("skipped", {}).get(method)
@@ -589,7 +605,7 @@ def _group_table(group: str, info: dict[str, Any]) -> list[str]:
             f"{_fmt_s(summary['seconds_max'])} | {throughput}{delta:,.1f} | {_ratio(seconds, ref_seconds):.2f} | "
             f"{_ratio(max(delta, _RSS_FLOOR_MIB), ref_rss):.2f} |"
         )
-    notes = [f"- {label}: {note}" for method, label in _LABELS[family].items() if (note := _written_note(info, method))]
+    notes = [f"- {label}: {note}" for method, label in labels.items() if (note := _written_note(info, method))]
     if notes:
         lines += ["", "What was written (first run):", "", *notes]
     return lines
@@ -664,7 +680,7 @@ def _group_title(group: str, info: dict[str, Any]) -> str:
                 ".onnx, by what holds its bulk (issue 38)")  # fmt: skip
     if family == "startup":
         return ("CLI start-up: the whole fresh process, wall time and peak RSS (Δ: above the bare interpreter) "
-                "(issue 29)")  # fmt: skip
+                "(issues 29 and 42)")  # fmt: skip
     if family == "evaluator-int4":
         return (f"Lazy evaluation of one int4 weight, {info['weight_bytes'] / MIB:,.0f} MiB packed (construct + first "
                 "run) (issue 40)")  # fmt: skip

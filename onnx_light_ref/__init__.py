@@ -30,8 +30,9 @@ irrelevant to the io functions), and importing the io functions does not registe
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from onnx_light_ref._lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -63,7 +64,7 @@ _LAZY = {
     "reference_evaluator": "onnx_light_ref.ops",
     "align_external_data_streaming": "onnx_light_ref.io",
     "align_external_data_in_memory": "onnx_light_ref.io",
-    "align_models": "onnx_light_ref.io",
+    "align_models": "onnx_light_ref.io.align_models",
     "FamilyResult": "onnx_light_ref.io.results",
     "save_model_with_shared_external_data": "onnx_light_ref.io",
     "AlignResult": "onnx_light_ref.io.results",
@@ -97,14 +98,4 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'onnx_light_ref' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)

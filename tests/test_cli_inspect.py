@@ -146,7 +146,7 @@ def test_model_without_external_tensors(tmp_path, capsys):
     status, out = inspect(path, capsys)
 
     assert status == 0
-    assert "no external tensors (1 inline)." in out
+    assert "no external tensors and no DelayedInitializer node (1 inline)." in out
 
 
 def test_missing_model_file(tmp_path, capsys):
@@ -163,3 +163,19 @@ def test_missing_model_file(tmp_path, capsys):
 def test_offset_alignment_display(offset, alignment, shown):
     assert offset_alignment(offset) == alignment
     assert format_alignment(alignment) == shown
+
+
+def test_a_safetensors_file_s_header_is_not_a_gap(tmp_path, capsys):
+    """A safetensors file starts with its header (padded to the alignment): bytes of the file, not a gap between
+    tensors; a file whose tensors cover its data section has no gap at all."""
+    from onnx_light_ref import align_external_data_streaming
+    from tests.models import make_external_model
+
+    (tmp_path / "src").mkdir()
+    src = make_external_model(tmp_path / "src", {"a": np.ones(1024, np.float32), "b": np.zeros(16, np.float32)})
+    align_external_data_streaming(src, tmp_path / "model.onnx", weights_format="safetensors")
+
+    status, out = inspect(tmp_path / "model.onnx", capsys)
+
+    assert status == 0
+    assert "  model.safetensors: 2 tensors, 4160 bytes used of 8256, 0 gap bytes in 0 gaps" in out

@@ -103,7 +103,7 @@ def test_a_clean_model_is_ok_and_every_loader_agrees(model, capsys):
     assert _accepts(model) == {"onnx.load": True, "check_model": True, "onnxruntime": True}
 
 
-def test_inspect_a_folder_lists_which_models_share_which_files(tmp_path, capsys):
+def test_inspect_a_folder_lists_which_models_share_which_files(tmp_path, capsys, monkeypatch):
     first = save_external(
         identity_model({"w": np.arange(4, dtype=np.float32)}), tmp_path / "first.onnx", "first.onnx.data"
     )
@@ -112,9 +112,11 @@ def test_inspect_a_folder_lists_which_models_share_which_files(tmp_path, capsys)
     save_model_with_shared_external_data(variant, tmp_path / "second.onnx")
     (tmp_path / "notes.txt").write_text("not a model")
 
-    status, out = _inspect(tmp_path, capsys)
+    monkeypatch.chdir(tmp_path.parent)
+    status, out = _inspect(Path(f"./{tmp_path.name}/"), capsys)  # relative, as a user types it
 
     assert status == 0
+    assert out.startswith(f"folder: {tmp_path}\n")  # absolute, as every path a command prints
     assert "  first.onnx: OK" in out and "  second.onnx: OK" in out
     assert "  first.onnx.data: used by first.onnx, second.onnx (shared by 2 models)" in out
     assert out.rstrip().endswith("status: OK")

@@ -26,7 +26,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.checks import snapshot_tree
+from tests.checks import run_onnxruntime, snapshot_tree
 from tests.models import IR_VERSION, OPSET, external_tensor, identity_model, write_model
 
 pytestmark = pytest.mark.slow
@@ -407,3 +407,155 @@ def test_ctrl_c_during_a_re_publication_acts_before_the_first_move_or_after_the_
 def _arabic_indic(number: int) -> str:
     """``number`` in Arabic-Indic digits (U+0660-U+0669), which ``\\d`` matches and ``int()`` reads."""
     return "".join(chr(0x0660 + int(digit)) for digit in str(number))
+
+
+# ------------------------------------------- the first and last moments: while parsing, and once the work is done
+
+HOLD_WHILE_PARSING = textwrap.dedent(
+    """
+    import sys, time
+    from onnx_light_ref import cli
+    from onnx_light_ref.commands import sizes
+
+    where = sys.argv.pop(1)  # the rest is the command line console_main reads
+
+    def hold(what):
+        heavy = sorted(name for name in ("onnx", "numpy", "ml_dtypes") if name in sys.modules)
+        print(f"{what} {heavy}", flush=True)
+        for _ in range(6000):  # held for 10 minutes at most, waiting for the signal
+            time.sleep(0.1)
+
+    if where == "size":  # inside argparse, converting --chunk-size
+        real = sizes.parse_size
+
+        def parse_size(text):
+            hold("parsing")
+            return real(text)
+
+        sizes.parse_size = parse_size
+    else:  # while the parser is built: importing a command module
+
+        class Finder:
+            def find_spec(self, name, path=None, target=None):
+                if name == "onnx_light_ref.commands.verify":
+                    hold("importing")
+                return None
+
+        sys.meta_path.insert(0, Finder())
+    raise SystemExit(cli.console_main())
+    """
+)
+
+
+@pytest.mark.parametrize("where", ["size", "import"])
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_a_signal_while_the_command_line_is_parsed_is_one_line_and_the_status(
+    tmp_path: Path, signum: int, where: str
+) -> None:
+    """The handlers are installed before the parser is built and before a size option is converted (which imported
+    onnx and numpy inside argparse, ~0.5 s): a Ctrl-C there was a KeyboardInterrupt traceback and a death by
+    SIGINT. The child is held exactly there, then signalled."""
+    src = identity_model_file(tmp_path / "src")
+    before = snapshot_tree(tmp_path / "src")
+    args = ["align", str(src), str(tmp_path / "out" / "m.onnx"), "--chunk-size", "64K"]
+    child = start([where, *args], tmp_path, HOLD_WHILE_PARSING)
+    assert child.stdout is not None
+    # Nothing heavy is imported while the command line is parsed.
+    assert child.stdout.readline() == ("parsing []\n" if where == "size" else "importing []\n")
+
+    out, err = interrupt(child, signum, lambda: True)
+
+    assert_interrupted(child, signum, out, err)
+    assert not (tmp_path / "out").exists()
+    assert snapshot_tree(tmp_path / "src") == before
+
+
+SIGNALLED_AFTER_THE_WORK = textwrap.dedent(
+    """
+    import os, signal, sys
+    from onnx_light_ref import cli
+
+    signum = int(sys.argv.pop(1))  # the rest is the command line console_main reads
+    status = cli.console_main()
+    print(f"done {status}", flush=True)
+    os.kill(os.getpid(), signum)  # as a SIGTERM from a supervisor arriving while the interpreter exits
+    print("still here", flush=True)
+    raise SystemExit(status)
+    """
+)
+
+
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_a_signal_after_the_command_finished_keeps_its_status(tmp_path: Path, signum: int) -> None:
+    """Once ``console_main`` has the command's status the work is done: a late SIGTERM (or Ctrl-C) used to kill the
+    process by the default action (exit by signal, stdout possibly lost) after a complete, successful run."""
+    src = identity_model_file(tmp_path / "src")
+    dst = tmp_path / "out" / "m.onnx"
+    child = start([str(int(signum)), "align", str(src), str(dst), "--no-progress"], tmp_path, SIGNALLED_AFTER_THE_WORK)
+
+    out, err = finish(child)
+
+    assert child.returncode == 0, err
+    assert out.splitlines()[-2:] == ["done 0", "still here"]
+    assert "interrupted" not in err and "Traceback" not in err
+    (loaded,) = run_onnxruntime(dst, {})
+    assert np.array_equal(loaded, np.arange(4, dtype=np.float32))
+
+
+def identity_model_file(folder: Path) -> Path:
+    """``model.onnx`` returning its one external initializer ``w`` (4 float32: 0, 1, 2, 3) from ``model.onnx.data``."""
+    folder.mkdir(parents=True)
+    values = np.arange(4, dtype=np.float32)
+    (folder / "model.onnx.data").write_bytes(values.tobytes())
+    tensor = external_tensor("w", values, [("location", "model.onnx.data"), ("offset", "0"), ("length", "16")])
+    return write_model(folder / "model.onnx", identity_model([tensor]))
+
+
+HOLD_INSIDE_AN_EXTENSION = textwrap.dedent(
+    """
+    import os, sys, threading, time
+    from onnx_light_ref import cli
+
+    release = sys.argv.pop(1)  # the rest is the command line console_main reads
+    held = []
+
+    def deferred():
+        return any(thread.name == "onnx-light-ref-interrupt" for thread in threading.enumerate())
+
+    class Finder:  # holds the first import that a C extension's own initialization makes (numpy's does several)
+        def find_spec(self, name, path=None, target=None):
+            if not held and cli._initializing_an_extension(sys._getframe()):
+                held.append(name)
+                print("held", flush=True)
+                said = False
+                while not os.path.exists(release):
+                    if not said and deferred():  # the handler ran here, and sends the signal again later
+                        print("deferred", flush=True)
+                        said = True
+                    time.sleep(0.01)
+            return None
+
+    sys.meta_path.insert(0, Finder())
+    raise SystemExit(cli.console_main())
+    """
+)
+
+
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_a_signal_while_a_c_extension_initializes_waits_for_it_to_finish(tmp_path: Path, signum: int) -> None:
+    """onnx's C++ extension imports Python modules while it initializes; a KeyboardInterrupt raised there unwound
+    through code that does not expect it and the process died by SIGSEGV (seen as `run` exiting -11 when SIGTERM
+    came while it imported onnx). The signal is sent again until it lands in plain Python: one line, 130 / 143."""
+    src = identity_model_file(tmp_path / "src")
+    release = tmp_path / "release"
+    args = [str(release), "align", str(src), str(tmp_path / "out" / "m.onnx"), "--no-progress"]
+    child = start(args, tmp_path, HOLD_INSIDE_AN_EXTENSION)
+    assert child.stdout is not None and child.stdout.readline() == "held\n"
+    child.send_signal(signum)
+    assert child.stdout.readline() == "deferred\n"  # not raised inside the extension: sent again, later
+    release.touch()
+
+    out, err = finish(child)
+
+    assert_interrupted(child, signum, out, err)
+    assert not (tmp_path / "out").exists()

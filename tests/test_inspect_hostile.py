@@ -58,7 +58,7 @@ def statuses(path: Path) -> dict[str, str]:
 
 
 def test_every_error_status_is_a_layout_status():
-    assert set(get_args(LayoutStatus)) - ERROR_STATUSES == {"ok", "shared"}
+    assert set(get_args(LayoutStatus)) - ERROR_STATUSES == {"ok", "shared", "linked"}
 
 
 def test_thousands_of_mutually_overlapping_ranges_are_all_reported(tmp_path, capsys):

@@ -206,3 +206,49 @@ def test_the_documented_temp_file_names_are_the_code_s(tmp_path: Path) -> None:
         assert _as_regex(token).fullmatch(real), f"{name}: {token!r} does not describe {real!r}"
     for name, text in _documents().items():
         assert ".second.onnx.data.<pid>" not in text, name
+
+
+def test_the_user_documentation_cites_no_internal_issue_number() -> None:
+    """A reader has no access to the project's issue tracker: "issue 12" in a page says nothing to them."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    cited = [
+        f"{page.name}: {match.group()}"
+        for page in pages
+        for match in re.finditer(r"\b(?:issues?|Issue) #?\d+", page.read_text(encoding="utf-8"))
+    ]
+    assert cited == []
+
+
+def test_the_size_threshold_table_gives_each_writer_s_real_default() -> None:
+    """The README's table of ``size_threshold`` defaults is what the functions and the commands use."""
+    import inspect
+
+    from onnx_light_ref import (
+        align_external_data_in_memory,
+        align_external_data_streaming,
+        align_models,
+        link_external_data,
+        save_model_with_shared_external_data,
+    )
+
+    table = README[README.index("**`size_threshold` has two defaults") :].split("\n\n", 2)[1]
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2].strip()
+        for line in table.splitlines()
+        if line.strip().startswith("| `")
+    }
+    documented = {
+        align_external_data_streaming: rows["`align_external_data_streaming` / `_in_memory`, `align`"],
+        align_external_data_in_memory: rows["`align_external_data_streaming` / `_in_memory`, `align`"],
+        align_models: rows["`align_models`, `align-models`"],
+        link_external_data: rows["`link_external_data`, `link`"],
+        save_model_with_shared_external_data: rows["`save_model_with_shared_external_data`"],
+    }
+    for function, shown in documented.items():
+        default = inspect.signature(function).parameters["size_threshold"].default
+        assert shown.startswith(f"`{default}`"), (function.__name__, default, shown)
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    for command, row in (("align", "`align"), ("align-models", "`align_models`"), ("link", "`link_external")):
+        default = commands[command].get_default("size_threshold")
+        shown = next(value for name, value in rows.items() if name.startswith(row))
+        assert shown.startswith(f"`{default}`"), (command, default, shown)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
+from onnx_light_ref.commands.help_text import REFUSED, docs_url, exit_statuses
 from onnx_light_ref.commands.hints import (
     DELETE_STALE_HELP,
     UPDATE_CONFIG_HELP,
@@ -54,6 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``align`` sub-command."""
     parser = subparsers.add_parser(
         "align",
+        epilog=exit_statuses("the model and its weights files are written", REFUSED, writes=True),
         help="re-align weights into aligned (optionally sharded, deduplicated) external data files; move inline "
         "weights out of a .onnx with --size-threshold",
         description="Copy every external tensor of SRC.onnx (and, with --size-threshold, every large inline one) "
@@ -133,7 +135,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="onnx",
         help="weights file format: raw external data (onnx, default) or safetensors files that safetensors "
         "loaders read too (default name DST.safetensors; with --max-shard-size, DST-00001-of-0000N.safetensors "
-        "plus DST.safetensors.index.json); see docs/safetensors.md",
+        f"plus DST.safetensors.index.json); see {docs_url('safetensors.md')}",
     )
     parser.add_argument(
         "--shard-names",
@@ -228,7 +230,7 @@ def _written(dst_onnx: str, result: AlignResult, elapsed: float) -> str:
     if result.kept_inline_tensors:  # named by reason in a note (kept_inline_note)
         extras.append(f"{result.kept_inline_tensors} left in the .onnx")
     if result.deduplicated_tensors:
-        extras.append(f"{result.deduplicated_tensors} deduplicated ({result.deduplicated_bytes} bytes saved)")
+        extras.append(f"{result.deduplicated_tensors} deduplicated: {result.deduplicated_bytes} bytes saved")
     if result.unaligned_tensors:
         names = summarize_names([printable(name) for name in result.unaligned_tensors])
         extras.append(f"{len(result.unaligned_tensors)} large tensor(s) not aligned: {names}")

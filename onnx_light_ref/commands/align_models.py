@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
+from onnx_light_ref.commands.help_text import REFUSED, docs_url, exit_statuses
 from onnx_light_ref.commands.hints import (
     DELETE_STALE_HELP,
     UPDATE_CONFIG_HELP,
@@ -95,6 +96,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``align-models`` sub-command."""
     parser = subparsers.add_parser(
         "align-models",
+        epilog=exit_statuses("every member and the weights files are written", REFUSED, writes=True),
         help="write a family of models (e.g. a decoder and a decoder-with-past) over one set of aligned weights "
         "files holding each distinct tensor once",
         description="Write DIR/<file name of each SRC.onnx, or its NAME> and one set of aligned weights files in DIR "
@@ -126,7 +128,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("onnx", "safetensors"),
         default="onnx",
         help="weights file format: raw external data (onnx, default) or safetensors (each distinct tensor under the "
-        "name of its first user); see docs/align_models.md",
+        f"name of its first user); see {docs_url('align_models.md')}",
     )
     parser.add_argument(
         "--shard-names",
@@ -162,7 +164,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--update-config", metavar="CONFIG.json", help=UPDATE_CONFIG_HELP)
     parser.add_argument("--delete-stale", action="store_true", help=DELETE_STALE_HELP)
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
-    parser.set_defaults(func=align_models_command)
+    parser.set_defaults(
+        func=align_models_command,
+        option_hints={"--dedup": "a family always stores identical payloads once; no option is needed"},
+    )
 
 
 def align_models_command(args: argparse.Namespace) -> int:
@@ -226,7 +231,8 @@ def _summary(result: FamilyResult, elapsed: float) -> str:
             kept = sum(member.kept_inline_reasons.values())
             extras.append(f"{kept} left in the .onnx")
         detail = f" ({', '.join(extras)})" if extras else ""
-        lines.append(f"{shown_path(member.path)}: {member.tensors} tensors, {member.shared_tensors} shared{detail}")
+        shared = f"{member.shared_tensors} on bytes another member uses"
+        lines.append(f"{shown_path(member.path)}: {member.tensors} tensors, {shared}{detail}")
     if result.weights_files:
         files = len(result.weights_files)
         where = shown_path(result.weights_files[0]) + (f" (+{files - 1} shards: {files} files)" if files > 1 else "")
@@ -235,7 +241,8 @@ def _summary(result: FamilyResult, elapsed: float) -> str:
         lines.append(
             f"{where}: {len(result.members)} members, {result.tensors} tensors, {result} bytes written "
             f"({result.unique_bytes} unique, {result.padding} padding{index}), {result.saved_bytes} bytes saved "
-            f"against separate copies ({len(result.shared_tensors)} shared tensors) in {elapsed:.2f} s, "
+            f"against separate copies ({len(result.shared_tensors)} distinct payloads used by several members) in "
+            f"{elapsed:.2f} s, "
             f"{speed:.1f} MiB/s"
         )
     else:

@@ -15,6 +15,7 @@ import os
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
+from onnx_light_ref.commands.help_text import REFUSED, exit_statuses
 from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx
 from onnx_light_ref.commands.sizes import size_argument
 from onnx_light_ref.commands.text import printable
@@ -32,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "ai.rt::DelayedInitializer node reading the same bytes of the same file: no weight is copied. The nodes' "
         "filenames are relative to DST.onnx's folder, which must reach SRC.onnx's data files (SRC.onnx's folder or "
         "a folder above it).",
+        epilog=exit_statuses("DST.onnx is written", REFUSED, writes=True),
     )
     parser.add_argument("src", metavar="SRC.onnx", help="model with external initializers")
     parser.add_argument("dst", metavar="DST.onnx", help="model to write (may be SRC.onnx)")

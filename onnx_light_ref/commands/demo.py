@@ -20,6 +20,7 @@ import tempfile
 from typing import Any
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
+from onnx_light_ref.commands.help_text import exit_statuses
 from onnx_light_ref.commands.paths import shown_path
 from onnx_light_ref.commands.sizes import size_argument
 from onnx_light_ref.errors import PublishedWithErrorsError
@@ -108,6 +109,9 @@ def register(subparsers: Any) -> None:
     """Add the ``demo`` sub-command to the CLI's subparsers."""
     parser = subparsers.add_parser(
         "demo",
+        epilog=exit_statuses(
+            "every step ran and the outputs agree", "a step failed: one 'error: ...' line on stderr", writes=True
+        ),
         help="build a model with weights in two files, re-align it, save a variant sharing its weights, "
         "evaluate all of them lazily and check the outputs agree",
         description="Runs the package's main job end to end on a generated MLP and prints bytes, alignment, "

@@ -22,6 +22,7 @@ from typing import Any
 
 from onnx_light_ref.commands.errors import error_exit
 from onnx_light_ref.commands.folders import remove_created_folders
+from onnx_light_ref.commands.help_text import REFUSED, exit_statuses
 from onnx_light_ref.commands.paths import shown_path
 
 __all__ = ["generate_tests_command", "register"]
@@ -44,7 +45,10 @@ def generate_tests_command(args: argparse.Namespace) -> int:
     for case_dir in case_dirs:
         logger.info("wrote %s", case_dir)
     node_dir = case_dirs[0].parent if case_dirs else args.output_dir
-    print(f"wrote {len(case_dirs)} cases under {shown_path(node_dir)}")
+    seeds = ", ".join(shown_path(path) for path in seed_weights_paths())
+    # The seed cases' weights are not under OUTPUT_DIR: the spec names them absolutely in the system temp folder.
+    print(f"wrote {len(case_dirs)} cases under {shown_path(node_dir)}, and the two seed cases' weights in the system "
+          f"temp folder, where the spec's absolute names put them: {seeds}")  # fmt: skip
     return 0
 
 
@@ -82,6 +86,7 @@ def register(subparsers: Any) -> None:
     """Add the ``generate-tests`` sub-command to the CLI's subparsers."""
     parser = subparsers.add_parser(
         "generate-tests",
+        epilog=exit_statuses("the cases are written", REFUSED, writes=True, publishes=False),
         help="write ai.rt::DelayedInitializer node conformance cases (onnx backend-test layout)",
         description="Write node/<case>/model.onnx, node/<case>/test_data_set_0/output_0.pb and each case's weights "
         "file under OUTPUT_DIR. The two seed cases (test_cc_delayedinitializer_cpu/_file) write their weights to "

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import describe_error, error_exit
+from onnx_light_ref.commands.help_text import docs_url, exit_statuses
 from onnx_light_ref.commands.text import printable
 
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
@@ -81,6 +82,29 @@ def _status(tensor: TensorLayout) -> str:
     return tensor.status
 
 
+def _range_cells(t: TensorLayout, *, typed: bool) -> tuple[str, ...]:
+    """One row: name, file, offset, length, (``typed``: dtype, shape,) alignment, status. An external tensor's dtype
+    and shape are the model's own (any viewer shows them); a DelayedInitializer node's say what its length is."""
+    from onnx_light_ref.io.differences import dtype_name
+
+    place = (_shorten(printable(t.name), _NAME_WIDTH_CAP), _shorten(printable(t.location), _NAME_WIDTH_CAP))
+    known = t.data_type != 0
+    kind = (dtype_name(t.data_type) if known else "?", str(list(t.dims)) if known else "?") if typed else ()
+    return (*place, _cell(t.offset), _cell(t.length), *kind, format_alignment(t.alignment), _status(t))
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """Aligned columns, numbers (offset, length, alignment) to the right."""
+    right = {header.index(name) for name in ("offset", "length", "align")}
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    return [
+        "  ".join(
+            cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in (header, *rows)
+    ]
+
+
 def format_report(report: LayoutReport) -> str:
     """The text ``inspect`` prints: the table, the errors, the files and the totals; every field escaped.
 
@@ -92,33 +116,27 @@ def format_report(report: LayoutReport) -> str:
     """
     lines = [f"model: {printable(report.model_path)}"]
     lines.extend(f"note: {printable(note)}" for note in report.notes)
-    if not report.tensors:
-        lines.append(f"no external tensors ({report.inline_tensors} inline).")
+    if not report.tensors and not report.delayed:
+        lines.append(f"no external tensors and no DelayedInitializer node ({report.inline_tensors} inline).")
         return "\n".join(lines) + "\n"
-    header = ("name", "location", "offset", "length", "align", "status")
-    rows = [
-        (
-            _shorten(printable(t.name), _NAME_WIDTH_CAP),
-            _shorten(printable(t.location), _NAME_WIDTH_CAP),
-            _cell(t.offset),
-            _cell(t.length),
-            format_alignment(t.alignment),
-            _status(t),
-        )
-        for t in report.tensors
-    ]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    right = {2, 3, 4}
-    for row in (header, *rows):
-        cells = [
-            cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        lines.append("  ".join(cells).rstrip())
+    if report.tensors:
+        header = ("name", "location", "offset", "length", "align", "status")
+        lines += _table(header, [_range_cells(t, typed=False) for t in report.tensors])
+    if report.delayed:
+        lines += [""] if report.tensors else []
+        lines.append(f"read by {len(report.delayed)} DelayedInitializer node(s):")
+        lines += _table(("name", "filename", "offset", "length", "dtype", "shape", "align", "status"),
+                        [_range_cells(t, typed=True) for t in report.delayed])  # fmt: skip
     errors = report.errors
     if errors:
         lines.append("")
         lines.append(f"{len(errors)} error(s):")
-        lines.extend(f"  {t.status}: {printable(t.message)} (in {printable(t.where)})" for t in errors)
+        # A DelayedInitializer node's message starts with where it is: not said twice.
+        lines.extend(
+            f"  {t.status}: {printable(t.message)}"
+            + ("" if t.message.startswith(t.where) else f" (in {printable(t.where)})")
+            for t in errors
+        )
     refused = [t for t in report.tensors if t.refusals and t.status != "loader refuses"]
     if refused:  # tensors in error for another reason may be refused by some loaders only: say which
         lines.append("")
@@ -141,8 +159,9 @@ def format_report(report: LayoutReport) -> str:
             lines.append(f"    {verdict}{printable(file.safetensors)}")
     lines.append("")
     common = report.common_alignment
+    delayed = f", {len(report.delayed)} read by DelayedInitializer nodes" if report.delayed else ""
     lines.append(
-        f"{len(report.tensors)} external tensors, {report.inline_tensors} inline; every offset is aligned to "
+        f"{len(report.tensors)} external tensors{delayed}, {report.inline_tensors} inline; every offset is aligned to "
         f"{format_alignment(common) if common != 0 else 'any power of two (all offsets are 0)'}"
         + (f" ({common} bytes)" if common and format_alignment(common) != str(common) else "")
     )
@@ -191,10 +210,13 @@ def build_folder_report(folder: str, *, allow_outside_folder: bool = False) -> F
         allow_outside_folder: as for :func:`~onnx_light_ref.io.layout_report.build_layout_report`.
 
     Returns:
-        The :class:`FolderReport`; a model that cannot be read is listed with its error.
+        The :class:`FolderReport` (its ``folder`` absolute, as every printed path is); a model that cannot be read is
+        listed with its error.
     """
     from onnx_light_ref.io.layout_report import build_layout_report
     from onnx_light_ref.io.read.sharing import folder_sharing, is_model_name
+
+    folder = os.path.abspath(folder)
 
     models = []
     for name in sorted(name for name in os.listdir(folder) if is_model_name(name)):
@@ -309,6 +331,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the ``inspect`` sub-command to ``subparsers``."""
     parser = subparsers.add_parser(
         "inspect",
+        epilog=exit_statuses(
+            "every reference is fine ('status: OK')",
+            "a reference is broken (the report says which), or the model cannot be read (one 'error: ...' line)",
+            writes=False,
+        ),
         help="show the layout of a model's external tensors (offsets, alignment, gaps, overlaps, errors)",
         description="Print one row per external tensor, the problems found, totals per data file and the largest "
         "alignment every tensor satisfies. Exit status 1 if any reference is broken. Reads no external weight, and no "
@@ -329,7 +356,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON document on stdout instead of the text (schema: docs/json.md, "
-        "onnx_light_ref/schemas/inspect-1.json); same exit status",
+        help=f"print one JSON document on stdout instead of the text ({docs_url('json.md')}; its schema: "
+        "onnx_light_ref.schemas.load_schema('inspect')); same exit status",
     )
     parser.set_defaults(func=inspect_command)

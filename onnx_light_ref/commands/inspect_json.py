@@ -1,6 +1,6 @@
 """``inspect --json``: the layout report of a model, or the report of a folder, as one JSON document.
 
-Builds the document described by ``docs/json.md`` and the shipped schema ``onnx_light_ref/schemas/inspect-1.json``
+Builds the document described by ``docs/json.md`` and the shipped schema ``onnx_light_ref/schemas/inspect-2.json``
 from what :func:`~onnx_light_ref.io.layout_report.build_layout_report` found: every fact the text output shows (per
 tensor, per file, the verdict) and the ones the text leaves out for width (data type, dims, structural place, every
 gap, every overlap, the safetensors header's numbers). :mod:`~onnx_light_ref.commands.json_output` writes it.
@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from onnx_light_ref.commands.json_output import SCHEMA_VERSION
+from onnx_light_ref.commands.json_output import SCHEMA_VERSIONS
 from onnx_light_ref.io.read.loader_rule import LOADERS, Refusal
 
 if TYPE_CHECKING:
     from onnx_light_ref.commands.inspect import FolderReport
-    from onnx_light_ref.io.layout_report import FileLayout, LayoutReport, TensorLayout
+    from onnx_light_ref.io.layout_report import DelayedLayout, FileLayout, LayoutReport, TensorLayout
     from onnx_light_ref.io.read.safetensors_header import SafetensorsHeader
     from onnx_light_ref.io.read.walker import SitePlace
 
@@ -27,7 +27,7 @@ __all__ = ["folder_document", "model_document", "place_value", "report_value"]
 
 def model_document(report: LayoutReport) -> dict[str, Any]:
     """The whole ``inspect --json MODEL.onnx`` document."""
-    return {"schema_version": SCHEMA_VERSION, "command": "inspect", "kind": "model", **report_value(report)}
+    return {"schema_version": SCHEMA_VERSIONS["inspect"], "command": "inspect", "kind": "model", **report_value(report)}
 
 
 def report_value(report: LayoutReport) -> dict[str, Any]:
@@ -39,9 +39,11 @@ def report_value(report: LayoutReport) -> dict[str, Any]:
         "status": "ok" if report.ok else "error",
         "error_count": len(errors),
         "external_tensors": len(report.tensors),
+        "delayed_nodes": len(report.delayed),
         "inline_tensors": report.inline_tensors,
         "common_alignment": report.common_alignment,
         "tensors": [_tensor_value(tensor) for tensor in report.tensors],
+        "delayed": [_delayed_value(read) for read in report.delayed],
         "files": [_file_value(file) for file in report.files],
         "notes": list(report.notes),
     }
@@ -76,6 +78,32 @@ def _tensor_value(tensor: TensorLayout) -> dict[str, Any]:
         "message": tensor.message,
         "shared_with": tensor.shared_with,
         "refusals": [_refusal_value(refusal) for refusal in tensor.refusals],
+    }
+
+
+def _delayed_value(read: DelayedLayout) -> dict[str, Any]:
+    from onnx_light_ref.io.differences import dtype_name
+
+    known = read.data_type != 0  # 0 (UNDEFINED): the node's attributes could not be read
+    return {
+        "index": read.index,
+        "node": read.node,
+        "output": read.raw_name,
+        "label": read.name,
+        "where": read.where,
+        "filename": read.raw_location if read.offset is not None else None,
+        "path": read.path,
+        "offset": read.offset,
+        "length": read.length,
+        "alignment": read.alignment,
+        "data_type": read.data_type if known else None,
+        "dtype": dtype_name(read.data_type) if known else None,
+        "shape": list(read.dims) if known else None,
+        "load_device": read.load_device,
+        "status": read.status,
+        "error": read.is_error,
+        "message": read.message,
+        "shared_with": read.shared_with,
     }
 
 
@@ -138,7 +166,7 @@ def folder_document(folder: FolderReport) -> dict[str, Any]:
     """The whole ``inspect --json FOLDER`` document: each model's report (or why it is unreadable) and who uses
     which data file."""
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": SCHEMA_VERSIONS["inspect"],
         "command": "inspect",
         "kind": "folder",
         "folder": folder.folder,
@@ -164,6 +192,7 @@ def folder_document(folder: FolderReport) -> dict[str, Any]:
                         "tensor": user.tensor,
                         "location": user.location,
                         "tensors": user.tensors,
+                        "via": user.via,
                     }
                     for user in shared.users
                 ],

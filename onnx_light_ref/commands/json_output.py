@@ -25,10 +25,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["SCHEMA_VERSION", "encode_text", "error_document", "to_json_value", "write_document"]
+from onnx_light_ref.schemas import SCHEMA_VERSIONS
 
-SCHEMA_VERSION = 1
-"""The version of the documents ``--json`` writes (``schema_version``); see ``docs/json.md`` for what changes it."""
+__all__ = ["SCHEMA_VERSIONS", "encode_text", "error_document", "to_json_value", "write_document"]
 
 
 def encode_text(value: str | bytes) -> str | dict[str, str]:
@@ -101,7 +100,7 @@ def error_document(command: str, error: BaseException) -> dict[str, Any]:
         ``{"schema_version", "command", "kind": "error", "ok": false, "error": {"type", "message"}}``.
     """
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": SCHEMA_VERSIONS[command],
         "command": command,
         "kind": "error",
         "ok": False,

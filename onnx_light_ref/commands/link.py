@@ -16,6 +16,7 @@ import os
 from typing import TYPE_CHECKING
 
 from onnx_light_ref.commands.errors import PUBLISHED_WITH_ERRORS, error_exit, published_exit
+from onnx_light_ref.commands.help_text import REFUSED, exit_statuses
 from onnx_light_ref.commands.hints import DELETE_STALE_HELP, stale_notes
 from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx, weights_argument, weights_path
 from onnx_light_ref.commands.progress import byte_progress
@@ -34,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``link`` sub-command."""
     parser = subparsers.add_parser(
         "link",
+        epilog=exit_statuses("the model is written, pointing at the checkpoint", REFUSED, writes=True),
         help="point a model's tensors at an existing safetensors checkpoint (no byte copied)",
         description="Write DST.onnx so that every tensor of MODEL.onnx whose name (through --map) is a key of "
         "CHECKPOINT with the same data type and shape points at the checkpoint's bytes: one copy of the weights "

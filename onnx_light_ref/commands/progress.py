@@ -14,8 +14,6 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
-from tqdm import tqdm
-
 __all__ = ["FALLBACK_COLUMNS", "bar_columns", "byte_progress"]
 
 FALLBACK_COLUMNS = 80
@@ -53,12 +51,17 @@ def byte_progress(
     Yields:
         The callback to hand to the library's ``progress`` parameter.
     """
+    if hidden or (terminal_only and not _is_terminal(sys.stderr)):  # no bar: tqdm (50 ms to import) is not needed
+        yield _no_progress
+        return
+    from tqdm import tqdm
+
     bar = tqdm(
         desc=desc,
         unit="B",
         unit_scale=True,
         unit_divisor=1024,
-        disable=True if hidden else (None if terminal_only else False),  # None: tqdm checks for a terminal
+        disable=False,
         leave=leave,
         file=sys.stderr,
         ncols=bar_columns(sys.stderr),
@@ -72,3 +75,15 @@ def byte_progress(
         yield progress
     finally:
         bar.close()
+
+
+def _no_progress(done: int, total: int) -> None:
+    """The callback when no bar is drawn."""
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal (as tqdm's ``disable=None`` asks); one without ``isatty``, or closed, is not."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from onnx_light_ref.commands.errors import describe_error, error_exit, published_exit
 from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders
+from onnx_light_ref.commands.help_text import REFUSED, exit_statuses
 from onnx_light_ref.commands.paths import shown_path
 from onnx_light_ref.commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
@@ -435,6 +436,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``run`` sub-command."""
     parser = subparsers.add_parser(
         "run",
+        epilog=exit_statuses("the outputs are written", REFUSED, writes=True),
         help="evaluate a model lazily with the reference evaluator and save its outputs as .npy",
         description="Evaluate MODEL.onnx with onnx's reference evaluator, its external weights turned into "
         "ai.rt::DelayedInitializer nodes (read from the files when needed), and save each output as "
@@ -448,7 +450,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=parse_input_spec,
         default=[],
         metavar="NAME=FILE.npy",
-        help="a graph input and the .npy file holding it (repeat for each input)",
+        help="a graph input and the .npy file holding it: required, once for each input of the model (a model "
+        "without inputs takes none)",
     )
     parser.add_argument(
         "--load-device",
@@ -490,4 +493,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "uint2) as each element's bits: uint16 for bfloat16, uint8 for the others (a sub-byte code in the low bits); "
         "by default they are widened exactly (float32, int8, uint8)",
     )
+    # argparse shows an optional flag in brackets; --input is required whenever the model has inputs (each one is
+    # checked against the model when it runs), so the usage shows it as the synopsis does.
+    usage = parser.format_usage().removeprefix("usage: ").rstrip("\n")
+    parser.usage = usage.replace("[--input NAME=FILE.npy]", "--input NAME=FILE.npy ...", 1)
     parser.set_defaults(func=run_command)

@@ -17,6 +17,7 @@ import os
 
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
+from onnx_light_ref.commands.help_text import REFUSED, exit_statuses
 from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx, weights_argument, weights_path
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import alignment_argument
@@ -95,6 +96,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``undelay`` sub-command."""
     parser = subparsers.add_parser(
         "undelay",
+        epilog=exit_statuses("the model and its weights file are written", REFUSED, writes=True),
         help="turn ai.rt::DelayedInitializer nodes into external initializers (run the model anywhere)",
         description="Write DST.onnx where every ai.rt::DelayedInitializer node of SRC.onnx (main graph and "
         "subgraphs) is an initializer stored as external data in an aligned weights file, its bytes copied file to "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 
 from onnx_light_ref.commands.errors import error_exit
+from onnx_light_ref.commands.help_text import docs_url, exit_statuses
 from onnx_light_ref.commands.progress import byte_progress
 from onnx_light_ref.commands.sizes import bounded_size
 from onnx_light_ref.commands.text import printable
@@ -38,6 +39,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``verify`` sub-command."""
     parser = subparsers.add_parser(
         "verify",
+        epilog=exit_statuses(
+            "the models hold the same tensors (with --check-checksums: and every checksum is right)",
+            "a difference or a wrong checksum (on stdout), or the models cannot be compared (one 'error: ...' line)",
+            writes=False,
+        ),
         help="check that two models hold the same tensors (names, dtypes, dims, bytes), inline or external",
         description="Compare every tensor of A.onnx and B.onnx (initializers, subgraphs, attribute and sparse "
         "tensors, functions) in model order (with --by-name: by graph and name): names, data types, dims and bytes "
@@ -96,8 +102,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON document on stdout instead of the text (schema: docs/json.md, "
-        "onnx_light_ref/schemas/verify-1.json); same exit status",
+        help=f"print one JSON document on stdout instead of the text ({docs_url('json.md')}; its schema: "
+        "onnx_light_ref.schemas.load_schema('verify')); same exit status",
     )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(func=verify_command)

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from onnx_light_ref.commands.errors import error_exit
-from onnx_light_ref.commands.json_output import SCHEMA_VERSION
+from onnx_light_ref.commands.json_output import SCHEMA_VERSIONS
 from onnx_light_ref.commands.text import printable
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def checkpoint_document(
 ) -> dict[str, Any]:
     """The ``verify --json MODEL.onnx CHECKPOINT`` document (``kind``: ``checkpoint``)."""
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": SCHEMA_VERSIONS["verify"],
         "command": "verify",
         "kind": "checkpoint",
         "ok": result.holds,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from onnx_light_ref.commands.json_output import SCHEMA_VERSION
+from onnx_light_ref.commands.json_output import SCHEMA_VERSIONS
 
 if TYPE_CHECKING:
     from onnx_light_ref.io.differences import ChecksumMismatch, Difference, TensorRef
@@ -53,7 +53,7 @@ def verify_document(
     """
     status = verify_status(result)
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": SCHEMA_VERSIONS["verify"],
         "command": "verify",
         "kind": "comparison",
         "ok": status == "equal",

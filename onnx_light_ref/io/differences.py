@@ -15,8 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-import onnx
-
+from onnx_light_ref.io.read.proto import data_type_name
 from onnx_light_ref.io.read.walker import SitePlace, TensorKind, TensorSite, describe_place
 
 __all__ = [
@@ -222,7 +221,5 @@ def _sparse_dims(site: TensorSite) -> tuple[int, ...] | None:
 
 def dtype_name(data_type: int) -> str:
     """``TensorProto.FLOAT`` -> ``"FLOAT"``; a number onnx does not know -> ``"unknown data type 99"``."""
-    try:
-        return onnx.helper.tensor_dtype_to_string(data_type).removeprefix("TensorProto.")
-    except (KeyError, ValueError):
-        return f"unknown data type {data_type}"
+    name = data_type_name(data_type)
+    return f"unknown data type {data_type}" if name is None else name

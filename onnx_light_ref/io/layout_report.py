@@ -34,6 +34,16 @@ header, or is not exactly the bytes of the key of its name, or of any key of its
 to a checkpoint reads after the checkpoint was re-saved). So ``ok`` also means that every ``*.safetensors`` data file
 opens in the safetensors library and that each reference into one reads exactly one of its keys.
 
+A model read by ``ai.rt::DelayedInitializer`` nodes (onnx-light's form) names its files in node attributes instead:
+:attr:`LayoutReport.delayed` lists what each node reads (:func:`~onnx_light_ref.io.read.delayed_nodes.delayed_reads`:
+file, offset, byte length from ``shape`` and ``dtype``), checked as the ``run`` command and ``undelay`` open it (the
+kernel bound to the model's folder): a relative ``filename`` by the rule of an external ``location``, an absolute one
+only below the model's folder unless ``allow_outside_folder``; then the same statuses as external tensors (``missing
+file``, ``unsafe location``, ``hard-linked``, ``out of bounds``, ``header mismatch``...; ``invalid``: the node breaks a
+rule the kernel applies to its attributes). These ranges take part in each file's shared ranges, overlaps and gaps
+like external ones. A node whose attributes are a model function's (``ref_attr_name``) reads what each call says:
+status ``linked``, not an error, not checked. A node reading zero bytes opens nothing (as the kernel): ``ok``.
+
 This module must never read weight bytes (it only ``stat``s files and reads safetensors headers) and never writes
 anything; it returns plain dataclasses and leaves presentation to the caller (``onnx-light-ref inspect``).
 """
@@ -43,23 +53,30 @@ from __future__ import annotations
 import bisect
 import os
 from dataclasses import dataclass, field
-from typing import Literal, get_args
-
-import onnx
+from typing import TYPE_CHECKING, Literal, get_args
 
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError, UnsafeLocationError
 from onnx_light_ref.io.arguments import PathLike, check_bool
 from onnx_light_ref.io.plan.alignment import offset_alignment
 from onnx_light_ref.io.posix import check_single_link
+from onnx_light_ref.io.read.delayed_rules import DelayedRead, delayed_reads
 from onnx_light_ref.io.read.entries import is_external, last_value, parse_entry_int, read_entries
-from onnx_light_ref.io.read.folder import ModelFolder
+from onnx_light_ref.io.read.folder import ModelFolder, check_file_name, relative_below, stat_unconfined
 from onnx_light_ref.io.read.loader_rule import Refusal, loader_refusals
-from onnx_light_ref.io.read.locations import LocationResolver, expected_nbytes, parse_external_data
+from onnx_light_ref.io.read.locations import (
+    LocationResolver,
+    check_location_syntax,
+    expected_nbytes,
+    parse_external_data,
+)
 from onnx_light_ref.io.read.model_file import check_model_strings, open_model_folder
 from onnx_light_ref.io.read.safetensors_header import SafetensorsHeader
 from onnx_light_ref.io.read.safetensors_refs import check_reference, is_safetensors_location, read_safetensors_file
 from onnx_light_ref.io.read.walker import SitePlace, TensorKind, TensorSite, iter_tensors
 from onnx_light_ref.io.read.wire import load_model_lean
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "ERROR_STATUSES",
@@ -85,16 +102,17 @@ LayoutStatus = Literal[
     "safetensors refuses",
     "header mismatch",
     "zero-length mid-file",
+    "linked",
 ]
-"""What was found checking one tensor's reference; see the module docstring for each value."""
+"""What was found checking one tensor's reference (or one DelayedInitializer node's); see the module docstring."""
 
 # Names listed in one overlap message; the rest of the partner group is counted.
 _NAMES_SHOWN = 3
 
 ERROR_STATUSES: frozenset[LayoutStatus] = frozenset(
-    status for status in get_args(LayoutStatus) if status not in ("ok", "shared")
+    status for status in get_args(LayoutStatus) if status not in ("ok", "shared", "linked")
 )
-"""Every status but ``ok`` and ``shared``."""
+"""Every status but ``ok``, ``shared`` and ``linked``."""
 
 
 @dataclass
@@ -139,8 +157,20 @@ class TensorLayout:
 
     @property
     def is_error(self) -> bool:
-        """True for every status but ``ok`` and ``shared``."""
+        """True for every status but ``ok``, ``shared`` and ``linked``."""
         return self.status in ERROR_STATUSES
+
+
+@dataclass
+class DelayedLayout(TensorLayout):
+    """What one ``DelayedInitializer`` node reads (``name`` is its output, ``location`` its ``filename``,
+    ``length`` the bytes its ``shape`` and ``dtype`` make, ``index`` its position among the model's such nodes), and
+    what was found checking it; ``data_type`` is 0 and ``dims`` empty when unknown."""
+
+    node: str | bytes = ""  # NodeProto.name as stored
+    load_device: str | None = None
+    path: str | None = None  # the file it resolved to; None: unresolved (or nothing to read)
+    file_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -172,7 +202,7 @@ class FileLayout:
     size: int | None
     tensors: int = 0
     bytes_used: int = 0  # union of the valid ranges: shared bytes count once
-    gaps: list[Gap] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)  # a safetensors file's header (when it parses) is not one
     safetensors: str | None = None  # a ``*.safetensors`` file: what its header says (see read_safetensors_file)
     safetensors_ok: bool = True  # False: the safetensors library refuses the file (malformed, too large, not covered)
     safetensors_header: SafetensorsHeader | None = None  # the parsed header (None: not safetensors, or malformed)
@@ -194,11 +224,12 @@ class LayoutReport:
     inline_tensors: int  # tensors holding their bytes in the proto (not checked further)
     # Not errors: e.g. non-UTF-8 text, which the loaders accept and this package's writers refuse.
     notes: list[str] = field(default_factory=list)
+    delayed: list[DelayedLayout] = field(default_factory=list)  # what each DelayedInitializer node reads
 
     @property
     def errors(self) -> list[TensorLayout]:
-        """The tensors in error, in walk order."""
-        return [t for t in self.tensors if t.is_error]
+        """The tensors in error in walk order, then the DelayedInitializer nodes in error."""
+        return [t for t in [*self.tensors, *self.delayed] if t.is_error]
 
     @property
     def ok(self) -> bool:
@@ -212,7 +243,7 @@ class LayoutReport:
         Zero-length tensors do not count: they hold no byte to align, and this package's writers put them at the end
         of their file (``docs/align.md``), wherever that is.
         """
-        alignments = [t.alignment for t in self.tensors if t.alignment is not None and t.length != 0]
+        alignments = [t.alignment for t in [*self.tensors, *self.delayed] if t.alignment is not None and t.length != 0]
         if not alignments:
             return None
         nonzero = [a for a in alignments if a > 0]
@@ -269,7 +300,7 @@ def _check_tensor(
         layout.status, layout.message = "unsafe location", str(exc)
         return layout, None, None
     except FileNotFoundError as exc:
-        layout.status, layout.message = "missing file", str(exc)
+        layout.status, layout.message = "missing file", exc.strerror or str(exc)
         return layout, None, None
     except ExternalDataError as exc:
         layout.status, layout.message = "invalid", str(exc)
@@ -407,7 +438,15 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
     tensors: list[TensorLayout] = []
     files: dict[str, FileLayout] = {}  # keyed by normalized path (two spellings of one file are one file)
     members: dict[str, list[TensorLayout]] = {}
-    protos: dict[int, onnx.TensorProto] = {}  # id(layout) -> its tensor, for the safetensors header checks
+
+    def add(layout: TensorLayout, resolved: str | None, size: int | None) -> None:
+        if resolved is None and layout.status != "missing file":
+            return  # an unsafe or unreadable location names no file we may look at
+        key = resolved if resolved is not None else f"\0{layout.location}"
+        if key not in files:
+            files[key] = FileLayout(layout.location, resolved, size)
+        members.setdefault(key, []).append(layout)
+
     inline = 0
     for index, site in enumerate(iter_tensors(model)):
         if not is_external(site.tensor):
@@ -417,20 +456,17 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
         layout.refusals = loader_refusals(site, os.path.dirname(path), real_model_dir)
         _describe_site(layout, site, index)
         tensors.append(layout)
-        protos[id(layout)] = site.tensor
-        if resolved is None and layout.status != "missing file":
-            continue  # an unsafe or unreadable location names no file we may look at
-        key = resolved if resolved is not None else f"\0{layout.location}"
-        if key not in files:
-            files[key] = FileLayout(layout.location, resolved, size)
-        members.setdefault(key, []).append(layout)
+        add(layout, resolved, size)
+    delayed = [_check_delayed(read, resolver, allow_outside_folder) for read in delayed_reads(model)]
+    for layout in delayed:
+        add(layout, layout.path, layout.file_size)
     for key, file in files.items():
         if file.path is None:
             file.tensors = len(members[key])
             continue
         _analyse_file(file, members[key])
         if is_safetensors_location(file.path):
-            _check_safetensors(resolver.folder, file, members[key], protos)
+            _check_safetensors(resolver.folder, file, members[key])
     for layout in tensors:
         # With the opt-in the caller trusts symbolic links (the Hugging Face cache): still listed, not an error.
         blocking = [r for r in layout.refusals if not (allow_outside_folder and r.symlink)]
@@ -443,7 +479,7 @@ def build_layout_report(model_path: PathLike, *, allow_outside_folder: bool = Fa
     except InvalidModelError as exc:  # the loaders take it; align, verify and the shared saver refuse it
         notes.append(f"{exc} (the loaders accept it; this package's writers refuse it)")
     resolver.close()
-    return LayoutReport(path, tensors, list(files.values()), inline, notes)
+    return LayoutReport(path, tensors, list(files.values()), inline, notes, delayed)
 
 
 def _describe_site(layout: TensorLayout, site: TensorSite, index: int) -> None:
@@ -454,22 +490,96 @@ def _describe_site(layout: TensorLayout, site: TensorSite, index: int) -> None:
     layout.raw_location = last_value(tensor, "location") or ""
 
 
-def _check_safetensors(
-    folder: ModelFolder, file: FileLayout, members: list[TensorLayout], protos: dict[int, onnx.TensorProto]
-) -> None:
+def _check_delayed(read: DelayedRead, resolver: LocationResolver, allow_outside_folder: bool) -> DelayedLayout:
+    """What ``read`` reads, checked as the kernel bound to the model's folder opens it (module docstring)."""
+    layout = DelayedLayout(
+        read.output or read.where, read.where, read.filename or "", read.offset, read.length, index=read.index,
+        data_type=read.dtype or 0, dims=read.shape or (), raw_name=read.output, raw_location=read.filename or "",
+        node=read.node, load_device=read.load_device,
+    )  # fmt: skip
+    if read.linked:
+        layout.status = "linked"
+        layout.message = (
+            f"{read.where}: its attributes are linked to the model function's (ref_attr_name): what it reads is "
+            "known per call only, and is not checked here."
+        )
+        return layout
+    if read.problem is not None or read.filename is None or read.offset is None or read.length is None:
+        layout.status, layout.message = "invalid", read.problem or ""
+        return layout
+    if read.length == 0:
+        return layout  # reads nothing: the kernel opens no file
+    try:
+        path, st, trusted = _locate_delayed(
+            read.filename, read.where, layout.name, resolver.folder, allow_outside_folder
+        )
+    except UnsafeLocationError as exc:
+        layout.status, layout.message = "unsafe location", str(exc)
+        return layout
+    except FileNotFoundError as exc:
+        layout.status, layout.message = "missing file", exc.strerror or str(exc)
+        return layout
+    except ExternalDataError as exc:  # not a regular file, not accessible
+        layout.status, layout.message = "invalid", str(exc)
+        return layout
+    layout.path, layout.file_size = path, st.st_size
+    try:
+        if not trusted:
+            check_single_link(st, what=f"{read.where}: file {read.filename!r} ({path!r})")
+    except UnsafeLocationError as exc:
+        layout.status, layout.message = "hard-linked", str(exc)
+        return layout
+    needed = read.offset + read.length
+    if needed > st.st_size:
+        layout.status = "out of bounds"
+        layout.message = (
+            f"{read.where}: file {read.filename!r} too short: needs {needed} bytes ({read.length} bytes at offset "
+            f"{read.offset}), has {st.st_size} bytes."
+        )
+    return layout
+
+
+def _locate_delayed(
+    filename: str, where: str, label: str, folder: ModelFolder, allow_outside_folder: bool
+) -> tuple[str, os.stat_result, bool]:
+    """The path and ``stat`` of the file a node names, by the bound kernel's rule and in its words; and whether the
+    name is trusted as it is (absolute, with ``allow_outside_folder``: hard links are not refused, as the kernel
+    opens it)."""
+    what, subject = f"{where}: filename {filename!r}", f"{where}: file {filename!r}"
+    check_file_name(filename, what)
+    if os.path.isabs(filename):
+        if allow_outside_folder:
+            return filename, stat_unconfined(filename, subject=subject), True
+        outside = " Pass allow_outside_folder=True (CLI: --allow-outside-folder) if you trust this model."
+        name = relative_below(folder.path, filename, what=what, outside=outside)
+    else:
+        try:
+            check_location_syntax(filename, tensor_name=label)
+        except UnsafeLocationError as exc:
+            raise UnsafeLocationError(
+                f"{where}: relative filename {filename!r} must stay inside the folder {folder.path!r}: {exc}"
+            ) from exc
+        name = filename
+    return folder.display_path(name), folder.stat_file(name, subject=subject, check_links=False), False
+
+
+def _check_safetensors(folder: ModelFolder, file: FileLayout, members: list[TensorLayout]) -> None:
     """Describe a ``*.safetensors`` file's header (no tensor byte read) and mark the tensors it makes wrong: every
     reference that disagrees with the header, then every other tensor of a file the library refuses."""
     checked = read_safetensors_file(folder, file.location)
     file.safetensors, file.safetensors_ok = checked.description, checked.refusal is None
     file.safetensors_header = checked.header
+    if checked.header is not None:  # the header is the file's own bytes, not a gap between tensors
+        start = checked.header.data_start
+        file.gaps = [Gap(max(g.offset, start), g.offset + g.length - max(g.offset, start))
+                     for g in file.gaps if g.offset + g.length > start]  # fmt: skip
     for tensor in members:
         if tensor.is_error or tensor.offset is None or tensor.length is None:
             continue
         problem = None
         if checked.header is not None:
-            proto = protos[id(tensor)]
-            key = proto.name if isinstance(proto.name, str) else ""  # a non-UTF-8 name is no safetensors key
-            problem = check_reference(checked, key, proto.data_type, proto.dims, tensor.offset, tensor.length)
+            key = tensor.raw_name if isinstance(tensor.raw_name, str) else ""  # a non-UTF-8 name is no key
+            problem = check_reference(checked, key, tensor.data_type, tensor.dims, tensor.offset, tensor.length)
         if problem is not None:
             tensor.status, tensor.message = "header mismatch", problem
         elif checked.refusal is not None:

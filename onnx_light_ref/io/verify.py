@@ -32,10 +32,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Literal
-
-import numpy as np
-import onnx
+from typing import TYPE_CHECKING, Literal
 
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError
 from onnx_light_ref.io.arguments import PathLike, check_bool, check_int
@@ -60,10 +57,13 @@ from onnx_light_ref.io.read.locations import (
     parse_external_data,
 )
 from onnx_light_ref.io.read.model_file import open_model_folder
+from onnx_light_ref.io.read.proto import TensorProto
 from onnx_light_ref.io.read.walker import TensorSite, describe_place, iter_tensors
 from onnx_light_ref.io.read.wire import InlinePayload, StrippedModel, load_model_lean
 from onnx_light_ref.io.write.copy_engine import CopyRange, ProgressCallback, open_source
-from onnx_light_ref.onnx_compat import typed_raw_bytes
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -407,7 +407,7 @@ def _delayed_sites(model: onnx.ModelProto) -> list[tuple[TensorSite, DelayedSite
     at the place ``("delayed_initializer", i, output)`` (its key pairs it by output name)."""
     found = []
     for index, node in enumerate(iter_delayed(model)):
-        tensor = onnx.TensorProto(name=node.label, data_type=node.dtype, dims=node.shape)
+        tensor = TensorProto(name=node.label, data_type=node.dtype, dims=node.shape)
         key = ((), ("delayed_initializer", node.label))
         place = (("delayed_initializer", index, node.label),)
         site = TensorSite(tensor, "delayed_initializer", model.graph, node.node, node.where, key=key, place=place)
@@ -564,6 +564,9 @@ def _inline_bytes(site: TensorSite, side: str) -> bytes:
         raw = tensor.raw_data
         _check_raw_length(site, side, len(raw))
         return raw
+    # onnx and numpy are imported only here: a model without typed data is verified without them (start-up time).
+    from onnx_light_ref.onnx_compat import typed_raw_bytes
+
     try:
         # Typed fields hold small tensors only; this is the conversion onnx itself uses, sub-byte packing included.
         return typed_raw_bytes(tensor)
@@ -650,9 +653,9 @@ class _Comparison:
         )
 
     def _compare_pair(self, ra: _Record, rb: _Record) -> Finding | None:
-        if ra.site.tensor.data_type == onnx.TensorProto.STRING and ra.external is None and rb.external is None:
+        if ra.site.tensor.data_type == TensorProto.STRING and ra.external is None and rb.external is None:
             return _compare_strings(_inline_strings(ra.site, "A"), _inline_strings(rb.site, "B"))
-        if ra.site.tensor.data_type == onnx.TensorProto.STRING and (ra.external is None) != (rb.external is None):
+        if ra.site.tensor.data_type == TensorProto.STRING and (ra.external is None) != (rb.external is None):
             storage_a, storage_b = ("inline", "external") if ra.external is None else ("external", "inline")
             return Finding(
                 "storage",
@@ -807,6 +810,8 @@ def _first_mismatch(a: memoryview, b: memoryview) -> int | None:
         stop = min(size, start + _COMPARE_BLOCK)
         block_a, block_b = a[start:stop].tobytes(), b[start:stop].tobytes()
         if block_a != block_b:
+            import numpy as np  # only once a difference is found: equal models are verified without numpy
+
             differing = np.frombuffer(block_a, np.uint8) != np.frombuffer(block_b, np.uint8)
             return start + int(np.flatnonzero(differing)[0])
     return None

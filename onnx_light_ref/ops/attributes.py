@@ -8,6 +8,9 @@ negative dimension, more than 64 dimensions or a dimension above int64 (shapes n
 elements), unsupported ``dtype``, then the byte size overflowing int64. :func:`check_node_structure` checks what
 the schema would (no input, exactly one output, exactly the six attributes, each once, with its type) for callers
 that cannot rely on the schema, on the ``NodeProto``, before onnx's ``OpRun`` stores any attribute on the kernel.
+The rules that need no evaluator (the node's structure, the values up to the dims) live in
+:mod:`onnx_light_ref.io.read.delayed_nodes`, which ``inspect`` applies without this package; this module adds what
+needs the installed onnx (the ``dtype``) and numpy (its size limits).
 
 This module must never touch the file system: it validates values only (where the file is, and whether it is
 there, is the kernel's business at read time).
@@ -21,10 +24,19 @@ from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
-import onnx
 from onnx import AttributeProto
 
 from onnx_light_ref.io.arguments import INT64_MAX
+from onnx_light_ref.io.read.delayed_rules import (
+    ATTRIBUTE_TYPES,
+    LOAD_DEVICES,
+    MAX_RANK,
+    RUNTIME_DEVICES,
+    check_node_structure,
+    check_present,
+    check_values,
+    describe_node,
+)
 from onnx_light_ref.io.read.dtype_sizes import packed_nbytes
 from onnx_light_ref.ops.dtypes import dtype_name, np_dtype_for, refuse_dtype
 
@@ -38,33 +50,6 @@ __all__ = [
     "describe_node",
     "validate_attributes",
 ]
-
-ATTRIBUTE_TYPES: dict[str, int] = {
-    "shape": AttributeProto.INTS,
-    "dtype": AttributeProto.INT,
-    "load_device": AttributeProto.STRING,
-    "runtime_device": AttributeProto.STRING,
-    "filename": AttributeProto.STRING,
-    "offset": AttributeProto.INT,
-}
-"""The six required attributes and their AttributeProto types, in the order the seed cases write them."""
-
-_TYPE_LABELS: dict[int, str] = {
-    AttributeProto.INTS: "INTS (a list of integers)",
-    AttributeProto.INT: "INT (an integer)",
-    AttributeProto.STRING: "STRING",
-}
-
-LOAD_DEVICES = ("cpu", "file")
-RUNTIME_DEVICES = ("cpu",)
-
-# Every AttributeProto type onnx's OpRun converts (all but UNDEFINED and unknown numbers).
-_CONVERTIBLE_TYPES = frozenset(
-    value for value in AttributeProto.AttributeType.values() if value != AttributeProto.UNDEFINED
-)
-
-MAX_RANK = 64
-"""Most dimensions a numpy array can have (``numpy.ndarray``'s limit, 64 since numpy 2.0 and 32 before)."""
 
 
 @dataclass(frozen=True)
@@ -91,98 +76,6 @@ class DelayedInitializerParams:
         return nbytes
 
 
-def describe_node(node: onnx.NodeProto) -> str:
-    """How error messages name a node: by its name, else by its first output."""
-    if node.name:
-        return f"DelayedInitializer node {node.name!r}"
-    if len(node.output) > 0:
-        return f"DelayedInitializer node with output {node.output[0]!r}"
-    return "DelayedInitializer node (unnamed, no output)"
-
-
-def check_node_structure(node: onnx.NodeProto, *, where: str) -> None:
-    """Refuse a node onnx's ``OpRun`` must never see: inputs, not exactly one output, any attribute but the six,
-    one of the six twice or with another type (``ValueError`` naming the node and the attribute).
-
-    ``OpRun`` stores every node attribute on the kernel instance with ``setattr(self, name, value)`` before the
-    kernel can look at it, so an attribute named like anything the instance or its class carries (``run``,
-    ``onnx_node``, ``__class__``, a private name...) would replace it: the kernel calls this first, before
-    ``OpRun.__init__``, and nothing but the six names (:data:`ATTRIBUTE_TYPES`) ever reaches ``setattr``. The schema
-    says as much, but it is consulted only when :func:`~onnx_light_ref.ops.register_schemas` ran and the checker is
-    called. Function-linked attributes (``ref_attr_name``) count like literal ones and must declare the same type.
-    The type is checked on the ``AttributeProto`` (a GRAPH-typed ``shape`` would otherwise make ``OpRun`` build an
-    evaluator for it); a STRING value that is not UTF-8 is refused too (``OpRun`` would raise a bare
-    ``UnicodeDecodeError``; a filename decoded with replacement characters would name another file).
-    """
-    if len(node.input) > 0:
-        raise ValueError(f"{where}: takes no inputs, got {len(node.input)} ({list(node.input)}).")
-    if len(node.output) != 1 or not node.output[0]:
-        raise ValueError(f"{where}: must have exactly one (named) output, got {list(node.output)}.")
-    seen: set[str] = set()
-    for attribute in node.attribute:
-        name = attribute.name
-        if name not in ATTRIBUTE_TYPES:
-            raise ValueError(
-                f"{where}: attribute {name!r} is not an attribute of DelayedInitializer, which takes exactly "
-                f"{list(ATTRIBUTE_TYPES)}; refused before anything is read."
-            )
-        if name in seen:
-            raise ValueError(f"{where}: attribute {name!r} is given more than once; each attribute must appear once.")
-        seen.add(name)
-        _check_attribute_type(attribute, where)
-
-
-def _check_attribute_type(attribute: onnx.AttributeProto, where: str) -> None:
-    """The attribute's declared type must be the one the schema gives it, and a STRING value must be UTF-8."""
-    expected = ATTRIBUTE_TYPES[attribute.name]
-    if attribute.type not in _CONVERTIBLE_TYPES:
-        raise ValueError(
-            f"{where}: attribute {attribute.name!r} has type {_type_name(attribute.type)}, which cannot be "
-            f"read; expected {_type_name(expected)}."
-        )
-    if attribute.type == AttributeProto.STRING and not attribute.ref_attr_name:
-        try:
-            attribute.s.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValueError(
-                f"{where}: attribute {attribute.name!r} is not valid UTF-8 ({attribute.s!r}: {exc.reason} at byte "
-                f"{exc.start}); STRING attributes must be UTF-8 text."
-            ) from None
-    if attribute.type != expected:
-        linked = f" (linked to {attribute.ref_attr_name!r})" if attribute.ref_attr_name else ""
-        raise ValueError(
-            f"{where}: attribute {attribute.name!r}{linked} must be {_TYPE_LABELS[expected]}, got "
-            f"{_shown_value(attribute)}."
-        )
-
-
-def _shown_value(attribute: onnx.AttributeProto) -> str:
-    """How a mistyped attribute is shown: its value as Python would hold it, and its AttributeProto type."""
-    kind = _type_name(attribute.type)
-    if attribute.ref_attr_name:
-        return f"an attribute of type {kind}"
-    # (what OpRun would hold it as, the value): FLOAT is a float32 there (shown as the float it is).
-    values: dict[int, tuple[str, object]] = {
-        AttributeProto.INT: ("int", attribute.i),
-        AttributeProto.FLOAT: ("float32", float(attribute.f)),
-        AttributeProto.STRING: ("str", attribute.s.decode("utf-8", errors="replace")),
-        AttributeProto.INTS: ("list", list(attribute.ints)),
-        AttributeProto.FLOATS: ("list", [float(v) for v in attribute.floats]),
-        AttributeProto.STRINGS: ("list", [v.decode("utf-8", errors="replace") for v in attribute.strings]),
-    }
-    if attribute.type not in values:
-        return f"an attribute of type {kind}"
-    label, value = values[attribute.type]
-    return f"{label} {value!r} (an attribute of type {kind})"
-
-
-def _type_name(attr_type: int) -> str:
-    try:
-        return AttributeProto.AttributeType.Name(attr_type)
-    except ValueError:
-        return f"unknown ({attr_type})"
-
-
 def _type_label(value: object) -> str:
     return type(value).__name__
 
@@ -196,12 +89,7 @@ def _as_int(value: object) -> int | None:
 
 
 def _check_types(values: Mapping[str, object], where: str) -> dict[str, object]:
-    missing = [name for name in ATTRIBUTE_TYPES if name not in values or values[name] is None]
-    if missing:
-        names = ", ".join(repr(name) for name in missing)
-        raise ValueError(
-            f"{where}: missing required attribute(s) {names}; all six of {list(ATTRIBUTE_TYPES)} are required."
-        )
+    check_present(values, where=where)
     checked: dict[str, object] = {}
     for name, attr_type in ATTRIBUTE_TYPES.items():
         value = values[name]
@@ -244,28 +132,7 @@ def validate_attributes(values: Mapping[str, object], *, where: str) -> DelayedI
     filename = cast(str, checked["filename"])
     offset = cast(int, checked["offset"])
 
-    if load_device not in LOAD_DEVICES:
-        raise ValueError(f"{where}: load_device must be 'cpu' or 'file', got {load_device!r}.")
-    if runtime_device not in RUNTIME_DEVICES:
-        raise ValueError(f"{where}: runtime_device must be 'cpu', got {runtime_device!r}.")
-    if not filename:
-        raise ValueError(f"{where}: filename must not be empty.")
-    if "\x00" in filename:
-        raise ValueError(f"{where}: filename {filename!r} contains a NUL byte.")
-    if offset < 0:
-        raise ValueError(f"{where}: offset must be non-negative, got {offset}.")
-    negative = [d for d in shape if d < 0]
-    if negative:
-        raise ValueError(
-            f"{where}: shape must not contain negative dimensions, got {list(shape)} (dimension {negative[0]})."
-        )
-    if len(shape) > MAX_RANK:
-        raise ValueError(
-            f"{where}: shape has {len(shape)} dimensions; at most {MAX_RANK} are supported (numpy's limit)."
-        )
-    too_large = [d for d in shape if d > INT64_MAX]
-    if too_large:
-        raise ValueError(f"{where}: shape dimension {too_large[0]} does not fit in int64.")
+    check_values(shape, load_device, runtime_device, filename, offset, where=where)
     refuse_dtype(dtype, where=where)  # UnsupportedElementTypeError (a ValueError) naming the type and why
     params = DelayedInitializerParams(
         shape=shape,

@@ -35,7 +35,9 @@ from onnx_light_ref.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.ops import DelayedInitializer
 from onnx_light_ref.ops.dtypes import EXTENDED_DTYPES
 from onnx_light_ref.ops.schema import make_delayed_initializer_node
+from tests.backend.expected_warnings import EVERY_BIT_PATTERN, onnx_own_cases
 
+pytestmark = EVERY_BIT_PATTERN
 CASE_NAMES = build_cases().names()  # describing cases writes nothing
 # The 42 cases of the 14 portable types and the special shapes; one case per extended type and mode, and a bits case
 # per float-like extended type and mode (onnx_light_ref.backend.typed_cases).
@@ -167,9 +169,13 @@ def test_generated_folder_passes_in_onnx_runner_from_another_directory(
     assert result.testsRun == 2 * len(CASE_NAMES)  # <case>_cpu and <case>_cuda
     assert len(result.skipped) == len(CASE_NAMES)  # CUDA: the backend is CPU-only
     assert passed(result) == len(CASE_NAMES) == 42 + EXTENDED_CASES
+    # What the README says a user running the suite sees, and why (86 cases with onnx 1.23, 66 with 1.17).
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert "the report ends `OK (skipped=86)`: onnx's Runner makes a `_cpu` and a `_cuda` test of every case" in readme
 
 
 @pytest.mark.slow
+@onnx_own_cases
 def test_cases_added_to_a_full_onnx_runner(generated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Alongside onnx's own ~4000 node cases (several seconds to build), through Runner._add_model_test."""
     monkeypatch.chdir(tmp_path)
@@ -432,7 +438,12 @@ def test_cli_generate_tests_creates_a_missing_nested_output_dir(
     try:
         assert main(["generate-tests", str(target)]) == 0
         assert sorted(p.name for p in (target / "node").iterdir()) == sorted(CASE_NAMES)
-        assert f"wrote {len(CASE_NAMES)} cases under {target / 'node'}" in capsys.readouterr().out
+        seeds = ", ".join(seed_weights_paths())
+        assert capsys.readouterr().out == (
+            f"wrote {len(CASE_NAMES)} cases under {target / 'node'}, and the two seed cases' weights in the system "
+            f"temp folder, where the spec's absolute names put them: {seeds}\n"
+        )
+        assert all(os.path.isfile(path) and path.startswith(tempfile.gettempdir()) for path in seed_weights_paths())
     finally:
         _remove_seed_files()
 

@@ -35,6 +35,9 @@ from onnx_light_ref.ops import DelayedInitializer
 from onnx_light_ref.ops.attributes import DelayedInitializerParams
 from onnx_light_ref.ops.dtypes import EXTENDED_DTYPES, is_packed_dtype
 from onnx_light_ref.ops.schema import register_schemas
+from tests.backend.expected_warnings import EVERY_BIT_PATTERN
+
+pytestmark = EVERY_BIT_PATTERN
 
 Mutation = Callable[[np.ndarray], np.ndarray]
 

@@ -613,3 +613,25 @@ def test_a_journal_grants_nothing_unless_a_dead_writer_named_the_file(family: Fa
         align_models(family.sources, out)
 
     assert sha256_of_tree(out) == before
+
+
+def test_the_documented_prints_of_a_family_result_are_what_it_prints(family: Family, tmp_path: Path) -> None:
+    """``print(result)`` prints the number (a FamilyResult is an int): the README and docs/align_models.md showed it
+    as ``FamilyResult(...)``, which ``print(repr(result))`` prints."""
+    import re
+
+    out = tmp_path / "family"
+    out.mkdir()
+    result = align_models(family.sources, out, durable=False)
+
+    assert str(result) == str(int(result)) == "28672"
+    assert re.fullmatch(
+        r"FamilyResult\(28672 bytes in 1 weights file\(s\): 2 members, 12 tensors, unique_bytes=24576, "
+        r"saved_bytes=16384, shared_tensors=5\)",
+        repr(result),
+    )
+    root = Path(__file__).resolve().parents[2]
+    for page in (root / "README.md", root / "docs" / "align_models.md"):
+        shown = [line.strip() for line in page.read_text().splitlines() if "# FamilyResult(" in line]
+        assert shown and all(line.startswith("print(repr(result))") for line in shown), (page.name, shown)
+        assert "print(result)" in page.read_text()  # and the plain print is said to be the number

@@ -36,7 +36,7 @@ def test_files_over_the_shard_cap_are_counted_once(tmp_path: Path) -> None:
     notes = [line for line in done.stdout.splitlines() if line.startswith("note:")]
     assert notes == [
         "note: 2 file(s) hold a single tensor larger than --max-shard-size 10240 (a tensor is never split): "
-        "model.onnx.data.11 (16384 bytes), model.onnx.data (16384 bytes)"
+        "model.onnx.data.9 (16384 bytes), model.onnx.data (16384 bytes)"
     ]
 
 

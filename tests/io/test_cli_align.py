@@ -141,16 +141,19 @@ def test_the_progress_bar_follows_the_bytes_to_the_total(
     tmp_path, make_external_model, reference_tensors, monkeypatch, capsys
 ):
     """On a terminal the bar is shown; here it is forced on, as if stderr were one."""
+    import tqdm
+
     import onnx_light_ref.commands.progress as command
 
     bars = []
 
-    class VisibleBar(command.tqdm):
+    class RecordedBar(tqdm.tqdm):
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, **{**kwargs, "disable": False})
+            super().__init__(*args, **kwargs)
             bars.append(self)
 
-    monkeypatch.setattr(command, "tqdm", VisibleBar)
+    monkeypatch.setattr(tqdm, "tqdm", RecordedBar)
+    monkeypatch.setattr(command, "_is_terminal", lambda stream: True)
     src = make_external_model(tmp_path, reference_tensors())
 
     assert main(["align", str(src), str(tmp_path / "out.onnx"), "--chunk-size", "5"]) == 0
@@ -251,7 +254,7 @@ def test_layout_options_with_size_suffixes(tmp_path, build_identity_model, capsy
         "model.onnx.data.1 (20000 bytes)"
     )
     assert "(+1 shards: 2 files)" in out
-    assert "3 tensors (3 moved out of the .onnx, 1 deduplicated (12000 bytes saved))" in out
+    assert "3 tensors (3 moved out of the .onnx, 1 deduplicated: 12000 bytes saved)," in out  # no nested parentheses
     assert sorted(p.name for p in dst.parent.iterdir()) == ["model.onnx", "model.onnx.data", "model.onnx.data.1"]
     # a (12,000 bytes) fits the cap; b (20,000 bytes) is larger, so it gets a file of its own; tiny stays inline
     assert (dst.parent / "model.onnx.data").stat().st_size == 12000

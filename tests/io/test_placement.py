@@ -39,17 +39,58 @@ def test_shards_start_at_zero_and_never_split_a_blob():
 def test_a_blob_larger_than_the_cap_gets_a_file_of_its_own():
     layout = ShardedLayout(step=1, max_shard_size=100)
     placed = place_all(layout, [10, 500, 10, 600])
-    assert placed == [Placement(0, 0), Placement(1, 0), Placement(2, 0), Placement(3, 0)]
-    assert layout.sizes == [10, 500, 10, 600]
+    # The two small blobs share a file (they fit together); each oversized one is alone.
+    assert placed == [Placement(0, 0), Placement(1, 0), Placement(0, 10), Placement(2, 0)]
+    assert layout.sizes == [20, 500, 600]
+
+
+MIB, KIB = 1024 * 1024, 1024
+
+
+def test_no_shard_is_needlessly_tiny():
+    """The issue's model: tensors of 1M, 4K, 4M, 4K, 4M and 40K under a 4M cap made 5 files, one of 4 KiB, when
+    filled in model order (the next file as soon as a tensor does not fit). Packed largest first: 3 files."""
+    layout = ShardedLayout(step=4096, max_shard_size=4 * MIB)
+    placed = place_all(layout, [MIB, 4 * KIB, 4 * MIB, 4 * KIB, 4 * MIB, 40 * KIB])
+
+    # File 0 holds the first tensor and the small ones, largest first; files are numbered by their first tensor.
+    assert [(p.shard, p.offset) for p in placed] == [
+        (0, 0),
+        (0, MIB + 40 * KIB),
+        (1, 0),
+        (0, MIB + 44 * KIB),
+        (2, 0),
+        (0, MIB),
+    ]
+    assert layout.sizes == [MIB + 48 * KIB, 4 * MIB, 4 * MIB]
+
+
+def test_each_file_holds_its_blobs_largest_first_and_files_follow_their_first_blob():
+    layout = ShardedLayout(step=1, max_shard_size=10)
+    placed = place_all(layout, [2, 9, 3, 1, 8, 2])
+    # Largest first: 9 (file A), 8 (B), 3 (C), the first 2 -> B, the second 2 -> C, 1 -> A; numbered by their first
+    # blob: B (blobs 0 and 4) = 0, A (1 and 3) = 1, C (2 and 5) = 2. In each file, the order they were packed in.
+    assert [(p.shard, p.offset) for p in placed] == [(0, 8), (1, 0), (2, 0), (1, 9), (0, 0), (2, 3)]
+    assert layout.sizes == [10, 10, 5]
+
+
+def test_the_files_are_decided_once_every_blob_is_known():
+    layout = ShardedLayout(step=1, max_shard_size=10)
+    first = layout.place(6)
+    assert layout.sizes == [6]
+    with pytest.raises(RuntimeError, match=r"place\(\) after the shards were read"):
+        layout.place(4)
+    assert first == Placement(0, 0)
 
 
 def test_zero_length_blobs_sit_at_the_final_end_of_their_file():
     # onnx 1.17 reads a zero-length reference as "the rest of the file": only the end gives zero bytes everywhere.
     layout = ShardedLayout(step=64, max_shard_size=100)
     placed = place_all(layout, [0, 30, 0, 40, 0, 50, 0])
-    # 0..30, 64..104 does not fit: file 1 at 0..40, 64..114 does not fit: file 2 at 0..50.
-    assert [(p.shard, p.offset) for p in placed] == [(0, 30), (0, 0), (0, 30), (1, 0), (1, 40), (2, 0), (2, 50)]
-    assert layout.sizes == [30, 40, 50]  # no padding, no extra file for a zero-length blob
+    # Largest first: 50 at 0 of file A; 40 does not fit after it (64 + 40 > 100): file B; 30 does (64 + 30 = 94).
+    # A holds the first tensor: file 0. Each zero-length blob is at the end of the file of the blob before it.
+    assert [(p.shard, p.offset) for p in placed] == [(0, 94), (0, 64), (0, 94), (1, 0), (1, 40), (0, 0), (0, 94)]
+    assert layout.sizes == [94, 40]  # no padding after the last blob, no extra file for a zero-length blob
 
 
 def test_zero_length_blob_offsets_follow_their_file_until_placement_ends():
@@ -96,10 +137,14 @@ def test_layout_invariants(lengths, step, threshold, cap):
     for shard, items in per_file.items():
         ends = [offset + length for offset, length in items]
         assert layout.sizes[shard] == max(ends)  # no trailing padding
-        for (a_off, a_len), (b_off, _) in itertools.pairwise(items):
-            assert b_off >= a_off + a_len  # in order, never overlapping
+        if cap is None:
+            assert items == sorted(items)  # one file: the order given
+        for (a_off, a_len), (b_off, _) in itertools.pairwise(sorted(items)):
+            assert b_off >= a_off + a_len  # never overlapping
         if cap is not None and layout.sizes[shard] > cap:
             assert len(items) == 1 and items[0][1] > cap  # only a single oversized blob may exceed the cap
+    if cap is not None and step == 1:  # first fit: no two files at most half full (the later one's would have fitted)
+        assert len([size for size in layout.sizes if 0 < 2 * size <= cap]) <= 1
     assert layout.total_size == sum(layout.sizes)
 
 

@@ -24,6 +24,7 @@ import safetensors.numpy as st_numpy
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light_ref import align_external_data_streaming, link_external_data, save_model_with_shared_external_data
+from tests.delayed_reads import broken_delayed_model, converted_delayed_model
 from tests.io.test_verify_edits import EDITS, base_model
 from tests.io.test_verify_edits import save as save_edit_model
 from tests.models import identity_model, make_external_model, mlp_model, save_external
@@ -205,6 +206,19 @@ def _inspect_errors(folder: Path) -> list[list[str]]:
     ]
 
 
+def _delayed(folder: Path) -> list[list[str]]:
+    """DelayedInitializer nodes: a converted model (every read fine), one node per problem beside an external
+    tensor (trusted layout too), and a folder of both."""
+    broken = broken_delayed_model(folder / "broken")
+    light = converted_delayed_model(folder / "light")
+    return [
+        ["inspect", str(light)],
+        ["inspect", str(broken)],
+        ["inspect", "--allow-outside-folder", str(broken)],
+        ["inspect", str(folder / "light")],
+    ]
+
+
 def _zero_length_mid_file(folder: Path) -> list[list[str]]:
     """Zero-length references inside a file (length 0, or no length for 0 elements) and one at its end (fine)."""
     path = save_initializers(
@@ -227,6 +241,7 @@ INSPECT_CASES: dict[str, Builder] = {
     "hostile-ranges": _hostile_ranges,
     "hostile-files": _hostile_files,
     "zero-length-mid-file": _zero_length_mid_file,
+    "delayed": _delayed,
     "training": _training,
     "safetensors": _safetensors,
     "shared-folder": _shared_folder,

@@ -37,6 +37,30 @@ def _cell(value: int | None) -> str:
     return "?" if value is None else str(value)
 
 
+def _place(label: str, location: str | dict[str, str], entry: dict[str, Any]) -> tuple[str, ...]:
+    return (
+        _shorten(printable(label)),
+        _shorten(printable(display(location))),
+        _cell(entry["offset"]),
+        _cell(entry["length"]),
+    )
+
+
+def _tail(entry: dict[str, Any]) -> tuple[str, str]:
+    shared = f"shared ({len(entry['shared_with']) + 1})"
+    return format_alignment(entry["alignment"]), shared if entry["status"] == "shared" else entry["status"]
+
+
+def _columns(header: tuple[str, ...], rows: list[tuple[str, ...]], right: tuple[int, ...]) -> list[str]:
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    return [
+        "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in (header, *rows)
+    ]
+
+
 def inspect_text(document: dict[str, Any]) -> str:
     """What ``inspect`` prints for the model or folder ``document`` describes."""
     if document["kind"] == "folder":
@@ -47,30 +71,36 @@ def inspect_text(document: dict[str, Any]) -> str:
 def _report_text(report: dict[str, Any]) -> str:
     lines = [f"model: {printable(path_text(report['model']))}"]
     lines += [f"note: {printable(path_text(note))}" for note in report["notes"]]
-    tensors = report["tensors"]
-    if not tensors:
-        return "\n".join([*lines, f"no external tensors ({report['inline_tensors']} inline)."]) + "\n"
-    header = ("name", "location", "offset", "length", "align", "status")
-    rows = [
-        (
-            _shorten(printable(t["label"])),
-            _shorten(printable(display(t["location"]))),
-            _cell(t["offset"]),
-            _cell(t["length"]),
-            format_alignment(t["alignment"]),
-            f"shared ({len(t['shared_with']) + 1})" if t["status"] == "shared" else t["status"],
-        )
-        for t in tensors
-    ]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    for row in (header, *rows):
-        cells = [c.rjust(w) if i in (2, 3, 4) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
-        lines.append("  ".join(cells).rstrip())
-    errors = [t for t in tensors if t["error"]]
+    tensors, delayed = report["tensors"], report["delayed"]
+    if not tensors and not delayed:
+        inline = report["inline_tensors"]
+        return "\n".join([*lines, f"no external tensors and no DelayedInitializer node ({inline} inline)."]) + "\n"
+    if tensors:
+        header = ("name", "location", "offset", "length", "align", "status")
+        lines += _columns(header, [(*_place(t["label"], t["location"], t), *_tail(t)) for t in tensors], (2, 3, 4))
+    if delayed:
+        lines += [""] if tensors else []
+        lines.append(f"read by {len(delayed)} DelayedInitializer node(s):")
+        header = ("name", "filename", "offset", "length", "dtype", "shape", "align", "status")
+        rows = [
+            (
+                *_place(d["label"], d["filename"] or "", d),
+                d["dtype"] or "?",
+                "?" if d["shape"] is None else str(d["shape"]),
+                *_tail(d),
+            )
+            for d in delayed
+        ]
+        lines += _columns(header, rows, (2, 3, 6))
+    errors = [t for t in [*tensors, *delayed] if t["error"]]
     assert len(errors) == report["error_count"]
     if errors:
         lines += ["", f"{len(errors)} error(s):"]
-        lines += [f"  {t['status']}: {printable(path_text(t['message']))} (in {printable(t['where'])})" for t in errors]
+        lines += [
+            f"  {t['status']}: {printable(path_text(t['message']))}"
+            + ("" if path_text(t["message"]).startswith(t["where"]) else f" (in {printable(t['where'])})")
+            for t in errors
+        ]
     refused = [t for t in tensors if t["refusals"] and t["status"] != "loader refuses"]
     if refused:
         lines += ["", "loaders:"]
@@ -98,8 +128,10 @@ def _report_text(report: dict[str, Any]) -> str:
     shown = format_alignment(common) if common != 0 else "any power of two (all offsets are 0)"
     lines += [
         "",
-        f"{report['external_tensors']} external tensors, {report['inline_tensors']} inline; every offset is aligned "
-        f"to {shown}" + (f" ({common} bytes)" if common and format_alignment(common) != str(common) else ""),
+        f"{report['external_tensors']} external tensors"
+        + (f", {report['delayed_nodes']} read by DelayedInitializer nodes" if delayed else "")
+        + f", {report['inline_tensors']} inline; every offset is aligned to {shown}"
+        + (f" ({common} bytes)" if common and format_alignment(common) != str(common) else ""),
         "status: OK" if report["ok"] else f"status: {len(errors)} error(s)",
     ]
     return "\n".join(lines) + "\n"
@@ -116,7 +148,11 @@ def _folder_text(document: dict[str, Any]) -> str:
             lines.append(f"  {name}: {'OK' if model['ok'] else f'{count} error(s)'}")
     lines += ["", "files:"]
     for file in document["files"]:
-        users = ", ".join(printable(path_text(user["model"])) for user in file["users"])
+        users = ", ".join(
+            printable(path_text(user["model"]))
+            + (" (DelayedInitializer)" if user["via"] == "delayed_initializer" else "")
+            for user in file["users"]
+        )
         note = f" (shared by {len(file['users'])} models)" if file["shared"] else ""
         lines.append(f"  {printable(path_text(file['path']))}: used by {users}{note}")
     lines.append("status: OK" if document["ok"] else "status: error(s), see each model with 'inspect MODEL.onnx'")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from onnx_light_ref.cli import main
-from onnx_light_ref.schemas import load_schema
+from onnx_light_ref.schemas import SCHEMA_VERSIONS, load_schema
 from tests.json.render import inspect_text, path_text, verify_text
 from tests.json.schema_check import validate
 
@@ -45,7 +45,7 @@ def run_json(
     assert out.endswith("\n") and all(" " <= char <= "~" for char in out[:-1].replace("\n", " ")), out[:200]
     document = json.loads(out)  # exactly one document: json.loads refuses trailing data
     validate(document, SCHEMAS[argv[0]], seen)
-    assert document["command"] == argv[0] and document["schema_version"] == 1
+    assert document["command"] == argv[0] and document["schema_version"] == SCHEMA_VERSIONS[argv[0]]
     return status, document, captured.err
 
 

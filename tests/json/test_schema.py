@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from onnx_light_ref.schemas import SCHEMA_NAMES, load_schema, schema_text
+from onnx_light_ref.schemas import SCHEMA_NAMES, SCHEMA_VERSIONS, load_schema, schema_text
 from tests.json.corpus import INSPECT_CASES, VERIFY_CASES
 from tests.json.runner import SCHEMAS, run_json
 from tests.json.schema_check import SchemaError, UnsupportedKeywordError, property_locations, validate
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def minimal_error(command: str) -> dict:
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSIONS[command],
         "command": command,
         "kind": "error",
         "ok": False,
@@ -42,7 +42,7 @@ def test_the_validator_refuses_what_the_schema_forbids(command):
     for change in (
         lambda d: d.pop("error"),  # a required member missing
         lambda d: d.update(extra=1),  # a member the schema does not describe
-        lambda d: d.update(schema_version=2),  # another version
+        lambda d: d.update(schema_version=d["schema_version"] + 1),  # another version
         lambda d: d.update(ok=0),  # 0 is not false
         lambda d: d["error"].update(message=b"raw"),  # not a JSON value at all
         lambda d: d["error"].update(message={"hex": "zz", "display": ""}),  # not hex
@@ -97,8 +97,10 @@ def test_the_schemas_are_loaded_from_the_package_and_refuse_unknown_names():
     assert json.loads(schema_text("verify")) == load_schema("verify")
     with pytest.raises(ValueError, match="command must be one of"):
         schema_text("align")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="no schema version 2"):
-        schema_text("inspect", 2)
+    with pytest.raises(ValueError, match="no schema version 3 for 'inspect' \\(this release writes version 2\\)"):
+        schema_text("inspect", 3)
+    assert json.loads(schema_text("inspect", 1))["title"].endswith("schema version 1")  # earlier releases' documents
+    assert load_schema("inspect") == load_schema("inspect", 2)
 
 
 def test_the_package_data_globs_ship_every_schema_file():
@@ -111,7 +113,7 @@ def test_the_package_data_globs_ship_every_schema_file():
     shipped = sorted(
         p.relative_to(ROOT / "onnx_light_ref").as_posix() for p in (ROOT / "onnx_light_ref" / "schemas").glob("*.json")
     )
-    assert shipped == [f"schemas/{command}-1.json" for command in SCHEMA_NAMES]
+    assert shipped == ["schemas/inspect-1.json", "schemas/inspect-2.json", "schemas/verify-1.json"]
     assert all(any(fnmatch.fnmatch(name, pattern) for pattern in globs) for name in shipped)
 
 
@@ -154,7 +156,7 @@ def test_the_wheel_ships_the_schemas(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("onnx_light_ref-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-        for command in SCHEMA_NAMES:
-            member = f"onnx_light_ref/schemas/{command}-1.json"
+        for command, version in [("inspect", 1), ("inspect", 2), ("verify", 1)]:
+            member = f"onnx_light_ref/schemas/{command}-{version}.json"
             assert member in names
-            assert json.loads(archive.read(member)) == load_schema(command)
+            assert json.loads(archive.read(member)) == load_schema(command, version)

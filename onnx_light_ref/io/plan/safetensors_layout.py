@@ -8,6 +8,14 @@ the other tensors of at least ``align_threshold`` bytes (largest first: the firs
 small ones in model order. The tensors of at least ``align_threshold`` bytes that still do not start aligned are
 counted and named (:attr:`SafetensorsLayout.unaligned`).
 
+With ``max_shard_size`` the tensors are packed into files by
+:func:`~onnx_light_ref.io.plan.placement.first_fit_decreasing`, as raw shards are: largest first, each into the first
+file it fits in; a file's size counts its header (for the decision, an upper bound: every entry's JSON with the
+longest offsets a file under the cap can have, and the most padding the alignment can add), so every file is at most
+``max_shard_size`` bytes, header included, unless it holds one tensor that cannot fit in a file with its own header;
+files are numbered by their first tensor in model order, each ordered as below. (The transformers convention counts
+data bytes only: a 4 MiB tensor under a 4 MiB cap made a 4,198,400-byte file.)
+
 Each file's header must stay within the ``safetensors`` library's limit (``N`` <= 100,000,000 bytes, the JSON and the
 padding that aligns the data section): a longer one, or an alignment no header padding can give (above 64 MiB), is
 refused before anything is written (:func:`~onnx_light_ref.io.read.safetensors_header.encode_header`).
@@ -21,14 +29,21 @@ opens a file.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import onnx
-
 from onnx_light_ref.errors import SafetensorsError
-from onnx_light_ref.io.read.safetensors_header import SafetensorsEntry, check_data_alignment, encode_header
+from onnx_light_ref.io.plan.alignment import align_up
+from onnx_light_ref.io.plan.placement import first_fit_decreasing
+from onnx_light_ref.io.read.proto import TensorProto, data_type_name
+from onnx_light_ref.io.read.safetensors_header import (
+    SIZE_PREFIX,
+    SafetensorsEntry,
+    check_data_alignment,
+    encode_header,
+)
 
 __all__ = [
     "SafetensorsLayout",
@@ -39,7 +54,7 @@ __all__ = [
     "storage_shape",
 ]
 
-_T = onnx.TensorProto
+_T = TensorProto
 
 # ONNX data type -> safetensors dtype code, for every type both have (safetensors 0.8's Dtype enum).
 _DTYPES: dict[int, str] = {
@@ -116,8 +131,8 @@ def plan_safetensors(
         tensors: the externalized tensors, in model walk order.
         step: effective alignment (1 = packed).
         align_threshold: tensors of at least this many bytes are meant to start aligned.
-        max_shard_size: at most this many data bytes per file (the transformers convention: the header is not
-            counted); a tensor is never split, one larger than the cap gets a file of its own. None: one file.
+        max_shard_size: at most this many bytes per file, its header included; a tensor is never split, one that
+            cannot fit in a file with its header gets a file of its own. None: one file.
 
     Returns:
         The :class:`SafetensorsLayout`.
@@ -132,7 +147,7 @@ def plan_safetensors(
         raise SafetensorsError(f"{exc} Nothing written.") from None
     _check_keys(tensors)
     _check_dtypes(tensors)
-    groups = _split(tensors, max_shard_size)
+    groups = [list(range(len(tensors)))] if max_shard_size is None else _split(tensors, max_shard_size, step)
     layout = SafetensorsLayout([0] * len(tensors), [0] * len(tensors), [], [])
     for shard, members in enumerate(groups):
         ordered = _order(tensors, members, step, align_threshold)
@@ -202,23 +217,35 @@ def _check_dtypes(tensors: Sequence[SafetensorsTensor]) -> None:
 
 
 def _type_name(data_type: int) -> str:
-    try:
-        return onnx.helper.tensor_dtype_to_string(data_type).removeprefix("TensorProto.")
-    except (KeyError, ValueError):
-        return f"data type {data_type}"
+    name = data_type_name(data_type)
+    return f"data type {data_type}" if name is None else name
 
 
-def _split(tensors: Sequence[SafetensorsTensor], cap: int | None) -> list[list[int]]:
-    """Tensor indices of each file, in walk order: greedy, never splitting a tensor."""
-    groups: list[list[int]] = [[]]
-    size = 0
-    for index, tensor in enumerate(tensors):
-        if cap is not None and groups[-1] and size + tensor.length > cap:
-            groups.append([])
-            size = 0
-        groups[-1].append(index)
-        size += tensor.length
-    return groups
+def _split(tensors: Sequence[SafetensorsTensor], cap: int, step: int) -> list[list[int]]:
+    """Tensor indices of each file, each in walk order: first fit decreasing, a file's size bounded by its data, its
+    header's JSON (each entry with offsets of as many digits as the cap) and the alignment padding (module
+    docstring)."""
+    widest = 10 ** len(str(cap)) - 1
+    entry_bytes = [len(_entry_json(tensor, widest)) + 1 for tensor in tensors]  # + the comma after it
+    padding_step = max(step, _MIN_HEADER_STEP)
+
+    def grow(state: tuple[int, int], index: int) -> tuple[tuple[int, int], int]:
+        data, text = state[0] + tensors[index].length, state[1] + entry_bytes[index]
+        return (data, text), data + align_up(SIZE_PREFIX + 2 + text, padding_step)  # 2: the braces
+
+    files = first_fit_decreasing([tensor.length for tensor in tensors], cap, (0, 0), grow)
+    return [sorted(members) for members in files]  # walk order: _order arranges each file
+
+
+_MIN_HEADER_STEP = 8  # the safetensors library wants the data section at a multiple of 8
+
+
+def _entry_json(tensor: SafetensorsTensor, offset: int) -> bytes:
+    """The header entry of ``tensor`` as ``encode_header`` writes it, both data offsets ``offset``."""
+    code, shape = _storage(tensor)
+    entry = {tensor.name: {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset]}}
+    text = json.dumps(entry, ensure_ascii=False, separators=(",", ":"))[1:-1]
+    return text.encode("utf-8", errors="surrogatepass")  # a name that is not Unicode is refused by encode_header
 
 
 def _order(tensors: Sequence[SafetensorsTensor], members: list[int], step: int, threshold: int) -> list[int]:

@@ -1,7 +1,8 @@
 """Reading: what a model names, opened safely, parsed without its weights.
 
-``folder`` (the one opener, relative to a held descriptor of the model's folder), ``model_file`` (metadata-only
-parsing), ``wire`` (parsing without inline payloads), ``walker`` (every tensor of a model and where it lives),
+``folder`` (the one opener, relative to a held descriptor of the model's folder), ``proto`` (onnx's protobuf classes,
+without importing the onnx package and numpy), ``model_file`` (metadata-only parsing), ``wire`` (parsing without
+inline payloads), ``walker`` (every tensor of a model and where it lives),
 ``entries`` (the one reader and writer of ``external_data`` entries), ``locations`` (validation of references and
 byte ranges), ``dtype_sizes`` (bytes per element type), ``loader_rule`` (which loader refuses a reference, and why),
 ``safetensors_header`` (write one, parse one as hostile input), ``safetensors_refs`` (does a reference agree with

@@ -16,24 +16,22 @@ import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-
-import onnx
+from typing import TYPE_CHECKING
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
-from onnx_light_ref.io.read.delayed_names import DELAYED_DOMAIN, DELAYED_FILENAME, DELAYED_OP_TYPE
+from onnx_light_ref.io.read.delayed_names import DELAYED_FILENAME, DELAYED_OP_TYPE
+from onnx_light_ref.io.read.delayed_rules import is_delayed
 from onnx_light_ref.io.read.dtype_sizes import packed_nbytes
 from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder, check_file_name, relative_below
 from onnx_light_ref.io.read.locations import check_location_syntax
 from onnx_light_ref.io.read.safetensors_refs import SafetensorsFile, is_safetensors_location, read_safetensors_fd
 
+if TYPE_CHECKING:
+    import onnx
+
 __all__ = ["DelayedFile", "DelayedResolver", "DelayedSite", "is_delayed", "iter_delayed"]
 
 _OFFSET = "offset"
-
-
-def is_delayed(node: onnx.NodeProto) -> bool:
-    """Whether ``node`` is an ``ai.rt::DelayedInitializer`` node."""
-    return node.domain == DELAYED_DOMAIN and node.op_type == DELAYED_OP_TYPE
 
 
 @dataclass(frozen=True, slots=True)

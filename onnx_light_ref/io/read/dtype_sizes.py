@@ -4,12 +4,13 @@ ONNX packs some types below a byte: INT4/UINT4/FLOAT4E2M1 two per byte, INT2/UIN
 FLOAT6E3M2 four values in three bytes (``ceil(n * 6 / 8)`` bytes, as ``onnx.helper.make_tensor`` checks). Sizing the
 last two as one byte per element made align and verify refuse valid models that ``onnx.save_model`` wrote.
 
-The size comes from onnx itself: :func:`element_bits` asks ``onnx.numpy_helper.from_array`` to write 8 zeros of the
-numpy type ``onnx.helper.tensor_dtype_to_np_dtype`` maps the element type to; the length of that ``raw_data`` is
-the number of bits per element, packing included. Where onnx cannot write the type as itself (onnx 1.17/1.18 map
-BFLOAT16 and the FLOAT8 types to float32 and INT4 to int8, so ``itemsize`` said 4 bytes per bfloat16), the size
-comes from :data:`SPEC_BITS`, the packed layouts onnx.proto documents; the tests check that table against the
-installed onnx for every type it defines.
+The sizes are a table (:data:`SPEC_BITS`: the layouts onnx.proto documents for every type with a fixed size), so that
+reading a model's metadata needs neither numpy nor the ``onnx`` package (``inspect`` starts without them). A type the
+table does not list (one a newer onnx adds) is sized by onnx itself: :func:`element_bits` asks
+``onnx.numpy_helper.from_array`` to write 8 zeros of the numpy type ``onnx.helper.tensor_dtype_to_np_dtype`` maps
+the element type to; the length of that ``raw_data`` is the number of bits per element, packing included. The
+tests check the table against onnx's writers for every type the installed onnx writes as itself (onnx 1.17/1.18 map
+BFLOAT16 and the FLOAT8 types to float32 and INT4 to int8, whose ``itemsize`` would say 4 bytes per bfloat16).
 
 This module must never read a file, and never guess a size: a type without a fixed element size (STRING,
 UNDEFINED, a value no onnx defines) has none (``None``).
@@ -19,13 +20,25 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-import onnx
-from onnx import numpy_helper
+from onnx_light_ref.io.read.proto import TensorProto, data_type_name
 
 __all__ = ["SPEC_BITS", "element_bits", "packed_nbytes"]
 
 _SPEC_BITS_BY_NAME: dict[str, int] = {
+    "FLOAT": 32,
+    "UINT8": 8,
+    "INT8": 8,
+    "UINT16": 16,
+    "INT16": 16,
+    "INT32": 32,
+    "INT64": 64,
+    "BOOL": 8,
+    "FLOAT16": 16,
+    "DOUBLE": 64,
+    "UINT32": 32,
+    "UINT64": 64,
+    "COMPLEX64": 64,
+    "COMPLEX128": 128,
     "BFLOAT16": 16,
     "FLOAT8E4M3FN": 8,
     "FLOAT8E4M3FNUZ": 8,
@@ -42,12 +55,11 @@ _SPEC_BITS_BY_NAME: dict[str, int] = {
 }
 
 SPEC_BITS: dict[int, int] = {
-    getattr(onnx.TensorProto, name): bits
+    getattr(TensorProto, name): bits
     for name, bits in _SPEC_BITS_BY_NAME.items()
-    if hasattr(onnx.TensorProto, name)  # each onnx release defines the types it knows
+    if hasattr(TensorProto, name)  # each onnx release defines the types it knows
 }
-"""Bits per element of the types an older onnx cannot write from numpy (see the module docstring), for the types
-the installed onnx defines. Every other fixed-size type is a plain numpy type on every supported onnx."""
+"""Bits per element of every fixed-size type the installed onnx defines, as onnx.proto documents them."""
 
 # Elements written by the probe: 8, so that no packing leaves a partial byte (8 six-bit values are 6 bytes) and the
 # raw_data length in bytes is the number of bits per element.
@@ -64,10 +76,12 @@ def element_bits(data_type: int) -> int | None:
     Returns:
         2, 4, 6, 8, 16, 32, 64 or 128; None for STRING, UNDEFINED and values this onnx does not define.
     """
-    if data_type in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
+    if data_type in (TensorProto.UNDEFINED, TensorProto.STRING):
         return None
-    probed = _probe_bits(data_type)
-    return probed if probed is not None else SPEC_BITS.get(data_type)
+    known = SPEC_BITS.get(data_type)
+    if known is not None or data_type_name(data_type) is None:  # a number no onnx defines: nothing to ask onnx
+        return known
+    return _probe_bits(data_type)
 
 
 def packed_nbytes(data_type: int, n_elements: int) -> int | None:
@@ -93,6 +107,10 @@ def packed_nbytes(data_type: int, n_elements: int) -> int | None:
 def _probe_bits(data_type: int) -> int | None:
     """onnx's own answer: the raw_data length of ``_PROBE_ELEMENTS`` zeros written by ``from_array``, when this onnx
     writes the type as itself (older ones write bfloat16/float8 as float32 and int4 unpacked: not an answer)."""
+    import numpy as np  # only for a type the table does not list: reading metadata imports neither otherwise
+    import onnx
+    from onnx import numpy_helper
+
     try:
         np_dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type))
         probe = numpy_helper.from_array(np.zeros(_PROBE_ELEMENTS, dtype=np_dtype))
@@ -100,7 +118,4 @@ def _probe_bits(data_type: int) -> int | None:
         return None
     if probe.data_type != data_type or not probe.HasField("raw_data"):
         return None
-    bits = len(probe.raw_data) * 8 // _PROBE_ELEMENTS
-    expected = SPEC_BITS.get(data_type)
-    # Where onnx.proto documents the layout, an onnx writing it otherwise is not believed (none is known to).
-    return None if expected is not None and bits != expected else bits
+    return len(probe.raw_data) * 8 // _PROBE_ELEMENTS

@@ -18,11 +18,14 @@ This module never touches the file system; where a location leads is :mod:`onnx_
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import onnx
+from typing import TYPE_CHECKING
 
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.arguments import INT64_MAX
+from onnx_light_ref.io.read.proto import TensorProto
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "KNOWN_KEYS",
@@ -44,7 +47,7 @@ _CANONICAL = ("location", "offset", "length")
 
 def is_external(tensor: onnx.TensorProto) -> bool:
     """True when the tensor declares ``data_location == EXTERNAL``."""
-    return tensor.data_location == onnx.TensorProto.EXTERNAL
+    return tensor.data_location == TensorProto.EXTERNAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,4 +157,4 @@ def write_entries(
             entry = entries.add()
             entry.key = key
             entry.value = value
-    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.data_location = TensorProto.EXTERNAL

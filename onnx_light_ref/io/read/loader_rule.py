@@ -35,12 +35,13 @@ import contextlib
 import os
 import stat
 from dataclasses import dataclass
-from typing import Literal
-
-import onnx
+from typing import TYPE_CHECKING, Literal
 
 from onnx_light_ref.io.read.entries import last_value
 from onnx_light_ref.io.read.walker import TensorSite, inline_reason
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["LOADERS", "ORT_KEYS", "Loader", "Refusal", "loader_refusals", "readers_of"]
 

@@ -22,20 +22,23 @@ import os
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import onnx
+from typing import TYPE_CHECKING
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io.posix import check_single_link
 from onnx_light_ref.io.read.dtype_sizes import packed_nbytes
 from onnx_light_ref.io.read.entries import is_external, parse_entry_int, read_entries
 from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder
+from onnx_light_ref.io.read.proto import data_type_name
 from onnx_light_ref.io.read.safetensors_refs import (
     SafetensorsFile,
     is_safetensors_location,
     read_safetensors_file,
     refuse_disagreeing_reference,
 )
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "TYPED_VALUE_FIELDS",
@@ -373,7 +376,7 @@ def _entry_length(tensor: onnx.TensorProto, name: str, text: str | None, locatio
             raise ExternalDataError(
                 f"tensor {name!r}: external data length {length} (in {location!r}) does not match dims "
                 f"{list(tensor.dims)} and "
-                f"data type {onnx.helper.tensor_dtype_to_string(tensor.data_type)} ({expected} bytes)."
+                f"data type TensorProto.{data_type_name(tensor.data_type)} ({expected} bytes)."
             )
         return length
     if expected is None:

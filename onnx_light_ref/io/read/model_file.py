@@ -16,13 +16,15 @@ import errno
 import importlib
 import os
 import stat
-from typing import Any
-
-import onnx
+from typing import TYPE_CHECKING, Any
 
 from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.read.folder import ModelFolder, describe_file_type, descriptor_limit_error, open_model_file
+from onnx_light_ref.io.read.proto import ModelProto
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["PROTOBUF_LIMIT", "check_model_strings", "load_model_metadata", "not_a_model_file", "serialize_model"]
 
@@ -187,7 +189,7 @@ def load_model_metadata(path: str, *, check_strings: bool = True, folder: ModelF
         os.close(fd)
     if got != len(data):
         raise InvalidModelError(f"{path!r} shrank while it was read ({got} of {len(data)} bytes).")
-    model = onnx.ModelProto()
+    model = ModelProto()
     try:
         model.ParseFromString(memoryview(data))
     except (_DecodeError, RuntimeError, ValueError, TypeError, UnicodeDecodeError) as exc:

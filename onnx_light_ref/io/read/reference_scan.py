@@ -46,11 +46,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import onnx
 from google.protobuf.message import DecodeError
 
 from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io.posix import pread_exact
+from onnx_light_ref.io.read import proto
 from onnx_light_ref.io.read.delayed_names import DELAYED_DOMAIN, DELAYED_FILENAME, DELAYED_OP_TYPE
 
 __all__ = [
@@ -320,9 +320,9 @@ class _Scan:
         self._budget = MAX_FIELDS
         self._found: dict[bytes, list[Any]] = {}  # raw text -> [order key, labelled, via, count]
         self._root = _Model()
-        model, graph, node, attribute = onnx.ModelProto, onnx.GraphProto, onnx.NodeProto, onnx.AttributeProto
-        tensor, function, sparse = onnx.TensorProto, onnx.FunctionProto, onnx.SparseTensorProto
-        training, entry = onnx.TrainingInfoProto, onnx.StringStringEntryProto
+        model, graph, node, attribute = proto.ModelProto, proto.GraphProto, proto.NodeProto, proto.AttributeProto
+        tensor, function, sparse = proto.TensorProto, proto.FunctionProto, proto.SparseTensorProto
+        training, entry = proto.TrainingInfoProto, proto.StringStringEntryProto
         # One table per message: the handler of each field that can lead to a file; every other field is skipped.
         # Repeated fields' elements are numbered and may be skipped whole (_each); a singular field's occurrences
         # merge into one state (_merged), as protobuf merges them.
@@ -606,8 +606,8 @@ class _Scan:
         return lambda state, pos, length, depth: self._walk(fields, pos, length, depth, state)
 
     def _node_message(self, node: _Node, pos: int, length: int, depth: int) -> None:
-        parsed = self._parsed(onnx.NodeProto, pos, length, depth)
-        if isinstance(parsed, onnx.NodeProto) and self._flat(pos, length, parsed.op_type == DELAYED_OP_TYPE):
+        parsed = self._parsed(proto.NodeProto, pos, length, depth)
+        if isinstance(parsed, proto.NodeProto) and self._flat(pos, length, parsed.op_type == DELAYED_OP_TYPE):
             if parsed.domain != DELAYED_DOMAIN or parsed.op_type != DELAYED_OP_TYPE:
                 return
             node.domain, node.op_type, node.name = _DOMAIN, _OP_TYPE, _raw(parsed.name)
@@ -651,9 +651,9 @@ class _Scan:
                 self._tensor_named(tensor)
 
     def _tensor_message(self, tensor: _Tensor, pos: int, length: int, depth: int) -> None:
-        parsed = self._parsed(onnx.TensorProto, pos, length, depth)
-        if isinstance(parsed, onnx.TensorProto):
-            tensor.name, tensor.external = _raw(parsed.name), parsed.data_location == onnx.TensorProto.EXTERNAL
+        parsed = self._parsed(proto.TensorProto, pos, length, depth)
+        if isinstance(parsed, proto.TensorProto):
+            tensor.name, tensor.external = _raw(parsed.name), parsed.data_location == proto.TensorProto.EXTERNAL
             for entry in parsed.external_data:
                 value = _raw(entry.value, PATH_LIMIT + 1)
                 if entry.key == "location" and 0 < len(value) < PATH_LIMIT:
@@ -662,7 +662,7 @@ class _Scan:
             self._walk(self._tensor, pos, length, depth, tensor)
         self._tensor_named(tensor)
 
-    def _parsed(self, kind: type[onnx.NodeProto | onnx.TensorProto], pos: int, length: int, depth: int) -> object:
+    def _parsed(self, kind: type[proto.NodeProto | proto.TensorProto], pos: int, length: int, depth: int) -> object:
         """A node or tensor no longer than the window (and already in it: it held a needle) in a message at
         ``depth``, parsed by protobuf: one call in C instead of a walk of its fields here, exactly protobuf's answer
         (merges, enums, text). None for a longer one, one whose fields would be deeper than the walk goes (the walk
@@ -680,8 +680,8 @@ class _Scan:
 
     def _data_location(self, tensor: _Tensor, value: int, _: int, __: int) -> None:
         value &= 0xFFFFFFFF  # an int32 enum; a closed one: a value it does not know leaves the field as it was
-        if value in (onnx.TensorProto.DEFAULT, onnx.TensorProto.EXTERNAL):
-            tensor.external = value == onnx.TensorProto.EXTERNAL
+        if value in (proto.TensorProto.DEFAULT, proto.TensorProto.EXTERNAL):
+            tensor.external = value == proto.TensorProto.EXTERNAL
 
     def _external_data(self, tensor: _Tensor, pos: int, length: int, depth: int) -> None:
         if self._clean(pos, length):

@@ -45,9 +45,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
-import onnx
+from onnx_light_ref.io.read.proto import AttributeProto
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "SiteKey",
@@ -401,9 +404,9 @@ def _iter_attribute(
             )
     if attribute.HasField("g"):
         subpath = (*path, holder.node_part, attribute.name, "g")
-        sub = holder.loads if node is not None and attribute.type == onnx.AttributeProto.GRAPH else _LOADS_NONE
+        sub = holder.loads if node is not None and attribute.type == AttributeProto.GRAPH else _LOADS_NONE
         yield from _iter_graph(attribute.g, where, scope, subpath, (*place, ("g",)), sub)
-    many = holder.loads if node is not None and attribute.type == onnx.AttributeProto.GRAPHS else _LOADS_NONE
+    many = holder.loads if node is not None and attribute.type == AttributeProto.GRAPHS else _LOADS_NONE
     for i, subgraph in enumerate(attribute.graphs):
         subpath = (*path, holder.node_part, attribute.name, "graphs", i)
         yield from _iter_graph(subgraph, f"{where}[{i}]", scope, subpath, (*place, ("graphs", i)), many)

@@ -26,8 +26,8 @@ import os
 import secrets
 import stat
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import onnx
 from google.protobuf.message import DecodeError
 
 from onnx_light_ref.errors import InvalidModelError
@@ -35,6 +35,10 @@ from onnx_light_ref.io.arguments import PathLike, check_int
 from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.read.folder import ModelFolder, open_model_file
 from onnx_light_ref.io.read.model_file import check_model_strings, load_model_metadata, not_a_model_file
+from onnx_light_ref.io.read.proto import ModelProto
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "MAX_NESTING_DEPTH",
@@ -319,7 +323,7 @@ def _diagnose(fd: int, size: int, path: str, min_length: int, prefix: bytes, ref
 
 def _parse_metadata(metadata: bytearray, path: str) -> onnx.ModelProto:
     """Hand the stripped bytes to protobuf; its refusals become InvalidModelError."""
-    model = onnx.ModelProto()
+    model = ModelProto()
     try:
         model.ParseFromString(memoryview(metadata))
     except (DecodeError, RuntimeError, ValueError) as exc:
