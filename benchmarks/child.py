@@ -501,9 +501,9 @@ def _external_ranges(onnx_path: str) -> list[tuple[str, int, int]]:
 
 def _verify(args: dict[str, Any]) -> list[Phase]:
     try:
-        from onnx_light_ref.io.verify import verify_models
+        from onnx_light_ref.io._verify import verify_models
     except ImportError as exc:
-        raise ScenarioUnavailableError(f"onnx_light_ref.io.verify.verify_models is not available: {exc}") from None
+        raise ScenarioUnavailableError(f"onnx_light_ref.io._verify.verify_models is not available: {exc}") from None
 
     def run(_: Any) -> dict[str, Any]:
         result = verify_models(args["a"], args["b"], chunk_size=args["chunk_size"])
@@ -514,7 +514,7 @@ def _verify(args: dict[str, Any]) -> list[Phase]:
 
 def _inspect(args: dict[str, Any]) -> list[Phase]:
     """``build_layout_report`` of one model (what ``onnx-light-ref inspect`` prints), metadata only."""
-    from onnx_light_ref.io.layout_report import build_layout_report
+    from onnx_light_ref.io._layout_report import build_layout_report
 
     def run(_: Any) -> dict[str, Any]:
         report = build_layout_report(args["model"])
@@ -705,7 +705,7 @@ def _typed_evaluator(args: dict[str, Any]) -> list[Phase]:
     else:
         try:
             from onnx_light_ref.ops import reference_evaluator
-            from onnx_light_ref.ops.dtypes import ALLOWED_DTYPES
+            from onnx_light_ref.ops._dtypes import ALLOWED_DTYPES
         except ImportError as exc:
             raise ScenarioUnavailableError(f"onnx_light_ref.ops.reference_evaluator is not available: {exc}") from None
         if args["data_type"] not in ALLOWED_DTYPES:
@@ -760,7 +760,7 @@ def _align_models(args: dict[str, Any]) -> list[Phase]:
 
     align_models = getattr(io, "align_models", None)
     if align_models is None:
-        raise ScenarioUnavailableError("onnx_light_ref.io.align_models is not available")
+        raise ScenarioUnavailableError("onnx_light_ref.io._align_models is not available")
 
     def run(_: Any) -> dict[str, Any]:
         written = align_models(

@@ -16,7 +16,7 @@ import statistics
 import tempfile
 import time
 
-from onnx_light_ref.io.write.copy_engine import CopyRange, RangeCopier
+from onnx_light_ref.io._write.copy_engine import CopyRange, RangeCopier
 
 MIB = 1024 * 1024
 TENSORS = 64

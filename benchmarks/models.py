@@ -481,7 +481,7 @@ def make_many_nodes_model(folder: str | os.PathLike[str], nodes: int, tensor_byt
     Issue 19: undelay was quadratic in the node count (16k nodes: 33.8 s, ``delay_initializers`` 0.8 s); the
     per-node work of both directions is what this model measures, the bytes are negligible.
     """
-    from onnx_light_ref.ops.schema import make_delayed_initializer_node
+    from onnx_light_ref.ops._schema import make_delayed_initializer_node
 
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)

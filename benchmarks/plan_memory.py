@@ -6,7 +6,7 @@ The model mirrors the ``small`` shape of :func:`benchmarks.models.make_align_mod
 data files, 64 bytes before each), but its data files are sparse (``truncate``): only metadata matters here, and the
 source costs no disk. Two figures:
 
-* ``plan``: :func:`onnx_light_ref.io.plan.align_plan.plan_alignment` under ``tracemalloc``: Python bytes the plan keeps
+* ``plan``: :func:`onnx_light_ref.io._plan.align_plan.plan_alignment` under ``tracemalloc``: Python bytes the plan keeps
   (minus the parsed model, measured alone) and the planning peak, both per tensor;
 * ``child``: ``align_external_data_streaming`` (``durable=False``) in a fresh interpreter through
   :func:`benchmarks.child.run_in_child`: ``VmHWM`` above the post-import baseline, the README's figure.
@@ -55,8 +55,8 @@ def make_sparse_model(folder: str, count: int, tensor_bytes: int) -> str:
 
 def measure_plan(src: str, dst: str, count: int, dedup: bool) -> dict[str, float]:
     """Bytes per tensor kept by the plan (beyond the parsed model) and at the planning peak, under tracemalloc."""
-    from onnx_light_ref.io.plan.align_plan import plan_alignment
-    from onnx_light_ref.io.read.model_file import load_model_metadata
+    from onnx_light_ref.io._plan.align_plan import plan_alignment
+    from onnx_light_ref.io._read.model_file import load_model_metadata
 
     gc.collect()
     tracemalloc.start()

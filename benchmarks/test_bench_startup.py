@@ -4,7 +4,7 @@ copy), in a fresh process, against ``python -c pass`` (the bare interpreter).
 
 Every command pays its start-up before doing anything. A command that only prints needs none of onnx, numpy or
 onnxruntime (target: at most 0.25 s above the bare interpreter, issue 29); ``inspect`` and ``verify`` of a small
-model read its metadata through the protobuf classes alone (``io/read/proto.py``: no numpy, no ml_dtypes, no onnx
+model read its metadata through the protobuf classes alone (``io/_read/proto.py``: no numpy, no ml_dtypes, no onnx
 package), target at most 0.3 s above the bare interpreter (issue 42). ``import onnx`` is measured beside them as a
 reference: what a command that needs onnx pays on top, which is where the ml_dtypes release shows (0.7.0's import
 took 0.67 s instead of 0.14 s for 0.6 on the machine of issue 42).

@@ -7,9 +7,9 @@ Usage::
 Builds three models in a temporary folder (``count`` external initializers; ``count`` inline 64-byte initializers;
 ``count`` inline 1 KiB initializers) and times, in interleaved rounds, ``load_model_stripped(path, min_length)`` for
 each ``--min-length`` and ``onnx.load(path, load_external_data=False)``. ``--compare-with`` loads another version of
-``onnx_light_ref/io/read/wire.py`` by path and times it in the same rounds, e.g. the version before a change::
+``onnx_light_ref/io/_read/wire.py`` by path and times it in the same rounds, e.g. the version before a change::
 
-    git show 5dd8794:onnx_light_ref/io/read/wire.py > /tmp/wire_before.py
+    git show 5dd8794:onnx_light_ref/io/_read/wire.py > /tmp/wire_before.py
     python -m benchmarks.wire_scan_timing --compare-with /tmp/wire_before.py
 
 Prints the best and median time of each. Not part of the pytest suite (no timed asserts anywhere); it writes only
@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnx_light_ref.io.read import wire
+from onnx_light_ref.io._read import wire
 
 __all__ = ["build_models", "main"]
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=20_000)
     parser.add_argument("--min-length", type=int, nargs="+", default=[0, 4096])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--compare-with", help="another io/read/wire.py to time in the same rounds")
+    parser.add_argument("--compare-with", help="another io/_read/wire.py to time in the same rounds")
     args = parser.parse_args(argv)
     versions: dict[str, ModuleType] = {"current": wire}
     if args.compare_with:

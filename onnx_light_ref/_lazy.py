@@ -1,7 +1,7 @@
 """Attributes of a package imported on first use (PEP 562), so that importing the package, or one of its submodules,
 does not import every module its public names come from.
 
-``onnx_light_ref`` and ``onnx_light_ref.io`` use it: ``import onnx_light_ref.io.arguments`` (what the command
+``onnx_light_ref`` and ``onnx_light_ref.io`` use it: ``import onnx_light_ref.io._arguments`` (what the command
 line's option parsing does) runs ``onnx_light_ref/io/__init__.py`` first, which must not import onnx, numpy and
 every writer with it.
 """
@@ -30,7 +30,7 @@ def lazy_attributes(
         namespace, so the next lookup is an ordinary attribute.
 
     Example:
-        >>> __getattr__, __dir__ = lazy_attributes(__name__, {"verify_models": "onnx_light_ref.io.verify"}, __all__)
+        >>> __getattr__, __dir__ = lazy_attributes(__name__, {"verify_models": "onnx_light_ref.io._verify"}, __all__)
     """
 
     def attribute(name: str) -> Any:

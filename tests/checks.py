@@ -185,7 +185,7 @@ needs_onnx_with_the_newer_loader_rule = pytest.mark.skipif(
 
 def external_locations(model_path: str | os.PathLike[str]) -> set[str]:
     """Every ``location`` the model's tensors reference, wherever the tensors are (read without the weights)."""
-    from onnx_light_ref.io.read.walker import iter_tensors
+    from onnx_light_ref.io._read.walker import iter_tensors
 
     model = onnx.load(str(model_path), load_external_data=False)
     return {e.value for site in iter_tensors(model) for e in site.tensor.external_data if e.key == "location"}

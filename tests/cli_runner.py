@@ -2,7 +2,7 @@
 
 A ``python -m onnx_light_ref`` child costs 0.3-0.5 s of CPU before it does anything (the interpreter, onnx, numpy);
 the suite started ~150 of them, most only to read what a command printed. :func:`run_cli` calls
-``onnx_light_ref.cli.main`` here and returns a :class:`subprocess.CompletedProcess` with the same three facts: the
+``onnx_light_ref._cli.main`` here and returns a :class:`subprocess.CompletedProcess` with the same three facts: the
 status ``main`` returns (or argparse's ``SystemExit`` code), everything printed to ``sys.stdout`` and ``sys.stderr``,
 and the package's log records formatted as ``main`` formats them on a terminal (``LEVEL message``, WARNING and above,
 DEBUG with ``--verbose``: under pytest, ``logging.basicConfig`` in ``main`` does nothing, the root logger already has
@@ -21,7 +21,7 @@ import io
 import logging
 import subprocess
 
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 
 __all__ = ["run_cli"]
 

@@ -7,16 +7,17 @@ from pathlib import Path
 
 import pytest
 
-import onnx_light_ref.commands
-from onnx_light_ref import __version__, cli
+import onnx_light_ref._commands
+from onnx_light_ref import __version__
+from onnx_light_ref import _cli as cli
 
 
 def test_every_command_module_is_registered():
     # A command module is one that has `register`; the others (sizes, progress...) are helpers the commands share.
-    folder = Path(onnx_light_ref.commands.__file__).parent
+    folder = Path(onnx_light_ref._commands.__file__).parent
     names = {path.stem for path in folder.glob("*.py")} - {"__init__"}
     modules = {
-        name for name in names if hasattr(importlib.import_module(f"onnx_light_ref.commands.{name}"), "register")
+        name for name in names if hasattr(importlib.import_module(f"onnx_light_ref._commands.{name}"), "register")
     }
 
     assert set(cli._COMMAND_MODULES) == modules
@@ -30,7 +31,7 @@ def test_a_command_that_fails_to_import_is_loud(monkeypatch):
     real_import = importlib.import_module
 
     def broken(name: str, package: str | None = None):
-        if name == "onnx_light_ref.commands.verify":
+        if name == "onnx_light_ref._commands.verify":
             raise ModuleNotFoundError("No module named 'some_missing_dependency'", name="some_missing_dependency")
         return real_import(name, package)
 
@@ -56,10 +57,10 @@ def test_version_comes_from_the_package(capsys):
 # What a command that only prints (``--version``, every ``--help``) may import: onnx, numpy and onnxruntime take most
 # of a second and 40+ MiB to import, so the CLI imports them only when a command runs (benchmarks/test_bench_startup.py
 # measures the start-up itself).
-_HEAVY_MODULES = ("onnx", "numpy", "onnxruntime", "google.protobuf", "onnx_light_ref.io.align", "onnx_light_ref.ops")
+_HEAVY_MODULES = ("onnx", "numpy", "onnxruntime", "google.protobuf", "onnx_light_ref.io._align", "onnx_light_ref.ops")
 _PRINT_ONLY = """
 import contextlib, io, json, sys
-from onnx_light_ref.cli import build_parser, main
+from onnx_light_ref._cli import build_parser, main
 commands = list(next(a for a in build_parser()._actions if a.dest == "command").choices)
 for argv in (["--version"], ["--help"], *([name, "--help"] for name in commands)):
     with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
@@ -85,7 +86,7 @@ def test_version_and_every_help_import_neither_onnx_nor_numpy() -> None:
 
 _READ_ONLY = """
 import contextlib, io, json, sys
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 statuses = []
 for argv in json.loads(sys.argv[1]):
     with contextlib.redirect_stdout(io.StringIO()) as out:
@@ -95,7 +96,7 @@ print(json.dumps({"statuses": statuses, "modules": sorted(sys.modules)}))
 
 
 def test_inspect_and_verify_of_a_model_import_neither_onnx_nor_numpy(tmp_path: Path) -> None:
-    """``inspect`` and ``verify`` read metadata through the protobuf classes alone (``io/read/proto.py``): the onnx
+    """``inspect`` and ``verify`` read metadata through the protobuf classes alone (``io/_read/proto.py``): the onnx
     package imports numpy and ml_dtypes (0.7.0 alone took 0.67 s on a user's machine), which neither needs."""
     import json
     import subprocess
@@ -129,7 +130,7 @@ def test_inspect_and_verify_of_a_model_import_neither_onnx_nor_numpy(tmp_path: P
     assert [status for status, _ in printed["statuses"]] == [0, 0, 0, 0], printed["statuses"]
     assert printed["statuses"][3][1].startswith("equal: ")
     # protobuf is needed (the model is parsed); onnx's package, numpy, ml_dtypes, tqdm (no terminal: no bar) are not.
-    not_needed = ("onnx", "numpy", "ml_dtypes", "onnxruntime", "tqdm", "onnx_light_ref.ops", "onnx_light_ref.io.align")
+    not_needed = ("onnx", "numpy", "ml_dtypes", "onnxruntime", "tqdm", "onnx_light_ref.ops", "onnx_light_ref.io._align")
     heavy = [name for name in printed["modules"] if any(name == m or name.startswith(f"{m}.") for m in not_needed)]
     assert heavy == []
 
@@ -150,16 +151,16 @@ def test_the_test_extra_holds_back_nothing_a_plain_install_gets() -> None:
 
 
 def test_the_lazy_packages_give_the_function_align_models_whatever_was_imported_first() -> None:
-    """``onnx_light_ref.io`` imports its writers on first use (option parsing imports ``io.arguments``); the name
-    ``align_models`` is both a submodule and the function, and importing the submodule first must not shadow it."""
+    """``onnx_light_ref.io`` imports its writers on first use (option parsing imports ``io._arguments``); importing
+    the function's private module first (as the align-models command does) still gives the function."""
     import subprocess
     import sys
 
     code = (
         "import sys\n"
-        "import onnx_light_ref.io.arguments\n"
-        "assert 'onnx' not in sys.modules and 'onnx_light_ref.io.align' not in sys.modules\n"
-        "import onnx_light_ref.io.align_models\n"  # the submodule first, as the align-models command does
+        "import onnx_light_ref.io._arguments\n"
+        "assert 'onnx' not in sys.modules and 'onnx_light_ref.io._align' not in sys.modules\n"
+        "import onnx_light_ref.io._align_models\n"  # the submodule first, as the align-models command does
         "from onnx_light_ref.io import align_models\n"
         "import onnx_light_ref\n"
         "assert callable(align_models) and onnx_light_ref.align_models is align_models\n"

@@ -12,8 +12,8 @@ import onnxruntime as ort
 import pytest
 from safetensors.numpy import save_file
 
+from onnx_light_ref._cli import EPILOG, build_parser, main
 from onnx_light_ref.backend import seed_weights_paths
-from onnx_light_ref.cli import EPILOG, build_parser, main
 from tests.checks import snapshot_tree
 from tests.models import make_external_model
 from tests.test_cli_undelay import delayed_model
@@ -106,8 +106,8 @@ def test_a_bad_option_value_is_a_usage_error_in_the_library_s_words(argv, messag
 
 
 def test_verify_s_chunk_cap_is_the_library_s() -> None:
-    from onnx_light_ref.commands import verify as command
-    from onnx_light_ref.io import verify as library
+    from onnx_light_ref._commands import verify as command
+    from onnx_light_ref.io import _verify as library
 
     assert command.MAX_CHUNK_SIZE == library.MAX_CHUNK_SIZE
 

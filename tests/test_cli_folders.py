@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders
+from onnx_light_ref._commands.folders import FolderError, make_folders, remove_created_folders
 from tests.checks import snapshot_tree
 
 

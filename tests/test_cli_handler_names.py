@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from onnx_light_ref import cli
+from onnx_light_ref import _cli as cli
 
 
 def test_every_handler_is_named_after_its_command():
@@ -15,7 +15,7 @@ def test_every_handler_is_named_after_its_command():
     for command, subparser in subparsers.choices.items():
         module_name = command.replace("-", "_")
         handler = subparser.get_default("func")
-        module = importlib.import_module(f"onnx_light_ref.commands.{module_name}")
+        module = importlib.import_module(f"onnx_light_ref._commands.{module_name}")
         assert handler.__name__ == f"{module_name}_command", command
         assert handler.__module__ == module.__name__, command
         assert handler.__name__ in module.__all__, command

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from onnx_light_ref import cli
-from onnx_light_ref.commands.help_text import DOCS_URL
+from onnx_light_ref import _cli as cli
+from onnx_light_ref._commands.help_text import DOCS_URL
 from tests.cli_runner import run_cli
 
 COMMANDS = [name.replace("_", "-") for name in cli._COMMAND_MODULES]

@@ -11,10 +11,10 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 
 from onnx_light_ref import align_external_data_streaming
-from onnx_light_ref.cli import main
-from onnx_light_ref.commands.inspect import format_alignment
-from onnx_light_ref.io.layout_report import build_layout_report
-from onnx_light_ref.io.plan.alignment import offset_alignment
+from onnx_light_ref._cli import main
+from onnx_light_ref._commands.inspect import format_alignment
+from onnx_light_ref.io._layout_report import build_layout_report
+from onnx_light_ref.io._plan.alignment import offset_alignment
 from tests.models import make_model
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
-from onnx_light_ref.io.layout_report import build_layout_report
+from onnx_light_ref.io._layout_report import build_layout_report
 from onnx_light_ref.ops import reference_evaluator, undelay_initializers
 from tests.checks import snapshot_tree
 from tests.cli_runner import run_cli

@@ -14,8 +14,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from onnx_light_ref.cli import main
-from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
+from onnx_light_ref._cli import main
+from onnx_light_ref.io._shared_save import save_model_with_shared_external_data
 from tests.checks import needs_onnx_with_the_newer_loader_rule
 from tests.models import identity_model, save_external
 

@@ -235,8 +235,8 @@ def test_run_interrupted_while_evaluating_removes_the_output_folder(tmp_path: Pa
 SWALLOWED_IN_A_CALLBACK = textwrap.dedent(
     """
     import os, signal, sys, time, weakref
-    from onnx_light_ref import cli
-    from onnx_light_ref.commands import run
+    from onnx_light_ref import _cli as cli
+    from onnx_light_ref._commands import run
 
     signum = int(sys.argv[1])
 
@@ -283,8 +283,8 @@ HOLD_AFTER_THREE_CASES = textwrap.dedent(
     """
     import sys, time
     import importlib
-    generate = importlib.import_module("onnx_light_ref.backend.generate")
-    from onnx_light_ref.cli import main
+    generate = importlib.import_module("onnx_light_ref.backend._generate")
+    from onnx_light_ref._cli import main
 
     original, written = generate._write_checked_case, []
 
@@ -329,8 +329,8 @@ def test_generate_tests_interrupted_removes_the_cases_it_wrote(tmp_path: Path, s
 HOLD_AT_SYSCALL = textwrap.dedent(
     """
     import sys, time
-    from onnx_light_ref.io.write import interrupts, publish
-    from onnx_light_ref.cli import main
+    from onnx_light_ref.io._write import interrupts, publish
+    from onnx_light_ref._cli import main
 
     trigger, exchange, args = sys.argv[1], sys.argv[2] == "exchange", sys.argv[3:]
     if not exchange:  # as on a kernel, libc or filesystem without renameat2(RENAME_EXCHANGE)
@@ -414,8 +414,8 @@ def _arabic_indic(number: int) -> str:
 HOLD_WHILE_PARSING = textwrap.dedent(
     """
     import sys, time
-    from onnx_light_ref import cli
-    from onnx_light_ref.commands import sizes
+    from onnx_light_ref import _cli as cli
+    from onnx_light_ref._commands import sizes
 
     where = sys.argv.pop(1)  # the rest is the command line console_main reads
 
@@ -437,7 +437,7 @@ HOLD_WHILE_PARSING = textwrap.dedent(
 
         class Finder:
             def find_spec(self, name, path=None, target=None):
-                if name == "onnx_light_ref.commands.verify":
+                if name == "onnx_light_ref._commands.verify":
                     hold("importing")
                 return None
 
@@ -473,7 +473,7 @@ def test_a_signal_while_the_command_line_is_parsed_is_one_line_and_the_status(
 SIGNALLED_AFTER_THE_WORK = textwrap.dedent(
     """
     import os, signal, sys
-    from onnx_light_ref import cli
+    from onnx_light_ref import _cli as cli
 
     signum = int(sys.argv.pop(1))  # the rest is the command line console_main reads
     status = cli.console_main()
@@ -514,7 +514,7 @@ def identity_model_file(folder: Path) -> Path:
 HOLD_INSIDE_AN_EXTENSION = textwrap.dedent(
     """
     import os, sys, threading, time
-    from onnx_light_ref import cli
+    from onnx_light_ref import _cli as cli
 
     release = sys.argv.pop(1)  # the rest is the command line console_main reads
     held = []

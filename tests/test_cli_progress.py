@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from onnx_light_ref.commands.progress import FALLBACK_COLUMNS, bar_columns, byte_progress
+from onnx_light_ref._commands.progress import FALLBACK_COLUMNS, bar_columns, byte_progress
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light_ref.cli import main
-from onnx_light_ref.commands.run import output_file_name
+from onnx_light_ref._cli import main
+from onnx_light_ref._commands.run import output_file_name
 from tests.checks import snapshot_tree
 
 

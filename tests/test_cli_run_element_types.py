@@ -18,11 +18,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light_ref.cli import main
-from onnx_light_ref.commands.npy_types import feed_dtype, output_for_npy
-from onnx_light_ref.onnx_compat import onnx_readable_tensor
-from onnx_light_ref.ops.codes import every_code
-from onnx_light_ref.ops.dtypes import EXTENDED_DTYPES, dtype_name, is_packed_dtype
+from onnx_light_ref._cli import main
+from onnx_light_ref._commands.npy_types import feed_dtype, output_for_npy
+from onnx_light_ref._onnx_compat import onnx_readable_tensor
+from onnx_light_ref.ops._codes import every_code
+from onnx_light_ref.ops._dtypes import EXTENDED_DTYPES, dtype_name, is_packed_dtype
 from tests.checks import sha256_of_tree
 
 EXTENDED_IDS = [dtype_name(t) for t in EXTENDED_DTYPES]
@@ -234,7 +234,7 @@ if not hasattr(TensorProto, "FLOAT4E2M1"):  # onnx 1.17: the newer types are nam
 def test_a_node_of_a_type_this_onnx_cannot_produce_is_one_error_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], dtype: int, name: str, why: str
 ) -> None:
-    from onnx_light_ref.ops.schema import make_delayed_initializer_node
+    from onnx_light_ref.ops._schema import make_delayed_initializer_node
 
     (tmp_path / "w.bin").write_bytes(bytes(8))
     node = make_delayed_initializer_node("y", shape=[4], dtype=dtype, load_device="file", filename="w.bin", offset=0)

@@ -1,7 +1,7 @@
 """``run`` repeats itself: a rerun replaces the outputs a previous ``run`` wrote in its folder, without
 ``--overwrite``, and still refuses every other file at an output name (a user's own ``y.npy``, even of the model
 output's dtype and shape; one of ours changed since). The evidence is ``.onnx-light-ref-run.json``, written with the
-outputs (``onnx_light_ref/commands/run_record.py``)."""
+outputs (``onnx_light_ref/_commands/run_record.py``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light_ref.io.write import publish
+from onnx_light_ref.io._write import publish
 from tests.checks import snapshot_tree, temp_files_under
 from tests.test_cli_run import one_error_line, run_cli, save_linear_model
 

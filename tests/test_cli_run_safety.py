@@ -20,10 +20,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 from onnx_light_ref.errors import TensorAllocationError
 from onnx_light_ref.ops import DelayedInitializer
-from onnx_light_ref.ops.schema import make_delayed_initializer_node
+from onnx_light_ref.ops._schema import make_delayed_initializer_node
 from tests.checks import snapshot_tree, temp_files_under
 
 OPSETS = [helper.make_opsetid("", 18), helper.make_opsetid("ai.rt", 1)]
@@ -235,10 +235,10 @@ def test_kernel_raises_tensor_allocation_error(tmp_path: Path, load_device: str)
 
 _CHILD = """
 import sys
-import onnx_light_ref.ops.allocation as allocation
+import onnx_light_ref.ops._allocation as allocation
 if sys.argv[1] == "numpy-decides":
     allocation.allocatable_bytes = lambda: None  # no bound known: only numpy's allocation can fail
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 sys.exit(main(["run", sys.argv[2], "--output-dir", sys.argv[3]]))
 """
 

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 from onnx_light_ref.ops import delay_initializers
 from tests.checks import snapshot_tree
 
@@ -138,7 +138,7 @@ def test_a_hostile_name_in_an_error_reaches_the_terminal_escaped(
 ) -> None:
     """The model function's domain and name, and the node's output tensor name, carry OSC 52 and a bidi override;
     undelay refuses the model with an error quoting the function as ``domain::name`` (not through repr)."""
-    from onnx_light_ref.ops.schema import make_delayed_initializer_node
+    from onnx_light_ref.ops._schema import make_delayed_initializer_node
 
     tensor = f"w{OSC52}{BIDI}"
     node = make_delayed_initializer_node(
@@ -168,7 +168,7 @@ def test_a_hostile_name_in_an_error_reaches_the_terminal_escaped(
 
 @pytest.mark.parametrize("message", [f"tensor w{OSC52}", f"op type Add{BIDI}", ValueError(f"domain d{OSC52}{BIDI}")])
 def test_error_exit_escapes_every_message(capsys: pytest.CaptureFixture[str], message: object) -> None:
-    from onnx_light_ref.commands.errors import error_exit
+    from onnx_light_ref._commands.errors import error_exit
 
     assert error_exit(message) == 1
     err = capsys.readouterr().err

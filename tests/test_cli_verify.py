@@ -9,8 +9,8 @@ import onnx
 import pytest
 
 from onnx_light_ref import align_external_data_streaming
-from onnx_light_ref.cli import main
-from onnx_light_ref.io.read.model_file import PROTOBUF_LIMIT
+from onnx_light_ref._cli import main
+from onnx_light_ref.io._read.model_file import PROTOBUF_LIMIT
 from tests import large_inline
 from tests.models import make_external_model
 

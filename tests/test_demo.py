@@ -10,11 +10,11 @@ import numpy as np
 import onnx
 import pytest
 
-from onnx_light_ref import demo
-from onnx_light_ref.cli import main
-from onnx_light_ref.commands.sizes import parse_size
-from onnx_light_ref.io.layout_report import build_layout_report
-from onnx_light_ref.io.write import publish
+from onnx_light_ref import _demo as demo
+from onnx_light_ref._cli import main
+from onnx_light_ref._commands.sizes import parse_size
+from onnx_light_ref.io._layout_report import build_layout_report
+from onnx_light_ref.io._write import publish
 from tests.checks import run_onnxruntime, sha256_of_tree
 
 

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from onnx_light_ref import align_external_data_streaming
-from onnx_light_ref.cli import main
-from onnx_light_ref.commands.text import printable
+from onnx_light_ref._cli import main
+from onnx_light_ref._commands.text import printable
 from onnx_light_ref.errors import UnsafeLocationError
-from onnx_light_ref.io.layout_report import ERROR_STATUSES, LayoutStatus, build_layout_report
+from onnx_light_ref.io._layout_report import ERROR_STATUSES, LayoutStatus, build_layout_report
 from tests.checks import sha256_of_tree
 from tests.models import OPSET, make_model, write_model
 

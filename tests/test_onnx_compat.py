@@ -23,9 +23,7 @@ from onnx import helper as oh
 from onnx.defs import OpSchema
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light_ref.backend.backend import DelayedInitializerBackend
-from onnx_light_ref.io.read.locations import expected_nbytes
-from onnx_light_ref.onnx_compat import (
+from onnx_light_ref._onnx_compat import (
     HAS_PYTHON_SHAPE_INFERENCE,
     ONNX_VERSION,
     UnsupportedOnnxFeatureError,
@@ -41,8 +39,10 @@ from onnx_light_ref.onnx_compat import (
     to_array_reads_raw_data,
     typed_raw_bytes,
 )
+from onnx_light_ref.backend._backend import DelayedInitializerBackend
+from onnx_light_ref.io._read.locations import expected_nbytes
 from onnx_light_ref.ops import reference_evaluator
-from onnx_light_ref.ops.schema import make_delayed_initializer_node, register_schemas
+from onnx_light_ref.ops._schema import make_delayed_initializer_node, register_schemas
 
 REPO = Path(__file__).resolve().parents[1]
 # Generous: a clean child finishes in a few seconds; the old failure was a hang (or a signal) at exit.
@@ -79,7 +79,7 @@ def test_schema_used_by_inference_then_exit_is_clean(tmp_path: Path) -> None:
         import onnx
         from onnx import helper as oh
         from onnx_light_ref import register_schemas
-        from onnx_light_ref.ops.schema import make_delayed_initializer_node
+        from onnx_light_ref.ops._schema import make_delayed_initializer_node
         register_schemas()
         node = make_delayed_initializer_node("y", shape=[2], dtype=1, load_device="cpu", filename="w", offset=0)
         graph = oh.make_graph([node, oh.make_node("Identity", ["y"], ["z"])], "g", [],

@@ -27,8 +27,8 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 import onnx_light_ref
-from onnx_light_ref.cli import build_parser
-from onnx_light_ref.io.write.publish import StagedFile
+from onnx_light_ref._cli import build_parser
+from onnx_light_ref.io._write.publish import StagedFile
 from tests.checks import run_onnxruntime
 
 pytestmark = pytest.mark.slow

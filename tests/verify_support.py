@@ -1,4 +1,4 @@
-"""What tests compare of a :class:`~onnx_light_ref.io.verify.VerifyResult`: the facts a sentence-level test states.
+"""What tests compare of a :class:`~onnx_light_ref.io._verify.VerifyResult`: the facts a sentence-level test states.
 
 A result also carries every difference as a record and the tensor counts of both models; tests that state the
 verdict, the counts compared and the sentences compare :func:`summary` of the result with that of the expected one.
@@ -6,7 +6,7 @@ verdict, the counts compared and the sentences compare :func:`summary` of the re
 
 from __future__ import annotations
 
-from onnx_light_ref.io.verify import VerifyResult
+from onnx_light_ref.io._verify import VerifyResult
 
 __all__ = ["summary"]
 

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_light_ref.io.read.walker import iter_tensors
+from onnx_light_ref.io._read.walker import iter_tensors
 from tests.checks import external_payload
 from tests.models import (
     OPSET,

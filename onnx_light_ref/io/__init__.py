@@ -17,14 +17,12 @@ writes, the checks made on an open file).
 Nothing here imports ``onnx_light_ref.ops``.
 
 The public functions are imported lazily (on first use of the name): importing a submodule such as
-``onnx_light_ref.io.arguments`` runs this file first, and must not import every writer, onnx and numpy with it (the
+``onnx_light_ref.io._arguments`` runs this file first, and must not import every writer, onnx and numpy with it (the
 command line's option parsing uses the argument checks; ``inspect`` needs none of the writers).
 """
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import TYPE_CHECKING
 
 from onnx_light_ref._lazy import lazy_attributes
@@ -46,43 +44,29 @@ __all__ = [
 ]
 
 _LAZY = {
-    "AlignResult": "onnx_light_ref.io.results",
-    "FamilyResult": "onnx_light_ref.io.results",
-    "LinkResult": "onnx_light_ref.io.results",
-    "SaveResult": "onnx_light_ref.io.results",
-    "VerifyResult": "onnx_light_ref.io.verify",
-    "CheckpointVerifyResult": "onnx_light_ref.io.verify_checkpoint",
-    "verify_checkpoint": "onnx_light_ref.io.verify_checkpoint",
-    "align_external_data_in_memory": "onnx_light_ref.io.align",
-    "align_external_data_streaming": "onnx_light_ref.io.align",
-    "align_models": "onnx_light_ref.io.align_models",
-    "link_external_data": "onnx_light_ref.io.link",
-    "save_model_with_shared_external_data": "onnx_light_ref.io.shared_save",
-    "verify_models": "onnx_light_ref.io.verify",
+    "AlignResult": "onnx_light_ref.io._results",
+    "FamilyResult": "onnx_light_ref.io._results",
+    "LinkResult": "onnx_light_ref.io._results",
+    "SaveResult": "onnx_light_ref.io._results",
+    "VerifyResult": "onnx_light_ref.io._verify",
+    "CheckpointVerifyResult": "onnx_light_ref.io._verify_checkpoint",
+    "verify_checkpoint": "onnx_light_ref.io._verify_checkpoint",
+    "align_external_data_in_memory": "onnx_light_ref.io._align",
+    "align_external_data_streaming": "onnx_light_ref.io._align",
+    "align_models": "onnx_light_ref.io._align_models",
+    "link_external_data": "onnx_light_ref.io._link",
+    "save_model_with_shared_external_data": "onnx_light_ref.io._shared_save",
+    "verify_models": "onnx_light_ref.io._verify",
 }
 
 if TYPE_CHECKING:
-    from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
-    from onnx_light_ref.io.align_models import align_models
-    from onnx_light_ref.io.link import link_external_data
-    from onnx_light_ref.io.results import AlignResult, FamilyResult, LinkResult, SaveResult
-    from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
-    from onnx_light_ref.io.verify import VerifyResult, verify_models
-    from onnx_light_ref.io.verify_checkpoint import CheckpointVerifyResult, verify_checkpoint
+    from onnx_light_ref.io._align import align_external_data_in_memory, align_external_data_streaming
+    from onnx_light_ref.io._align_models import align_models
+    from onnx_light_ref.io._link import link_external_data
+    from onnx_light_ref.io._results import AlignResult, FamilyResult, LinkResult, SaveResult
+    from onnx_light_ref.io._shared_save import save_model_with_shared_external_data
+    from onnx_light_ref.io._verify import VerifyResult, verify_models
+    from onnx_light_ref.io._verify_checkpoint import CheckpointVerifyResult, verify_checkpoint
 
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)
-
-
-class _Package(types.ModuleType):
-    """This package, keeping each public function under its name: importing the submodule ``align_models`` makes the
-    import system set the package's attribute of that name to the submodule, which would then shadow the function
-    (``from onnx_light_ref.io import align_models`` returning a module) depending on what was imported first."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -6,13 +6,13 @@ Importing this package imports ``onnx.reference`` (through the kernel) but regis
 
 from __future__ import annotations
 
-from onnx_light_ref.ops.convert import delay_initializers
-from onnx_light_ref.ops.delay_write import DelayResult, write_delayed_model
-from onnx_light_ref.ops.delayed_initializer import DelayedInitializer
-from onnx_light_ref.ops.dtypes import ALLOWED_DTYPES
-from onnx_light_ref.ops.evaluate import LazyReferenceEvaluator, reference_evaluator
-from onnx_light_ref.ops.schema import register_schemas
-from onnx_light_ref.ops.undelay import undelay_initializers
+from onnx_light_ref.ops._convert import delay_initializers
+from onnx_light_ref.ops._delay_write import DelayResult, write_delayed_model
+from onnx_light_ref.ops._delayed_initializer import DelayedInitializer
+from onnx_light_ref.ops._dtypes import ALLOWED_DTYPES
+from onnx_light_ref.ops._evaluate import LazyReferenceEvaluator, reference_evaluator
+from onnx_light_ref.ops._schema import register_schemas
+from onnx_light_ref.ops._undelay import undelay_initializers
 
 __all__ = [
     "ALLOWED_DTYPES",

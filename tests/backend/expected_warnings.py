@@ -2,7 +2,7 @@
 the module that raises it: every other warning still ends the run's summary, where a new one stands out.
 
 * the conformance cases feed every bit pattern of the float-like types (NaN, infinities, subnormals) to
-  ``Reciprocal`` (``onnx_light_ref/backend/typed_cases.py``, ``cases.py``): numpy warns in onnx's kernel, and numpy
+  ``Reciprocal`` (``onnx_light_ref/backend/_typed_cases.py``, ``cases.py``): numpy warns in onnx's kernel, and numpy
   < 2 again when the outputs are compared (``np.isclose`` multiplies the infinities by 0);
 * onnx's own node cases, built when a Runner includes them, compute NaN, infinities and overflowing casts on purpose,
   and reshape arrays the way numpy 2.5 deprecates.

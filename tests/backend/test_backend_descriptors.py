@@ -16,7 +16,7 @@ import onnx
 import pytest
 
 from onnx_light_ref.backend import DelayedInitializerBackend
-from onnx_light_ref.backend.backend import DelayedInitializerBackendRep
+from onnx_light_ref.backend._backend import DelayedInitializerBackendRep
 from tests.ops.kernel_support import delayed_model, delayed_node, no_garbage_collection, open_descriptors
 
 CYCLES = 40

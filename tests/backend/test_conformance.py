@@ -19,6 +19,8 @@ from onnx import TensorProto, numpy_helper
 from onnx.backend.test.runner import Runner
 from onnx.reference import ReferenceEvaluator
 
+from onnx_light_ref._cli import main
+from onnx_light_ref._onnx_compat import evaluator_shape_checks
 from onnx_light_ref.backend import (
     SEED_CASE_NAMES,
     CaseRegistry,
@@ -27,20 +29,18 @@ from onnx_light_ref.backend import (
     generate,
     seed_weights_paths,
 )
-from onnx_light_ref.backend.runner import CATEGORY, _add_to_runner, bound_test_kwargs, load_cases, make_runner
-from onnx_light_ref.backend.typed_cases import FLOAT_LIKE_TYPE_NAMES
-from onnx_light_ref.cli import main
+from onnx_light_ref.backend._runner import CATEGORY, _add_to_runner, bound_test_kwargs, load_cases, make_runner
+from onnx_light_ref.backend._typed_cases import FLOAT_LIKE_TYPE_NAMES
 from onnx_light_ref.errors import UnsafeLocationError
-from onnx_light_ref.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.ops import DelayedInitializer
-from onnx_light_ref.ops.dtypes import EXTENDED_DTYPES
-from onnx_light_ref.ops.schema import make_delayed_initializer_node
+from onnx_light_ref.ops._dtypes import EXTENDED_DTYPES
+from onnx_light_ref.ops._schema import make_delayed_initializer_node
 from tests.backend.expected_warnings import EVERY_BIT_PATTERN, onnx_own_cases
 
 pytestmark = EVERY_BIT_PATTERN
 CASE_NAMES = build_cases().names()  # describing cases writes nothing
 # The 42 cases of the 14 portable types and the special shapes; one case per extended type and mode, and a bits case
-# per float-like extended type and mode (onnx_light_ref.backend.typed_cases).
+# per float-like extended type and mode (onnx_light_ref.backend._typed_cases).
 FLOAT_LIKE = [t for t in EXTENDED_DTYPES if TensorProto.DataType.Name(t) in FLOAT_LIKE_TYPE_NAMES]
 EXTENDED_CASES = 2 * len(EXTENDED_DTYPES) + 2 * len(FLOAT_LIKE)
 

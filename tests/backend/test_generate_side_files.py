@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from onnx_light_ref.backend import generate, seed_weights_paths
-from onnx_light_ref.io.write import publish
+from onnx_light_ref.io._write import publish
 from tests.checks import sha256_of_tree
 
 EXPECTED = [np.array([3, 4, 5], dtype="<f4").tobytes(), bytes(8) + np.array([1.5, -2.0], dtype="<f4").tobytes()]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from onnx_light_ref.io.read import reference_scan
+from onnx_light_ref.io._read import reference_scan
 from tests.contract.sharers import TEST_FIELD_BUDGET
 
 

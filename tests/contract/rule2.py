@@ -19,7 +19,7 @@ import onnx
 import safetensors.numpy as st_numpy
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_light_ref.io.read.walker import iter_tensors
+from onnx_light_ref.io._read.walker import iter_tensors
 from onnx_light_ref.ops import delay_initializers
 from tests.contract.writers import Scene, Writer
 from tests.models import IR_VERSION, OPSET, externalize, write_model

@@ -19,7 +19,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light_ref.ops import reference_evaluator
-from onnx_light_ref.ops.schema import make_delayed_initializer_node
+from onnx_light_ref.ops._schema import make_delayed_initializer_node
 from tests.checks import dead_pid, run_onnxruntime
 from tests.models import IR_VERSION, OPSET, identity_model, write_model
 from tests.wire_writer import encode_varint, field_key
@@ -165,7 +165,7 @@ def computes(model: Path) -> np.ndarray:
 def bridge_name(final_name: str) -> str:
     """A bridge file name (a temp name of ``publish``'s pattern, on which a killed run's model stands) of
     ``final_name`` whose writer's pid is dead."""
-    from onnx_light_ref.io.write import publish
+    from onnx_light_ref.io._write import publish
 
     pid = dead_pid()
     name = f"{publish._TEMP_PREFIX}{publish._name_tag(final_name)}~{pid}~{'0' * 16}{publish._TEMP_SUFFIX}"

@@ -17,9 +17,9 @@ import pytest
 from onnx import numpy_helper
 
 from onnx_light_ref.errors import ExistingFileError, SafetensorsError, SharedWeightsError
-from onnx_light_ref.io.plan.sites import SITE_EXTERNALIZED, SITE_INLINE, SITE_KEPT, SITE_MOVED, SiteColumns
-from onnx_light_ref.io.write.contract import PlannedFile, PlannedModel, ReferencedFile, WriteOptions, WritePlan
-from onnx_light_ref.io.write.execute import execute
+from onnx_light_ref.io._plan.sites import SITE_EXTERNALIZED, SITE_INLINE, SITE_KEPT, SITE_MOVED, SiteColumns
+from onnx_light_ref.io._write.contract import PlannedFile, PlannedModel, ReferencedFile, WriteOptions, WritePlan
+from onnx_light_ref.io._write.execute import execute
 from onnx_light_ref.ops import delay_initializers
 from tests.checks import sha256_of_tree, temp_files_under
 from tests.contract.sharers import external_model

@@ -22,14 +22,14 @@ from onnx_light_ref import (
     link_external_data,
     save_model_with_shared_external_data,
 )
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 from onnx_light_ref.errors import (
     DanglingReferenceError,
     DestinationConflictError,
     ExistingFileError,
     SharedWeightsError,
 )
-from onnx_light_ref.io.write import publish
+from onnx_light_ref.io._write import publish
 from onnx_light_ref.ops import delay_initializers, reference_evaluator
 from tests.checks import run_onnxruntime, snapshot_tree, temp_files_under
 from tests.contract.rule2 import check_output, rule2_model, rule2_tensors

@@ -15,10 +15,10 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from onnx_light_ref.errors import ExistingFileError, SharedWeightsError
-from onnx_light_ref.io.plan.sites import SITE_EXTERNALIZED, SITE_INLINE, SITE_MOVED, SiteColumns
-from onnx_light_ref.io.read import reference_scan, sharing
-from onnx_light_ref.io.read.locations import FileIdentity
-from onnx_light_ref.io.read.sharing import (
+from onnx_light_ref.io._plan.sites import SITE_EXTERNALIZED, SITE_INLINE, SITE_MOVED, SiteColumns
+from onnx_light_ref.io._read import reference_scan, sharing
+from onnx_light_ref.io._read.locations import FileIdentity
+from onnx_light_ref.io._read.sharing import (
     NotAModel,
     UnreadableModel,
     file_key,
@@ -31,7 +31,7 @@ from onnx_light_ref.io.read.sharing import (
     read_references,
     scan_users,
 )
-from onnx_light_ref.io.write.contract import (
+from onnx_light_ref.io._write.contract import (
     PlannedFile,
     PlannedModel,
     WriteOptions,
@@ -39,7 +39,7 @@ from onnx_light_ref.io.write.contract import (
     check_plan,
     recheck_plan,
 )
-from onnx_light_ref.io.write.ownership import Ownership, ShardSet
+from onnx_light_ref.io._write.ownership import Ownership, ShardSet
 from tests.checks import sha256_of_tree
 from tests.contract.sharers import delayed_model, external_model, too_deep, too_large
 from tests.models import identity_model, write_model

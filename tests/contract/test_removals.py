@@ -17,9 +17,9 @@ import pytest
 from onnx import numpy_helper
 
 from onnx_light_ref.errors import PublishedWithErrorsError
-from onnx_light_ref.io.plan.sites import SITE_EXTERNALIZED, SiteColumns
-from onnx_light_ref.io.write.contract import PlannedFile, PlannedModel, WritePlan
-from onnx_light_ref.io.write.execute import execute
+from onnx_light_ref.io._plan.sites import SITE_EXTERNALIZED, SiteColumns
+from onnx_light_ref.io._write.contract import PlannedFile, PlannedModel, WritePlan
+from onnx_light_ref.io._write.execute import execute
 from tests.contract.sharers import external_model
 from tests.models import identity_model, write_model
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from onnx_light_ref.errors import ExistingFileError
-from onnx_light_ref.io.read.locations import FileIdentity
-from onnx_light_ref.io.write.contract import PlannedFile, WritePlan
-from onnx_light_ref.io.write.execute import execute
+from onnx_light_ref.io._read.locations import FileIdentity
+from onnx_light_ref.io._write.contract import PlannedFile, WritePlan
+from onnx_light_ref.io._write.execute import execute
 
 
 def _identity(path: Path) -> FileIdentity:

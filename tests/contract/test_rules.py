@@ -19,9 +19,9 @@ import onnx
 import pytest
 
 from onnx_light_ref import reference_evaluator
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 from onnx_light_ref.errors import DestinationConflictError, ExistingFileError, SharedWeightsError
-from onnx_light_ref.io.write import publish
+from onnx_light_ref.io._write import publish
 from tests.checks import run_onnxruntime, snapshot_tree, temp_files_under
 from tests.contract.sharers import (
     NOT_MODELS,

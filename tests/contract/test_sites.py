@@ -1,4 +1,4 @@
-"""Rule 2's one decision (``io/plan/sites.py``): which tensors may become external, and where their bytes may sit.
+"""Rule 2's one decision (``io/_plan/sites.py``): which tensors may become external, and where their bytes may sit.
 
 The table of inputs whose data shape inference reads is checked against the installed onnx (every input its
 inference functions read, probed with an external tensor, is listed) and against the real consumers: for each op,
@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, defs, helper, numpy_helper, shape_inference
 
-from onnx_light_ref.io.plan.sites import (
+from onnx_light_ref.io._plan.sites import (
     DATA_INPUTS,
     SHAPE_TENSOR,
     SitePolicy,
@@ -25,7 +25,7 @@ from onnx_light_ref.io.plan.sites import (
     may_sit,
     placement_problem,
 )
-from onnx_light_ref.io.read.walker import iter_tensors
+from onnx_light_ref.io._read.walker import iter_tensors
 from tests.models import IR_VERSION, OPSET, externalize
 
 _EXTERNAL = "Cannot parse data from external tensors"

@@ -34,7 +34,7 @@ from onnx_light_ref import (
     link_external_data,
     save_model_with_shared_external_data,
 )
-from onnx_light_ref.cli import build_parser
+from onnx_light_ref._cli import build_parser
 from onnx_light_ref.ops import delay_initializers, undelay_initializers, write_delayed_model
 from tests.models import IR_VERSION, OPSET, identity_model, write_external_model
 
@@ -293,7 +293,7 @@ _FLAGS = {"overwrite": "--overwrite", "replace_shared": "--replace-shared"}
 def _run(scene: Scene, **options: Any) -> object:
     """``run`` has no Python API: its handler, with the contract's exception re-raised (it is the cause of the
     command's one-line error)."""
-    from onnx_light_ref.commands import run as run_module
+    from onnx_light_ref._commands import run as run_module
 
     argv = _run_argv(scene) + [_FLAGS[name] for name, value in options.items() if value]
     args = build_parser().parse_args(argv)

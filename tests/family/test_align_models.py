@@ -23,9 +23,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light_ref import align_external_data_streaming, align_models, verify_models
 from onnx_light_ref.errors import ExistingFileError, SharedWeightsError
-from onnx_light_ref.io.layout_report import build_layout_report
-from onnx_light_ref.io.read import reference_scan
-from onnx_light_ref.io.results import FamilyResult
+from onnx_light_ref.io._layout_report import build_layout_report
+from onnx_light_ref.io._read import reference_scan
+from onnx_light_ref.io._results import FamilyResult
 from onnx_light_ref.ops import reference_evaluator
 from tests.checks import assert_no_temp_files, external_payload, sha256_of_tree
 from tests.contract.sharers import TEST_FIELD_BUDGET, grown
@@ -374,7 +374,7 @@ def test_re_aligning_one_member_alone_over_the_shared_weights_is_refused_naming_
 def test_inspect_of_the_folder_shows_the_family_sharing_the_weights_file(
     family: Family, out: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from onnx_light_ref.cli import main
+    from onnx_light_ref._cli import main
 
     align_models(family.sources, out)
 
@@ -467,8 +467,8 @@ def test_the_writer_contract_refuses_a_plan_that_externalizes_what_onnx_would_no
 ) -> None:
     """Rule 2 is decided again by the contract, whatever the planner decided: a planner that got it wrong is caught
     before the first byte."""
-    import onnx_light_ref.io.plan.checkpoint_policy as checkpoint_policy
-    from onnx_light_ref.io.plan.sites import SiteDecision, SitePolicy
+    import onnx_light_ref.io._plan.checkpoint_policy as checkpoint_policy
+    from onnx_light_ref.io._plan.sites import SiteDecision, SitePolicy
 
     class Careless(SitePolicy):  # a planner ignoring the loader rule, with an analysis the contract cannot reuse
         def __init__(self, model: onnx.ModelProto, size_threshold: int | None) -> None:
@@ -500,7 +500,7 @@ def test_a_kill_free_failure_during_publication_leaves_the_previous_family(
     tmp_path: Path, out: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An error at the last move of a re-run (a bridged publication) undoes every move: the old family stays."""
-    from onnx_light_ref.io.write import publish
+    from onnx_light_ref.io._write import publish
 
     old = write_family(tmp_path / "old", seed=1)
     new = write_family(tmp_path / "new", seed=2)
@@ -540,7 +540,7 @@ def _journal(out: Path, pid: int, files: list[str]) -> Path:
     each name with the identity of the file there now (the file that writer moved in)."""
     import json
 
-    from onnx_light_ref.io.write import publish
+    from onnx_light_ref.io._write import publish
 
     ours = Path(publish._own_name(str(out / "weights.data"), publish._JOURNAL_SUFFIX))
     path = ours.with_name(ours.name.replace(f"~{os.getpid()}~", f"~{pid}~"))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from onnx_light_ref import align_models
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 from onnx_light_ref.errors import (
     DestinationConflictError,
     ExistingFileError,
@@ -20,7 +20,7 @@ from onnx_light_ref.errors import (
     SharedWeightsError,
     UnsafeLocationError,
 )
-from onnx_light_ref.io.arguments import ArgumentTypeError
+from onnx_light_ref.io._arguments import ArgumentTypeError
 from tests.checks import assert_no_temp_files, sha256_of_tree
 from tests.family.family_models import Family, write_family
 from tests.models import identity_model, save_external

@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from onnx_light_ref import verify_models
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 from tests.checks import assert_no_temp_files
 from tests.family.family_models import outputs_of, write_family
 

@@ -29,9 +29,9 @@ import numpy as np
 import pytest
 
 from onnx_light_ref import FamilyResult, align_models
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 from onnx_light_ref.errors import PublishedWithErrorsError
-from onnx_light_ref.io.write import publish
+from onnx_light_ref.io._write import publish
 from tests.checks import assert_no_temp_files, snapshot_tree, temp_files_under
 from tests.family.family_models import Family, outputs_of, write_family
 from tests.hardening.test_publication_outcomes import Seam, failing_at, hidden, seam, visible

@@ -14,7 +14,7 @@ import safetensors.numpy as st_numpy
 
 from onnx_light_ref import link_external_data, verify_models
 from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, SafetensorsError, UnsafeLocationError
-from onnx_light_ref.io.layout_report import build_layout_report
+from onnx_light_ref.io._layout_report import build_layout_report
 from tests.checks import needs_onnx_with_the_newer_loader_rule, run_onnxruntime, sha256_of_tree
 from tests.cli_runner import run_cli
 from tests.models import mlp_model, save_external

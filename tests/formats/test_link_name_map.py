@@ -16,8 +16,8 @@ import pytest
 import safetensors.numpy as st_numpy
 
 from onnx_light_ref import link_external_data, verify_models
-from onnx_light_ref.io.arguments import ArgumentTypeError
-from onnx_light_ref.io.plan.name_map import MAX_NAME_MAP_SIZE, parse_name_map
+from onnx_light_ref.io._arguments import ArgumentTypeError
+from onnx_light_ref.io._plan.name_map import MAX_NAME_MAP_SIZE, parse_name_map
 from tests.checks import assert_no_temp_files, run_onnxruntime, sha256_of_tree
 from tests.cli_runner import run_cli
 from tests.models import make_external_model

@@ -13,7 +13,7 @@ import pytest
 from safetensors import safe_open
 
 from onnx_light_ref import align_external_data_streaming, verify_models
-from onnx_light_ref.io.layout_report import build_layout_report
+from onnx_light_ref.io._layout_report import build_layout_report
 from onnx_light_ref.ops import delay_initializers, reference_evaluator, undelay_initializers
 from tests.checks import run_onnxruntime
 from tests.models import mlp_model

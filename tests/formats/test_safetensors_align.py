@@ -16,8 +16,8 @@ from safetensors import safe_open
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming, verify_models
 from onnx_light_ref.errors import SafetensorsError
-from onnx_light_ref.io.layout_report import build_layout_report
-from onnx_light_ref.io.read.locations import expected_nbytes
+from onnx_light_ref.io._layout_report import build_layout_report
+from onnx_light_ref.io._read.locations import expected_nbytes
 from tests.checks import run_onnxruntime, sha256_of_tree
 from tests.models import identity_model, make_external_model, make_model, save_external, value_info
 from tests.zoo import build_zoo_model

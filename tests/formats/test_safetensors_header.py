@@ -12,7 +12,7 @@ import pytest
 from safetensors import safe_open
 
 from onnx_light_ref.errors import ExternalDataError, SafetensorsError
-from onnx_light_ref.io.read.safetensors_header import (
+from onnx_light_ref.io._read.safetensors_header import (
     MAX_HEADER_SIZE,
     SafetensorsEntry,
     SafetensorsHeader,

@@ -20,8 +20,8 @@ from safetensors import safe_open
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming, verify_models
 from onnx_light_ref.errors import SafetensorsError
-from onnx_light_ref.io.layout_report import build_layout_report
-from onnx_light_ref.io.read.safetensors_header import (
+from onnx_light_ref.io._layout_report import build_layout_report
+from onnx_light_ref.io._read.safetensors_header import (
     MAX_DATA_ALIGNMENT,
     MAX_HEADER_SIZE,
     SafetensorsEntry,

@@ -2,8 +2,8 @@
 
 Random and adversarial headers (valid ones, and ones broken in each way the Rust parser cares about: u64 limits, its
 checked left-to-right shape product, serde_json's number and string rules, holes, overlaps, the size prefix) are
-written to a file; :func:`~onnx_light_ref.io.read.safetensors_header.read_header` +
-:func:`~onnx_light_ref.io.read.safetensors_header.require_covered` must refuse every one that
+written to a file; :func:`~onnx_light_ref.io._read.safetensors_header.read_header` +
+:func:`~onnx_light_ref.io._read.safetensors_header.require_covered` must refuse every one that
 ``safetensors.safe_open(path, framework="numpy")`` refuses, and may refuse one it accepts only for a documented reason
 (``docs/safetensors.md``: repeated keys, an entry that is not an object of exactly the three keys, a dtype written
 as an object, an empty name). When both accept, both see the same keys, dtypes and shapes.
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 from onnx_light_ref.errors import SafetensorsError
-from onnx_light_ref.io.read.safetensors_header import (
+from onnx_light_ref.io._read.safetensors_header import (
     DTYPE_BITS,
     MAX_HEADER_SIZE,
     SafetensorsHeader,

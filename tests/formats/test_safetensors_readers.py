@@ -24,10 +24,10 @@ from onnx import TensorProto
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming, align_models, verify_models
+from onnx_light_ref._cli import main
 from onnx_light_ref.backend import DelayedInitializerBackend
-from onnx_light_ref.cli import main
 from onnx_light_ref.errors import SafetensorsReferenceError
-from onnx_light_ref.io.layout_report import build_layout_report
+from onnx_light_ref.io._layout_report import build_layout_report
 from onnx_light_ref.ops import (
     DelayedInitializer,
     delay_initializers,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming, verify_models
-from onnx_light_ref.io.plan.shard_names import shard_paths, stale_candidates
+from onnx_light_ref.io._plan.shard_names import shard_paths, stale_candidates
 from tests.checks import run_onnxruntime, sha256_of_tree
 from tests.cli_runner import run_cli
 from tests.models import make_external_model

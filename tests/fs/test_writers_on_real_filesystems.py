@@ -34,8 +34,8 @@ from onnx_light_ref import (
     align_external_data_streaming,
     save_model_with_shared_external_data,
 )
-from onnx_light_ref.io.verify import verify_models
-from onnx_light_ref.io.write.space import shared_extent_bytes
+from onnx_light_ref.io._verify import verify_models
+from onnx_light_ref.io._write.space import shared_extent_bytes
 from onnx_light_ref.ops import delay_initializers, undelay_initializers
 from tests.checks import assert_no_temp_files, sha256_of_tree
 from tests.models import externalize, identity_model, make_external_model
@@ -522,7 +522,7 @@ def test_re_aligning_over_the_previous_output_copies_its_bridge_by_clone_where_t
     """A re-align over its own previous output publishes through a bridge ``.onnx`` and copies each bridge file to
     its final name (docs/safety.md) with the copy engine: a reflink clone on XFS (no new blocks), an in-kernel copy on
     ext4. Either way the output verifies equal to the source, and nothing is left behind."""
-    from onnx_light_ref.io.write import publish
+    from onnx_light_ref.io._write import publish
 
     mount: Path = request.getfixturevalue(filesystem)
     original = make_external_model(tmp_path, tensors_of(4, 4 * MIB, seed=7))
@@ -567,7 +567,7 @@ def test_re_aligning_over_the_previous_output_copies_its_bridge_by_clone_where_t
 def test_durable_fsyncs_every_output_and_the_folder_and_paces_writeback_while_durable_false_does_neither(
     writer, tmp_path, monkeypatch
 ):
-    from onnx_light_ref.io.write import writeback
+    from onnx_light_ref.io._write import writeback
 
     real_fsync, real_sync_file_range = os.fsync, writeback.sync_file_range
     outputs: dict[bool, dict[str, bytes]] = {}

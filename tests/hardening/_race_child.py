@@ -20,8 +20,8 @@ import time
 import numpy as np
 import onnx
 
-from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
-from onnx_light_ref.io.write import publish
+from onnx_light_ref.io._shared_save import save_model_with_shared_external_data
+from onnx_light_ref.io._write import publish
 from tests.models import identity_model
 
 PAUSE_SECONDS = 60.0  # a bound only: the test resumes the writer as soon as the other one waits for the lock

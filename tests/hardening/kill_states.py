@@ -32,7 +32,7 @@ from tests.checks import walk_tree
 __all__ = ["folder_state"]
 
 _RUN_TOKENS = re.compile(rb"~([0-9]{1,10})~([0-9a-f]{16})(?=\.)")
-"""The ``~<pid>~<random>`` of a publisher's hidden name, ``io/write/publish.py``'s format (the names a real
+"""The ``~<pid>~<random>`` of a publisher's hidden name, ``io/_write/publish.py``'s format (the names a real
 ``StagedFile`` takes are checked to match: tests/hardening/test_kill_states.py)."""
 
 

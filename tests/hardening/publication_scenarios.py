@@ -26,8 +26,8 @@ from onnx_light_ref import (
     link_external_data,
     save_model_with_shared_external_data,
 )
-from onnx_light_ref.ops.convert import delay_initializers
-from onnx_light_ref.ops.undelay import undelay_initializers
+from onnx_light_ref.ops._convert import delay_initializers
+from onnx_light_ref.ops._undelay import undelay_initializers
 from tests.checks import external_locations, model_fingerprint
 from tests.models import identity_model, write_external_model
 

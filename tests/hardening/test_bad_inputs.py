@@ -46,10 +46,10 @@ from onnx_light_ref.errors import (
     InvalidModelError,
     UnsafeLocationError,
 )
-from onnx_light_ref.io.arguments import ArgumentTypeError
-from onnx_light_ref.io.verify import MAX_CHUNK_SIZE, verify_models
-from onnx_light_ref.ops.convert import delay_initializers
-from onnx_light_ref.ops.undelay import undelay_initializers
+from onnx_light_ref.io._arguments import ArgumentTypeError
+from onnx_light_ref.io._verify import MAX_CHUNK_SIZE, verify_models
+from onnx_light_ref.ops._convert import delay_initializers
+from onnx_light_ref.ops._undelay import undelay_initializers
 from tests.checks import snapshot_tree, temp_files_under
 from tests.models import OPSET, external_tensor, identity_model, write_model
 
@@ -694,7 +694,7 @@ def failing_move(*, after: int) -> Callable[[Scene], None]:
     """
 
     def setup(scene: Scene) -> None:
-        import onnx_light_ref.io.write.publish as publish
+        import onnx_light_ref.io._write.publish as publish
 
         real = publish._move
         calls = []
@@ -718,7 +718,7 @@ def swap_source_after_validation(replacement: str) -> Callable[[Scene], None]:
     """
 
     def setup(scene: Scene) -> None:
-        import onnx_light_ref.io.align as align_module
+        import onnx_light_ref.io._align as align_module
 
         data = scene.model_dir / DATA
         original = scene.root / "original.data.keep"

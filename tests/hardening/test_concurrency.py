@@ -20,7 +20,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from onnx_light_ref import align_external_data_in_memory
-from onnx_light_ref.ops.evaluate import reference_evaluator
+from onnx_light_ref.ops._evaluate import reference_evaluator
 from tests.checks import snapshot_tree, temp_files_under
 from tests.hardening import _race_child
 from tests.hardening._crash_child import make_call

@@ -30,7 +30,7 @@ import onnx
 import pytest
 
 from onnx_light_ref import align_external_data_in_memory, save_model_with_shared_external_data
-from onnx_light_ref.io.write import publish
+from onnx_light_ref.io._write import publish
 from tests.checks import snapshot_tree, temp_files_under
 from tests.hardening._crash_child import make_call
 from tests.hardening.forked import ForkedCall

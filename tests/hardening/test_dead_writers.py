@@ -27,8 +27,8 @@ import pytest
 from onnx import numpy_helper
 
 from onnx_light_ref import align_external_data_streaming, save_model_with_shared_external_data
-from onnx_light_ref.io.read import reference_scan
-from onnx_light_ref.io.write import publish
+from onnx_light_ref.io._read import reference_scan
+from onnx_light_ref.io._write import publish
 from tests.checks import assert_no_temp_files, dead_pid, run_onnxruntime
 from tests.contract.sharers import TEST_FIELD_BUDGET, grown
 from tests.hardening.publication_scenarios import computed, same, values
@@ -237,7 +237,7 @@ def test_a_dead_writers_file_the_filesystem_will_not_remove_is_skipped_and_the_j
     if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(stuck)], check=False).returncode != 0:
         pytest.skip("chattr +i is not available here (needs root and e2fsprogs)")
     try:
-        with caplog.at_level(logging.WARNING, logger="onnx_light_ref.io.write.publish"):
+        with caplog.at_level(logging.WARNING, logger="onnx_light_ref.io._write.publish"):
             save_model_with_shared_external_data(identity_model(values(5)), tmp_path / "model.onnx", size_threshold=0)
         assert same(computed(tmp_path / "model.onnx"), values(5))
         assert stuck.exists()
@@ -454,7 +454,7 @@ def test_a_hidden_file_a_model_saved_during_the_publication_uses_is_kept_after_t
                 _save_in_another_process(_relocated(tmp_path / "old" / "previous.onnx", "out/", swapped[0]), variant)
 
     monkeypatch.setattr(publish, "before_syscall", hook)
-    with caplog.at_level(logging.WARNING, logger="onnx_light_ref.io.write.publish"):
+    with caplog.at_level(logging.WARNING, logger="onnx_light_ref.io._write.publish"):
         align_external_data_streaming(tmp_path / "new" / "m.onnx", out / "model.onnx", alignment=128)
     monkeypatch.setattr(publish, "before_syscall", None)
 

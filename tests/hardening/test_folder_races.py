@@ -34,9 +34,9 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.errors import ExternalDataError
-from onnx_light_ref.io.layout_report import build_layout_report
-from onnx_light_ref.io.read import folder as folder_module
-from onnx_light_ref.io.verify import verify_models
+from onnx_light_ref.io._layout_report import build_layout_report
+from onnx_light_ref.io._read import folder as folder_module
+from onnx_light_ref.io._verify import verify_models
 from onnx_light_ref.ops import DelayedInitializer, delay_initializers, reference_evaluator, undelay_initializers
 from tests.models import identity_model, save_external, write_model
 

@@ -39,7 +39,7 @@ from onnx_light_ref import (
     save_model_with_shared_external_data,
 )
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError
-from onnx_light_ref.ops.convert import delay_initializers
+from onnx_light_ref.ops._convert import delay_initializers
 from tests.checks import snapshot_tree, temp_files_under
 from tests.models import IR_VERSION, OPSET
 

@@ -50,8 +50,8 @@ from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
 from onnx_light_ref.errors import InvalidModelError
-from onnx_light_ref.io.read import wire
-from onnx_light_ref.io.read.wire import StrippedModel, load_model_stripped
+from onnx_light_ref.io._read import wire
+from onnx_light_ref.io._read.wire import StrippedModel, load_model_stripped
 from tests.wire_writer import encode_varint, field_key
 
 EXAMPLES = int(os.environ.get("WIRE_FUZZ_EXAMPLES", "200"))

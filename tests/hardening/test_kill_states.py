@@ -9,7 +9,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from onnx_light_ref.io.write.publish import StagedFile
+from onnx_light_ref.io._write.publish import StagedFile
 from tests.hardening.kill_states import folder_state
 
 TAG = "0123456789ab"
@@ -79,7 +79,7 @@ def test_every_other_difference_is_another_state(tmp_path: Path, change: str) ->
 
 
 def test_the_publisher_s_own_temp_names_are_renamed(tmp_path: Path) -> None:
-    """The token pattern is the one ``io/write/publish.py`` names its files with: two real temp files of one final
+    """The token pattern is the one ``io/_write/publish.py`` names its files with: two real temp files of one final
     name (other random parts) in two folders are the same state; a third, beside the first, is another."""
     staged = []
     for folder in (tmp_path / "a", tmp_path / "b", tmp_path / "a"):

@@ -31,12 +31,12 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_light_ref.commands.inspect import format_report
-from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
-from onnx_light_ref.io.layout_report import build_layout_report
-from onnx_light_ref.io.read.walker import iter_tensors
-from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
-from onnx_light_ref.io.verify import verify_models
+from onnx_light_ref._commands.inspect import format_report
+from onnx_light_ref.io._align import align_external_data_in_memory, align_external_data_streaming
+from onnx_light_ref.io._layout_report import build_layout_report
+from onnx_light_ref.io._read.walker import iter_tensors
+from onnx_light_ref.io._shared_save import save_model_with_shared_external_data
+from onnx_light_ref.io._verify import verify_models
 from tests.checks import needs_onnx_with_the_newer_loader_rule
 from tests.models import OPSET, identity_model, write_model
 from tests.zoo import ZOO, build_zoo_model

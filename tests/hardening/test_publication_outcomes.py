@@ -41,9 +41,9 @@ from onnx_light_ref import (
     align_external_data_streaming,
     save_model_with_shared_external_data,
 )
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 from onnx_light_ref.errors import PublishedWithErrorsError
-from onnx_light_ref.io.write import publish
+from onnx_light_ref.io._write import publish
 from tests.checks import assert_no_temp_files, snapshot_tree
 from tests.hardening.publication_scenarios import (
     NEW_ALIGNMENT,

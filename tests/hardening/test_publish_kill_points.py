@@ -1,6 +1,6 @@
 """Deterministic crash tests: SIGKILL every writer at each system call of its publication step, in turn.
 
-``onnx_light_ref.io.write.publish.before_syscall`` is called before every system call the publication makes (the test
+``onnx_light_ref.io._write.publish.before_syscall`` is called before every system call the publication makes (the test
 seam of that module). A forked child runs one writer with a hook that counts those calls during
 :meth:`OutputTransaction.publish` (every writer's and the family's publication: one method) and SIGKILLs
 the child at the k-th; a first child, never killed, counts them and reads, at each, the state a kill there would
@@ -46,7 +46,7 @@ import pytest
 
 from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.errors import PublishedWithErrorsError
-from onnx_light_ref.io.write import publish
+from onnx_light_ref.io._write import publish
 from tests.checks import assert_no_temp_files, temp_files_under
 from tests.hardening.kill_states import folder_state
 from tests.hardening.publication_scenarios import (
@@ -231,7 +231,7 @@ def test_align_into_weights_of_another_name_killed_after_moving_them_in_is_rerun
     """``align --weights w.bin`` killed between moving ``w.bin`` in and its commit left a ``w.bin`` no model
     references and not named after the model: the identical rerun was refused (``ExistingFileError``, exit 1). The
     publication's journal now says it is this job's own leftover: the rerun publishes and leaves nothing hidden."""
-    from onnx_light_ref.cli import main
+    from onnx_light_ref._cli import main
 
     dst = work / "out"
     dst.mkdir()

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 import pytest
 
-from onnx_light_ref.io.write import publish
+from onnx_light_ref.io._write import publish
 from tests.checks import assert_no_temp_files, sha256_of_tree
 from tests.family.family_models import outputs_of, write_family
 from tests.hardening.publication_scenarios import computed, same, values
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.slow
 def _in_child(argv: list[str], signum: int | None, at: int | None) -> tuple[int, list[str], str]:
     """Run ``onnx-light-ref argv`` in a forked child, sending ``signum`` to itself before the ``at``-th system call of
     its publication; return its exit status, the names of the calls it saw, and what it printed on stderr."""
-    from onnx_light_ref.cli import build_parser, main
+    from onnx_light_ref._cli import build_parser, main
 
     build_parser()  # every command module imported here once: each child starts with them
     read_end, write_end = os.pipe()

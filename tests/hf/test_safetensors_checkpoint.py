@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from safetensors import safe_open
 
 from onnx_light_ref import align_external_data_streaming, verify_checkpoint, verify_models
-from onnx_light_ref.io.plan.checkpoint_policy import UNNAMED
+from onnx_light_ref.io._plan.checkpoint_policy import UNNAMED
 from tests.cli_runner import run_cli
 from tests.hf.fixtures import copy_fixture, evaluate, run_ort
 

@@ -17,7 +17,7 @@ import pytest
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming, align_models
 from onnx_light_ref.errors import ConfigFileError
-from onnx_light_ref.io.write import publish
+from onnx_light_ref.io._write import publish
 from tests.checks import snapshot_tree, temp_files_under
 from tests.cli_runner import run_cli
 from tests.hf.fixtures import copy_fixture, run_ort

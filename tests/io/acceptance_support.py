@@ -18,8 +18,8 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming
-from onnx_light_ref.io.read.walker import TensorSite, iter_tensors
-from onnx_light_ref.io.verify import verify_models
+from onnx_light_ref.io._read.walker import TensorSite, iter_tensors
+from onnx_light_ref.io._verify import verify_models
 from tests.checks import external_payload, run_onnxruntime
 
 __all__ = [

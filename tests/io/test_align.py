@@ -15,8 +15,8 @@ from onnx import helper, numpy_helper
 from onnx.external_data_helper import _get_all_tensors
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming, errors
-from onnx_light_ref.io.layout_report import build_layout_report
-from onnx_light_ref.io.read.walker import iter_tensors
+from onnx_light_ref.io._layout_report import build_layout_report
+from onnx_light_ref.io._read.walker import iter_tensors
 from tests.checks import assert_no_temp_files, onnxruntime_session, sha256_of_tree
 from tests.models import externalize, identity_model, make_external_model
 from tests.zoo import build_zoo_model, model_facts, reference_tensors

@@ -19,8 +19,8 @@ from onnx import numpy_helper
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming
 from onnx_light_ref.errors import DestinationConflictError, ExternalDataError, InvalidModelError, UnsafeLocationError
-from onnx_light_ref.io.arguments import ArgumentTypeError
-from onnx_light_ref.io.write import publish
+from onnx_light_ref.io._arguments import ArgumentTypeError
+from onnx_light_ref.io._write import publish
 from tests.checks import dead_pid
 
 WEIGHTS = np.arange(16, dtype=np.float32)  # 64 bytes in model/w.bin

@@ -12,8 +12,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from onnx_light_ref.cli import main
-from onnx_light_ref.commands.sizes import parse_size, size_argument
+from onnx_light_ref._cli import main
+from onnx_light_ref._commands.sizes import parse_size, size_argument
 
 
 @pytest.mark.parametrize(
@@ -143,7 +143,7 @@ def test_the_progress_bar_follows_the_bytes_to_the_total(
     """On a terminal the bar is shown; here it is forced on, as if stderr were one."""
     import tqdm
 
-    import onnx_light_ref.commands.progress as command
+    import onnx_light_ref._commands.progress as command
 
     bars = []
 
@@ -222,7 +222,7 @@ def test_no_fsync_writes_the_same_files_without_any_fsync(
 
 
 def test_layout_options_with_size_suffixes(tmp_path, build_identity_model, capsys):
-    from onnx_light_ref.io.verify import verify_models
+    from onnx_light_ref.io._verify import verify_models
 
     big = np.arange(3000, dtype=np.float32)  # 12,000 bytes
     tensors = {"a": big, "a_copy": big.copy(), "b": np.arange(5000, dtype=np.float32), "tiny": np.ones(3, np.int64)}
@@ -263,7 +263,7 @@ def test_layout_options_with_size_suffixes(tmp_path, build_identity_model, capsy
 
 
 def test_align_names_the_shards_an_earlier_run_left_and_keeps_them(tmp_path, build_identity_model, capsys):
-    from onnx_light_ref.io.verify import verify_models
+    from onnx_light_ref.io._verify import verify_models
 
     tensors = {f"t{i}": np.full(1000, i, dtype=np.float32) for i in range(3)}  # 4000 bytes each
     src = tmp_path / "src.onnx"

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import onnx_light_ref.io.plan.dedup as dedup_module
+import onnx_light_ref.io._plan.dedup as dedup_module
 from onnx_light_ref.errors import ExternalDataError
-from onnx_light_ref.io.plan.dedup import BlobSource, find_duplicates
+from onnx_light_ref.io._plan.dedup import BlobSource, find_duplicates
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ from onnx_light_ref import (
     verify_models,
 )
 from onnx_light_ref.errors import InvalidModelError
-from onnx_light_ref.io.read.dtype_sizes import SPEC_BITS, element_bits, packed_nbytes
-from onnx_light_ref.io.read.locations import expected_nbytes
+from onnx_light_ref.io._read.dtype_sizes import SPEC_BITS, element_bits, packed_nbytes
+from onnx_light_ref.io._read.locations import expected_nbytes
 from onnx_light_ref.ops import delay_initializers, undelay_initializers
 from tests.checks import sha256_of_tree
 

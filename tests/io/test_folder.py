@@ -1,4 +1,4 @@
-"""The one opener of model-relative files (:mod:`onnx_light_ref.io.read.folder`), in both of its modes.
+"""The one opener of model-relative files (:mod:`onnx_light_ref.io._read.folder`), in both of its modes.
 
 Every test runs with ``openat2`` (the kernel's contained open) and with the ``O_NOFOLLOW`` walk forced: the two
 must accept and refuse exactly the same names.
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
-from onnx_light_ref.io.read import folder as folder_module
-from onnx_light_ref.io.read.folder import FileIdentity, ModelFolder, openat2_available
+from onnx_light_ref.io._read import folder as folder_module
+from onnx_light_ref.io._read.folder import FileIdentity, ModelFolder, openat2_available
 
 SECRET = b"SECRET-OUTSIDE-BYTES"
 
@@ -235,7 +235,7 @@ def test_a_location_that_is_not_utf8_is_refused_even_when_the_file_exists(tree: 
     """protobuf hands back a non-UTF-8 location as bytes; onnx and onnxruntime cannot open it: refused, unread."""
     import onnx
 
-    from onnx_light_ref.io.read.locations import LocationResolver, parse_external_data
+    from onnx_light_ref.io._read.locations import LocationResolver, parse_external_data
 
     name = b"w\xff.bin"
     with open(os.path.join(os.fsencode(tree), name), "wb") as data:

@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
-from onnx_light_ref.io.read import folder as folder_module
-from onnx_light_ref.io.read.folder import PATH_MAX, ModelFolder, open_unconfined
-from onnx_light_ref.io.read.model_file import load_model_metadata
+from onnx_light_ref.io._read import folder as folder_module
+from onnx_light_ref.io._read.folder import PATH_MAX, ModelFolder, open_unconfined
+from onnx_light_ref.io._read.model_file import load_model_metadata
 from onnx_light_ref.ops import DelayedInitializer, reference_evaluator
 from tests.checks import snapshot_tree
 from tests.ops.kernel_support import delayed_model, delayed_node, recorded_opens

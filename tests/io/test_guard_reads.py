@@ -30,9 +30,9 @@ from google.protobuf.message import DecodeError
 
 from onnx_light_ref import align_external_data_streaming, save_model_with_shared_external_data
 from onnx_light_ref.errors import SharedWeightsError
-from onnx_light_ref.io.read import reference_scan, sharing
-from onnx_light_ref.io.read.sharing import reading_references, scan_users
-from onnx_light_ref.io.write.ownership import Ownership
+from onnx_light_ref.io._read import reference_scan, sharing
+from onnx_light_ref.io._read.sharing import reading_references, scan_users
+from onnx_light_ref.io._write.ownership import Ownership
 from tests.checks import run_onnxruntime, sha256_of_tree
 from tests.cli_runner import run_cli
 from tests.contract.sharers import TEST_FIELD_BUDGET, external_model, too_large

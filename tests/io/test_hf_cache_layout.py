@@ -17,8 +17,8 @@ import pytest
 
 from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.errors import UnsafeLocationError
-from onnx_light_ref.io.layout_report import build_layout_report
-from onnx_light_ref.io.verify import verify_models
+from onnx_light_ref.io._layout_report import build_layout_report
+from onnx_light_ref.io._verify import verify_models
 from onnx_light_ref.ops import reference_evaluator
 from tests.checks import onnx_loader_refuses_symlinks
 from tests.cli_runner import run_cli

@@ -15,9 +15,9 @@ import pytest
 from onnx import helper, numpy_helper
 
 from onnx_light_ref.errors import ExternalDataError
-from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
-from onnx_light_ref.io.read.walker import iter_tensors
-from onnx_light_ref.io.verify import verify_models
+from onnx_light_ref.io._align import align_external_data_in_memory, align_external_data_streaming
+from onnx_light_ref.io._read.walker import iter_tensors
+from onnx_light_ref.io._verify import verify_models
 from tests.checks import onnxruntime_session
 
 OPSET = 18
@@ -307,7 +307,7 @@ def test_a_tensor_whose_data_does_not_fit_its_dims_is_refused(
 
 
 def test_a_source_model_swapped_after_planning_is_refused(tmp_path, build_identity_model, monkeypatch, sha256_of_tree):
-    import onnx_light_ref.io.align as align_module
+    import onnx_light_ref.io._align as align_module
 
     src = save_inline(build_identity_model({"a": np.arange(2000, dtype=np.float32)}), tmp_path / "src")
     real_plan = align_module.plan_alignment

@@ -25,7 +25,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_light_ref.io.align import align_external_data_streaming
+from onnx_light_ref.io._align import align_external_data_streaming
 from tests.checks import assert_no_temp_files, run_onnxruntime, sha256_of_tree
 from tests.io.acceptance_support import (
     align_both,
@@ -254,7 +254,7 @@ def test_typed_field_tensors_come_out_as_raw_bytes_with_the_same_values(source: 
 
 
 def _all_tensors(model: onnx.ModelProto) -> list[TensorProto]:
-    from onnx_light_ref.io.read.walker import iter_tensors
+    from onnx_light_ref.io._read.walker import iter_tensors
 
     return [site.tensor for site in iter_tensors(model)]
 

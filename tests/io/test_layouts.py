@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
-from onnx_light_ref.io.read.walker import iter_tensors
-from onnx_light_ref.io.results import AlignResult
-from onnx_light_ref.io.verify import verify_models
+from onnx_light_ref.io._align import align_external_data_in_memory, align_external_data_streaming
+from onnx_light_ref.io._read.walker import iter_tensors
+from onnx_light_ref.io._results import AlignResult
+from onnx_light_ref.io._verify import verify_models
 from tests.checks import onnxruntime_session
 
 
@@ -355,7 +355,7 @@ def test_fewer_shards_than_an_earlier_run_leave_its_extra_files_named_not_delete
         (out / name).write_bytes(b"other")
     left = {name: (out / name).read_bytes() for name in ("model.onnx.data.2", "model.onnx.data.3")}
 
-    with caplog.at_level("WARNING", logger="onnx_light_ref.io.align"):
+    with caplog.at_level("WARNING", logger="onnx_light_ref.io._align"):
         second = aligner(src, out / "model.onnx", alignment=4096, max_shard_size=1 << 20)
 
     assert [Path(p).name for p in second.weights_files] == ["model.onnx.data"]

@@ -18,13 +18,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light_ref import align_external_data_streaming
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError
-from onnx_light_ref.io.layout_report import build_layout_report
-from onnx_light_ref.io.read import wire
-from onnx_light_ref.io.read.model_file import PROTOBUF_LIMIT
-from onnx_light_ref.io.read.wire import PLACEHOLDER_LENGTH, WHOLE_PARSE_LIMIT, load_model_lean
-from onnx_light_ref.io.verify import verify_models
+from onnx_light_ref.io._layout_report import build_layout_report
+from onnx_light_ref.io._read import wire
+from onnx_light_ref.io._read.model_file import PROTOBUF_LIMIT
+from onnx_light_ref.io._read.wire import PLACEHOLDER_LENGTH, WHOLE_PARSE_LIMIT, load_model_lean
+from onnx_light_ref.io._verify import verify_models
 from tests import large_inline
 from tests.checks import sha256_of_tree
 from tests.models import identity_model

@@ -11,7 +11,7 @@ import pytest
 from onnx import numpy_helper
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
-from onnx_light_ref.io.read.locations import (
+from onnx_light_ref.io._read.locations import (
     LocationResolver,
     check_location_syntax,
     check_not_hard_linked,
@@ -224,9 +224,9 @@ def _onnx_reads(path: str) -> np.ndarray:
 @pytest.mark.parametrize("key", list(DUPLICATED))
 def test_a_key_given_twice_is_refused_by_every_reader_naming_what_onnx_reads(tmp_path, key, capsys):
     from onnx_light_ref import align_external_data_streaming, verify_models
-    from onnx_light_ref.cli import main
-    from onnx_light_ref.io.layout_report import build_layout_report
-    from onnx_light_ref.io.read.sharing import file_key, read_references
+    from onnx_light_ref._cli import main
+    from onnx_light_ref.io._layout_report import build_layout_report
+    from onnx_light_ref.io._read.sharing import file_key, read_references
     from tests.checks import sha256_of_tree
 
     path = _duplicated_model(tmp_path, DUPLICATED[key])

@@ -13,8 +13,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError
-from onnx_light_ref.io.read.locations import check_external_structure, expected_nbytes
-from onnx_light_ref.io.read.model_file import check_model_strings, load_model_metadata
+from onnx_light_ref.io._read.locations import check_external_structure, expected_nbytes
+from onnx_light_ref.io._read.model_file import check_model_strings, load_model_metadata
 
 
 def small_model(name: str = "w") -> onnx.ModelProto:

@@ -16,10 +16,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
-from onnx_light_ref.io.read.walker import iter_tensors
-from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
-from onnx_light_ref.io.verify import verify_models
+from onnx_light_ref.io._align import align_external_data_in_memory, align_external_data_streaming
+from onnx_light_ref.io._read.walker import iter_tensors
+from onnx_light_ref.io._shared_save import save_model_with_shared_external_data
+from onnx_light_ref.io._verify import verify_models
 from tests.models import OPSET, make_model, value_info
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onnx_light_ref.io.plan.placement import Placement, ShardedLayout, shard_path
+from onnx_light_ref.io._plan.placement import Placement, ShardedLayout, shard_path
 
 
 def place_all(layout: ShardedLayout, lengths: list[int]) -> list[Placement]:

@@ -1,4 +1,4 @@
-"""The protobuf classes of ``io/read/proto.py``: onnx's own, without importing the onnx package.
+"""The protobuf classes of ``io/_read/proto.py``: onnx's own, without importing the onnx package.
 
 Each check runs in a fresh interpreter: which of the two (this module or ``onnx``) is imported first is the point.
 """
@@ -12,11 +12,11 @@ import sys
 import onnx
 import pytest
 
-from onnx_light_ref.io.read import proto
+from onnx_light_ref.io._read import proto
 
 _PROTO_FIRST = """
 import json, sys
-from onnx_light_ref.io.read import proto
+from onnx_light_ref.io._read import proto
 before = sorted(name for name in ("onnx", "numpy", "ml_dtypes") if name in sys.modules)
 tensor = proto.TensorProto(name="w", data_type=proto.TensorProto.FLOAT, dims=[1], raw_data=bytes(4))
 import onnx

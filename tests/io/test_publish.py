@@ -19,12 +19,12 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-import onnx_light_ref.io.write.publish as publish
+import onnx_light_ref.io._write.publish as publish
 from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.errors import PublishedWithErrorsError
-from onnx_light_ref.io.arguments import ArgumentTypeError
-from onnx_light_ref.io.read.locations import FileIdentity
-from onnx_light_ref.io.write.publish import OutputTransaction, StagedFile
+from onnx_light_ref.io._arguments import ArgumentTypeError
+from onnx_light_ref.io._read.locations import FileIdentity
+from onnx_light_ref.io._write.publish import OutputTransaction, StagedFile
 from tests.checks import assert_no_temp_files, dead_pid, sha256_of_tree
 from tests.models import identity_model, write_external_model
 
@@ -39,7 +39,7 @@ def _write_job(
             staged = outputs.stage(str(folder / name))
             staged.write_all(tag + bytes([index]) * 10, 0)
             staged.set_size(64)
-        # Weights not named after the model are journaled (the executor decides it: io/write/execute.py).
+        # Weights not named after the model are journaled (the executor decides it: io/_write/execute.py).
         journal = None if weights[0].startswith("model.onnx.") else str(folder / weights[0])
         outputs.publish([(str(folder / "model.onnx"), tag + b" model")], journal=journal)
 

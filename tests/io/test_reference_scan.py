@@ -1,4 +1,4 @@
-"""The streaming reference scan (``io/read/reference_scan.py``) against protobuf: the same files named, by the same
+"""The streaming reference scan (``io/_read/reference_scan.py``) against protobuf: the same files named, by the same
 first tensor or node, as many times, as parsing the whole file with protobuf (what ``onnx.load`` does) and walking
 it with the package's tensor walker (what rule 1 did before the scan streamed).
 
@@ -27,9 +27,9 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from onnx_light_ref.io.read import reference_scan
-from onnx_light_ref.io.read.entries import is_external
-from onnx_light_ref.io.read.reference_scan import (
+from onnx_light_ref.io._read import reference_scan
+from onnx_light_ref.io._read.entries import is_external
+from onnx_light_ref.io._read.reference_scan import (
     PATH_LIMIT,
     CannotScanError,
     MalformedModelError,
@@ -37,7 +37,7 @@ from onnx_light_ref.io.read.reference_scan import (
     NamedFiles,
     named_files,
 )
-from onnx_light_ref.io.read.walker import iter_tensors
+from onnx_light_ref.io._read.walker import iter_tensors
 from tests.hardening.test_fuzz_wire import damaged, group_fields, guarded
 from tests.wire_writer import encode_varint, field_key
 

@@ -20,9 +20,9 @@ import pytest
 from onnx import numpy_helper
 
 from onnx_light_ref.errors import DestinationConflictError, SharedWeightsError, UnsafeLocationError
-from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
-from onnx_light_ref.io.read.sharing import file_key, files_referenced_near, folder_sharing
-from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
+from onnx_light_ref.io._align import align_external_data_in_memory, align_external_data_streaming
+from onnx_light_ref.io._read.sharing import file_key, files_referenced_near, folder_sharing
+from onnx_light_ref.io._shared_save import save_model_with_shared_external_data
 from tests.checks import sha256_of_tree
 from tests.models import identity_model, save_external, write_model
 
@@ -249,7 +249,7 @@ def test_folder_sharing_lists_which_models_use_which_files(models):
 
 def test_undelay_refuses_to_replace_a_shared_weights_file_unless_told(tmp_path):
     from onnx_light_ref.ops import undelay_initializers
-    from onnx_light_ref.ops.convert import delay_initializers
+    from onnx_light_ref.ops._convert import delay_initializers
 
     (tmp_path / "src").mkdir()
     (tmp_path / "out").mkdir()

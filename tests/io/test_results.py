@@ -16,7 +16,7 @@ from onnx_light_ref import (
     align_external_data_streaming,
     save_model_with_shared_external_data,
 )
-from onnx_light_ref.io.results import AlignResult, LinkResult, SaveResult, summarize_names
+from onnx_light_ref.io._results import AlignResult, LinkResult, SaveResult, summarize_names
 from tests.models import identity_model, make_external_model
 from tests.zoo import reference_tensors
 

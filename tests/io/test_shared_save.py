@@ -25,8 +25,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
-import onnx_light_ref.io.shared_save
-import onnx_light_ref.io.write.publish
+import onnx_light_ref.io._shared_save
+import onnx_light_ref.io._write.publish
 from onnx_light_ref import save_model_with_shared_external_data
 from onnx_light_ref.errors import (
     DanglingReferenceError,
@@ -458,7 +458,7 @@ def _fail(*args: object, **kwargs: object) -> None:
 def test_failure_at_publication_rolls_the_model_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     variant = reference_variant(tmp_path)
     before_files, before_model = tree(tmp_path), variant.SerializeToString()
-    monkeypatch.setattr(onnx_light_ref.io.write.publish._Publication, "commit", _fail)
+    monkeypatch.setattr(onnx_light_ref.io._write.publish._Publication, "commit", _fail)
 
     with pytest.raises(OSError, match="simulated"):
         save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64, size_threshold=0)
@@ -482,7 +482,7 @@ def test_failed_rename_leaves_no_file_and_the_model_unchanged(
             _fail()
         real_replace(src, dst)
 
-    monkeypatch.setattr(onnx_light_ref.io.write.publish.os, "replace", replace)
+    monkeypatch.setattr(onnx_light_ref.io._write.publish.os, "replace", replace)
 
     with pytest.raises(OSError, match="simulated"):
         save_model_with_shared_external_data(variant, tmp_path / "second.onnx", 64, size_threshold=0)

@@ -20,8 +20,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError
-from onnx_light_ref.io.align import align_external_data_streaming
-from onnx_light_ref.io.verify import verify_models
+from onnx_light_ref.io._align import align_external_data_streaming
+from onnx_light_ref.io._verify import verify_models
 from tests.checks import sha256_of_tree
 
 IR_VERSION = 10

@@ -23,11 +23,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError, UnsafeLocationError
-from onnx_light_ref.io import verify as verify_module
-from onnx_light_ref.io.read import wire as wire_module
-from onnx_light_ref.io.read.model_file import PROTOBUF_LIMIT
-from onnx_light_ref.io.read.walker import iter_tensors
-from onnx_light_ref.io.verify import MAX_CHUNK_SIZE, VerifyResult, verify_models
+from onnx_light_ref.io import _verify as verify_module
+from onnx_light_ref.io._read import wire as wire_module
+from onnx_light_ref.io._read.model_file import PROTOBUF_LIMIT
+from onnx_light_ref.io._read.walker import iter_tensors
+from onnx_light_ref.io._verify import MAX_CHUNK_SIZE, VerifyResult, verify_models
 from onnx_light_ref.ops import delay_initializers, undelay_initializers
 from tests import large_inline
 from tests.checks import assert_no_temp_files, sha256_of_tree

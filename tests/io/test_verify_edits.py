@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_light_ref.io.read.walker import iter_tensors
-from onnx_light_ref.io.verify import VerifyResult, verify_models
+from onnx_light_ref.io._read.walker import iter_tensors
+from onnx_light_ref.io._verify import VerifyResult, verify_models
 from tests.checks import sha256_of_tree
 from tests.verify_support import summary
 

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_light_ref.io.verify import VerifyResult, verify_models
+from onnx_light_ref.io._verify import VerifyResult, verify_models
 from tests.checks import sha256_of_tree
 from tests.verify_support import summary
 

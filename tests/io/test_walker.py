@@ -7,7 +7,7 @@ import onnx
 from google.protobuf.message import Message
 from onnx import helper, numpy_helper
 
-from onnx_light_ref.io.read.walker import describe_place, inline_reason, iter_graphs, iter_tensors
+from onnx_light_ref.io._read.walker import describe_place, inline_reason, iter_graphs, iter_tensors
 
 
 def tensor(name: str, value: float = 0.0) -> onnx.TensorProto:

@@ -16,7 +16,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from onnx_light_ref.io import align_external_data_in_memory, align_external_data_streaming
-from onnx_light_ref.io.read.walker import iter_tensors
+from onnx_light_ref.io._read.walker import iter_tensors
 from tests.checks import external_payload, sha256_of_tree
 from tests.models import externalize
 

@@ -17,9 +17,9 @@ from google.protobuf.message import DecodeError, Message
 from onnx import helper, numpy_helper
 
 from onnx_light_ref.errors import InvalidModelError
-from onnx_light_ref.io.arguments import ArgumentTypeError
-from onnx_light_ref.io.read import wire
-from onnx_light_ref.io.read.wire import PLACEHOLDER_LENGTH, InlinePayload, StrippedModel, load_model_stripped
+from onnx_light_ref.io._arguments import ArgumentTypeError
+from onnx_light_ref.io._read import wire
+from onnx_light_ref.io._read.wire import PLACEHOLDER_LENGTH, InlinePayload, StrippedModel, load_model_stripped
 from tests.checks import sha256_of_tree
 from tests.wire_writer import LEN, VARINT, Hole, encode_varint, field_key, len_field, write_model, write_segments
 

@@ -30,8 +30,8 @@ from onnx import helper, numpy_helper
 
 from onnx_light_ref.errors import InvalidModelError
 from onnx_light_ref.io import align_external_data_streaming, verify_models
-from onnx_light_ref.io.read import wire
-from onnx_light_ref.io.read.wire import load_model_lean, load_model_stripped
+from onnx_light_ref.io._read import wire
+from onnx_light_ref.io._read.wire import load_model_lean, load_model_stripped
 from tests.checks import sha256_of_tree
 from tests.cli_runner import run_cli
 from tests.wire_writer import LEN, VARINT, encode_varint

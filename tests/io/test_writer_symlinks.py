@@ -13,8 +13,8 @@ import onnx
 import pytest
 
 from onnx_light_ref.errors import ExistingFileError, UnsafeLocationError
-from onnx_light_ref.io.align import align_external_data_in_memory, align_external_data_streaming
-from onnx_light_ref.io.shared_save import save_model_with_shared_external_data
+from onnx_light_ref.io._align import align_external_data_in_memory, align_external_data_streaming
+from onnx_light_ref.io._shared_save import save_model_with_shared_external_data
 from tests.checks import onnx_loader_refuses_symlinks, sha256_of_tree
 from tests.models import identity_model, make_external_model
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from onnx_light_ref.commands.inspect import format_alignment
-from onnx_light_ref.commands.text import printable
-from onnx_light_ref.commands.verify import _BY_NAME_HINT, _BY_POSITION_NAME_MISMATCH
+from onnx_light_ref._commands.inspect import format_alignment
+from onnx_light_ref._commands.text import printable
+from onnx_light_ref._commands.verify import _BY_NAME_HINT, _BY_POSITION_NAME_MISMATCH
 
 __all__ = ["display", "inspect_text", "path_text", "verify_text"]
 

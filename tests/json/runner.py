@@ -1,6 +1,6 @@
 """Run a command line in text mode and with ``--json``, and check what a pipeline relies on.
 
-:func:`run_both` runs ``onnx_light_ref.cli.main`` twice in this process (stdout and stderr captured by pytest's
+:func:`run_both` runs ``onnx_light_ref._cli.main`` twice in this process (stdout and stderr captured by pytest's
 ``capsys``) and checks: the exit status is the same; stdout in JSON mode is one JSON document made of printable
 ASCII only; it matches the shipped schema; the text rebuilt from it (:mod:`tests.json.render`) is exactly the text
 output; and an error gives the same ``error:`` line on stderr in both modes, with the error document on stdout.
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 from onnx_light_ref.schemas import SCHEMA_VERSIONS, load_schema
 from tests.json.render import inspect_text, path_text, verify_text
 from tests.json.schema_check import validate
@@ -59,7 +59,7 @@ def run_both(argv: list[str], capsys: pytest.CaptureFixture[str], seen: set[str]
     if document["kind"] == "error":
         assert status == 1 and captured.out == ""
         assert captured.err.startswith("error: ") and captured.err.count("\n") == 1
-        from onnx_light_ref.commands.text import printable
+        from onnx_light_ref._commands.text import printable
 
         assert captured.err == f"error: {printable(path_text(document['error']['message']))}\n"
     else:

@@ -100,7 +100,7 @@ def test_names_and_locations_that_are_not_utf8_round_trip_as_bytes(tmp_path, cap
 
 def test_control_characters_are_escaped_on_stdout_and_exact_once_parsed(tmp_path, capsys):
     (argv,) = INSPECT_CASES["hostile-escapes"](tmp_path)
-    from onnx_light_ref.cli import main
+    from onnx_light_ref._cli import main
 
     status = main([*argv, "--json"])
     raw = capsys.readouterr().out
@@ -203,7 +203,7 @@ def test_errors_are_a_document_on_stdout_and_the_usual_line_on_stderr(tmp_path, 
 
 
 def test_a_usage_error_writes_no_document(tmp_path, capsys):
-    from onnx_light_ref.cli import main
+    from onnx_light_ref._cli import main
 
     with pytest.raises(SystemExit) as raised:
         main(["inspect", "--json"])

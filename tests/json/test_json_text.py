@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onnx_light_ref.commands.json_output import encode_text, error_document, to_json_value
+from onnx_light_ref._commands.json_output import encode_text, error_document, to_json_value
 
 
 def decoded(value: str | dict[str, str]) -> bytes:

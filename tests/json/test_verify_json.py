@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from onnx_light_ref.io.differences import DIFFERENCE_KINDS
-from onnx_light_ref.io.verify import verify_models
+from onnx_light_ref.io._differences import DIFFERENCE_KINDS
+from onnx_light_ref.io._verify import verify_models
 from tests.checks import sha256_of_tree
 from tests.io.test_verify_edits import EDITS, base_model
 from tests.io.test_verify_edits import save as save_edit_model
@@ -111,7 +111,7 @@ def test_a_tensor_moved_to_another_graph_names_where_the_other_model_has_it(tmp_
 
 
 def test_max_differences_bounds_the_list_and_the_text_prints_one_line_each(tmp_path, capsys):
-    from onnx_light_ref.cli import main
+    from onnx_light_ref._cli import main
 
     VERIFY_CASES["many-edits"](tmp_path)
     a, b = tmp_path / "a" / "model.onnx", tmp_path / "b" / "model.onnx"
@@ -181,7 +181,7 @@ def test_errors_are_a_document_on_stdout_and_the_usual_line_on_stderr(tmp_path, 
 # Also digits that are not ASCII (Arabic-Indic, fullwidth): int() and str.isdigit take them, the command line does not.
 @pytest.mark.parametrize("value", ["-1", "x", "1.5", "", "+2", "\u0663", "\uff13"])
 def test_a_bad_max_differences_is_a_usage_error(tmp_path, capsys, value):
-    from onnx_light_ref.cli import main
+    from onnx_light_ref._cli import main
 
     with pytest.raises(SystemExit) as raised:
         main(["verify", "--max-differences", value, "a.onnx", "b.onnx", "--json"])

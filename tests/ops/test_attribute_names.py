@@ -19,10 +19,10 @@ from onnx import AttributeProto, TensorProto
 from onnx import helper as oh
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 from onnx_light_ref.errors import UnsafeLocationError
 from onnx_light_ref.ops import DelayedInitializer, reference_evaluator
-from onnx_light_ref.ops.attributes import ATTRIBUTE_TYPES
+from onnx_light_ref.ops._attributes import ATTRIBUTE_TYPES
 from tests.checks import snapshot_tree
 from tests.ops.kernel_support import delayed_model, delayed_node, opens_of, recorded_opens
 

@@ -18,9 +18,9 @@ from onnx import TensorProto
 from onnx import helper as oh
 from onnx.reference import ReferenceEvaluator
 
-import onnx_light_ref.ops.delayed_initializer as kernel_module
+import onnx_light_ref.ops._delayed_initializer as kernel_module
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
-from onnx_light_ref.io.read import folder as folder_module
+from onnx_light_ref.io._read import folder as folder_module
 from onnx_light_ref.ops import DelayedInitializer, reference_evaluator
 from tests.ops.kernel_support import delayed_node
 

@@ -20,18 +20,18 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 from onnx.reference import ReferenceEvaluator
 
+from onnx_light_ref._onnx_compat import evaluator_shape_checks
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
-from onnx_light_ref.io.read.walker import iter_graphs
-from onnx_light_ref.onnx_compat import evaluator_shape_checks
+from onnx_light_ref.io._read.walker import iter_graphs
 from onnx_light_ref.ops import (
     DelayedInitializer,
     delay_initializers,
     reference_evaluator,
     register_schemas,
 )
-from onnx_light_ref.ops.convert import plan_delayed_initializers
-from onnx_light_ref.ops.dtypes import PORTABLE_DTYPES, np_dtype_for
-from onnx_light_ref.ops.schema import make_delayed_initializer_node
+from onnx_light_ref.ops._convert import plan_delayed_initializers
+from onnx_light_ref.ops._dtypes import PORTABLE_DTYPES, np_dtype_for
+from onnx_light_ref.ops._schema import make_delayed_initializer_node
 from tests.checks import run_onnxruntime, sha256_of_tree
 from tests.models import (
     IR_VERSION,
@@ -282,7 +282,7 @@ def _exotic_dtype_model(tmp_path: Path) -> Path:
 def test_portable_keeps_initializers_of_types_outside_the_seed_set(tmp_path, caplog):
     path = _exotic_dtype_model(tmp_path)
 
-    with caplog.at_level(logging.INFO, logger="onnx_light_ref.ops.convert"):
+    with caplog.at_level(logging.INFO, logger="onnx_light_ref.ops._convert"):
         plan = plan_delayed_initializers(path, portable=True)
         converted = delay_initializers(path, portable=True)
 

@@ -17,11 +17,11 @@ from onnx import AttributeProto, TensorProto
 from onnx import helper as oh
 from onnx.reference import ReferenceEvaluator
 
+from onnx_light_ref._onnx_compat import evaluator_shape_checks
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError, UnsupportedElementTypeError
-from onnx_light_ref.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.ops import DelayedInitializer
-from onnx_light_ref.ops.attributes import ATTRIBUTE_TYPES
-from onnx_light_ref.ops.dtypes import PORTABLE_DTYPES, np_dtype_for
+from onnx_light_ref.ops._attributes import ATTRIBUTE_TYPES
+from onnx_light_ref.ops._dtypes import PORTABLE_DTYPES, np_dtype_for
 
 OPSETS = [oh.make_opsetid("", 18), oh.make_opsetid("ai.rt", 1)]
 

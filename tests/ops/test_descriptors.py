@@ -26,7 +26,7 @@ from onnx import helper as oh
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 from onnx_light_ref.ops import DelayedInitializer, LazyReferenceEvaluator, reference_evaluator
 from tests.checks import snapshot_tree
 from tests.ops.kernel_support import delayed_model, delayed_node, no_garbage_collection, open_descriptors
@@ -155,7 +155,7 @@ def test_bound_class_close_and_with(tmp_path: Path) -> None:
 
 
 def test_bind_a_held_folder_holds_its_own_descriptor(tmp_path: Path) -> None:
-    from onnx_light_ref.io.read.folder import ModelFolder
+    from onnx_light_ref.io._read.folder import ModelFolder
 
     (tmp_path / "w.bin").write_bytes(bytes(16))
     with ModelFolder.open(tmp_path) as folder:
@@ -224,7 +224,7 @@ def test_forty_cycles_under_a_limit_of_base_plus_16(tmp_path: Path, mode: str, c
 _EXHAUSTED_CHILD = r"""
 import contextlib, io, json, os, resource, sys
 from onnx_light_ref.ops import reference_evaluator
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 
 path = sys.argv[1]
 with contextlib.redirect_stderr(io.StringIO()):  # every module the two calls import, imported while it can be

@@ -24,9 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light_ref import verify_models
-from onnx_light_ref.errors import UnsupportedElementTypeError
-from onnx_light_ref.io.read.dtype_sizes import packed_nbytes
-from onnx_light_ref.onnx_compat import (
+from onnx_light_ref._onnx_compat import (
     ONNX_VERSION,
     array_raw_bytes,
     evaluator_dtype,
@@ -35,16 +33,18 @@ from onnx_light_ref.onnx_compat import (
     raw_type_refusal,
     to_array_reads_raw_data,
 )
+from onnx_light_ref.errors import UnsupportedElementTypeError
+from onnx_light_ref.io._read.dtype_sizes import packed_nbytes
 from onnx_light_ref.ops import (
     DelayedInitializer,
     delay_initializers,
-    raw_arrays,
     reference_evaluator,
     undelay_initializers,
 )
-from onnx_light_ref.ops.codes import every_code, pack_codes
-from onnx_light_ref.ops.convert import plan_delayed_initializers
-from onnx_light_ref.ops.dtypes import (
+from onnx_light_ref.ops import _raw_arrays as raw_arrays
+from onnx_light_ref.ops._codes import every_code, pack_codes
+from onnx_light_ref.ops._convert import plan_delayed_initializers
+from onnx_light_ref.ops._dtypes import (
     ALLOWED_DTYPES,
     EXTENDED_DTYPES,
     EXTENDED_TYPE_NAMES,
@@ -53,7 +53,7 @@ from onnx_light_ref.ops.dtypes import (
     is_packed_dtype,
     np_dtype_for,
 )
-from onnx_light_ref.ops.schema import check_delayed_initializer_node, make_delayed_initializer_node
+from onnx_light_ref.ops._schema import check_delayed_initializer_node, make_delayed_initializer_node
 from tests.checks import sha256_of_tree
 
 IR_VERSION = 10
@@ -240,7 +240,7 @@ def test_portable_keeps_every_extended_type_as_an_initializer(tmp_path: Path, ca
     tensors.append(numpy_helper.from_array(np.arange(4, dtype=np.float32), "F"))
     path = save_external(outputs_model(tensors), tmp_path / "model.onnx")
 
-    with caplog.at_level(logging.INFO, logger="onnx_light_ref.ops.convert"):
+    with caplog.at_level(logging.INFO, logger="onnx_light_ref.ops._convert"):
         portable = delay_initializers(path, portable=True)
     extended = delay_initializers(path)
 

@@ -17,9 +17,9 @@ import onnx
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 from onnx_light_ref.errors import UnsafeLocationError
-from onnx_light_ref.io.read import folder as folder_module
+from onnx_light_ref.io._read import folder as folder_module
 from onnx_light_ref.ops import DelayedInitializer, reference_evaluator
 from tests.models import identity_model, save_external
 from tests.ops.kernel_support import delayed_model, delayed_node, no_garbage_collection, open_descriptors

@@ -19,10 +19,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from onnx_light_ref.cli import main
+from onnx_light_ref._cli import main
 from onnx_light_ref.errors import UnsafeLocationError
 from onnx_light_ref.ops import reference_evaluator
-from onnx_light_ref.ops.schema import make_delayed_initializer_node
+from onnx_light_ref.ops._schema import make_delayed_initializer_node
 from tests.checks import sha256_of_tree
 
 SECRET = np.array([6.0, 7.0, 8.0], dtype=np.float32)

@@ -17,9 +17,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_light_ref.io.read.dtype_sizes import element_bits, packed_nbytes
-from onnx_light_ref.ops import raw_arrays, reference_evaluator
-from onnx_light_ref.ops.dtypes import EXTENDED_DTYPES, dtype_name, is_packed_dtype
+from onnx_light_ref.io._read.dtype_sizes import element_bits, packed_nbytes
+from onnx_light_ref.ops import _raw_arrays as raw_arrays
+from onnx_light_ref.ops import reference_evaluator
+from onnx_light_ref.ops._dtypes import EXTENDED_DTYPES, dtype_name, is_packed_dtype
 
 PACKED = [t for t in EXTENDED_DTYPES if is_packed_dtype(t)]
 BYTE_WISE = [t for t in PACKED if 8 % (element_bits(t) or 3) == 0]  # whole elements per byte: the table's types

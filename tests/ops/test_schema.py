@@ -16,20 +16,20 @@ from onnx import TensorProto
 from onnx import helper as oh
 
 import onnx_light_ref
-from onnx_light_ref.onnx_compat import HAS_PYTHON_SHAPE_INFERENCE, ONNX_VERSION
+from onnx_light_ref._onnx_compat import HAS_PYTHON_SHAPE_INFERENCE, ONNX_VERSION
 from onnx_light_ref.ops import ALLOWED_DTYPES, register_schemas
-from onnx_light_ref.ops.attributes import ATTRIBUTE_TYPES
-from onnx_light_ref.ops.dtypes import (
+from onnx_light_ref.ops._attributes import ATTRIBUTE_TYPES
+from onnx_light_ref.ops._dtypes import (
     ALLOWED_TYPE_STRINGS,
     EXTENDED_DTYPES,
     PORTABLE_DTYPES,
     PORTABLE_TYPE_STRINGS,
     dtype_name,
 )
-from onnx_light_ref.ops.schema import DOMAIN, OP_TYPE, check_delayed_initializer_node, make_delayed_initializer_node
+from onnx_light_ref.ops._schema import DOMAIN, OP_TYPE, check_delayed_initializer_node, make_delayed_initializer_node
 
 OPSETS = [oh.make_opsetid("", 18), oh.make_opsetid("ai.rt", 1)]
-# onnx < 1.19 cannot attach a Python inference function (onnx_light_ref.onnx_compat): what it does instead is
+# onnx < 1.19 cannot attach a Python inference function (onnx_light_ref._onnx_compat): what it does instead is
 # checked by tests/test_onnx_compat.py and by test_node_check_without_onnx_validates_like_the_kernel below.
 needs_inference = pytest.mark.skipif(
     not HAS_PYTHON_SHAPE_INFERENCE, reason=f"onnx {ONNX_VERSION} has no Python shape inference (onnx >= 1.19)"
@@ -114,7 +114,7 @@ def test_registration_before_and_after_importing_onnx_reference() -> None:
         from onnx import helper as oh
         order = sys.argv[1]
         if order == "schema-first":
-            from onnx_light_ref.ops.schema import register_schemas
+            from onnx_light_ref.ops._schema import register_schemas
             register_schemas()
             from onnx_light_ref.ops import DelayedInitializer
         else:
@@ -309,7 +309,7 @@ def test_node_builder_writes_the_reference_attribute_order() -> None:
 
 
 def test_the_package_spells_the_domain_and_op_type_in_one_place() -> None:
-    """No string "ai.rt" / "DelayedInitializer" in code outside io/read/delayed_names.py (``ops.schema`` and the
+    """No string "ai.rt" / "DelayedInitializer" in code outside io/_read/delayed_names.py (``ops._schema`` and the
     sharing scan of ``io``, which never imports ``ops``, both take them from there).
 
     Docstrings, ``__all__`` lists and the packages' export tables name the Python class, not the op: they do not count.
@@ -318,7 +318,7 @@ def test_the_package_spells_the_domain_and_op_type_in_one_place() -> None:
     found = []
     for path in sorted(package.rglob("*.py")):
         relative = path.relative_to(package).as_posix()
-        if relative == "io/read/delayed_names.py" or path.name == "__init__.py":
+        if relative == "io/_read/delayed_names.py" or path.name == "__init__.py":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         ignored = set()

@@ -69,13 +69,13 @@ def delayed_copy(source: Path, load_device: str = "file") -> Path:
 
 
 def delayed_nodes(model: onnx.ModelProto) -> int:
-    from onnx_light_ref.io.read.walker import iter_graphs
+    from onnx_light_ref.io._read.walker import iter_graphs
 
     return sum(node.op_type == "DelayedInitializer" for g in iter_graphs(model.graph) for node in g.node)
 
 
 def external_offsets(model: onnx.ModelProto) -> dict[str, int]:
-    from onnx_light_ref.io.read.walker import iter_tensors
+    from onnx_light_ref.io._read.walker import iter_tensors
 
     offsets = {}
     for site in iter_tensors(model):
@@ -310,7 +310,7 @@ def test_node_inside_a_model_function_is_refused(tmp_path: Path, delayed_mlp: Pa
 
 
 def _delayed_node(output: str, offset: int, name: str = "") -> onnx.NodeProto:
-    from onnx_light_ref.ops.schema import make_delayed_initializer_node
+    from onnx_light_ref.ops._schema import make_delayed_initializer_node
 
     return make_delayed_initializer_node(
         output, shape=[2], dtype=TensorProto.FLOAT, load_device="file", filename="w.bin", offset=offset, name=name
@@ -506,7 +506,7 @@ def _training_model(tmp_path: Path, training_output: str = "t") -> Path:
 def test_training_graph_nodes_are_converted_into_inline_initializers(tmp_path: Path, cli: bool) -> None:
     """Copied unchanged, the node's relative filename would resolve against DST's folder (another file, or none);
     made external, onnx's loader would not read it back (it loads no training_info external data): inline."""
-    from onnx_light_ref.cli import main
+    from onnx_light_ref._cli import main
 
     src = _training_model(tmp_path)
     dst = tmp_path / "out" / "m.onnx"

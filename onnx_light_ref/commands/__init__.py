@@ -1,2 +1,0 @@
-"""Sub-commands of the ``onnx-light-ref`` CLI, one module each (see ``onnx_light_ref.cli``); ``sizes`` parses the
-byte-size arguments they share."""

@@ -1,0 +1,399 @@
+"""Safe resolution and validation of ``external_data`` locations and byte ranges.
+
+Everything the package reads or writes through a ``location`` goes through this module, and every check happens
+here, before any byte is copied: the location is relative, free of ``..`` (the ONNX spec forbids them), of NUL bytes
+and backslashes; the file is opened through the model's folder held by a
+:class:`~onnx_light_ref.io._read.folder.ModelFolder` (no symbolic link anywhere on the way unless the caller opted in, a
+regular file with one hard link: onnx's loader rule, see ``docs/safety.md``); ``offset + length`` fits in it;
+``length`` agrees with the tensor's dims and dtype; a reference into a ``*.safetensors`` file agrees with the file's
+header (:func:`~onnx_light_ref.io._read.safetensors_refs.check_reference`, the check ``inspect`` reports). A validated
+:class:`ExternalRef` carries the folder, the location and the identity of the file, so that whoever reads it later
+opens it through the same held folder and notices a file replaced meanwhile.
+
+This module never opens a file for writing, never reads weight bytes and never uses ``realpath`` to decide what may
+be read: it looks at files (``O_PATH`` and ``fstat``, never opened for reading; a ``*.safetensors`` file's header is
+read, once per file) and closes them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
+from onnx_light_ref.io._posix import check_single_link
+from onnx_light_ref.io._read.dtype_sizes import packed_nbytes
+from onnx_light_ref.io._read.entries import is_external, parse_entry_int, read_entries
+from onnx_light_ref.io._read.folder import FileIdentity, ModelFolder
+from onnx_light_ref.io._read.proto import data_type_name
+from onnx_light_ref.io._read.safetensors_refs import (
+    SafetensorsFile,
+    is_safetensors_location,
+    read_safetensors_file,
+    refuse_disagreeing_reference,
+)
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = [
+    "TYPED_VALUE_FIELDS",
+    "ExternalRef",
+    "FileIdentity",
+    "LocationResolver",
+    "check_external_structure",
+    "check_location_syntax",
+    "check_not_hard_linked",
+    "expected_nbytes",
+    "file_identity",
+    "is_external",  # re-exported from onnx_light_ref.io._read.entries, where it lives
+    "is_inside",
+    "parse_external_data",
+    "resolve_location",
+    "stat_regular_file",
+    "typed_value_fields",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalRef:
+    """One validated external reference: where a tensor's bytes are, already checked against the file."""
+
+    tensor_name: str
+    location: str  # as written in the model
+    path: str  # the folder's path joined with the location: for messages; reopen through `folder`, never by path
+    offset: int
+    length: int
+    checksum: str | None
+    file_stat: os.stat_result  # fstat of the file opened through the folder, when it was validated
+    folder: ModelFolder | None = None  # the held folder the file was validated through
+
+    @property
+    def file_size(self) -> int:
+        return self.file_stat.st_size
+
+    @property
+    def identity(self) -> FileIdentity:
+        return FileIdentity(self.file_stat.st_dev, self.file_stat.st_ino)
+
+    @property
+    def link_count(self) -> int:
+        """More than 1: the file is hard-linked (see :func:`check_not_hard_linked`)."""
+        return self.file_stat.st_nlink
+
+
+def file_identity(path: str) -> FileIdentity | None:
+    """Device and inode of ``path`` (following symlinks), or None when it does not exist."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return FileIdentity(st.st_dev, st.st_ino)
+
+
+def check_location_syntax(location: str | bytes, *, tensor_name: str) -> str:
+    """Refuse a ``location`` that onnx or onnxruntime would refuse to load; the one rule for reading and writing.
+
+    Refused: a non-``str`` value that is not UTF-8 (protobuf hands back ``bytes`` then), an empty value, a NUL byte,
+    a backslash, an absolute path, any ``..`` substring (onnx's checker refuses ``w..1.bin`` too, not only a ``..``
+    component), a value ending in ``/`` or ``/.`` or equal to ``.`` (it names a folder, not a file). Pure string
+    checks, no file system access.
+
+    Returns:
+        The location as ``str`` (decoded when protobuf handed back valid UTF-8 ``bytes``).
+
+    Raises:
+        UnsafeLocationError: for every refusal (an :class:`ExternalDataError`, so a ``ValueError``).
+    """
+    if isinstance(location, bytes):
+        try:
+            location = location.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UnsafeLocationError(
+                f"tensor {tensor_name!r}: external data location {location[:64]!r} is not valid UTF-8; onnx and "
+                "onnxruntime cannot open such a name."
+            ) from None
+    if not isinstance(location, str):
+        raise UnsafeLocationError(
+            f"tensor {tensor_name!r}: external data location must be a str, got {type(location).__name__}."
+        )
+    where = f"tensor {tensor_name!r}: external data location {location!r}"
+    if not location:
+        raise UnsafeLocationError(f"{where} is empty; expected a file name relative to the model's folder.")
+    if "\x00" in location:
+        raise UnsafeLocationError(f"{where} contains a NUL byte.")
+    if "\\" in location:
+        raise UnsafeLocationError(f"{where} contains a backslash; locations use '/' as separator.")
+    if os.path.isabs(location) or location.startswith("/"):
+        raise UnsafeLocationError(f"{where} is absolute; the ONNX spec requires a path relative to the model's folder.")
+    if ".." in location.split("/"):
+        raise UnsafeLocationError(f"{where} contains a '..' component, which the ONNX spec disallows.")
+    if ".." in location:
+        raise UnsafeLocationError(
+            f"{where} contains '..' inside a name; onnx refuses to load any location containing '..' (even "
+            "'w..1.bin'), so such a model could not be loaded."
+        )
+    if location.endswith(("/", "/.")) or location == "." or location.strip("/.") == "":
+        raise UnsafeLocationError(
+            f"{where} does not name a file: it names a folder (it ends with '/' or '/.', or is '.')."
+        )
+    return location
+
+
+def resolve_location(base_dir: str, location: str, *, tensor_name: str) -> str:
+    """Check that ``location`` names a regular file inside ``base_dir`` reachable without a symbolic link.
+
+    Checks the syntax (:func:`check_location_syntax`), then opens the file through the folder
+    (:class:`~onnx_light_ref.io._read.folder.ModelFolder`) and closes it. Hard links are left to
+    :func:`check_not_hard_linked`.
+
+    Returns:
+        ``base_dir`` joined with ``location`` (absolute), for messages.
+
+    Raises:
+        UnsafeLocationError: a bad name, a symbolic link on the way.
+        FileNotFoundError: no such file (also for a path through a regular file).
+        ExternalDataError: not a regular file, or not accessible.
+    """
+    return LocationResolver(base_dir).resolve(location, tensor_name=tensor_name)[0]
+
+
+class LocationResolver:
+    """Resolves locations through one held model folder, each distinct location once.
+
+    Models keep thousands of tensors in a handful of files; opening every tensor's file anew cost half the time of
+    re-aligning 8192 small tensors. Only successes are cached, so every error still names the tensor that hit it.
+    Use one resolver per plan: readers reopen each file through :attr:`folder` and re-check device and inode, so a
+    file swapped after planning is still caught.
+
+    Args:
+        base_dir: the model's folder (opened and held now), or an already held :class:`ModelFolder`.
+        allow_outside_folder: when ``base_dir`` is a path: follow symbolic links (trusted layouts only).
+        check_safetensors: refuse, in :func:`parse_external_data`, a reference that disagrees with the header of its
+            ``*.safetensors`` file (the default, every reader); False only for ``inspect``, which reports the same
+            check instead of raising it.
+    """
+
+    def __init__(
+        self, base_dir: str | ModelFolder, *, allow_outside_folder: bool = False, check_safetensors: bool = True
+    ) -> None:
+        self._folder = base_dir if isinstance(base_dir, ModelFolder) else None
+        self.base_dir = base_dir.path if isinstance(base_dir, ModelFolder) else os.path.abspath(base_dir)
+        self.allow_outside_folder = allow_outside_folder
+        self.check_safetensors = check_safetensors
+        self._resolved: dict[str, tuple[str, os.stat_result]] = {}
+        self._headers: dict[str, SafetensorsFile] = {}
+
+    @property
+    def folder(self) -> ModelFolder:
+        """The held folder, opened at the first reference (a model without external data opens nothing)."""
+        if self._folder is None:
+            self._folder = ModelFolder.open(self.base_dir, allow_outside_folder=self.allow_outside_folder)
+        return self._folder
+
+    def close(self) -> None:
+        """Close the held folder (references validated through it can no longer be reopened)."""
+        if self._folder is not None:
+            self._folder.close()
+
+    def resolve(self, location: str, *, tensor_name: str) -> tuple[str, os.stat_result]:
+        """The display path of ``location`` and the ``fstat`` of the file opened through the folder."""
+        hit = self._resolved.get(location)
+        if hit is None:
+            check_location_syntax(location, tensor_name=tensor_name)
+            # Looked at (O_PATH and fstat), never opened for reading: a plan reads no weight.
+            st = self.folder.stat_file(location, tensor_name=tensor_name, check_links=False)
+            hit = (self.folder.display_path(location), st)
+            self._resolved[location] = hit
+        return hit
+
+    def safetensors_file(self, location: str) -> SafetensorsFile:
+        """The header of the ``*.safetensors`` file ``location`` (already resolved), read once per resolver."""
+        hit = self._headers.get(location)
+        if hit is None:
+            hit = self._headers[location] = read_safetensors_file(self.folder, location)
+        return hit
+
+
+def is_inside(real_base: str, real: str) -> bool:
+    """Whether the real path ``real`` is ``real_base`` or below it (both already resolved by ``realpath``).
+
+    For writers' destination checks only: no reader decides what it may read with it (readers open through
+    :class:`~onnx_light_ref.io._read.folder.ModelFolder`)."""
+    return os.path.commonpath([real_base, real]) == real_base
+
+
+def stat_regular_file(
+    path: str,
+    *,
+    missing: Callable[[], FileNotFoundError],
+    inaccessible: Callable[[str], Exception],
+    not_regular: Callable[[], Exception],
+) -> os.stat_result:
+    """``os.stat(path)`` of a data file, each way it can fail reported with the caller's message.
+
+    Args:
+        path: the real path to check.
+        missing: builds the error for a file that does not exist (also ``ENOTDIR``: a component is a file, as in
+            ``'w.bin/x'``, so there is no such file).
+        inaccessible: builds the error for a name that cannot be read through (``ELOOP``, ``ENAMETOOLONG``,
+            ``EACCES``...), given the system's reason.
+        not_regular: builds the error for a directory, FIFO, device...
+
+    Returns:
+        The ``stat`` result of the regular file.
+
+    Raises:
+        FileNotFoundError: from ``missing``.
+        Exception: from ``inaccessible`` or ``not_regular`` (``ExternalDataError`` at every caller).
+    """
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise missing() from exc
+    except OSError as exc:
+        raise inaccessible(str(exc.strerror or exc)) from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise not_regular()
+    return st
+
+
+def expected_nbytes(tensor: onnx.TensorProto, *, label: str | None = None) -> int | None:
+    """Byte size of the tensor's raw data from its dims and data type, or None if the type has no fixed size.
+
+    The size per element, packing included (FLOAT6: 4 elements in 3 bytes), is
+    :func:`onnx_light_ref.io._read.dtype_sizes.packed_nbytes`'s, the one place the package computes it.
+
+    Never negative: a negative dim makes the size undefined.
+
+    Raises:
+        ExternalDataError: a dim is negative.
+    """
+    if any(dim < 0 for dim in tensor.dims):
+        raise ExternalDataError(
+            f"tensor {label or _text(tensor.name)!r} has negative dims {list(tensor.dims)}; its byte size is "
+            "undefined (dims must be >= 0)."
+        )
+    return packed_nbytes(tensor.data_type, math.prod(tensor.dims))
+
+
+def _text(value: str | bytes) -> str:
+    """A protobuf string for a message: ``bytes`` (not UTF-8) shown with replacement characters, never raised on."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+TYPED_VALUE_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+"""TensorProto's typed value fields: a tensor holds its values in one of them, in ``raw_data`` or externally (one
+value field only, as onnx's checker requires)."""
+
+
+def typed_value_fields(tensor: onnx.TensorProto) -> list[str]:
+    """The typed value fields of ``tensor`` that hold values."""
+    return [field for field in TYPED_VALUE_FIELDS if len(getattr(tensor, field))]
+
+
+def check_external_structure(tensor: onnx.TensorProto, *, label: str | None = None) -> None:
+    """Refuse an EXTERNAL tensor that also carries inline values (``raw_data`` or a typed field such as
+    ``float_data``), or that has no ``external_data`` entries: a reader would have to pick one of two values."""
+    name = label or _text(tensor.name)
+    if tensor.HasField("raw_data"):
+        raise ExternalDataError(
+            f"tensor {name!r} has both inline raw_data ({len(tensor.raw_data)} bytes) and external_data; "
+            "expected one or the other."
+        )
+    typed = typed_value_fields(tensor)
+    if typed:
+        raise ExternalDataError(
+            f"tensor {name!r} is marked EXTERNAL but also holds inline values in {', '.join(typed)}; expected its "
+            "values in the external file only."
+        )
+    if len(tensor.external_data) == 0:
+        raise ExternalDataError(f"tensor {name!r} is marked EXTERNAL but has no external_data entries.")
+
+
+def parse_external_data(
+    tensor: onnx.TensorProto, base_dir: str | LocationResolver, *, label: str | None = None
+) -> ExternalRef:
+    """Validate one EXTERNAL tensor's entries against its file and return where its bytes are.
+
+    ``base_dir`` is the model's folder, or a :class:`LocationResolver` for it when validating many tensors.
+
+    Entries are read by :func:`~onnx_light_ref.io._read.entries.read_entries` (unknown or duplicated keys are an error
+    here, not a warning: a writer that adds keys we would silently drop is better told) and numbers by
+    :func:`~onnx_light_ref.io._read.entries.parse_entry_int` (ASCII digits only, within int64). ``length`` is required
+    unless dims and dtype give it; when both exist they must agree. ``offset + length`` must fit in the file. A
+    reference into a ``*.safetensors`` file must agree with its header (unless the resolver was made with
+    ``check_safetensors=False``): :func:`~onnx_light_ref.io._read.safetensors_refs.refuse_disagreeing_reference`.
+
+    Raises:
+        UnsafeLocationError: the location is unsafe (see :func:`check_location_syntax`, :class:`ModelFolder`).
+        FileNotFoundError: the file does not exist.
+        SafetensorsReferenceError: the reference overlaps its safetensors file's header or is not its key's bytes.
+        ExternalDataError: any other malformed entry, a range past the end of the file.
+    """
+    name = label or _text(tensor.name)
+    check_external_structure(tensor, label=name)
+    raw = read_entries(tensor, label=name)
+    location = raw.get("location")
+    if location is None:
+        raise ExternalDataError(f"tensor {name!r} has no external_data 'location'.")
+    offset_text = raw.get("offset")
+    offset = parse_entry_int(offset_text, label=name, key="offset") if offset_text is not None else 0
+    length = _entry_length(tensor, name, raw.get("length"), location)
+    resolver = base_dir if isinstance(base_dir, LocationResolver) else LocationResolver(base_dir)
+    path, st = resolver.resolve(location, tensor_name=name)
+    if offset > st.st_size or length > st.st_size - offset:
+        raise ExternalDataError(
+            f"tensor {name!r}: external data range [offset {offset}, +{length} bytes) exceeds the size of "
+            f"{location!r} ({st.st_size} bytes)."
+        )
+    if resolver.check_safetensors and is_safetensors_location(location):
+        key = tensor.name if isinstance(tensor.name, str) else ""  # a non-UTF-8 name is no safetensors key
+        file = resolver.safetensors_file(location)
+        refuse_disagreeing_reference(file, key, tensor.data_type, tensor.dims, offset, length)
+    return ExternalRef(
+        tensor_name=name,
+        location=location,
+        path=path,
+        offset=offset,
+        length=length,
+        checksum=raw.get("checksum"),
+        file_stat=st,
+        folder=resolver.folder,
+    )
+
+
+def _entry_length(tensor: onnx.TensorProto, name: str, text: str | None, location: str) -> int:
+    """The ``length`` entry, checked against dims x dtype; or dims x dtype when the entry is absent."""
+    expected = expected_nbytes(tensor, label=name)
+    if text is not None:
+        length = parse_entry_int(text, label=name, key="length")
+        if expected is not None and length != expected:
+            raise ExternalDataError(
+                f"tensor {name!r}: external data length {length} (in {location!r}) does not match dims "
+                f"{list(tensor.dims)} and "
+                f"data type TensorProto.{data_type_name(tensor.data_type)} ({expected} bytes)."
+            )
+        return length
+    if expected is None:
+        raise ExternalDataError(
+            f"tensor {name!r} has no external_data 'length' and its data type "
+            f"{tensor.data_type} does not give a byte size."
+        )
+    return expected
+
+
+def check_not_hard_linked(ref: ExternalRef) -> None:
+    """Refuse to read a data file that has several hard links, as onnx >= 1.21 does.
+
+    A hard link inside the model folder can name any file the user can read (CVE-2026-34446): copying its bytes into
+    a new weights file would leak it. Kept separate from :func:`parse_external_data` so that callers can first report
+    the more useful "destination is a source" error when the extra link is their own destination.
+    """
+    check_single_link(
+        ref.file_stat, what=f"tensor {ref.tensor_name!r}: external data file {ref.location!r} ({ref.path!r})"
+    )

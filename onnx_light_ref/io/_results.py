@@ -1,0 +1,535 @@
+"""What the io writers return: the documented size as an ``int``, carrying the facts a caller reports.
+
+:class:`AlignResult`, :class:`SaveResult`, :class:`LinkResult` and :class:`FamilyResult` *are* ints (the weights
+file size, padding included), so code written against the documented ``int`` return value keeps working:
+comparisons, arithmetic, ``str``, ``%d``, f-strings and JSON all see the plain number. The extra facts are read-only
+attributes, so a command line can print its summary without re-reading the model it just wrote; ``repr`` shows them
+(files, bytes, tensors, unaligned, stale...), since a bare ``196`` at the prompt said nothing of what was written.
+This module never does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "AlignResult",
+    "FamilyMember",
+    "FamilyResult",
+    "LinkResult",
+    "SaveResult",
+    "SharedTensor",
+    "TensorPairing",
+    "record_removed",
+    "summarize_names",
+]
+
+PairingHow = Literal["name", "map", "content", "transpose"]
+
+_NAMES_SHOWN = 3  # a warning or a repr names this many items of a long list, then counts the rest
+
+
+def summarize_names(names: Sequence[str], shown: int = _NAMES_SHOWN) -> str:
+    """``"a, b, c and 196 more"``: a long list of names (tensors, files) counted, a few of them shown.
+
+    A warning listing 199 tensor names on one line is unreadable; the full list stays on the result.
+
+    Args:
+        names: the names, in their order.
+        shown: how many to name before counting the rest.
+
+    Returns:
+        The names joined by ``", "`` when there are at most ``shown + 1`` of them, else the first ``shown`` and
+        ``and N more``.
+    """
+    if len(names) <= shown + 1:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
+
+
+def _shown(value: object) -> str:
+    """A field's value in a ``repr``: a long tuple as its first items and its length."""
+    if isinstance(value, tuple) and len(value) > _NAMES_SHOWN + 1:
+        head = ", ".join(repr(item) for item in value[:_NAMES_SHOWN])
+        return f"({head}, ... {len(value)} in all)"
+    return repr(value)
+
+
+def record_removed(result: AlignResult | LinkResult | FamilyResult, removed: Sequence[str]) -> None:
+    """Record on ``result`` the stale files the publication deleted (``delete_stale``): they move from
+    ``stale_weights_files`` (what is still there) to ``removed_files``.
+
+    The result is built before the publication (so that a failure after the commit carries it), and which stale files
+    may go is decided again under the folder lock: the writer records what went once the publication returned.
+    """
+    gone = set(removed)
+    result._set(
+        removed_files=tuple(path for path in result.stale_weights_files if path in gone),
+        stale_weights_files=tuple(path for path in result.stale_weights_files if path not in gone),
+    )
+
+
+class _SizeResult(int):
+    """An ``int`` with keyword fields; pickles and copies with them (``int`` alone would drop them)."""
+
+    kept_inline_reasons: dict[str, int]  # every writer's result has it
+    _REPR_FIELDS: tuple[str, ...] = ()
+    """What ``repr`` shows after the size, in this order (attributes or properties)."""
+
+    def __getnewargs_ex__(self) -> tuple[tuple[int], dict[str, Any]]:
+        return (int(self),), dict(vars(self))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={_shown(getattr(self, name))}" for name in self._REPR_FIELDS)
+        return f"{type(self).__name__}({int(self)} bytes, {fields})"
+
+    __str__ = int.__repr__  # str(), f"{result}" and "%s" stay the plain number the API documents
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def _set(self, **fields: object) -> None:
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def kept_inline_tensors(self) -> int:
+        """Inline tensors of at least ``size_threshold`` bytes left inline by rule 2 of the writer contract (onnx's
+        loader would not read them back, or a shape tensor), see ``kept_inline_reasons``."""
+        return sum(self.kept_inline_reasons.values())
+
+
+class AlignResult(_SizeResult):
+    """The result of an aligner: the bytes of all weights files together (an ``int``), plus what was written.
+
+    Attributes:
+        tensors: external tensors in the written model (each tensor, even when it shares bytes with another).
+        payload_bytes: distinct tensor bytes written; ``int(result) - payload_bytes`` is padding.
+        weights_files: absolute paths of the weights files written, in shard order (empty when no tensor is
+            external).
+        copy_methods: how bytes moved (``"copy_file_range"``, ``"sendfile"``, ``"pread_pwrite"`` — the last also
+            for bytes written from memory); empty when no byte moved.
+        deduplicated_tensors: tensors pointing at bytes stored for an earlier tensor (identical source ranges, and
+            identical bytes with ``dedup``).
+        deduplicated_bytes: bytes those tensors would have taken if stored again.
+        externalized_tensors: tensors that were inline in the source and are external in the output
+            (``size_threshold``).
+        bytes_by_method: payload bytes moved by each method of ``copy_methods``.
+        clone_eligible_bytes: bytes copied by ``copy_file_range`` between block-aligned offsets on a filesystem that
+            shares extents (reflinks): cloned rather than copied. 0 on ext4, tmpfs and across filesystems.
+        stale_weights_files: absolute paths of files named like further shards of this destination (``W.3`` when
+            this run wrote ``W`` and ``W.1``; ``W`` itself when it wrote none) that an earlier run left: the new
+            ``.onnx`` does not reference them, and they are still there (not deleted, or kept by ``delete_stale``
+            because another model uses them or the destination does not own them: a warning says which).
+        removed_files: with ``delete_stale``, the stale files deleted after the commit (absolute paths).
+        config_file: with ``update_config``, the ``config.json`` whose ``transformers.js_config`` was updated.
+        weights_format: ``"onnx"`` (raw weights files) or ``"safetensors"``.
+        index_file: the ``model.safetensors.index.json`` written with a sharded safetensors set, else None.
+        unaligned_tensors: safetensors only: names of the tensors of at least ``align_threshold`` bytes that could
+            not start at a multiple of the alignment (the data section admits no padding).
+        kept_inline_tensors: inline tensors of at least ``size_threshold`` bytes left inline because onnx's loader
+            would not read them back from external data (sparse tensors, function default attributes,
+            ``training_info``); see ``docs/align.md``.
+        kept_inline_reasons: the same tensors counted by reason (``"sparse tensor"``, ``"training_info"``...).
+        kept_inline_names: the same tensors' names (walker labels, e.g. ``'Constant_0/value'`` for an unnamed
+            ``Constant``), by reason: with ``weights_format="safetensors"``, every tensor of the source the
+            checkpoint does not hold (``"shape tensor"``, ``"no name (no safetensors key)"``...).
+    """
+
+    _REPR_FIELDS = (
+        "weights_files",
+        "tensors",
+        "payload_bytes",
+        "padding",
+        "deduplicated_tensors",
+        "externalized_tensors",
+        "kept_inline_tensors",
+        "unaligned_tensors",
+        "stale_weights_files",
+        "weights_format",
+        "index_file",
+    )
+
+    tensors: int
+    payload_bytes: int
+    weights_files: tuple[str, ...]
+    copy_methods: frozenset[str]
+    deduplicated_tensors: int
+    deduplicated_bytes: int
+    externalized_tensors: int
+    bytes_by_method: dict[str, int]
+    clone_eligible_bytes: int
+    stale_weights_files: tuple[str, ...]
+    weights_format: str
+    index_file: str | None
+    unaligned_tensors: tuple[str, ...]
+    kept_inline_reasons: dict[str, int]
+    kept_inline_names: dict[str, tuple[str, ...]]
+    removed_files: tuple[str, ...]
+    config_file: str | None
+
+    def __new__(
+        cls,
+        total_size: int,
+        *,
+        tensors: int,
+        payload_bytes: int,
+        weights_files: Iterable[str],
+        copy_methods: Iterable[str],
+        deduplicated_tensors: int = 0,
+        deduplicated_bytes: int = 0,
+        externalized_tensors: int = 0,
+        bytes_by_method: Mapping[str, int] | None = None,
+        clone_eligible_bytes: int = 0,
+        stale_weights_files: Iterable[str] = (),
+        weights_format: str = "onnx",
+        index_file: str | None = None,
+        unaligned_tensors: Iterable[str] = (),
+        kept_inline_reasons: Mapping[str, int] | None = None,
+        kept_inline_names: Mapping[str, Iterable[str]] | None = None,
+        removed_files: Iterable[str] = (),
+        config_file: str | None = None,
+    ) -> AlignResult:
+        result = super().__new__(cls, total_size)
+        result._set(
+            tensors=tensors,
+            payload_bytes=payload_bytes,
+            weights_files=tuple(weights_files),
+            copy_methods=frozenset(copy_methods),
+            deduplicated_tensors=deduplicated_tensors,
+            deduplicated_bytes=deduplicated_bytes,
+            externalized_tensors=externalized_tensors,
+            bytes_by_method=dict(bytes_by_method or {}),
+            clone_eligible_bytes=clone_eligible_bytes,
+            stale_weights_files=tuple(stale_weights_files),
+            weights_format=weights_format,
+            index_file=index_file,
+            unaligned_tensors=tuple(unaligned_tensors),
+            kept_inline_reasons=dict(kept_inline_reasons or {}),
+            kept_inline_names={reason: tuple(names) for reason, names in (kept_inline_names or {}).items()},
+            removed_files=tuple(removed_files),
+            config_file=config_file,
+        )
+        return result
+
+    @property
+    def padding(self) -> int:
+        """Bytes of the weights files that no tensor uses (alignment gaps)."""
+        return int(self) - self.payload_bytes
+
+
+class SaveResult(_SizeResult):
+    """The result of :func:`~onnx_light_ref.io._shared_save.save_model_with_shared_external_data`: the secondary
+    weights file size (an ``int``), plus what was saved.
+
+    Attributes:
+        new_tensors: tensors whose inline bytes moved to the secondary file.
+        reused_tensors: EXTERNAL tensors whose references were kept as they were.
+        payload_bytes: bytes of the new tensors; ``int(result) - payload_bytes`` is padding.
+        weights_files: absolute paths of the weights files written (empty when nothing was new).
+        kept_inline_tensors: inline ``raw_data`` tensors of at least ``size_threshold`` bytes left inline because
+            onnx's loader would not read them back (sparse tensors, function default attributes, ``training_info``).
+        kept_inline_reasons: the same tensors counted by reason.
+    """
+
+    _REPR_FIELDS = ("weights_files", "new_tensors", "reused_tensors", "payload_bytes", "padding", "kept_inline_tensors")
+
+    new_tensors: int
+    reused_tensors: int
+    payload_bytes: int
+    weights_files: tuple[str, ...]
+    kept_inline_reasons: dict[str, int]
+
+    def __new__(
+        cls,
+        total_size: int,
+        *,
+        new_tensors: int,
+        reused_tensors: int,
+        payload_bytes: int,
+        weights_files: Iterable[str],
+        kept_inline_reasons: Mapping[str, int] | None = None,
+    ) -> SaveResult:
+        result = super().__new__(cls, total_size)
+        result._set(
+            new_tensors=new_tensors,
+            reused_tensors=reused_tensors,
+            payload_bytes=payload_bytes,
+            weights_files=tuple(weights_files),
+            kept_inline_reasons=dict(kept_inline_reasons or {}),
+        )
+        return result
+
+    @property
+    def padding(self) -> int:
+        """Bytes of the secondary file that no tensor uses (alignment gaps)."""
+        return int(self) - self.payload_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TensorPairing:
+    """A model tensor (``name``) and the checkpoint key holding its values, and how they were paired.
+
+    ``how``: ``"name"`` (the key is its name), ``"map"`` (through a name map), ``"content"`` (equal bytes, compared),
+    ``"transpose"`` (the tensor is the key's 2-D transpose, compared).
+    """
+
+    name: str
+    key: str
+    how: PairingHow
+
+
+class LinkResult(_SizeResult):
+    """The result of :func:`~onnx_light_ref.io._link.link_external_data`: the bytes of the model's own weights file
+    (an ``int``, padding included; 0 when every external tensor was linked), plus what was linked and written.
+
+    Attributes:
+        linked_tensors: tensors pointing at the checkpoint's bytes (none of them copied).
+        linked_bytes: their bytes, left where they are in the checkpoint.
+        written_tensors: tensors written to the model's own weights file.
+        written_bytes: their bytes.
+        mismatched_tensors: labels of tensors named like a checkpoint key but of another data type or shape
+            (written, not linked).
+        checkpoint_files: absolute paths of the checkpoint's files.
+        weights_files: the model's own weights file, when one was written.
+        stale_weights_files: files an earlier run left at this destination that the new ``.onnx`` does not reference
+            (its own weights file ``DST.onnx.data`` when every tensor is now linked, or files named like further
+            shards of it), still there (not deleted, or kept by ``delete_stale``: a warning says why).
+        removed_files: with ``delete_stale``, the stale files deleted after the commit.
+        kept_inline_reasons: inline tensors of at least ``size_threshold`` bytes left inline (not linked, not written)
+            by reason: ``"shape tensor"``, ``"training_info"``, ``"function default attribute"``...
+        pairings: every model tensor paired with a checkpoint key (name, key, how: ``"name"``, ``"map"``,
+            ``"content"``, ``"transpose"``), model order; the model tensors that became ``Transpose`` outputs
+            (``transpose=True``) are among them.
+        transposed_tensors: model tensors now computed by a ``Transpose`` node over a linked key (``transpose=True``).
+        transpose_candidates: model tensors whose dims are a checkpoint key's swapped and that were not paired:
+            probably pre-transposed weights (torch's ``optimize=True``, the legacy exporter); written.
+        unaligned_linked: linked tensors of at least ``align_threshold`` bytes whose checkpoint offset is not a
+            multiple of ``alignment`` (a link keeps the checkpoint's layout).
+    """
+
+    _REPR_FIELDS = (
+        "weights_files",
+        "linked_tensors",
+        "linked_bytes",
+        "written_tensors",
+        "written_bytes",
+        "mismatched_tensors",
+        "checkpoint_files",
+    )
+
+    linked_tensors: int
+    linked_bytes: int
+    written_tensors: int
+    written_bytes: int
+    mismatched_tensors: tuple[str, ...]
+    checkpoint_files: tuple[str, ...]
+    weights_files: tuple[str, ...]
+    stale_weights_files: tuple[str, ...]
+    kept_inline_reasons: dict[str, int]
+    pairings: tuple[TensorPairing, ...]
+    transposed_tensors: tuple[str, ...]
+    transpose_candidates: tuple[str, ...]
+    unaligned_linked: int
+    removed_files: tuple[str, ...]
+
+    def __new__(
+        cls,
+        total_size: int,
+        *,
+        linked_tensors: int,
+        linked_bytes: int,
+        written_tensors: int,
+        written_bytes: int,
+        mismatched_tensors: Iterable[str] = (),
+        checkpoint_files: Iterable[str] = (),
+        weights_files: Iterable[str] = (),
+        stale_weights_files: Iterable[str] = (),
+        kept_inline_reasons: Mapping[str, int] | None = None,
+        pairings: Iterable[TensorPairing] = (),
+        transposed_tensors: Iterable[str] = (),
+        transpose_candidates: Iterable[str] = (),
+        unaligned_linked: int = 0,
+        removed_files: Iterable[str] = (),
+    ) -> LinkResult:
+        result = super().__new__(cls, total_size)
+        result._set(
+            linked_tensors=linked_tensors,
+            linked_bytes=linked_bytes,
+            written_tensors=written_tensors,
+            written_bytes=written_bytes,
+            mismatched_tensors=tuple(mismatched_tensors),
+            checkpoint_files=tuple(checkpoint_files),
+            weights_files=tuple(weights_files),
+            stale_weights_files=tuple(stale_weights_files),
+            kept_inline_reasons=dict(kept_inline_reasons or {}),
+            pairings=tuple(pairings),
+            transposed_tensors=tuple(transposed_tensors),
+            transpose_candidates=tuple(transpose_candidates),
+            unaligned_linked=unaligned_linked,
+            removed_files=tuple(removed_files),
+        )
+        return result
+
+
+@dataclass(frozen=True)
+class FamilyMember:
+    """One member of a family written by :func:`~onnx_light_ref.io._align_models.align_models`.
+
+    Attributes:
+        source: absolute path of the source ``.onnx``.
+        path: absolute path of the ``.onnx`` written (``<folder>/<its name>``: its file name or the name given).
+        tensors: external tensors of the written model.
+        payload_bytes: distinct bytes its external tensors reference.
+        shared_tensors: its external tensors whose bytes another member uses too.
+        externalized_tensors: tensors that were inline in the source (``size_threshold``).
+        kept_inline_reasons: inline tensors of at least ``size_threshold`` bytes left inline by rule 2 of the
+            writer contract (onnx's loader would not read them back, or a shape tensor), by reason.
+        kept_inline_names: the same tensors' names (walker labels), by reason.
+    """
+
+    source: str
+    path: str
+    tensors: int
+    payload_bytes: int
+    shared_tensors: int = 0
+    externalized_tensors: int = 0
+    kept_inline_reasons: Mapping[str, int] = field(default_factory=dict)
+    kept_inline_names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SharedTensor:
+    """A payload stored once in the family's weights files and used by several members.
+
+    Attributes:
+        weights_file: absolute path of the weights file holding it.
+        offset: its offset in that file.
+        length: its size in bytes.
+        users: ``(member path, tensor)`` of every tensor using it, in member then walk order (a tensor named by its
+            walker label, e.g. ``'embed.weight'`` or a subgraph's ``'If_0/then_branch/bias'``).
+    """
+
+    weights_file: str
+    offset: int
+    length: int
+    users: tuple[tuple[str, str], ...]
+
+
+class FamilyResult(_SizeResult):
+    """The result of :func:`~onnx_light_ref.io._align_models.align_models`: the bytes of the family's weights files
+    together (an ``int``, padding included), plus what was written for each member and for the family.
+
+    ``str``, ``format``, ``%d`` and JSON see the plain number; ``repr`` shows the family's totals.
+
+    Attributes:
+        members: one :class:`FamilyMember` per source, in the order given.
+        weights_files: absolute paths of the shared weights files, in shard order (empty when no tensor is external).
+        unique_bytes: distinct payload bytes written, each stored once for the whole family (``int(result) -
+            unique_bytes`` is padding).
+        separate_bytes: payload bytes the members would store aligned one by one (each member's identical source
+            ranges once, as ``align`` stores them, byte-identical tensors again).
+        shared_tensors: the payloads several members use (:class:`SharedTensor`).
+        tensors: external tensors of all members together.
+        deduplicated_tensors: tensors pointing at bytes stored for an earlier tensor (of any member).
+        deduplicated_bytes: bytes those tensors would have taken if stored again.
+        externalized_tensors: tensors of all members that were inline in their source (``size_threshold``).
+        copy_methods, bytes_by_method, clone_eligible_bytes: how the bytes moved (as :class:`AlignResult`).
+        stale_weights_files: files of the folder named like further shards of the weights, or that the replaced
+            members referenced, that no model written uses now, still there (not deleted, or kept by
+            ``delete_stale``: a warning says why).
+        removed_files: with ``delete_stale``, the stale files deleted after the commit.
+        config_file: with ``update_config``, the ``config.json`` whose ``transformers.js_config`` was updated.
+        weights_format: ``"onnx"`` or ``"safetensors"``.
+        index_file: the ``.safetensors.index.json`` of a sharded safetensors family, else None.
+        unaligned_tensors: safetensors only: keys of tensors of at least ``align_threshold`` bytes not aligned.
+        kept_inline_reasons: every member's inline tensors left inline where onnx would not load them back, by
+            reason.
+    """
+
+    members: tuple[FamilyMember, ...]
+    weights_files: tuple[str, ...]
+    unique_bytes: int
+    separate_bytes: int
+    shared_tensors: tuple[SharedTensor, ...]
+    tensors: int
+    deduplicated_tensors: int
+    deduplicated_bytes: int
+    externalized_tensors: int
+    copy_methods: frozenset[str]
+    bytes_by_method: dict[str, int]
+    clone_eligible_bytes: int
+    stale_weights_files: tuple[str, ...]
+    weights_format: str
+    index_file: str | None
+    unaligned_tensors: tuple[str, ...]
+    kept_inline_reasons: dict[str, int]
+    removed_files: tuple[str, ...]
+    config_file: str | None
+
+    def __new__(
+        cls,
+        total_size: int,
+        *,
+        members: Iterable[FamilyMember],
+        weights_files: Iterable[str],
+        unique_bytes: int,
+        separate_bytes: int,
+        shared_tensors: Iterable[SharedTensor] = (),
+        tensors: int = 0,
+        deduplicated_tensors: int = 0,
+        deduplicated_bytes: int = 0,
+        externalized_tensors: int = 0,
+        copy_methods: Iterable[str] = (),
+        bytes_by_method: Mapping[str, int] | None = None,
+        clone_eligible_bytes: int = 0,
+        stale_weights_files: Iterable[str] = (),
+        weights_format: str = "onnx",
+        index_file: str | None = None,
+        unaligned_tensors: Iterable[str] = (),
+        kept_inline_reasons: Mapping[str, int] | None = None,
+        removed_files: Iterable[str] = (),
+        config_file: str | None = None,
+    ) -> FamilyResult:
+        result = super().__new__(cls, total_size)
+        result._set(
+            members=tuple(members),
+            weights_files=tuple(weights_files),
+            unique_bytes=unique_bytes,
+            separate_bytes=separate_bytes,
+            shared_tensors=tuple(shared_tensors),
+            tensors=tensors,
+            deduplicated_tensors=deduplicated_tensors,
+            deduplicated_bytes=deduplicated_bytes,
+            externalized_tensors=externalized_tensors,
+            copy_methods=frozenset(copy_methods),
+            bytes_by_method=dict(bytes_by_method or {}),
+            clone_eligible_bytes=clone_eligible_bytes,
+            stale_weights_files=tuple(stale_weights_files),
+            weights_format=weights_format,
+            index_file=index_file,
+            unaligned_tensors=tuple(unaligned_tensors),
+            kept_inline_reasons=dict(kept_inline_reasons or {}),
+            removed_files=tuple(removed_files),
+            config_file=config_file,
+        )
+        return result
+
+    @property
+    def saved_bytes(self) -> int:
+        """Payload bytes saved against storing each member separately (``separate_bytes - unique_bytes``)."""
+        return self.separate_bytes - self.unique_bytes
+
+    @property
+    def padding(self) -> int:
+        """Bytes of the weights files that no tensor uses (alignment gaps, safetensors headers)."""
+        return int(self) - self.unique_bytes
+
+    def __repr__(self) -> str:  # the family's totals (its members and shared tensors are too many for a line)
+        return (
+            f"FamilyResult({int(self)} bytes in {len(self.weights_files)} weights file(s): {len(self.members)} "
+            f"members, {self.tensors} tensors, unique_bytes={self.unique_bytes}, saved_bytes={self.saved_bytes}, "
+            f"shared_tensors={len(self.shared_tensors)})"
+        )
