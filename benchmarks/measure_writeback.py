@@ -16,7 +16,8 @@ import statistics
 import tempfile
 import time
 
-from onnx_light_ref.io._write.copy_engine import CopyRange, RangeCopier
+from onnx_light_ref.io._plan.ranges import CopyRange
+from onnx_light_ref.io._write.copy_engine import RangeCopier
 
 MIB = 1024 * 1024
 TENSORS = 64

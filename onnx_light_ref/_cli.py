@@ -46,8 +46,6 @@ from onnx_light_ref._commands.errors import UsageError
 if TYPE_CHECKING:
     from sys import UnraisableHookArgs
 
-__all__ = ["EPILOG", "Interrupted", "build_parser", "console_main", "main"]
-
 EPILOG = (
     "exit status: 0 success; 1 refused (one 'error: ...' line on stderr, nothing written) or, for verify, a "
     "difference, for inspect, a broken reference; 2 bad arguments (usage printed); 3 written, but a step after the "

@@ -12,8 +12,6 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["lazy_attributes"]
-
 
 def lazy_attributes(
     package: str, modules: Mapping[str, str], names: list[str]

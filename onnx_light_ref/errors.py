@@ -30,6 +30,7 @@ __all__ = [
     "TensorAllocationError",
     "UnsafeLocationError",
     "UnsupportedElementTypeError",
+    "UnsupportedOnnxFeatureError",
 ]
 
 
@@ -162,3 +163,7 @@ class UnsupportedElementTypeError(ValueError):
     def __init__(self, message: str, data_type: object = None) -> None:
         super().__init__(message)
         self.data_type = data_type
+
+
+class UnsupportedOnnxFeatureError(NotImplementedError):
+    """The installed onnx lacks an API a requested feature needs; the message names the onnx version needed."""

@@ -14,7 +14,7 @@ from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref._cli import main
 from onnx_light_ref._commands.inspect import format_alignment
 from onnx_light_ref.io._layout_report import build_layout_report
-from onnx_light_ref.io._plan.alignment import offset_alignment
+from onnx_light_ref.io._read.alignment import offset_alignment
 from tests.models import make_model
 
 

@@ -20,7 +20,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_light_ref._cli import main
 from onnx_light_ref._commands.npy_types import feed_dtype, output_for_npy
-from onnx_light_ref._onnx_compat import onnx_readable_tensor
+from onnx_light_ref.io._read.onnx_compat import onnx_readable_tensor
 from onnx_light_ref.ops._codes import every_code
 from onnx_light_ref.ops._dtypes import EXTENDED_DTYPES, dtype_name, is_packed_dtype
 from tests.checks import sha256_of_tree

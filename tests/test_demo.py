@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 import pytest
 
-from onnx_light_ref import _demo as demo
 from onnx_light_ref._cli import main
+from onnx_light_ref._commands import demo_scenario as demo
 from onnx_light_ref._commands.sizes import parse_size
 from onnx_light_ref.io._layout_report import build_layout_report
 from onnx_light_ref.io._write import publish

@@ -23,10 +23,12 @@ from onnx import helper as oh
 from onnx.defs import OpSchema
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light_ref._onnx_compat import (
+from onnx_light_ref.backend._backend import DelayedInitializerBackend
+from onnx_light_ref.errors import UnsupportedOnnxFeatureError
+from onnx_light_ref.io._read.locations import expected_nbytes
+from onnx_light_ref.io._read.onnx_compat import (
     HAS_PYTHON_SHAPE_INFERENCE,
     ONNX_VERSION,
-    UnsupportedOnnxFeatureError,
     array_raw_bytes,
     element_type_name,
     evaluator_checks_shapes,
@@ -39,8 +41,6 @@ from onnx_light_ref._onnx_compat import (
     to_array_reads_raw_data,
     typed_raw_bytes,
 )
-from onnx_light_ref.backend._backend import DelayedInitializerBackend
-from onnx_light_ref.io._read.locations import expected_nbytes
 from onnx_light_ref.ops import reference_evaluator
 from onnx_light_ref.ops._schema import make_delayed_initializer_node, register_schemas
 

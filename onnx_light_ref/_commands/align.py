@@ -48,8 +48,6 @@ from onnx_light_ref.errors import PublishedWithErrorsError
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
     from onnx_light_ref.io._results import AlignResult
 
-__all__ = ["align_command", "register"]
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``align`` sub-command."""

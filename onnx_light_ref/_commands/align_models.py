@@ -44,8 +44,6 @@ from onnx_light_ref.errors import PublishedWithErrorsError
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
     from onnx_light_ref.io._results import FamilyResult
 
-__all__ = ["align_models_command", "register"]
-
 # (flag, type, default, help) of the size options, in the order --help lists them. A value the library refuses
 # (an alignment that is not one, a chunk or shard size below 1) is a usage error (exit 2), as for align.
 _SIZE_OPTIONS: tuple[tuple[str, Callable[[str], int], int | None, str], ...] = (

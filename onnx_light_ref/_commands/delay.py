@@ -21,8 +21,6 @@ from onnx_light_ref._commands.sizes import size_argument
 from onnx_light_ref._commands.text import printable
 from onnx_light_ref.errors import InvalidModelError, PublishedWithErrorsError
 
-__all__ = ["delay_command", "register"]
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``delay`` sub-command."""

@@ -1,12 +1,12 @@
 """``onnx-light-ref demo [--size SIZE] [--keep DIR]``: the whole package at work on a generated model.
 
 Builds a two-file MLP, re-aligns it, saves a variant sharing its weights, evaluates everything lazily (and with
-onnxruntime when installed) and prints a short report; the logic lives in :mod:`onnx_light_ref._demo`. Works in a
-temporary folder removed at the end unless ``--keep DIR`` is given. Free space is checked first (the bytes the demo
-writes at most, :func:`~onnx_light_ref._demo.disk_bytes`), and a ``--keep`` run that fails anyway (a disk filled
-meanwhile) leaves nothing behind: one ``error:`` line naming the file and the cause. Exit status 0 when every output
-agrees, else 1; 3 when a publication of the demo is in place but a step after its commit failed, as for every
-writing command.
+onnxruntime when installed) and prints a short report; the logic lives in :mod:`onnx_light_ref._commands.demo_scenario`.
+Works in a temporary folder removed at the end unless ``--keep DIR`` is given. Free space is checked first (the bytes
+the demo writes at most, :func:`~onnx_light_ref._commands.demo_scenario.disk_bytes`), and a ``--keep`` run that fails
+anyway (a disk filled meanwhile) leaves nothing behind: one ``error:`` line naming the file and the cause. Exit status 0
+when every output agrees, else 1; 3 when a publication of the demo is in place but a step after its commit failed, as
+for every writing command.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from onnx_light_ref._commands.paths import shown_path
 from onnx_light_ref._commands.sizes import size_argument
 from onnx_light_ref.errors import PublishedWithErrorsError
 
-__all__ = ["demo_command", "register"]
-
 
 def _check_keep_folder(keep: str) -> str | None:
     """Why ``--keep`` cannot be used (checked before anything is created), or None."""
@@ -44,7 +42,9 @@ def _check_keep_folder(keep: str) -> str | None:
 
 def _demo_size(text: str) -> int:
     """``--size``: a size the demo can build a model of (64K and up), else a usage error (exit 2)."""
-    from onnx_light_ref._demo import mlp_shape  # imports onnx: only once the command line asks for a demo
+    from onnx_light_ref._commands.demo_scenario import (
+        mlp_shape,  # imports onnx: only once the command line asks for a demo
+    )
 
     size = size_argument(text)
     try:
@@ -58,8 +58,8 @@ def _run_kept(size: int, keep: str, progress: bool) -> Any:
     """The demo in ``keep`` (absent or empty: checked), created if missing. A run that fails or is interrupted
     leaves nothing: what it wrote in ``keep`` (all of it is the run's) and the folders it created are removed. A
     publication in place whose later step failed (exit status 3) keeps its files."""
+    from onnx_light_ref._commands.demo_scenario import run_demo
     from onnx_light_ref._commands.folders import make_folders, remove_created_folders
-    from onnx_light_ref._demo import run_demo
 
     created = make_folders([keep])
     try:
@@ -79,7 +79,7 @@ def _run_kept(size: int, keep: str, progress: bool) -> Any:
 
 def demo_command(args: argparse.Namespace) -> int:
     """Run the demo for the parsed ``args``; print its report; return the exit status (1 on any problem)."""
-    from onnx_light_ref._demo import check_free_space, run_demo
+    from onnx_light_ref._commands.demo_scenario import check_free_space, run_demo
 
     progress = not args.no_progress and sys.stderr.isatty()
     try:

@@ -15,8 +15,6 @@ import sys
 from onnx_light_ref._commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
 
-__all__ = ["PUBLISHED_WITH_ERRORS", "UsageError", "cli_spelling", "describe_error", "error_exit", "published_exit"]
-
 
 class UsageError(ValueError):
     """A command line argument that is wrong in a way argparse cannot see alone (``--weights`` naming an existing

@@ -21,13 +21,6 @@ import errno
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
-__all__ = [
-    "FolderError",
-    "created_folders",
-    "make_folders",
-    "remove_created_folders",
-]
-
 
 class FolderError(OSError):
     """A destination folder could not be created (a parent is a file, no permission...); ``str`` is the message."""

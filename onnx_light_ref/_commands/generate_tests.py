@@ -25,8 +25,6 @@ from onnx_light_ref._commands.folders import remove_created_folders
 from onnx_light_ref._commands.help_text import REFUSED, exit_statuses
 from onnx_light_ref._commands.paths import shown_path
 
-__all__ = ["generate_tests_command", "register"]
-
 logger = logging.getLogger(__name__)
 
 

@@ -10,8 +10,6 @@ This module only builds text; it imports nothing heavy (every command module imp
 
 from __future__ import annotations
 
-__all__ = ["DOCS_URL", "REFUSED", "docs_url", "exit_statuses"]
-
 REFUSED = "refused: one 'error: ...' line on stderr, nothing written"
 """What status 1 means for a command that writes."""
 

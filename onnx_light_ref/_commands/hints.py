@@ -23,17 +23,6 @@ import os
 import struct
 from collections.abc import Mapping, Sequence
 
-__all__ = [
-    "DELETE_STALE_HELP",
-    "UPDATE_CONFIG_HELP",
-    "config_note",
-    "inline_hint",
-    "kept_inline_note",
-    "oversized_note",
-    "stale_notes",
-    "transformers_js_note",
-]
-
 DELETE_STALE_HELP = (
     "once the new output is published, delete the files an earlier run left here that no model written now uses "
     "(the ones the note lists, e.g. W.3 after a run with fewer shards); a file another model uses, or that the "

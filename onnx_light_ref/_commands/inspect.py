@@ -35,18 +35,6 @@ if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, n
     from onnx_light_ref.io._layout_report import LayoutReport, TensorLayout
     from onnx_light_ref.io._read.sharing import SharedFile
 
-__all__ = [
-    "FolderModel",
-    "FolderReport",
-    "build_folder_report",
-    "format_alignment",
-    "format_folder",
-    "format_folder_report",
-    "format_report",
-    "inspect_command",
-    "register",
-]
-
 # Alignments above this are shown as ">=1M": no loader asks for more, and a huge power of two (an offset of 2 GiB
 # is 2 GiB-aligned) says nothing useful.
 _ALIGNMENT_DISPLAY_CAP = 1024 * 1024

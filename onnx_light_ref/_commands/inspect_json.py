@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     from onnx_light_ref.io._read.safetensors_header import SafetensorsHeader
     from onnx_light_ref.io._read.walker import SitePlace
 
-__all__ = ["folder_document", "model_document", "place_value", "report_value"]
-
 
 def model_document(report: LayoutReport) -> dict[str, Any]:
     """The whole ``inspect --json MODEL.onnx`` document."""

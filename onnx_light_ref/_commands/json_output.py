@@ -27,8 +27,6 @@ from typing import Any
 
 from onnx_light_ref.schemas import SCHEMA_VERSIONS
 
-__all__ = ["SCHEMA_VERSIONS", "encode_text", "error_document", "to_json_value", "write_document"]
-
 
 def encode_text(value: str | bytes) -> str | dict[str, str]:
     """``value`` as the documents hold text: a string when it is valid Unicode, else ``{"hex", "display"}``.

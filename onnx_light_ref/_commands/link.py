@@ -28,8 +28,6 @@ if TYPE_CHECKING:
     from onnx_light_ref.io._results import LinkResult
     from onnx_light_ref.io._write.contract import WritePlan
 
-__all__ = ["link_command", "register"]
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``link`` sub-command."""

@@ -33,13 +33,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from onnx_light_ref._onnx_compat import array_raw_bytes, evaluator_dtype
 from onnx_light_ref.io._read.dtype_sizes import element_bits
+from onnx_light_ref.io._read.onnx_compat import array_raw_bytes, evaluator_dtype
 from onnx_light_ref.ops._codes import every_code
 from onnx_light_ref.ops._dtypes import EXTENDED_DTYPES, dtype_name, is_packed_dtype
 from onnx_light_ref.ops._raw_arrays import array_from_bytes
-
-__all__ = ["NpyForm", "evaluator_array_dtype", "extended_type_of", "feed_dtype", "input_from_npy", "output_for_npy"]
 
 # The integer types widen to the 8-bit integer of their signedness; every other extended type is a float.
 _WIDENED_INTEGERS = {"INT4": np.int8, "INT2": np.int8, "UINT4": np.uint8, "UINT2": np.uint8}
@@ -62,7 +60,7 @@ def _name(data_type: int) -> str:
 
 
 def extended_type_of(dtype: np.dtype) -> int | None:
-    """The extended element type whose representation (:func:`~onnx_light_ref._onnx_compat.evaluator_dtype`) is
+    """The extended element type whose representation (:func:`~onnx_light_ref.io._read.onnx_compat.evaluator_dtype`) is
     ``dtype``, or None for numpy's own types (which ``.npy`` carries)."""
     return _types_by_dtype().get(np.dtype(dtype))
 

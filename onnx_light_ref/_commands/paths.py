@@ -17,8 +17,6 @@ import sys
 
 from onnx_light_ref._commands.text import printable
 
-__all__ = ["shown_path", "warn_unless_onnx", "weights_argument", "weights_path"]
-
 
 def shown_path(path: str | os.PathLike[str]) -> str:
     """``path`` as every command prints it: absolute and escaped.

@@ -14,8 +14,6 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
-__all__ = ["FALLBACK_COLUMNS", "bar_columns", "byte_progress"]
-
 FALLBACK_COLUMNS = 80
 """The bar's width when the terminal reports a width of 0 columns."""
 

@@ -52,8 +52,6 @@ if TYPE_CHECKING:  # numpy, onnx and the library are imported when the command r
     from onnx_light_ref.io._read.locations import FileIdentity
     from onnx_light_ref.io._write.contract import WritePlan
 
-__all__ = ["output_file_name", "parse_input_spec", "register", "run_command"]
-
 # What evaluating an arbitrary model can raise for a user's mistake (bad feed, unsupported model, bad attribute,
 # unreadable weights), as opposed to a bug: reported as one line rather than a traceback.
 # MemoryError: a tensor larger than the machine (TensorAllocationError from the kernel, numpy's own from an op).

@@ -32,8 +32,6 @@ from onnx_light_ref.errors import ExistingFileError
 from onnx_light_ref.io._read.locations import FileIdentity
 from onnx_light_ref.io._write.contract import PlannedFile
 
-__all__ = ["RECORD_NAME", "RunRecord"]
-
 RECORD_NAME = ".onnx-light-ref-run.json"
 _FORMAT = "onnx-light-ref run outputs"  # the record's "format" member: a file without it is not ours
 _VERSION = 1

@@ -12,8 +12,6 @@ import argparse
 import re
 from collections.abc import Callable
 
-__all__ = ["alignment_argument", "bounded_size", "parse_size", "size_argument"]
-
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 # ASCII digits only (``\d`` takes Arabic-Indic, fullwidth... digits, which int() reads); used with fullmatch.
 _PATTERN = re.compile(r"\s*([0-9]+)\s*([KMG]?)(?:i?B)?\s*", re.IGNORECASE)
@@ -96,7 +94,7 @@ def alignment_argument(text: str) -> int:
     Raises:
         argparse.ArgumentTypeError: ``text`` is not a size or not an alignment.
     """
-    from onnx_light_ref.io._plan.alignment import validate_alignment  # the library's check; imported when used
+    from onnx_light_ref.io._read.alignment import validate_alignment  # the library's check; imported when used
 
     value = size_argument(text)
     try:

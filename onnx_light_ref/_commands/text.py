@@ -10,8 +10,6 @@ This module never prints and never decides what is shown: it only escapes.
 
 from __future__ import annotations
 
-__all__ = ["printable"]
-
 
 def printable(text: str) -> str:
     """``text`` with every character a terminal could act on shown as a Python escape (``\\x1b``, ``\\u202e``).

@@ -23,8 +23,6 @@ from onnx_light_ref._commands.progress import byte_progress
 from onnx_light_ref._commands.sizes import alignment_argument
 from onnx_light_ref.errors import InvalidModelError, PublishedWithErrorsError
 
-__all__ = ["count_delayed_nodes", "register", "undelay_command"]
-
 
 def count_delayed_nodes(model_path: str) -> int:
     """The ``ai.rt::DelayedInitializer`` nodes of the model at ``model_path``, in every graph and subgraph.

@@ -21,8 +21,6 @@ from onnx_light_ref._commands.progress import byte_progress
 from onnx_light_ref._commands.sizes import bounded_size
 from onnx_light_ref._commands.text import printable
 
-__all__ = ["register", "verify_command"]
-
 # verify_models' words when the tensors paired by position have different names: after a tool reordered them
 # (undelay: the DelayedInitializer nodes' outputs become initializers in another order), --by-name is the fix.
 _BY_POSITION_NAME_MISMATCH = "name differs (A: "

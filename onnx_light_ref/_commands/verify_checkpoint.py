@@ -21,8 +21,6 @@ from onnx_light_ref._commands.text import printable
 if TYPE_CHECKING:
     from onnx_light_ref.io._verify_checkpoint import CheckpointVerifyResult
 
-__all__ = ["checkpoint_document", "checkpoint_lines", "is_checkpoint", "verify_checkpoint_command"]
-
 _HOW = (("name", "by name"), ("map", "through the map"), ("content", "by content"), ("transpose", "as transposes"))
 _MODEL_ONLY = (
     ("by_name", "--by-name"),

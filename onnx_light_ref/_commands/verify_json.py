@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     from onnx_light_ref.io._differences import ChecksumMismatch, Difference, TensorRef
     from onnx_light_ref.io._verify import VerifyResult
 
-__all__ = ["verify_document", "verify_status"]
-
 
 def verify_status(result: VerifyResult) -> str:
     """``"equal"``, ``"different"`` or ``"checksum_mismatch"`` (equal tensors, a wrong ``checksum`` entry)."""

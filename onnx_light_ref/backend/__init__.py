@@ -9,20 +9,14 @@ Nothing here touches onnx's global backend test registry.
 from __future__ import annotations
 
 from onnx_light_ref.backend._backend import DelayedInitializerBackend, DelayedInitializerBackendRep
-from onnx_light_ref.backend._cases import SEED_CASE_NAMES, build_cases, seed_weights_paths
-from onnx_light_ref.backend._expect import CaseRegistry, NodeCase, SideFile
+from onnx_light_ref.backend._cases import seed_weights_paths
 from onnx_light_ref.backend._generate import generate
 from onnx_light_ref.backend._runner import bound_test_kwargs, load_cases, make_runner
 
 __all__ = [
-    "SEED_CASE_NAMES",
-    "CaseRegistry",
     "DelayedInitializerBackend",
     "DelayedInitializerBackendRep",
-    "NodeCase",
-    "SideFile",
     "bound_test_kwargs",
-    "build_cases",
     "generate",
     "load_cases",
     "make_runner",

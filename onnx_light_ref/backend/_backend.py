@@ -33,13 +33,11 @@ from onnx import helper as oh
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light_ref._onnx_compat import refuse_unsupported_evaluator_options
 from onnx_light_ref.backend._expect import DEFAULT_IR_VERSION, DEFAULT_OPSET_IMPORTS
+from onnx_light_ref.io._read.onnx_compat import refuse_unsupported_evaluator_options
 from onnx_light_ref.ops._delayed_initializer import DelayedInitializer
 from onnx_light_ref.ops._evaluate import readable_model
 from onnx_light_ref.ops._schema import register_schemas
-
-__all__ = ["DelayedInitializerBackend", "DelayedInitializerBackendRep"]
 
 
 def _kernel(base_dir: str | os.PathLike[str] | None, allow_outside_folder: bool) -> type[DelayedInitializer]:

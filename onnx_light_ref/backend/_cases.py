@@ -32,16 +32,6 @@ from onnx_light_ref.backend._typed_cases import add_extended_cases
 from onnx_light_ref.ops._dtypes import PORTABLE_DTYPES, dtype_name, np_dtype_for
 from onnx_light_ref.ops._schema import make_delayed_initializer_node
 
-__all__ = [
-    "CASE_WEIGHTS_FILENAME",
-    "EXACT_ATOL",
-    "EXACT_RTOL",
-    "SEED_CASE_NAMES",
-    "SEED_WEIGHTS_BASENAMES",
-    "build_cases",
-    "seed_weights_paths",
-]
-
 SEED_CASE_NAMES = ("test_cc_delayedinitializer_cpu", "test_cc_delayedinitializer_file")
 SEED_WEIGHTS_BASENAMES = (
     "onnx_light_backend_delayedinitializer_cpu.bin",

@@ -19,16 +19,6 @@ from onnx import helper as oh
 
 from onnx_light_ref.ops._schema import DOMAIN, SINCE_VERSION
 
-__all__ = [
-    "DEFAULT_ATOL",
-    "DEFAULT_IR_VERSION",
-    "DEFAULT_OPSET_IMPORTS",
-    "DEFAULT_RTOL",
-    "CaseRegistry",
-    "NodeCase",
-    "SideFile",
-]
-
 # Tolerances of onnx's node test cases (TestCase rtol/atol), which onnx's Runner compares with.
 DEFAULT_RTOL = 1e-3
 DEFAULT_ATOL = 1e-7

@@ -33,19 +33,17 @@ from pathlib import Path
 
 import onnx
 
-from onnx_light_ref._onnx_compat import HAS_PYTHON_SHAPE_INFERENCE, readable_tensor_from_array
 from onnx_light_ref.backend._cases import build_cases
 from onnx_light_ref.backend._expect import CaseRegistry, NodeCase, SideFile
 from onnx_light_ref.io._arguments import check_bool
 from onnx_light_ref.io._plan.sites import SITE_INLINE, SITE_KEPT, SiteColumns, iter_sites
 from onnx_light_ref.io._read.entries import is_external
 from onnx_light_ref.io._read.locations import check_location_syntax
+from onnx_light_ref.io._read.onnx_compat import HAS_PYTHON_SHAPE_INFERENCE, readable_tensor_from_array
 from onnx_light_ref.io._read.walker import TensorSite
 from onnx_light_ref.io._write.contract import PlannedFile, PlannedModel, WriteOptions, WritePlan
 from onnx_light_ref.io._write.execute import execute
 from onnx_light_ref.ops._schema import DOMAIN, OP_TYPE, check_delayed_initializer_node, register_schemas
-
-__all__ = ["DATA_JSON_FILENAME", "DATA_SET_DIRNAME", "MODEL_FILENAME", "generate", "write_case"]
 
 logger = logging.getLogger(__name__)
 

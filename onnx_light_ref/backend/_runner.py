@@ -49,8 +49,6 @@ from onnx_light_ref.backend._expect import DEFAULT_ATOL, DEFAULT_RTOL
 from onnx_light_ref.backend._generate import MODEL_FILENAME
 from onnx_light_ref.ops._schema import DOMAIN, OP_TYPE
 
-__all__ = ["CATEGORY", "bound_test_kwargs", "load_cases", "make_runner"]
-
 CATEGORY = "NodeModel"
 """The Runner category on-disk node cases land in (unittest class ``OnnxBackendNodeModelTest``)."""
 

@@ -30,13 +30,11 @@ from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light_ref._onnx_compat import onnx_readable_tensor
 from onnx_light_ref.backend._expect import DEFAULT_IR_VERSION, CaseRegistry, SideFile
+from onnx_light_ref.io._read.onnx_compat import onnx_readable_tensor
 from onnx_light_ref.ops._codes import every_code
 from onnx_light_ref.ops._dtypes import EXTENDED_DTYPES, dtype_name
 from onnx_light_ref.ops._schema import DOMAIN, SINCE_VERSION, make_delayed_initializer_node
-
-__all__ = ["FLOAT_LIKE_TYPE_NAMES", "add_extended_cases"]
 
 # Cases compared exactly, as every DelayedInitializer case (see cases.EXACT_RTOL).
 _EXACT = 0.0

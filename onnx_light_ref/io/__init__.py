@@ -30,9 +30,12 @@ from onnx_light_ref._lazy import lazy_attributes
 __all__ = [
     "AlignResult",
     "CheckpointVerifyResult",
+    "ChecksumMismatch",
+    "Difference",
     "FamilyResult",
     "LinkResult",
     "SaveResult",
+    "TensorRef",
     "VerifyResult",
     "align_external_data_in_memory",
     "align_external_data_streaming",
@@ -44,6 +47,9 @@ __all__ = [
 ]
 
 _LAZY = {
+    "ChecksumMismatch": "onnx_light_ref.io._differences",
+    "Difference": "onnx_light_ref.io._differences",
+    "TensorRef": "onnx_light_ref.io._differences",
     "AlignResult": "onnx_light_ref.io._results",
     "FamilyResult": "onnx_light_ref.io._results",
     "LinkResult": "onnx_light_ref.io._results",
@@ -62,6 +68,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from onnx_light_ref.io._align import align_external_data_in_memory, align_external_data_streaming
     from onnx_light_ref.io._align_models import align_models
+    from onnx_light_ref.io._differences import ChecksumMismatch, Difference, TensorRef
     from onnx_light_ref.io._link import link_external_data
     from onnx_light_ref.io._results import AlignResult, FamilyResult, LinkResult, SaveResult
     from onnx_light_ref.io._shared_save import save_model_with_shared_external_data

@@ -43,20 +43,6 @@ from onnx_light_ref.io._write.contract import PlannedFile, PlannedModel, ShardSe
 from onnx_light_ref.io._write.copy_engine import CopyStats, ProgressCallback
 from onnx_light_ref.io._write.execute import DEFAULT_CHUNK_SIZE, execute
 
-__all__ = [
-    "AlignPlan",
-    "AlignResult",
-    "add_config_update",
-    "align_external_data_in_memory",
-    "align_external_data_streaming",
-    "aligned_result",
-    "check_config_path",
-    "plan_alignment",
-    "removed_after",
-    "warn_unaligned",
-    "write_plan",
-]
-
 logger = logging.getLogger(__name__)
 
 

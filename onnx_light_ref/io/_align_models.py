@@ -42,8 +42,6 @@ from onnx_light_ref.io._write.execute import execute
 from onnx_light_ref.io._write.ownership import ReferenceCache
 from onnx_light_ref.io._write.publish import is_publisher_file
 
-__all__ = ["FamilyResult", "align_models"]
-
 logger = logging.getLogger(__name__)
 
 _DEFAULT_CHUNK = 4 * 1024 * 1024  # as the streaming aligner: bytes per copy call, and each dedup compare buffer

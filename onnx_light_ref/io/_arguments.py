@@ -9,16 +9,6 @@ from __future__ import annotations
 
 import os
 
-__all__ = [
-    "INT64_MAX",
-    "ArgumentTypeError",
-    "PathLike",
-    "check_bool",
-    "check_int",
-    "check_optional_int",
-    "check_weights_file",
-]
-
 PathLike = str | os.PathLike[str]
 """Paths accepted by the public API; converted once at the boundary with ``os.fspath``."""
 

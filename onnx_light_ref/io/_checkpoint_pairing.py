@@ -20,27 +20,16 @@ from typing import TYPE_CHECKING
 import onnx
 
 from onnx_light_ref.io._pairing import TensorBytes, TensorFiles, pair_by_content, transposable
-from onnx_light_ref.io._plan.safetensors_layout import is_packed, safetensors_dtype
+from onnx_light_ref.io._plan.ranges import CopyRange
 from onnx_light_ref.io._read.entries import is_external
 from onnx_light_ref.io._read.locations import LocationResolver, expected_nbytes, parse_external_data
+from onnx_light_ref.io._read.safetensors_header import is_packed, safetensors_dtype
 from onnx_light_ref.io._read.walker import TensorSite, iter_tensors
 from onnx_light_ref.io._results import TensorPairing
-from onnx_light_ref.io._write.copy_engine import CopyRange
 
 if TYPE_CHECKING:
     from onnx_light_ref.io._link import CheckpointTensor
     from onnx_light_ref.io._read.folder import ModelFolder
-
-__all__ = [
-    "CheckpointPairing",
-    "LinkPairing",
-    "LinkPairingOptions",
-    "checkpoint_tensors_bytes",
-    "insert_transposes",
-    "model_tensors",
-    "pair_for_link",
-    "pair_with_checkpoint",
-]
 
 
 @dataclass

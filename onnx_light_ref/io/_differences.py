@@ -18,19 +18,6 @@ from typing import Literal, NamedTuple
 from onnx_light_ref.io._read.proto import data_type_name
 from onnx_light_ref.io._read.walker import SitePlace, TensorKind, TensorSite, describe_place
 
-__all__ = [
-    "DIFFERENCE_KINDS",
-    "ChecksumMismatch",
-    "Difference",
-    "DifferenceKind",
-    "DifferenceValue",
-    "Finding",
-    "TensorRef",
-    "dtype_name",
-    "metadata_finding",
-    "tensor_ref",
-]
-
 DifferenceKind = Literal[
     "name",
     "place",

@@ -57,8 +57,8 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 from onnx_light_ref.errors import ExternalDataError, InvalidModelError, UnsafeLocationError
 from onnx_light_ref.io._arguments import PathLike, check_bool
-from onnx_light_ref.io._plan.alignment import offset_alignment
 from onnx_light_ref.io._posix import check_single_link
+from onnx_light_ref.io._read.alignment import offset_alignment
 from onnx_light_ref.io._read.delayed_rules import DelayedRead, delayed_reads
 from onnx_light_ref.io._read.entries import is_external, last_value, parse_entry_int, read_entries
 from onnx_light_ref.io._read.folder import ModelFolder, check_file_name, relative_below, stat_unconfined
@@ -77,17 +77,6 @@ from onnx_light_ref.io._read.wire import load_model_lean
 
 if TYPE_CHECKING:
     import onnx
-
-__all__ = [
-    "ERROR_STATUSES",
-    "FileLayout",
-    "Gap",
-    "LayoutReport",
-    "LayoutStatus",
-    "Overlap",
-    "TensorLayout",
-    "build_layout_report",
-]
 
 LayoutStatus = Literal[
     "ok",

@@ -35,10 +35,9 @@ from onnx_light_ref.errors import ExternalDataError, SafetensorsError, UnsafeLoc
 from onnx_light_ref.io._align import removed_after
 from onnx_light_ref.io._arguments import PathLike, check_bool, check_int, check_weights_file
 from onnx_light_ref.io._checkpoint_pairing import LinkPairingOptions, pair_for_link
-from onnx_light_ref.io._plan.alignment import validate_alignment
 from onnx_light_ref.io._plan.name_map import check_name_map, check_name_map_targets
 from onnx_light_ref.io._plan.placement import Placement, ShardedLayout
-from onnx_light_ref.io._plan.safetensors_layout import is_packed, safetensors_dtype
+from onnx_light_ref.io._plan.ranges import CopyRange
 from onnx_light_ref.io._plan.shard_names import stale_candidates
 from onnx_light_ref.io._plan.sites import (
     SITE_EXTERNALIZED,
@@ -49,6 +48,7 @@ from onnx_light_ref.io._plan.sites import (
     SitePolicy,
     may_sit,
 )
+from onnx_light_ref.io._read.alignment import validate_alignment
 from onnx_light_ref.io._read.delayed_nodes import DelayedResolver, iter_delayed
 from onnx_light_ref.io._read.dtype_sizes import packed_nbytes
 from onnx_light_ref.io._read.entries import is_external
@@ -62,7 +62,13 @@ from onnx_light_ref.io._read.locations import (
     parse_external_data,
 )
 from onnx_light_ref.io._read.model_file import load_model_metadata, open_model_folder
-from onnx_light_ref.io._read.safetensors_header import SafetensorsEntry, read_header, require_covered
+from onnx_light_ref.io._read.safetensors_header import (
+    SafetensorsEntry,
+    is_packed,
+    read_header,
+    require_covered,
+    safetensors_dtype,
+)
 from onnx_light_ref.io._read.sharing import file_key
 from onnx_light_ref.io._read.walker import TensorSite, iter_tensors
 from onnx_light_ref.io._results import LinkResult, record_removed, summarize_names
@@ -76,10 +82,8 @@ from onnx_light_ref.io._write.contract import (
     WritePlan,
     location_for,
 )
-from onnx_light_ref.io._write.copy_engine import CopyRange, CopyStats, ProgressCallback
+from onnx_light_ref.io._write.copy_engine import CopyStats, ProgressCallback
 from onnx_light_ref.io._write.execute import execute
-
-__all__ = ["LinkResult", "link_external_data", "read_checkpoint"]
 
 logger = logging.getLogger(__name__)
 

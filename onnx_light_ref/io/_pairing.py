@@ -28,11 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnx_light_ref.errors import ExternalDataError
+from onnx_light_ref.io._plan.ranges import CopyRange, open_source
 from onnx_light_ref.io._posix import pread_exact
 from onnx_light_ref.io._results import TensorPairing
-from onnx_light_ref.io._write.copy_engine import CopyRange, open_source
-
-__all__ = ["TensorBytes", "TensorFiles", "equal_bytes", "pair_by_content", "transposable"]
 
 _PRIME = 2**31 - 1  # products of two residues fit an uint64, sums of a chunk's products too
 _BASES = (1_000_003, 998_244_353 % _PRIME)  # the fingerprint's row and column bases (any two distinct residues)

@@ -15,8 +15,6 @@ import os
 
 from onnx_light_ref.errors import UnsafeLocationError
 
-__all__ = ["check_single_link", "pread_exact", "pwrite_all"]
-
 
 def pread_exact(fd: int, buffer: memoryview, offset: int) -> int:
     """Fill ``buffer`` (a writable byte view) from ``fd`` at ``offset``; return the bytes read.

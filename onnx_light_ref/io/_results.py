@@ -14,18 +14,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = [
-    "AlignResult",
-    "FamilyMember",
-    "FamilyResult",
-    "LinkResult",
-    "SaveResult",
-    "SharedTensor",
-    "TensorPairing",
-    "record_removed",
-    "summarize_names",
-]
-
 PairingHow = Literal["name", "map", "content", "transpose"]
 
 _NAMES_SHOWN = 3  # a warning or a repr names this many items of a long list, then counts the rest

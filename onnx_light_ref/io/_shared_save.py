@@ -31,9 +31,9 @@ import onnx
 
 from onnx_light_ref.errors import DanglingReferenceError, ExternalDataError
 from onnx_light_ref.io._arguments import ArgumentTypeError, PathLike, check_bool, check_int
-from onnx_light_ref.io._plan.alignment import validate_alignment
 from onnx_light_ref.io._plan.placement import Placement, ShardedLayout
 from onnx_light_ref.io._plan.sites import SITE_EXTERNALIZED, SITE_INLINE, SITE_KEPT, SiteColumns, SitePolicy
+from onnx_light_ref.io._read.alignment import validate_alignment
 from onnx_light_ref.io._read.delayed_nodes import DelayedResolver, DelayedSite, iter_delayed
 from onnx_light_ref.io._read.entries import is_external, parse_entry_int, read_entries
 from onnx_light_ref.io._read.locations import (
@@ -60,8 +60,6 @@ from onnx_light_ref.io._write.contract import (
 )
 from onnx_light_ref.io._write.copy_engine import ProgressCallback
 from onnx_light_ref.io._write.execute import execute
-
-__all__ = ["SaveResult", "save_model_with_shared_external_data"]
 
 logger = logging.getLogger(__name__)
 

@@ -39,8 +39,6 @@ from onnx_light_ref.io._read.locations import FileIdentity
 from onnx_light_ref.io._read.sharing import file_key
 from onnx_light_ref.io._write.contract import PlannedFile
 
-__all__ = ["ConfigUpdate", "chunk_count", "chunk_names", "model_counts", "plan_config_update"]
-
 SECTION = "transformers.js_config"
 ENTRY = "use_external_data_format"
 _MAX_CONFIG_SIZE = 16 * 1024 * 1024  # a config.json is a few KB: a larger file is not one

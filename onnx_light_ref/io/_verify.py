@@ -45,36 +45,26 @@ from onnx_light_ref.io._differences import (
     metadata_finding,
     tensor_ref,
 )
+from onnx_light_ref.io._plan.ranges import CopyRange, open_source
 from onnx_light_ref.io._posix import check_single_link, pread_exact
 from onnx_light_ref.io._read.delayed_nodes import DelayedResolver, DelayedSite, iter_delayed
+from onnx_light_ref.io._read.entries import is_external
 from onnx_light_ref.io._read.folder import ModelFolder, open_model_file
 from onnx_light_ref.io._read.locations import (
     FileIdentity,
     LocationResolver,
     check_not_hard_linked,
     expected_nbytes,
-    is_external,
     parse_external_data,
 )
 from onnx_light_ref.io._read.model_file import open_model_folder
 from onnx_light_ref.io._read.proto import TensorProto
 from onnx_light_ref.io._read.walker import TensorSite, describe_place, iter_tensors
 from onnx_light_ref.io._read.wire import InlinePayload, StrippedModel, load_model_lean
-from onnx_light_ref.io._write.copy_engine import CopyRange, ProgressCallback, open_source
+from onnx_light_ref.io._write.copy_engine import ProgressCallback
 
 if TYPE_CHECKING:
     import onnx
-
-__all__ = [
-    "DEFAULT_CHUNK_SIZE",
-    "MAX_CHUNK_SIZE",
-    "ChecksumMismatch",
-    "Difference",
-    "ProgressCallback",
-    "TensorRef",
-    "VerifyResult",
-    "verify_models",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -565,7 +555,7 @@ def _inline_bytes(site: TensorSite, side: str) -> bytes:
         _check_raw_length(site, side, len(raw))
         return raw
     # onnx and numpy are imported only here: a model without typed data is verified without them (start-up time).
-    from onnx_light_ref._onnx_compat import typed_raw_bytes
+    from onnx_light_ref.io._read.onnx_compat import typed_raw_bytes
 
     try:
         # Typed fields hold small tensors only; this is the conversion onnx itself uses, sub-byte packing included.

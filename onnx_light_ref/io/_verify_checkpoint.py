@@ -27,8 +27,6 @@ from onnx_light_ref.io._read.model_file import load_model_metadata, open_model_f
 from onnx_light_ref.io._read.walker import iter_tensors
 from onnx_light_ref.io._results import TensorPairing
 
-__all__ = ["CheckpointVerifyResult", "find_checkpoint", "verify_checkpoint"]
-
 _FLOATS = {
     onnx.TensorProto.FLOAT,
     onnx.TensorProto.FLOAT16,

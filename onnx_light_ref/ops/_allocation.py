@@ -19,8 +19,6 @@ import numpy as np
 
 from onnx_light_ref.errors import TensorAllocationError
 
-__all__ = ["allocatable_bytes", "allocate_tensor"]
-
 _MEMINFO = "/proc/meminfo"
 
 

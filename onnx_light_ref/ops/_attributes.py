@@ -29,27 +29,11 @@ from onnx import AttributeProto
 from onnx_light_ref.io._arguments import INT64_MAX
 from onnx_light_ref.io._read.delayed_rules import (
     ATTRIBUTE_TYPES,
-    LOAD_DEVICES,
-    MAX_RANK,
-    RUNTIME_DEVICES,
-    check_node_structure,
     check_present,
     check_values,
-    describe_node,
 )
 from onnx_light_ref.io._read.dtype_sizes import packed_nbytes
 from onnx_light_ref.ops._dtypes import dtype_name, np_dtype_for, refuse_dtype
-
-__all__ = [
-    "ATTRIBUTE_TYPES",
-    "LOAD_DEVICES",
-    "MAX_RANK",
-    "RUNTIME_DEVICES",
-    "DelayedInitializerParams",
-    "check_node_structure",
-    "describe_node",
-    "validate_attributes",
-]
 
 
 @dataclass(frozen=True)

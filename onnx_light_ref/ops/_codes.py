@@ -18,8 +18,6 @@ import numpy as np
 from onnx_light_ref.io._read.dtype_sizes import element_bits
 from onnx_light_ref.ops._dtypes import is_packed_dtype
 
-__all__ = ["every_code", "pack_codes"]
-
 # Shapes of the packed tensors: odd element counts (the last byte, or three-byte group, is partly padding), every
 # code present (the code of element i is i * step modulo 2**bits, the step coprime with it).
 _PACKED_SHAPES = {4: (3, 11), 2: (2, 7), 6: (5, 13)}

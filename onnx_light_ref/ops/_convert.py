@@ -49,18 +49,18 @@ import onnx
 import onnx.inliner
 
 from onnx_light_ref.io._arguments import PathLike, check_bool, check_int
+from onnx_light_ref.io._read.delayed_rules import LOAD_DEVICES
+from onnx_light_ref.io._read.entries import is_external
 from onnx_light_ref.io._read.folder import ModelFolder
 from onnx_light_ref.io._read.locations import (
     ExternalRef,
     LocationResolver,
     check_not_hard_linked,
     expected_nbytes,
-    is_external,
     parse_external_data,
 )
 from onnx_light_ref.io._read.model_file import load_model_metadata
 from onnx_light_ref.io._read.walker import defined_names, iter_graphs, iter_tensors
-from onnx_light_ref.ops._attributes import LOAD_DEVICES
 from onnx_light_ref.ops._dtypes import (
     ALLOWED_DTYPES,
     PORTABLE_DTYPES,
@@ -70,15 +70,6 @@ from onnx_light_ref.ops._dtypes import (
     refusal_reason,
 )
 from onnx_light_ref.ops._schema import DOMAIN, OP_TYPE, SINCE_VERSION, make_delayed_initializer_node
-
-__all__ = [
-    "ConversionPlan",
-    "DelayedTensor",
-    "check_load_device",
-    "convert_planned",
-    "delay_initializers",
-    "plan_delayed_initializers",
-]
 
 logger = logging.getLogger(__name__)
 

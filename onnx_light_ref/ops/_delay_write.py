@@ -36,8 +36,6 @@ from onnx_light_ref.io._write.contract import (
 from onnx_light_ref.io._write.execute import execute
 from onnx_light_ref.ops._convert import check_load_device, convert_planned, plan_delayed_initializers
 
-__all__ = ["DelayResult", "write_delayed_model"]
-
 _WRITER = "delay"
 
 

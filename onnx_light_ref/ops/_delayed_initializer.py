@@ -81,6 +81,7 @@ from onnx.reference.op_run import OpRun
 from onnx_light_ref.errors import ExternalDataError, SafetensorsReferenceError, UnsafeLocationError
 from onnx_light_ref.io._arguments import check_bool
 from onnx_light_ref.io._posix import pread_exact
+from onnx_light_ref.io._read.delayed_rules import check_node_structure, describe_node
 from onnx_light_ref.io._read.folder import (
     FileIdentity,
     ModelFolder,
@@ -92,18 +93,10 @@ from onnx_light_ref.io._read.folder import (
 )
 from onnx_light_ref.io._read.locations import check_location_syntax
 from onnx_light_ref.io._read.safetensors_refs import HeaderCache, is_safetensors_location, refuse_disagreeing_reference
-from onnx_light_ref.ops._attributes import (
-    ATTRIBUTE_TYPES,
-    DelayedInitializerParams,
-    check_node_structure,
-    describe_node,
-    validate_attributes,
-)
+from onnx_light_ref.ops._attributes import ATTRIBUTE_TYPES, DelayedInitializerParams, validate_attributes
 from onnx_light_ref.ops._evaluator_cycle import weaken_log_callback
 from onnx_light_ref.ops._raw_arrays import read_array
 from onnx_light_ref.ops._schema import DOMAIN, OP_TYPE
-
-__all__ = ["DelayedInitializer"]
 
 logger = logging.getLogger(__name__)
 

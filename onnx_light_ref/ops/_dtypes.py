@@ -12,7 +12,7 @@ Two sets:
 * :data:`EXTENDED_DTYPES`, the types large models are stored in, where the installed onnx's evaluator represents
   them: bfloat16, the float8 types (E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ, E8M0), int4/uint4 and float4 E2M1 (two per
   byte), int2/uint2 (four per byte) and float6 (four in three bytes). The op produces them exactly as onnx's own
-  evaluator holds them (:func:`~onnx_light_ref._onnx_compat.evaluator_dtype`: ml_dtypes on current onnx, onnx's
+  evaluator holds them (:func:`~onnx_light_ref.io._read.onnx_compat.evaluator_dtype`: ml_dtypes on current onnx, onnx's
   structured dtypes on onnx 1.17); a type this onnx does not define or cannot represent is refused with
   :class:`~onnx_light_ref.errors.UnsupportedElementTypeError` naming it (:func:`refuse_dtype`).
 
@@ -26,26 +26,9 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from onnx_light_ref._onnx_compat import ONNX_VERSION, element_type_name, evaluator_dtype, raw_type_refusal
 from onnx_light_ref.errors import UnsupportedElementTypeError
 from onnx_light_ref.io._read.dtype_sizes import element_bits
-
-__all__ = [
-    "ALLOWED_DTYPES",
-    "ALLOWED_TYPE_STRINGS",
-    "EXTENDED_DTYPES",
-    "EXTENDED_TYPE_NAMES",
-    "PORTABLE_DTYPES",
-    "PORTABLE_TYPE_STRINGS",
-    "describe_allowed",
-    "dtype_name",
-    "is_allowed_dtype",
-    "is_packed_dtype",
-    "is_portable_dtype",
-    "np_dtype_for",
-    "refusal_reason",
-    "refuse_dtype",
-]
+from onnx_light_ref.io._read.onnx_compat import ONNX_VERSION, element_type_name, evaluator_dtype, raw_type_refusal
 
 PORTABLE_DTYPES: tuple[int, ...] = tuple(
     sorted(

@@ -45,31 +45,24 @@ from typing import Any
 import onnx
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light_ref._onnx_compat import (
+from onnx_light_ref.errors import ExternalDataError
+from onnx_light_ref.io._arguments import check_bool
+from onnx_light_ref.io._posix import pread_exact
+from onnx_light_ref.io._read.entries import is_external
+from onnx_light_ref.io._read.folder import ModelFolder
+from onnx_light_ref.io._read.locations import ExternalRef, LocationResolver, check_not_hard_linked, parse_external_data
+from onnx_light_ref.io._read.model_file import open_model_folder
+from onnx_light_ref.io._read.onnx_compat import (
     ONNX_VERSION,
     make_onnx_readable,
     onnx_ignores_raw_data,
     refuse_unsupported_evaluator_options,
 )
-from onnx_light_ref.errors import ExternalDataError
-from onnx_light_ref.io._arguments import check_bool
-from onnx_light_ref.io._posix import pread_exact
-from onnx_light_ref.io._read.folder import ModelFolder
-from onnx_light_ref.io._read.locations import (
-    ExternalRef,
-    LocationResolver,
-    check_not_hard_linked,
-    is_external,
-    parse_external_data,
-)
-from onnx_light_ref.io._read.model_file import open_model_folder
 from onnx_light_ref.io._read.walker import iter_tensors
 from onnx_light_ref.ops._convert import delay_initializers
 from onnx_light_ref.ops._delayed_initializer import DelayedInitializer
 from onnx_light_ref.ops._evaluator_cycle import weaken_log_callback
 from onnx_light_ref.ops._transpose import Transpose
-
-__all__ = ["LazyReferenceEvaluator", "readable_model", "reference_evaluator"]
 
 logger = logging.getLogger(__name__)
 
@@ -213,8 +206,8 @@ def readable_model(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model``, or a copy in the form the installed onnx's evaluator reads exactly, when it would misread it.
 
     onnx 1.17's loader ignores the ``raw_data`` of a bfloat16 tensor and evaluates uninitialized memory instead: the
-    copy holds such values in ``int32_data`` (:func:`~onnx_light_ref._onnx_compat.make_onnx_readable`). On the newest
-    onnx, and for a model without such a tensor, ``model`` itself is returned; it is never mutated.
+    copy holds such values in ``int32_data`` (:func:`~onnx_light_ref.io._read.onnx_compat.make_onnx_readable`). On the
+    newest onnx, and for a model without such a tensor, ``model`` itself is returned; it is never mutated.
 
     Args:
         model: the model about to be handed to ``onnx.reference.ReferenceEvaluator``.

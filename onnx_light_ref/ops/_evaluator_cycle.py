@@ -20,8 +20,6 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-__all__ = ["weaken_log_callback"]
-
 
 def _evaluator_of(log: Any) -> Any | None:
     """The evaluator onnx's ``log`` lambda closes over, or None if it is not that lambda."""

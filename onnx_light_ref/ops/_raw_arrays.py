@@ -7,8 +7,8 @@ function returns for the same bytes, NaN payloads and ``-0.0`` included. :func:`
 * **byte-sized types** (the 14 portable ones, bfloat16, the float8 types): ``to_array`` is
   ``np.frombuffer(raw, dtype)``; the bytes are read straight into the output array, byte-swapped in place on a
   big-endian host as onnx does. A file-mode run holds the tensor once. (onnx 1.17's ``to_array`` ignores the raw
-  bytes of a bfloat16 tensor, see :mod:`onnx_light_ref._onnx_compat`; reading them into its bfloat16 dtype is what
-  it does with ``int32_data``.)
+  bytes of a bfloat16 tensor, see :mod:`onnx_light_ref.io._read.onnx_compat`; reading them into its bfloat16 dtype
+  is what it does with ``int32_data``.)
 * **packed types** (int4, uint4, float4: two per byte; int2, uint2: four; float6: four in three bytes; odd counts
   padded): the packed bytes are read :data:`PACKED_CHUNK_BYTES` at a time and unpacked into the output, so the
   memory is the output plus one chunk (unpacking the whole tensor at once took about 3.5x the output: the bytes
@@ -37,8 +37,6 @@ from onnx_light_ref.errors import TensorAllocationError
 from onnx_light_ref.io._read.dtype_sizes import element_bits, packed_nbytes
 from onnx_light_ref.ops._allocation import allocate_tensor
 from onnx_light_ref.ops._dtypes import dtype_name, is_packed_dtype, np_dtype_for
-
-__all__ = ["PACKED_CHUNK_BYTES", "RawReader", "array_from_bytes", "read_array"]
 
 PACKED_CHUNK_BYTES = 3 * 1024 * 1024
 """Packed bytes read and unpacked per step: a multiple of 3, so that every chunk but the last holds whole

@@ -8,7 +8,7 @@ the kernel's own rules (``onnx_light_ref.ops._attributes``, same messages) and r
 (name): ...``), as onnx's own operators do.
 
 On onnx < 1.19 a Python schema cannot carry an inference function
-(:mod:`onnx_light_ref._onnx_compat`): the schema then serves the checker only, and ``infer_shapes`` leaves the
+(:mod:`onnx_light_ref.io._read.onnx_compat`): the schema then serves the checker only, and ``infer_shapes`` leaves the
 output untyped. On every onnx the registration ends at interpreter exit (onnx 1.19-1.22 otherwise hang or crash).
 
 Strict and non-strict inference (checked by the schema tests, onnx 1.23):
@@ -39,26 +39,15 @@ import onnx.defs
 from onnx import AttributeProto
 from onnx.defs import OpSchema
 
-from onnx_light_ref._onnx_compat import (
+from onnx_light_ref.io._read.delayed_names import DELAYED_DOMAIN, DELAYED_OP_TYPE
+from onnx_light_ref.io._read.onnx_compat import (
     HAS_PYTHON_SHAPE_INFERENCE,
     ONNX_VERSION,
     attach_inference_function,
     register_schema_until_exit,
 )
-from onnx_light_ref.io._read.delayed_names import DELAYED_DOMAIN, DELAYED_OP_TYPE
 from onnx_light_ref.ops._attributes import ATTRIBUTE_TYPES, DelayedInitializerParams, validate_attributes
 from onnx_light_ref.ops._dtypes import ALLOWED_TYPE_STRINGS
-
-__all__ = [
-    "DOMAIN",
-    "OP_TYPE",
-    "RUNTIME_DEVICE",
-    "SINCE_VERSION",
-    "build_schema",
-    "check_delayed_initializer_node",
-    "make_delayed_initializer_node",
-    "register_schemas",
-]
 
 logger = logging.getLogger(__name__)
 

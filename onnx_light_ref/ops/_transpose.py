@@ -14,8 +14,6 @@ from typing import Any
 import numpy as np
 from onnx.reference.op_run import OpRun
 
-__all__ = ["Transpose"]
-
 
 class Transpose(OpRun):
     """The standard ``Transpose`` (every opset: ``perm`` defaults to reversing the axes), contiguous output."""

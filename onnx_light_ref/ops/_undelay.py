@@ -34,8 +34,8 @@ import onnx
 
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io._arguments import PathLike, check_bool, check_int, check_weights_file
-from onnx_light_ref.io._plan.alignment import validate_alignment
 from onnx_light_ref.io._plan.placement import ShardedLayout
+from onnx_light_ref.io._plan.ranges import CopyRange, read_range
 from onnx_light_ref.io._plan.sites import (
     SHAPE_TENSOR,
     SITE_EXTERNALIZED,
@@ -44,14 +44,15 @@ from onnx_light_ref.io._plan.sites import (
     SiteColumns,
     SitePolicy,
 )
+from onnx_light_ref.io._read.alignment import validate_alignment
 from onnx_light_ref.io._read.delayed_nodes import DelayedFile, DelayedResolver, is_delayed
-from onnx_light_ref.io._read.entries import read_entries, write_entries
+from onnx_light_ref.io._read.delayed_rules import check_node_structure, describe_node
+from onnx_light_ref.io._read.entries import is_external, read_entries
 from onnx_light_ref.io._read.folder import ModelFolder
 from onnx_light_ref.io._read.locations import (
     LocationResolver,
     check_not_hard_linked,
     file_identity,
-    is_external,
     parse_external_data,
 )
 from onnx_light_ref.io._read.model_file import load_model_metadata, open_model_folder
@@ -60,18 +61,10 @@ from onnx_light_ref.io._read.safetensors_refs import (
 )
 from onnx_light_ref.io._read.walker import defined_names, iter_graphs, iter_tensors
 from onnx_light_ref.io._write.contract import PlannedFile, PlannedModel, ShardSet, WriteOptions, WritePlan, location_for
-from onnx_light_ref.io._write.copy_engine import CopyRange, ProgressCallback, read_range
-from onnx_light_ref.io._write.execute import execute
-from onnx_light_ref.ops._attributes import (
-    ATTRIBUTE_TYPES,
-    DelayedInitializerParams,
-    check_node_structure,
-    describe_node,
-    validate_attributes,
-)
+from onnx_light_ref.io._write.copy_engine import ProgressCallback
+from onnx_light_ref.io._write.execute import execute, write_entries
+from onnx_light_ref.ops._attributes import ATTRIBUTE_TYPES, DelayedInitializerParams, validate_attributes
 from onnx_light_ref.ops._schema import DOMAIN
-
-__all__ = ["undelay_initializers"]
 
 logger = logging.getLogger(__name__)
 

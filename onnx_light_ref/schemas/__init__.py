@@ -18,7 +18,7 @@ import json
 from importlib import resources
 from typing import Any, Literal
 
-__all__ = ["SCHEMA_NAMES", "SCHEMA_VERSIONS", "load_schema", "schema_text"]
+__all__ = ["SCHEMA_NAMES", "SCHEMA_VERSIONS", "load_schema"]
 
 SCHEMA_NAMES: tuple[str, ...] = ("inspect", "verify")
 """The commands with a ``--json`` document."""
@@ -29,18 +29,22 @@ the DelayedInitializer nodes' reads (``delayed``), which count in ``ok``, ``erro
 ``tensors``."""
 
 
-def schema_text(command: Literal["inspect", "verify"], version: int | None = None) -> str:
-    """The text of the schema of ``command``'s document at ``version``.
+def load_schema(command: Literal["inspect", "verify"], version: int | None = None) -> dict[str, Any]:
+    """The schema of ``command``'s document at ``version``, parsed (a dict for any JSON Schema validator).
 
     Args:
         command: ``"inspect"`` or ``"verify"``.
         version: a ``schema_version`` (None: the one this release writes, :data:`SCHEMA_VERSIONS`).
 
     Returns:
-        The JSON text of the schema file.
+        The schema, as ``json.loads`` parses the shipped file.
 
     Raises:
         ValueError: no such command or version.
+
+    Example:
+        >>> load_schema("verify")["title"]
+        'onnx-light-ref verify --json, schema version 1'
     """
     if command not in SCHEMA_NAMES:
         raise ValueError(f"command must be one of {', '.join(SCHEMA_NAMES)}, got {command!r}.")
@@ -48,10 +52,5 @@ def schema_text(command: Literal["inspect", "verify"], version: int | None = Non
     resource = resources.files(__package__).joinpath(f"{command}-{current if version is None else version}.json")
     if not resource.is_file():
         raise ValueError(f"no schema version {version!r} for {command!r} (this release writes version {current}).")
-    return resource.read_text(encoding="utf-8")
-
-
-def load_schema(command: Literal["inspect", "verify"], version: int | None = None) -> dict[str, Any]:
-    """The schema of ``command``'s document at ``version``, parsed (see :func:`schema_text`)."""
-    schema: dict[str, Any] = json.loads(schema_text(command, version))
+    schema: dict[str, Any] = json.loads(resource.read_text(encoding="utf-8"))
     return schema

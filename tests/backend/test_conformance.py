@@ -20,18 +20,13 @@ from onnx.backend.test.runner import Runner
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light_ref._cli import main
-from onnx_light_ref._onnx_compat import evaluator_shape_checks
-from onnx_light_ref.backend import (
-    SEED_CASE_NAMES,
-    CaseRegistry,
-    DelayedInitializerBackend,
-    build_cases,
-    generate,
-    seed_weights_paths,
-)
+from onnx_light_ref.backend import DelayedInitializerBackend, generate, seed_weights_paths
+from onnx_light_ref.backend._cases import SEED_CASE_NAMES, build_cases
+from onnx_light_ref.backend._expect import CaseRegistry
 from onnx_light_ref.backend._runner import CATEGORY, _add_to_runner, bound_test_kwargs, load_cases, make_runner
 from onnx_light_ref.backend._typed_cases import FLOAT_LIKE_TYPE_NAMES
 from onnx_light_ref.errors import UnsafeLocationError
+from onnx_light_ref.io._read.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.ops import DelayedInitializer
 from onnx_light_ref.ops._dtypes import EXTENDED_DTYPES
 from onnx_light_ref.ops._schema import make_delayed_initializer_node

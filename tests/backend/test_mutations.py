@@ -27,10 +27,11 @@ from onnx import TensorProto, numpy_helper
 from onnx.backend.test.runner import Runner
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light_ref._onnx_compat import evaluator_dtype, onnx_readable_tensor
-from onnx_light_ref.backend import DelayedInitializerBackend, build_cases, generate, seed_weights_paths
+from onnx_light_ref.backend import DelayedInitializerBackend, generate, seed_weights_paths
 from onnx_light_ref.backend._backend import DelayedInitializerBackendRep
+from onnx_light_ref.backend._cases import build_cases
 from onnx_light_ref.backend._runner import make_runner
+from onnx_light_ref.io._read.onnx_compat import evaluator_dtype, onnx_readable_tensor
 from onnx_light_ref.ops import DelayedInitializer
 from onnx_light_ref.ops._attributes import DelayedInitializerParams
 from onnx_light_ref.ops._dtypes import EXTENDED_DTYPES, is_packed_dtype

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from onnx_light_ref import _demo as demo
 from onnx_light_ref._cli import main
+from onnx_light_ref._commands import demo_scenario as demo
 from tests.checks import sha256_of_tree
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from onnx_light_ref import align_external_data_streaming
-from onnx_light_ref.io._write.copy_engine import CopyRange, RangeCopier, can_clone
+from onnx_light_ref.io._plan.ranges import CopyRange
+from onnx_light_ref.io._write.copy_engine import RangeCopier, can_clone
 from onnx_light_ref.io._write.space import (
     SpaceRequest,
     filesystem_of,

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from onnx_light_ref.io._plan.ranges import CopyRange
 from onnx_light_ref.io._write import writeback
-from onnx_light_ref.io._write.copy_engine import CopyRange, RangeCopier
+from onnx_light_ref.io._write.copy_engine import RangeCopier
 from onnx_light_ref.io._write.writeback import WritebackPacer, sync_file_range_available
 
 MIB = 1024 * 1024

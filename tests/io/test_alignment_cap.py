@@ -15,7 +15,7 @@ import pytest
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming
 from onnx_light_ref._cli import main
 from onnx_light_ref.io._arguments import ArgumentTypeError
-from onnx_light_ref.io._plan.alignment import MAX_ALIGNMENT, align_up, validate_alignment
+from onnx_light_ref.io._read.alignment import MAX_ALIGNMENT, align_up, validate_alignment
 from onnx_light_ref.io._shared_save import save_model_with_shared_external_data
 from tests.checks import sha256_of_tree
 from tests.models import make_external_model

@@ -12,9 +12,10 @@ import pytest
 
 from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming
 from onnx_light_ref.errors import ExternalDataError
+from onnx_light_ref.io._plan.ranges import CopyRange
 from onnx_light_ref.io._read.locations import file_identity
 from onnx_light_ref.io._write import copy_engine
-from onnx_light_ref.io._write.copy_engine import CopyMethod, CopyRange, RangeCopier, merge_ranges
+from onnx_light_ref.io._write.copy_engine import CopyMethod, RangeCopier, merge_ranges
 from tests.zoo import build_zoo_model
 
 SOURCE_BYTES = bytes(range(256)) * 40  # 10240 bytes, every offset distinguishable modulo 256

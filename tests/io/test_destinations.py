@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from onnx_light_ref.errors import DestinationConflictError, UnsafeLocationError
+from onnx_light_ref.io._plan.destinations import check_outputs, destination_key, weights_location
 from onnx_light_ref.io._read.locations import FileIdentity, file_identity
-from onnx_light_ref.io._write.destinations import check_outputs, destination_key, weights_location
 from tests.checks import sha256_of_tree
 
 

@@ -24,7 +24,7 @@ import onnx.onnx_ml_pb2
 model = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], [], [tensor]))  # onnx takes our tensor
 print(json.dumps({
     "heavy_before": before,
-    "same_classes": all(getattr(proto, n) is getattr(onnx, n) for n in proto.__all__ if n.endswith("Proto")),
+    "same_classes": all(getattr(proto, n) is getattr(onnx, n) for n in dir(proto) if n.endswith("Proto")),
     "isinstance": isinstance(model, onnx.ModelProto) and isinstance(model.graph.initializer[0], onnx.TensorProto),
     "onnx_attribute": onnx.onnx_ml_pb2.ModelProto is onnx.ModelProto,
     "checker": onnx.checker.check_model(model) is None,

@@ -4,9 +4,9 @@ onnx 1.17's loader (``numpy_helper.to_array``, what its ``ReferenceEvaluator`` c
 ``raw_data`` of a bfloat16 tensor and returns uninitialized memory. The ``DelayedInitializer`` kernel reads the bytes
 itself, but the tensors ``reference_evaluator`` loads eagerly (an initializer that is also a graph input, an external
 ``Constant``) went into ``raw_data``: ``run`` exited 0 with 4096 values of 4096 wrong. Every path now hands onnx a
-bfloat16 tensor in the form it reads (``int32_data`` on 1.17, :func:`~onnx_light_ref._onnx_compat.make_onnx_readable`).
-Each case here casts the tensor to float32 and compares it, exactly, with numpy's widening of the same bits; it runs
-on the floor (onnx 1.17) and on the newest onnx.
+bfloat16 tensor in the form it reads (``int32_data`` on 1.17,
+:func:`~onnx_light_ref.io._read.onnx_compat.make_onnx_readable`). Each case here casts the tensor to float32 and
+compares it, exactly, with numpy's widening of the same bits; it runs on the floor (onnx 1.17) and on the newest onnx.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from onnx_light_ref._onnx_compat import make_onnx_readable, onnx_ignores_raw_data, to_array_reads_raw_data
 from onnx_light_ref.backend import DelayedInitializerBackend
+from onnx_light_ref.io._read.onnx_compat import make_onnx_readable, onnx_ignores_raw_data, to_array_reads_raw_data
 from onnx_light_ref.ops import reference_evaluator
 from onnx_light_ref.ops._evaluate import readable_model
 from tests.cli_runner import run_cli

@@ -20,8 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light_ref._onnx_compat import evaluator_shape_checks
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
+from onnx_light_ref.io._read.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.io._read.walker import iter_graphs
 from onnx_light_ref.ops import (
     DelayedInitializer,

@@ -17,8 +17,8 @@ from onnx import AttributeProto, TensorProto
 from onnx import helper as oh
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light_ref._onnx_compat import evaluator_shape_checks
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError, UnsupportedElementTypeError
+from onnx_light_ref.io._read.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.ops import DelayedInitializer
 from onnx_light_ref.ops._attributes import ATTRIBUTE_TYPES
 from onnx_light_ref.ops._dtypes import PORTABLE_DTYPES, np_dtype_for

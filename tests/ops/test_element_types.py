@@ -24,7 +24,9 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light_ref import verify_models
-from onnx_light_ref._onnx_compat import (
+from onnx_light_ref.errors import UnsupportedElementTypeError
+from onnx_light_ref.io._read.dtype_sizes import packed_nbytes
+from onnx_light_ref.io._read.onnx_compat import (
     ONNX_VERSION,
     array_raw_bytes,
     evaluator_dtype,
@@ -33,8 +35,6 @@ from onnx_light_ref._onnx_compat import (
     raw_type_refusal,
     to_array_reads_raw_data,
 )
-from onnx_light_ref.errors import UnsupportedElementTypeError
-from onnx_light_ref.io._read.dtype_sizes import packed_nbytes
 from onnx_light_ref.ops import (
     DelayedInitializer,
     delay_initializers,

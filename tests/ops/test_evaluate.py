@@ -11,8 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-from onnx_light_ref._onnx_compat import evaluator_shape_checks
 from onnx_light_ref.io._read import folder as folder_module
+from onnx_light_ref.io._read.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.ops import _evaluate as evaluate_module
 from onnx_light_ref.ops import reference_evaluator
 from tests.checks import run_onnxruntime

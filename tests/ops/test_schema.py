@@ -16,7 +16,7 @@ from onnx import TensorProto
 from onnx import helper as oh
 
 import onnx_light_ref
-from onnx_light_ref._onnx_compat import HAS_PYTHON_SHAPE_INFERENCE, ONNX_VERSION
+from onnx_light_ref.io._read.onnx_compat import HAS_PYTHON_SHAPE_INFERENCE, ONNX_VERSION
 from onnx_light_ref.ops import ALLOWED_DTYPES, register_schemas
 from onnx_light_ref.ops._attributes import ATTRIBUTE_TYPES
 from onnx_light_ref.ops._dtypes import (
@@ -29,7 +29,7 @@ from onnx_light_ref.ops._dtypes import (
 from onnx_light_ref.ops._schema import DOMAIN, OP_TYPE, check_delayed_initializer_node, make_delayed_initializer_node
 
 OPSETS = [oh.make_opsetid("", 18), oh.make_opsetid("ai.rt", 1)]
-# onnx < 1.19 cannot attach a Python inference function (onnx_light_ref._onnx_compat): what it does instead is
+# onnx < 1.19 cannot attach a Python inference function (onnx_light_ref.io._read.onnx_compat): what it does instead is
 # checked by tests/test_onnx_compat.py and by test_node_check_without_onnx_validates_like_the_kernel below.
 needs_inference = pytest.mark.skipif(
     not HAS_PYTHON_SHAPE_INFERENCE, reason=f"onnx {ONNX_VERSION} has no Python shape inference (onnx >= 1.19)"

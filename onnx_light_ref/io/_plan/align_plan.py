@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict, overload
 
 import onnx
 
-from onnx_light_ref._onnx_compat import typed_raw_bytes
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io._arguments import PathLike, check_bool, check_int, check_optional_int, check_weights_file
-from onnx_light_ref.io._plan.alignment import validate_alignment
 from onnx_light_ref.io._plan.checkpoint_policy import site_policy
 from onnx_light_ref.io._plan.dedup import BlobSource, find_duplicates
+from onnx_light_ref.io._plan.destinations import check_outputs, weights_location
 from onnx_light_ref.io._plan.placement import Placement, ShardedLayout
+from onnx_light_ref.io._plan.ranges import CopyRange, open_source, read_range
 from onnx_light_ref.io._plan.safetensors_layout import SafetensorsTensor, plan_safetensors
 from onnx_light_ref.io._plan.shard_names import (
     ShardNames,
@@ -46,6 +46,7 @@ from onnx_light_ref.io._plan.shard_names import (
 )
 from onnx_light_ref.io._plan.sites import SITE_EXTERNALIZED, SITE_MOVED, SiteColumns, SitePolicy
 from onnx_light_ref.io._plan.sites import SITE_INLINE as SITE_STAYS_INLINE
+from onnx_light_ref.io._read.alignment import validate_alignment
 from onnx_light_ref.io._read.delayed_nodes import DelayedResolver, iter_delayed
 from onnx_light_ref.io._read.entries import is_external
 from onnx_light_ref.io._read.folder import ModelFolder
@@ -59,36 +60,12 @@ from onnx_light_ref.io._read.locations import (
     parse_external_data,
 )
 from onnx_light_ref.io._read.model_file import check_model_strings, load_model_metadata, open_model_folder
+from onnx_light_ref.io._read.onnx_compat import typed_raw_bytes
 from onnx_light_ref.io._read.walker import iter_tensors
 from onnx_light_ref.io._read.wire import InlinePayload, StrippedModel, load_model_stripped
-from onnx_light_ref.io._write.copy_engine import CopyRange, open_source, read_range
-from onnx_light_ref.io._write.destinations import check_outputs, weights_location
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
-
-__all__ = [
-    "SITE_EXTERNAL",
-    "SITE_INLINE",
-    "SITE_KEPT",
-    "AlignPlan",
-    "LayoutKeywords",
-    "LayoutOptions",
-    "PayloadColumns",
-    "PayloadPlacement",
-    "Shard",
-    "SourceFile",
-    "SourceTable",
-    "SourceWalk",
-    "build_shards",
-    "check_layout_options",
-    "place_payloads",
-    "plan_alignment",
-    "representatives",
-    "safetensors_index",
-    "stale_shards",
-    "walk_source",
-]
 
 logger = logging.getLogger(__name__)
 

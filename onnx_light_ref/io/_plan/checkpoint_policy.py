@@ -16,8 +16,6 @@ import onnx
 from onnx_light_ref.io._plan.sites import SiteDecision, SitePolicy
 from onnx_light_ref.io._read.walker import TensorSite
 
-__all__ = ["UNNAMED", "CheckpointPolicy", "site_policy"]
-
 UNNAMED = "no name (no safetensors key)"
 """The reason (a key of ``kept_inline_reasons``) for a tensor a safetensors output leaves inline for want of a key."""
 

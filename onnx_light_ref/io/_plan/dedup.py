@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io._posix import pread_exact
 
-__all__ = ["BlobSource", "find_duplicates"]
-
 _SAMPLE_BYTES = 4096  # read from the head, middle and tail of each candidate before any whole read
 
 

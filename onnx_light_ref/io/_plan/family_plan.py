@@ -47,12 +47,10 @@ from onnx_light_ref.io._plan.align_plan import (
     stale_shards,
     walk_source,
 )
-from onnx_light_ref.io._plan.alignment import validate_alignment
 from onnx_light_ref.io._plan.safetensors_layout import SafetensorsTensor
 from onnx_light_ref.io._plan.shard_names import shard_paths
+from onnx_light_ref.io._read.alignment import validate_alignment
 from onnx_light_ref.io._read.locations import FileIdentity, check_not_hard_linked, file_identity
-
-__all__ = ["FamilyPlan", "default_family_weights", "lay_out_family", "walk_family"]
 
 
 def default_family_weights(weights_format: str, scheme: str | None) -> str:

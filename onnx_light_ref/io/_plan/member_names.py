@@ -15,8 +15,6 @@ from collections.abc import Iterable, Mapping
 from onnx_light_ref.errors import DestinationConflictError
 from onnx_light_ref.io._arguments import ArgumentTypeError
 
-__all__ = ["member_sources"]
-
 _NAMING_HINT = (
     "name the members: align-models a/model.onnx=decoder_model.onnx b/model.onnx=decoder_with_past_model.onnx "
     '(Python: align_models([("a/model.onnx", "decoder_model.onnx"), ...], ...))'

@@ -27,8 +27,6 @@ from onnx_light_ref.io._arguments import ArgumentTypeError
 from onnx_light_ref.io._read.strict_json import RepeatedKeyError, loads_strict
 from onnx_light_ref.io._read.walker import TensorSite
 
-__all__ = ["MAX_NAME_MAP_SIZE", "check_name_map", "check_name_map_targets", "parse_name_map"]
-
 MAX_NAME_MAP_SIZE = 64 * 1024 * 1024
 """Largest map file read (64 MiB): a name map holds names only, a larger file is not one."""
 

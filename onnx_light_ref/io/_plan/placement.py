@@ -34,9 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from onnx_light_ref.io._plan.alignment import align_up
-
-__all__ = ["Placement", "ShardedLayout", "first_fit_decreasing", "shard_path"]
+from onnx_light_ref.io._read.alignment import align_up
 
 _State = TypeVar("_State")
 

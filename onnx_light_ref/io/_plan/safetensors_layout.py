@@ -21,10 +21,10 @@ padding that aligns the data section): a longer one, or an alignment no header p
 refused before anything is written (:func:`~onnx_light_ref.io._read.safetensors_header.encode_header`).
 
 Keys are the tensors' names: every externalized tensor needs a non-empty name no other one has. Data types map to
-safetensors codes (:func:`safetensors_dtype`); sub-byte types (INT4, UINT4, FLOAT4E2M1, INT2, UINT2, FLOAT6*) are
-stored as ``U8`` of their packed bytes with shape ``[nbytes]``, as onnx-ir does, and STRING, COMPLEX128 and
-UNDEFINED are refused. Every refusal lists all the offending tensors at once. Pure planning: this module never
-opens a file.
+safetensors codes (:func:`~onnx_light_ref.io._read.safetensors_header.safetensors_dtype`); sub-byte types (INT4,
+UINT4, FLOAT4E2M1, INT2, UINT2, FLOAT6*) are stored as ``U8`` of their packed bytes with shape ``[nbytes]``, as
+onnx-ir does, and STRING, COMPLEX128 and UNDEFINED are refused. Every refusal lists all the offending tensors at once.
+Pure planning: this module never opens a file.
 """
 
 from __future__ import annotations
@@ -35,69 +35,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from onnx_light_ref.errors import SafetensorsError
-from onnx_light_ref.io._plan.alignment import align_up
 from onnx_light_ref.io._plan.placement import first_fit_decreasing
-from onnx_light_ref.io._read.proto import TensorProto, data_type_name
+from onnx_light_ref.io._read.alignment import align_up
+from onnx_light_ref.io._read.proto import data_type_name
 from onnx_light_ref.io._read.safetensors_header import (
     SIZE_PREFIX,
     SafetensorsEntry,
     check_data_alignment,
     encode_header,
+    safetensors_dtype,
+    storage_shape,
 )
-
-__all__ = [
-    "SafetensorsLayout",
-    "SafetensorsTensor",
-    "is_packed",
-    "plan_safetensors",
-    "safetensors_dtype",
-    "storage_shape",
-]
-
-_T = TensorProto
-
-# ONNX data type -> safetensors dtype code, for every type both have (safetensors 0.8's Dtype enum).
-_DTYPES: dict[int, str] = {
-    _T.BOOL: "BOOL",
-    _T.UINT8: "U8",
-    _T.INT8: "I8",
-    _T.UINT16: "U16",
-    _T.INT16: "I16",
-    _T.UINT32: "U32",
-    _T.INT32: "I32",
-    _T.UINT64: "U64",
-    _T.INT64: "I64",
-    _T.FLOAT16: "F16",
-    _T.BFLOAT16: "BF16",
-    _T.FLOAT: "F32",
-    _T.DOUBLE: "F64",
-    _T.COMPLEX64: "C64",
-    _T.FLOAT8E4M3FN: "F8_E4M3",
-    _T.FLOAT8E5M2: "F8_E5M2",
-    _T.FLOAT8E4M3FNUZ: "F8_E4M3FNUZ",
-    _T.FLOAT8E5M2FNUZ: "F8_E5M2FNUZ",
-}
-# Packed sub-byte types: safetensors' F4/F6 codes count elements, and ONNX pads an odd count to a whole byte, so
-# the packed bytes are stored as U8 [nbytes] (onnx-ir's choice); the ONNX tensor keeps the real type and dims.
-_PACKED: set[int] = {_T.INT4, _T.UINT4}
-for _name, _code in (("FLOAT8E8M0", "F8_E8M0"),):
-    if hasattr(_T, _name):  # newer onnx releases only
-        _DTYPES[getattr(_T, _name)] = _code
-for _name in ("FLOAT4E2M1", "INT2", "UINT2", "FLOAT6E2M3", "FLOAT6E3M2"):
-    if hasattr(_T, _name):
-        _PACKED.add(getattr(_T, _name))
-
-
-def is_packed(data_type: int) -> bool:
-    """Whether an ONNX data type packs several elements per byte (stored as ``U8`` of its bytes)."""
-    return data_type in _PACKED
-
-
-def safetensors_dtype(data_type: int) -> str | None:
-    """The safetensors code storing an ONNX data type (``U8`` for packed sub-byte types); None when there is none."""
-    if data_type in _PACKED:
-        return "U8"
-    return _DTYPES.get(data_type)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,11 +118,6 @@ def plan_safetensors(
         layout.headers.append(header)
         layout.sizes.append(len(header) + cursor)
     return layout
-
-
-def storage_shape(data_type: int, dims: tuple[int, ...], nbytes: int) -> tuple[int, ...]:
-    """The shape safetensors stores: the dims, or ``(nbytes,)`` for a packed sub-byte type (stored as U8)."""
-    return (nbytes,) if data_type in _PACKED else dims
 
 
 def _storage(tensor: SafetensorsTensor) -> tuple[str, tuple[int, ...]]:

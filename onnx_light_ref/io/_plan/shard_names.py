@@ -29,22 +29,6 @@ from typing import Literal
 
 from onnx_light_ref.io._arguments import ArgumentTypeError
 
-__all__ = [
-    "SHARD_NAME_SCHEMES",
-    "TRANSFORMERS_JS_MAX_CHUNKS",
-    "ShardNames",
-    "check_shard_count",
-    "check_shard_names",
-    "checkpoint_file_used",
-    "default_weights_path",
-    "existing_shards",
-    "index_path",
-    "is_checkpoint_set",
-    "is_named_after_model",
-    "shard_paths",
-    "stale_candidates",
-]
-
 ShardNames = Literal["hf", "transformers.js"] | None
 SHARD_NAME_SCHEMES: tuple[ShardNames, ...] = (None, "hf", "transformers.js")
 

@@ -39,22 +39,6 @@ import onnx
 from onnx_light_ref.io._read.delayed_nodes import DelayedSite, iter_delayed
 from onnx_light_ref.io._read.walker import SitePlace, TensorSite, defined_names, inline_reason, iter_tensors
 
-__all__ = [
-    "DATA_INPUTS",
-    "SHAPE_TENSOR",
-    "SITE_EXTERNALIZED",
-    "SITE_INLINE",
-    "SITE_KEPT",
-    "SITE_MOVED",
-    "ReferenceSite",
-    "SiteColumns",
-    "SiteDecision",
-    "SitePolicy",
-    "iter_sites",
-    "may_sit",
-    "placement_problem",
-]
-
 SHAPE_TENSOR = "shape tensor"
 """The reason (a key of the writers' ``kept_inline_reasons``) for rule 3 of the module docstring."""
 

@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-__all__ = ["DELAYED_DOMAIN", "DELAYED_FILENAME", "DELAYED_OP_TYPE"]
-
 DELAYED_DOMAIN = "ai.rt"
 DELAYED_OP_TYPE = "DelayedInitializer"
 DELAYED_FILENAME = "filename"  # the STRING attribute naming the file the node reads

@@ -29,8 +29,6 @@ from onnx_light_ref.io._read.safetensors_refs import SafetensorsFile, is_safeten
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["DelayedFile", "DelayedResolver", "DelayedSite", "is_delayed", "iter_delayed"]
-
 _OFFSET = "offset"
 
 

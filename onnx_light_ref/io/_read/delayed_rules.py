@@ -29,20 +29,6 @@ from onnx_light_ref.io._read.proto import AttributeProto, data_type_name
 if TYPE_CHECKING:
     import onnx
 
-__all__ = [
-    "ATTRIBUTE_TYPES",
-    "LOAD_DEVICES",
-    "MAX_RANK",
-    "RUNTIME_DEVICES",
-    "DelayedRead",
-    "check_node_structure",
-    "check_present",
-    "check_values",
-    "delayed_reads",
-    "describe_node",
-    "is_delayed",
-]
-
 ATTRIBUTE_TYPES: dict[str, int] = {
     "shape": AttributeProto.INTS,
     "dtype": AttributeProto.INT,

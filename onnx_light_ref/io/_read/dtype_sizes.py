@@ -22,8 +22,6 @@ import functools
 
 from onnx_light_ref.io._read.proto import TensorProto, data_type_name
 
-__all__ = ["SPEC_BITS", "element_bits", "packed_nbytes"]
-
 _SPEC_BITS_BY_NAME: dict[str, int] = {
     "FLOAT": 32,
     "UINT8": 8,

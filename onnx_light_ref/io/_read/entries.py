@@ -27,22 +27,9 @@ from onnx_light_ref.io._read.proto import TensorProto
 if TYPE_CHECKING:
     import onnx
 
-__all__ = [
-    "KNOWN_KEYS",
-    "Entries",
-    "entry_text",
-    "is_external",
-    "last_value",
-    "parse_entry_int",
-    "read_entries",
-    "write_entries",
-]
-
 KNOWN_KEYS = frozenset({"location", "offset", "length", "checksum"})
 """Keys both loaders accept. onnx also knows ``basepath`` (its ``_ALLOWED_EXTERNAL_DATA_KEYS``), but onnxruntime
 refuses a model carrying it ("model format error"), so a reference with it is refused here, as any unknown key."""
-
-_CANONICAL = ("location", "offset", "length")
 
 
 def is_external(tensor: onnx.TensorProto) -> bool:
@@ -134,27 +121,3 @@ def parse_entry_int(value: str, *, label: str, key: str) -> int:
     if number > INT64_MAX:
         raise ExternalDataError(f"tensor {label!r}: external data {key!r} = {number} does not fit in int64.")
     return number
-
-
-def write_entries(
-    tensor: onnx.TensorProto, location: str, offset: int, length: int, checksum: str | None = None
-) -> None:
-    """Point ``tensor`` at ``length`` bytes of ``location`` at ``offset`` (canonical entries) and mark it EXTERNAL.
-
-    Inline data is not touched here: callers moving a tensor out clear ``raw_data`` (and typed fields) themselves.
-    """
-    wanted = [(_CANONICAL[0], location), (_CANONICAL[1], str(offset)), (_CANONICAL[2], str(length))]
-    if checksum is not None:
-        wanted.append(("checksum", checksum))
-    entries = tensor.external_data
-    if [entry.key for entry in entries] == [key for key, _ in wanted]:
-        for entry, (_, value) in zip(entries, wanted, strict=True):
-            if entry.value != value:
-                entry.value = value
-    else:
-        del entries[:]
-        for key, value in wanted:
-            entry = entries.add()
-            entry.key = key
-            entry.value = value
-    tensor.data_location = TensorProto.EXTERNAL

@@ -54,21 +54,6 @@ from types import TracebackType
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io._posix import check_single_link
 
-__all__ = [
-    "PATH_MAX",
-    "FileIdentity",
-    "ModelFolder",
-    "OpenedFile",
-    "check_file_name",
-    "describe_file_type",
-    "descriptor_limit_error",
-    "open_model_file",
-    "open_unconfined",
-    "openat2_available",
-    "relative_below",
-    "stat_unconfined",
-]
-
 PATH_MAX = 4096
 """Linux's ``PATH_MAX``, terminating NUL included: the kernel refuses a name of this many bytes or more
 (``ENAMETOOLONG``), so every opener refuses it before any system call, whatever it would do with the components."""

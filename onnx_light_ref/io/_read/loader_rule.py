@@ -43,8 +43,6 @@ from onnx_light_ref.io._read.walker import TensorSite, inline_reason
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["LOADERS", "ORT_KEYS", "Loader", "Refusal", "loader_refusals", "readers_of"]
-
 Loader = Literal["onnx.load", "check_model", "onnxruntime"]
 """``onnx.load(path, load_external_data=True)``, ``onnx.checker.check_model(path, full_check=True)``,
 ``onnxruntime.InferenceSession(path)``."""

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io._posix import check_single_link
 from onnx_light_ref.io._read.dtype_sizes import packed_nbytes
-from onnx_light_ref.io._read.entries import is_external, parse_entry_int, read_entries
+from onnx_light_ref.io._read.entries import parse_entry_int, read_entries
 from onnx_light_ref.io._read.folder import FileIdentity, ModelFolder
 from onnx_light_ref.io._read.proto import data_type_name
 from onnx_light_ref.io._read.safetensors_refs import (
@@ -39,24 +39,6 @@ from onnx_light_ref.io._read.safetensors_refs import (
 
 if TYPE_CHECKING:
     import onnx
-
-__all__ = [
-    "TYPED_VALUE_FIELDS",
-    "ExternalRef",
-    "FileIdentity",
-    "LocationResolver",
-    "check_external_structure",
-    "check_location_syntax",
-    "check_not_hard_linked",
-    "expected_nbytes",
-    "file_identity",
-    "is_external",  # re-exported from onnx_light_ref.io._read.entries, where it lives
-    "is_inside",
-    "parse_external_data",
-    "resolve_location",
-    "stat_regular_file",
-    "typed_value_fields",
-]
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,8 +26,6 @@ from onnx_light_ref.io._read.proto import ModelProto
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["PROTOBUF_LIMIT", "check_model_strings", "load_model_metadata", "not_a_model_file", "serialize_model"]
-
 PROTOBUF_LIMIT = 2**31 - 1
 """Largest message protobuf parses: a ``.onnx`` file above it cannot be loaded whole by anyone."""
 
@@ -199,17 +197,3 @@ def load_model_metadata(path: str, *, check_strings: bool = True, folder: ModelF
     if check_strings:
         check_model_strings(model, what=repr(path))
     return model
-
-
-def serialize_model(model: onnx.ModelProto) -> bytes:
-    """Serialize ``model``; refuses protos over protobuf's 2 GiB limit with a message that says what to do.
-
-    Raises:
-        InvalidModelError: the model cannot be serialized (too large).
-    """
-    try:
-        return model.SerializeToString()
-    except ValueError as exc:
-        raise InvalidModelError(
-            f"model {model.graph.name!r} cannot be serialized ({exc}); move large tensors to external data."
-        ) from exc

@@ -25,19 +25,6 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-__all__ = [
-    "AttributeProto",
-    "FunctionProto",
-    "GraphProto",
-    "ModelProto",
-    "NodeProto",
-    "SparseTensorProto",
-    "StringStringEntryProto",
-    "TensorProto",
-    "TrainingInfoProto",
-    "data_type_name",
-]
-
 _PRIVATE_NAME = "onnx_light_ref.io._read._onnx_ml_pb2"
 """The name the generated module runs under here: not ``onnx.onnx_ml_pb2``, which onnx's own import must create
 (it binds the attribute ``onnx.onnx_ml_pb2`` only when it loads the module itself)."""

@@ -53,18 +53,6 @@ from onnx_light_ref.io._posix import pread_exact
 from onnx_light_ref.io._read import proto
 from onnx_light_ref.io._read.delayed_names import DELAYED_DOMAIN, DELAYED_FILENAME, DELAYED_OP_TYPE
 
-__all__ = [
-    "MAX_DEPTH",
-    "MAX_FIELDS",
-    "PATH_LIMIT",
-    "CannotScanError",
-    "MalformedModelError",
-    "NamedFile",
-    "NamedFiles",
-    "Via",
-    "named_files",
-]
-
 Via = Literal["external_data", "delayed_initializer"]
 
 MAX_DEPTH = 100

@@ -30,21 +30,60 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from onnx_light_ref.errors import SafetensorsError
-from onnx_light_ref.io._plan.alignment import align_up
+from onnx_light_ref.io._read.alignment import align_up
+from onnx_light_ref.io._read.proto import TensorProto
 from onnx_light_ref.io._read.strict_json import RepeatedKeyError, loads_strict
 
-__all__ = [
-    "DTYPE_BITS",
-    "MAX_DATA_ALIGNMENT",
-    "MAX_HEADER_SIZE",
-    "SIZE_PREFIX",
-    "SafetensorsEntry",
-    "SafetensorsHeader",
-    "encode_header",
-    "parse_header",
-    "read_header",
-    "require_covered",
-]
+_T = TensorProto
+
+# ONNX data type -> safetensors dtype code, for every type both have (safetensors 0.8's Dtype enum).
+_DTYPES: dict[int, str] = {
+    _T.BOOL: "BOOL",
+    _T.UINT8: "U8",
+    _T.INT8: "I8",
+    _T.UINT16: "U16",
+    _T.INT16: "I16",
+    _T.UINT32: "U32",
+    _T.INT32: "I32",
+    _T.UINT64: "U64",
+    _T.INT64: "I64",
+    _T.FLOAT16: "F16",
+    _T.BFLOAT16: "BF16",
+    _T.FLOAT: "F32",
+    _T.DOUBLE: "F64",
+    _T.COMPLEX64: "C64",
+    _T.FLOAT8E4M3FN: "F8_E4M3",
+    _T.FLOAT8E5M2: "F8_E5M2",
+    _T.FLOAT8E4M3FNUZ: "F8_E4M3FNUZ",
+    _T.FLOAT8E5M2FNUZ: "F8_E5M2FNUZ",
+}
+# Packed sub-byte types: safetensors' F4/F6 codes count elements, and ONNX pads an odd count to a whole byte, so
+# the packed bytes are stored as U8 [nbytes] (onnx-ir's choice); the ONNX tensor keeps the real type and dims.
+_PACKED: set[int] = {_T.INT4, _T.UINT4}
+for _name, _code in (("FLOAT8E8M0", "F8_E8M0"),):
+    if hasattr(_T, _name):  # newer onnx releases only
+        _DTYPES[getattr(_T, _name)] = _code
+for _name in ("FLOAT4E2M1", "INT2", "UINT2", "FLOAT6E2M3", "FLOAT6E3M2"):
+    if hasattr(_T, _name):
+        _PACKED.add(getattr(_T, _name))
+
+
+def is_packed(data_type: int) -> bool:
+    """Whether an ONNX data type packs several elements per byte (stored as ``U8`` of its bytes)."""
+    return data_type in _PACKED
+
+
+def safetensors_dtype(data_type: int) -> str | None:
+    """The safetensors code storing an ONNX data type (``U8`` for packed sub-byte types); None when there is none."""
+    if data_type in _PACKED:
+        return "U8"
+    return _DTYPES.get(data_type)
+
+
+def storage_shape(data_type: int, dims: tuple[int, ...], nbytes: int) -> tuple[int, ...]:
+    """The shape safetensors stores: the dims, or ``(nbytes,)`` for a packed sub-byte type (stored as U8)."""
+    return (nbytes,) if data_type in _PACKED else dims
+
 
 SIZE_PREFIX = 8  # the little-endian u64 header size every safetensors file starts with
 

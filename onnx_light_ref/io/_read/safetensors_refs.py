@@ -36,20 +36,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from onnx_light_ref.errors import ExternalDataError, SafetensorsError, SafetensorsReferenceError
-from onnx_light_ref.io._plan.safetensors_layout import safetensors_dtype, storage_shape
 from onnx_light_ref.io._read.folder import ModelFolder
-from onnx_light_ref.io._read.safetensors_header import SafetensorsEntry, SafetensorsHeader, read_header
-
-__all__ = [
-    "HeaderCache",
-    "SafetensorsFile",
-    "check_reference",
-    "entry_matches",
-    "is_safetensors_location",
-    "read_safetensors_fd",
-    "read_safetensors_file",
-    "refuse_disagreeing_reference",
-]
+from onnx_light_ref.io._read.safetensors_header import (
+    SafetensorsEntry,
+    SafetensorsHeader,
+    read_header,
+    safetensors_dtype,
+    storage_shape,
+)
 
 _KEYS_SHOWN = 3  # keys named in a message about a range that cuts several
 # Files whose parsed header a HeaderCache keeps: a model's weights are in a few files, and a cache that lives as long

@@ -58,27 +58,6 @@ from dataclasses import dataclass, field
 from onnx_light_ref.io._read.locations import FileIdentity
 from onnx_light_ref.io._read.reference_scan import CannotScanError, MalformedModelError, NamedFile, Via, named_files
 
-__all__ = [
-    "ModelReference",
-    "NearbyReferences",
-    "NotAModel",
-    "ReferenceReader",
-    "SharedFile",
-    "SharingScan",
-    "UnreadableModel",
-    "file_key",
-    "files_referenced_near",
-    "folder_sharing",
-    "folders_reaching",
-    "is_model_name",
-    "model_references",
-    "models_in",
-    "read_model_references",
-    "read_references",
-    "reading_references",
-    "scan_users",
-]
-
 logger = logging.getLogger(__name__)
 
 _MODEL_SUFFIX = ".onnx"

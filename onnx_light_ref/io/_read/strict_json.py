@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 
-__all__ = ["RepeatedKeyError", "loads_strict"]
-
 
 class RepeatedKeyError(ValueError):
     """An object of the JSON text has the key ``key`` twice."""

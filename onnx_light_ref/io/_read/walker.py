@@ -52,19 +52,6 @@ from onnx_light_ref.io._read.proto import AttributeProto
 if TYPE_CHECKING:
     import onnx
 
-__all__ = [
-    "SiteKey",
-    "SitePlace",
-    "TensorKind",
-    "TensorScope",
-    "TensorSite",
-    "defined_names",
-    "describe_place",
-    "inline_reason",
-    "iter_graphs",
-    "iter_tensors",
-]
-
 SiteKey = tuple[tuple[object, ...], tuple[object, ...]]
 """``(graph path, slot)``. The graph path names a graph by its place: ``("graph",)`` for the main graph, then for a
 subgraph the path of its parent, the holding node (``("node", name)``; ``("node", name, k)`` for the k-th of several

@@ -40,16 +40,6 @@ from onnx_light_ref.io._read.proto import ModelProto
 if TYPE_CHECKING:
     import onnx
 
-__all__ = [
-    "MAX_NESTING_DEPTH",
-    "PLACEHOLDER_LENGTH",
-    "WHOLE_PARSE_LIMIT",
-    "InlinePayload",
-    "StrippedModel",
-    "load_model_lean",
-    "load_model_stripped",
-]
-
 logger = logging.getLogger(__name__)
 
 # Protobuf wire types. Groups (3 start, 4 end) are deprecated and no ONNX field is one, but they are legal in the

@@ -12,7 +12,7 @@ planned files, the sources every copied range and referenced file. :func:`check_
 anything is written; :func:`recheck_plan` runs again what can change meanwhile, under the destination folders' lock,
 right before the first move. No writer decides any of these in its own body:
 
-* destinations (:mod:`~onnx_light_ref.io._write.destinations`): each file a model points into is inside the model's
+* destinations (:mod:`~onnx_light_ref.io._plan.destinations`): each file a model points into is inside the model's
   real folder and reached through no symlink; no output is a source, another output, a directory, or a name longer
   than its folder allows;
 * rule 1, never silently change what another model computes (:mod:`~onnx_light_ref.io._read.sharing`): an existing
@@ -52,6 +52,8 @@ from typing import Literal
 import onnx
 
 from onnx_light_ref.errors import ExistingFileError, SafetensorsError, SharedWeightsError
+from onnx_light_ref.io._plan.destinations import DestinationKey, check_output_files, weights_location
+from onnx_light_ref.io._plan.ranges import CopyRange
 from onnx_light_ref.io._plan.sites import (
     SITE_EXTERNALIZED,
     SITE_INLINE,
@@ -71,30 +73,7 @@ from onnx_light_ref.io._read.safetensors_header import MAX_HEADER_SIZE, SIZE_PRE
 from onnx_light_ref.io._read.sharing import ModelReference, SharingScan, UnreadableModel, file_key, scan_users
 from onnx_light_ref.io._read.walker import TensorSite
 from onnx_light_ref.io._read.wire import StrippedModel
-from onnx_light_ref.io._write.copy_engine import CopyRange
-from onnx_light_ref.io._write.destinations import DestinationKey, check_output_files, weights_location
 from onnx_light_ref.io._write.ownership import Ownership, ReferenceCache, ShardSet
-
-__all__ = [
-    "SITE_EXTERNALIZED",
-    "SITE_INLINE",
-    "SITE_KEPT",
-    "SITE_MOVED",
-    "FileRole",
-    "LazyPayload",
-    "Payload",
-    "PlannedFile",
-    "PlannedModel",
-    "ReferencedFile",
-    "ShardSet",
-    "SiteColumns",
-    "WriteOptions",
-    "WritePlan",
-    "check_names",
-    "check_plan",
-    "location_for",
-    "recheck_plan",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -251,7 +230,7 @@ class WritePlan:
 
 def location_for(dst_onnx: str, path: str) -> str:
     """The ``location`` a destination model stores for ``path`` (the one rule: inside its real folder, through no
-    symlink, a name every loader accepts); see :func:`~onnx_light_ref.io._write.destinations.weights_location`."""
+    symlink, a name every loader accepts); see :func:`~onnx_light_ref.io._plan.destinations.weights_location`."""
     return weights_location(dst_onnx, path)
 
 
@@ -372,7 +351,7 @@ def _outputs_may_not_be(plan: WritePlan) -> dict[FileIdentity, str]:
 
 def _source_names(plan: WritePlan) -> dict[DestinationKey, str]:
     """Where the names the models will read but that do not exist yet land: no output may take one."""
-    from onnx_light_ref.io._write.destinations import destination_key
+    from onnx_light_ref.io._plan.destinations import destination_key
 
     names: dict[DestinationKey, str] = {}
     for referenced in plan.referenced:

@@ -40,23 +40,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
+from onnx_light_ref.errors import ExternalDataError
+from onnx_light_ref.io._plan.ranges import CopyRange, open_source
 from onnx_light_ref.io._posix import pread_exact, pwrite_all
-from onnx_light_ref.io._read.folder import FileIdentity, ModelFolder
 from onnx_light_ref.io._write.space import shared_extent_bytes
 from onnx_light_ref.io._write.writeback import DEFAULT_STRETCH, WritebackPacer
-
-__all__ = [
-    "CopyMethod",
-    "CopyRange",
-    "CopyStats",
-    "ProgressCallback",
-    "RangeCopier",
-    "can_clone",
-    "merge_ranges",
-    "open_source",
-    "read_range",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -82,20 +70,6 @@ _ALL_METHODS: tuple[CopyMethod, ...] = get_args(CopyMethod)
 
 _FICLONERANGE = 0x4020940D  # _IOW(0x94, 13, struct file_clone_range)
 _CLONE_RANGE = struct.Struct("=qQQQ")  # src_fd, src_offset, src_length, dest_offset
-
-
-@dataclass(frozen=True, slots=True)
-class CopyRange:
-    """Copy ``length`` bytes from ``src_path`` at ``src_offset`` to the destination at ``dst_offset``."""
-
-    src_path: str
-    src_offset: int
-    dst_offset: int
-    length: int
-    src_identity: FileIdentity | None = None  # when set, the opened file must be this one
-    # When set, the source is opened as src_location relative to this held folder (src_path is for messages only).
-    src_folder: ModelFolder | None = None
-    src_location: str | None = None
 
 
 def merge_ranges(ranges: Iterable[CopyRange]) -> list[CopyRange]:
@@ -153,70 +127,6 @@ def _merged(ordered: Iterable[CopyRange]) -> Iterator[CopyRange]:
         pending = item
     if pending is not None:
         yield pending
-
-
-def read_range(item: CopyRange) -> bytes:
-    """The ``item.length`` bytes at ``item.src_offset`` of its (validated) source, into memory: for the few small
-    payloads a writer keeps inline; fewer bytes when the file ended (the caller says what that means).
-
-    Raises:
-        ExternalDataError, FileNotFoundError: as :func:`open_source`.
-    """
-    fd = open_source(item)
-    try:
-        data = bytearray(item.length)
-        got = pread_exact(fd, memoryview(data), item.src_offset)
-    finally:
-        os.close(fd)
-    return bytes(data[:got]) if got != item.length else bytes(data)
-
-
-def open_source(item: CopyRange) -> int:
-    """Open ``item``'s source read-only, refusing a file that is no longer the one that was validated.
-
-    A model-relative source (``src_folder`` set) is opened through the folder descriptor held since validation
-    (:meth:`~onnx_light_ref.io._read.folder.ModelFolder.open_file`: no symbolic link, no escape, one hard link), so a
-    folder or subfolder swapped meanwhile cannot redirect the read. Any other source (the ``.onnx`` the user named, for
-    its inline payloads) is opened by its path with ``O_NOFOLLOW``. Either way the device and inode must be the
-    validated ones: a file replaced since then raises :class:`ExternalDataError` and nothing is read from it.
-
-    Raises:
-        ExternalDataError: the file was replaced (or became a symbolic link, or cannot be opened).
-        FileNotFoundError: the file is gone.
-    """
-    if item.src_folder is not None and item.src_location is not None:
-        # Hard links were checked at validation; a link added since to the same inode exposes nothing new, and a
-        # replaced file fails the identity check below.
-        try:
-            opened = item.src_folder.open_file(
-                item.src_location, subject=f"source file {item.src_path!r}", check_links=False
-            )
-        except UnsafeLocationError as exc:
-            raise UnsafeLocationError(
-                f"source file {item.src_path!r} was replaced after it was validated: {exc} Nothing was published."
-            ) from exc
-        fd, st = opened.fd, opened.stat
-    else:
-        try:
-            fd = os.open(item.src_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.EMLINK):  # O_NOFOLLOW on a symlink (EMLINK on FreeBSD)
-                raise ExternalDataError(
-                    f"source file {item.src_path!r} was replaced after it was validated (it is now a symbolic "
-                    "link); nothing was published."
-                ) from exc
-            raise ExternalDataError(
-                f"source file {item.src_path!r} cannot be opened: {exc.strerror or exc}; nothing was published."
-            ) from exc
-        st = os.fstat(fd)
-    if item.src_identity is not None and FileIdentity(st.st_dev, st.st_ino) != item.src_identity:
-        os.close(fd)
-        raise ExternalDataError(
-            f"source file {item.src_path!r} was replaced after it was validated; nothing was published."
-        )
-    return fd
 
 
 def can_clone(src_fd: int, dst_fd: int) -> bool:

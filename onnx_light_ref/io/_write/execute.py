@@ -28,12 +28,12 @@ from typing import TypeVar
 
 import onnx
 
+from onnx_light_ref.io._plan.ranges import CopyRange
+from onnx_light_ref.io._plan.ranges import read_range as read_copy_range
 from onnx_light_ref.io._plan.sites import SITE_EXTERNALIZED, SITE_MOVED, ReferenceSite
 from onnx_light_ref.io._posix import pread_exact
 from onnx_light_ref.io._read.delayed_nodes import DelayedSite
-from onnx_light_ref.io._read.entries import write_entries
 from onnx_light_ref.io._read.locations import TYPED_VALUE_FIELDS
-from onnx_light_ref.io._read.model_file import serialize_model
 from onnx_light_ref.io._read.sharing import reading_references
 from onnx_light_ref.io._write.contract import (
     LazyPayload,
@@ -45,12 +45,9 @@ from onnx_light_ref.io._write.contract import (
     location_for,
     recheck_plan,
 )
-from onnx_light_ref.io._write.copy_engine import CopyMethod, CopyRange, CopyStats, ProgressCallback, RangeCopier
-from onnx_light_ref.io._write.copy_engine import read_range as read_copy_range
-from onnx_light_ref.io._write.publish import OutputTransaction, StagedFile
+from onnx_light_ref.io._write.copy_engine import CopyMethod, CopyStats, ProgressCallback, RangeCopier
+from onnx_light_ref.io._write.publish import OutputTransaction, StagedFile, serialize_model
 from onnx_light_ref.io._write.space import SpaceRequest, reserve_space_for_all
-
-__all__ = ["DEFAULT_CHUNK_SIZE", "execute"]
 
 DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
 """The copy engine's default: the most bytes one system call moves, and its one fallback buffer."""
@@ -59,6 +56,30 @@ _BUFFER_METHOD: CopyMethod = "pread_pwrite"  # bytes written from a Python buffe
 _WRITE_SLICE = 8 * 1024 * 1024  # bytes of a buffer handed to one pwrite
 
 Result = TypeVar("Result")
+
+
+def write_entries(
+    tensor: onnx.TensorProto, location: str, offset: int, length: int, checksum: str | None = None
+) -> None:
+    """Point ``tensor`` at ``length`` bytes of ``location`` at ``offset`` (canonical entries) and mark it EXTERNAL.
+
+    Inline data is not touched here: callers moving a tensor out clear ``raw_data`` (and typed fields) themselves.
+    """
+    wanted = [("location", location), ("offset", str(offset)), ("length", str(length))]
+    if checksum is not None:
+        wanted.append(("checksum", checksum))
+    entries = tensor.external_data
+    if [entry.key for entry in entries] == [key for key, _ in wanted]:
+        for entry, (_, value) in zip(entries, wanted, strict=True):
+            if entry.value != value:
+                entry.value = value
+    else:
+        del entries[:]
+        for key, value in wanted:
+            entry = entries.add()
+            entry.key = key
+            entry.value = value
+    tensor.data_location = onnx.TensorProto.EXTERNAL
 
 
 def execute(
@@ -220,7 +241,7 @@ def _add_stats(total: CopyStats, stats: CopyStats) -> None:
 
 def _read_ranges(files: Sequence[PlannedFile]) -> list[list[bytes | bytearray]]:
     """Every range's bytes, file by file; each source opened once and checked to be the very file validated."""
-    from onnx_light_ref.io._write.copy_engine import open_source
+    from onnx_light_ref.io._plan.ranges import open_source
 
     fds: dict[str, int] = {}
     payloads: list[list[bytes | bytearray]] = []

@@ -20,8 +20,6 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-__all__ = ["deferred_interrupts"]
-
 _DEFERRED = (signal.SIGINT, signal.SIGTERM)
 
 _state = threading.local()  # depth of nested blocks, handlers saved by the outermost, signals recorded

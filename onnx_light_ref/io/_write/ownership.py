@@ -50,8 +50,6 @@ from onnx_light_ref.io._read.sharing import (
 )
 from onnx_light_ref.io._write.publish import journal_leftovers
 
-__all__ = ["Ownership", "ReferenceCache", "ShardSet"]
-
 
 @dataclass(frozen=True, slots=True)
 class ShardSet:

@@ -61,28 +61,16 @@ import onnx
 
 from onnx_light_ref.errors import InvalidModelError, PublishedWithErrorsError
 from onnx_light_ref.io._arguments import check_bool
+from onnx_light_ref.io._plan.ranges import CopyRange
 from onnx_light_ref.io._posix import pwrite_all
 from onnx_light_ref.io._read.delayed_nodes import iter_delayed
 from onnx_light_ref.io._read.locations import FileIdentity
-from onnx_light_ref.io._read.model_file import serialize_model
 from onnx_light_ref.io._read.sharing import NearbyReferences, files_referenced_near
 from onnx_light_ref.io._read.walker import iter_tensors
 from onnx_light_ref.io._read.wire import load_model_stripped
-from onnx_light_ref.io._write.copy_engine import CopyRange, RangeCopier
+from onnx_light_ref.io._write.copy_engine import RangeCopier
 from onnx_light_ref.io._write.interrupts import deferred_interrupts
 from onnx_light_ref.io._write.space import reserve_space
-
-__all__ = [
-    "FolderLock",
-    "OutputTransaction",
-    "StagedFile",
-    "folder_lock",
-    "fsync_folder",
-    "fsync_or_raise",
-    "is_publisher_file",
-    "journal_leftovers",
-    "sweep_dead_writers",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +99,20 @@ delete (files other models reference)."""
 # Test seam for deterministic fault injection: when set, called with a short name of every system call a publication
 # is about to make (the kill-point, fault and signal tests act at the k-th one). Always None in production.
 before_syscall: Callable[[str], None] | None = None
+
+
+def serialize_model(model: onnx.ModelProto) -> bytes:
+    """Serialize ``model``; refuses protos over protobuf's 2 GiB limit with a message that says what to do.
+
+    Raises:
+        InvalidModelError: the model cannot be serialized (too large).
+    """
+    try:
+        return model.SerializeToString()
+    except ValueError as exc:
+        raise InvalidModelError(
+            f"model {model.graph.name!r} cannot be serialized ({exc}); move large tensors to external data."
+        ) from exc
 
 
 def _syscall(name: str) -> None:

@@ -32,16 +32,6 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = [
-    "FilesystemInfo",
-    "SpaceRequest",
-    "SpaceReservation",
-    "filesystem_of",
-    "reserve_space",
-    "reserve_space_for_all",
-    "shared_extent_bytes",
-]
-
 logger = logging.getLogger(__name__)
 
 # fallocate/posix_fallocate answers meaning "this filesystem does not preallocate", not "no space".

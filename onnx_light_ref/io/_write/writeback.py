@@ -27,16 +27,6 @@ import sys
 from collections import deque
 from collections.abc import Callable
 
-__all__ = [
-    "DEFAULT_STRETCH",
-    "SYNC_FILE_RANGE_WAIT_AFTER",
-    "SYNC_FILE_RANGE_WAIT_BEFORE",
-    "SYNC_FILE_RANGE_WRITE",
-    "WritebackPacer",
-    "sync_file_range",
-    "sync_file_range_available",
-]
-
 logger = logging.getLogger(__name__)
 
 SYNC_FILE_RANGE_WAIT_BEFORE = 1

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from onnx_light_ref.io._arguments import ArgumentTypeError
 
-__all__ = ["MAX_ALIGNMENT", "align_up", "offset_alignment", "validate_alignment"]
-
 MAX_ALIGNMENT = 1 << 30
 """Largest alignment accepted (1 GiB).
 

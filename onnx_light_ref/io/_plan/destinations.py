@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from onnx_light_ref.errors import DestinationConflictError, UnsafeLocationError
 from onnx_light_ref.io._read.locations import FileIdentity, check_location_syntax, is_inside
 
-__all__ = ["DestinationKey", "check_output_files", "check_outputs", "destination_key", "weights_location"]
-
 _DEFAULT_NAME_MAX = 255
 
 

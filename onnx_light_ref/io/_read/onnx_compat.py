@@ -47,27 +47,7 @@ import onnx.defs
 from onnx import TensorProto, numpy_helper
 from onnx.defs import OpSchema
 
-__all__ = [
-    "HAS_PYTHON_SHAPE_INFERENCE",
-    "ONNX_VERSION",
-    "UnsupportedOnnxFeatureError",
-    "array_raw_bytes",
-    "attach_inference_function",
-    "element_type_name",
-    "evaluator_checks_shapes",
-    "evaluator_dtype",
-    "evaluator_shape_checks",
-    "make_onnx_readable",
-    "onnx_ignores_raw_data",
-    "onnx_readable_tensor",
-    "raw_element_size",
-    "raw_type_refusal",
-    "readable_tensor_from_array",
-    "refuse_unsupported_evaluator_options",
-    "register_schema_until_exit",
-    "to_array_reads_raw_data",
-    "typed_raw_bytes",
-]
+from onnx_light_ref.errors import UnsupportedOnnxFeatureError
 
 logger = logging.getLogger(__name__)
 
@@ -93,10 +73,6 @@ def evaluator_checks_shapes() -> bool:
 
 # The first onnx release with each evaluator keyword we know of, named in the error when it is missing.
 _EVALUATOR_KEYWORD_SINCE = {"check_shape_annotations": "1.23"}
-
-
-class UnsupportedOnnxFeatureError(NotImplementedError):
-    """The installed onnx lacks an API a requested feature needs; the message names the onnx version needed."""
 
 
 def evaluator_shape_checks() -> dict[str, Any]:

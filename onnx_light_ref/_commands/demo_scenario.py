@@ -46,15 +46,13 @@ from onnx import TensorProto, helper, numpy_helper
 from tqdm import tqdm
 
 from onnx_light_ref._commands.progress import byte_progress
-from onnx_light_ref._onnx_compat import evaluator_shape_checks
 from onnx_light_ref.io import align_external_data_streaming, save_model_with_shared_external_data
 from onnx_light_ref.io._layout_report import build_layout_report
-from onnx_light_ref.io._read.entries import write_entries
+from onnx_light_ref.io._read.onnx_compat import evaluator_shape_checks
 from onnx_light_ref.io._verify import verify_models
+from onnx_light_ref.io._write.execute import write_entries
 from onnx_light_ref.io._write.space import filesystem_of
 from onnx_light_ref.ops import DelayedInitializer, delay_initializers, reference_evaluator
-
-__all__ = ["DemoResult", "MlpShape", "build_two_file_mlp", "check_free_space", "disk_bytes", "mlp_shape", "run_demo"]
 
 logger = logging.getLogger(__name__)
 
