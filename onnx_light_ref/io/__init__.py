@@ -1,24 +1,22 @@
 """External-data tools: re-align weights without loading them, save variants that share weights, verify rewrites.
 
-The folders are the stages of every writer's pipeline (data flows one way, no module imports a later stage):
+The public names are the ones below (:data:`__all__`, docs/api.md); every module here is private. The private
+packages are the stages of every writer's pipeline, and data flows one way (pyproject.toml's import-linter contract,
+checked by ``tests/test_layers.py``: no module imports a later stage):
 
-* ``read/``: what a model names, opened safely through the held folder, parsed without its weights;
-* ``plan/``: where each byte goes (alignment, thresholds, shards, dedup, safetensors layout, file names);
-* ``write/``: the checks on destinations, the copy engine and the publisher (one transaction for every output).
+* ``_read/``: what a model names, opened safely through one folder descriptor, parsed without its weights;
+* ``_plan/``: where each byte goes (alignment, thresholds, shards, dedup, safetensors layout, file names, the
+  destination checks, the copy ranges);
+* ``_write/``: the writer contract, the copy engine and the publisher (one transaction for every output).
 
-On top, the public functions: the writers ``align`` (re-align, streaming or in memory), ``align_models`` (a
-family of models over one set of weights files), ``shared_save`` (a variant
-writing only its new weights), ``link`` (point a model at a safetensors checkpoint's bytes), the readers ``verify``
-(two models hold the same tensors), ``verify_checkpoint`` (a model holds a checkpoint's tensors) and
-``layout_report`` (``inspect``), what they return (``results``), and the two
-modules every stage shares: ``arguments`` (argument types and checks) and ``posix`` (exact positional reads and
-writes, the checks made on an open file).
+On top, one private module per public function (``_align``, ``_align_models``, ``_shared_save``, ``_link``,
+``_verify``, ``_verify_checkpoint``), ``_layout_report`` (``inspect``), what they return (``_results``,
+``_differences``), and below every stage the shared base: ``_arguments`` (argument checks) and ``_posix`` (exact
+positional reads and writes). Nothing here imports ``onnx_light_ref.ops``.
 
-Nothing here imports ``onnx_light_ref.ops``.
-
-The public functions are imported lazily (on first use of the name): importing a submodule such as
-``onnx_light_ref.io._arguments`` runs this file first, and must not import every writer, onnx and numpy with it (the
-command line's option parsing uses the argument checks; ``inspect`` needs none of the writers).
+The public functions are imported lazily (on first use of the name): importing ``onnx_light_ref.io._arguments`` runs
+this file first, and must not import every writer, onnx and numpy with it (the command line's option parsing uses
+the argument checks; ``inspect`` needs none of the writers).
 """
 
 from __future__ import annotations
