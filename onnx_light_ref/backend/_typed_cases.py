@@ -33,24 +33,14 @@ from onnx.reference import ReferenceEvaluator
 from onnx_light_ref.backend._expect import DEFAULT_IR_VERSION, CaseRegistry, SideFile
 from onnx_light_ref.io._read.onnx_compat import onnx_readable_tensor
 from onnx_light_ref.ops._codes import every_code
-from onnx_light_ref.ops._dtypes import EXTENDED_DTYPES, dtype_name
+from onnx_light_ref.ops._dtypes import EXTENDED_DTYPES, EXTENDED_TYPE_NAMES, dtype_name
 from onnx_light_ref.ops._schema import DOMAIN, SINCE_VERSION, make_delayed_initializer_node
 
 # Cases compared exactly, as every DelayedInitializer case (see cases.EXACT_RTOL).
 _EXACT = 0.0
 _WEIGHTS = "weights.bin"
 
-FLOAT_LIKE_TYPE_NAMES = (
-    "BFLOAT16",
-    "FLOAT8E4M3FN",
-    "FLOAT8E4M3FNUZ",
-    "FLOAT8E5M2",
-    "FLOAT8E5M2FNUZ",
-    "FLOAT8E8M0",
-    "FLOAT4E2M1",
-    "FLOAT6E2M3",
-    "FLOAT6E3M2",
-)
+FLOAT_LIKE_TYPE_NAMES = tuple(name for name in EXTENDED_TYPE_NAMES if "INT" not in name)
 """The extended types holding real numbers: they also get a bits case (Cast to float32, Reciprocal)."""
 
 
