@@ -41,6 +41,13 @@ def schema_text(command: Literal["inspect", "verify"], version: int | None = Non
 
     Raises:
         ValueError: no such command or version.
+
+    Example:
+        In any folder (the schemas ship with the package):
+
+        >>> from onnx_light_ref.schemas import schema_text
+        >>> schema_text("inspect", 1).splitlines()[1]
+        '  "$schema": "https://json-schema.org/draft/2020-12/schema",'
     """
     if command not in SCHEMA_NAMES:
         raise ValueError(f"command must be one of {', '.join(SCHEMA_NAMES)}, got {command!r}.")
@@ -52,6 +59,24 @@ def schema_text(command: Literal["inspect", "verify"], version: int | None = Non
 
 
 def load_schema(command: Literal["inspect", "verify"], version: int | None = None) -> dict[str, Any]:
-    """The schema of ``command``'s document at ``version``, parsed (see :func:`schema_text`)."""
+    """The schema of ``command``'s document at ``version``, parsed: a dict for any JSON Schema validator.
+
+    Args:
+        command: ``"inspect"`` or ``"verify"``.
+        version: a ``schema_version`` (None: the one this release writes, :data:`SCHEMA_VERSIONS`).
+
+    Returns:
+        The schema (see :func:`schema_text` for its text).
+
+    Raises:
+        ValueError: no such command or version.
+
+    Example:
+        In any folder (the schemas ship with the package):
+
+        >>> from onnx_light_ref.schemas import load_schema
+        >>> load_schema("verify")["title"]
+        'onnx-light-ref verify --json, schema version 1'
+    """
     schema: dict[str, Any] = json.loads(schema_text(command, version))
     return schema
