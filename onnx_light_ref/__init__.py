@@ -22,7 +22,10 @@ Public API (names are stable)::
     )
 
 Everything a user calls is importable from here; the submodules (``onnx_light_ref.io``, ``onnx_light_ref.ops``)
-hold the same objects, and the documentation always imports from ``onnx_light_ref``.
+hold the same objects, and the documentation always imports from ``onnx_light_ref``. Each public function's and
+class's docstring ends with an ``Example:`` that runs as written in the folder ``onnx-light-ref demo --size 1M --keep
+demo`` writes; the words the docstrings share (the writer contract, what a destination owns, a tensor kept inline)
+are defined in ``docs/safety.md#glossary``.
 
 Attributes are imported lazily: ``import onnx_light_ref`` alone does not import ``onnx.reference`` (slow, and
 irrelevant to the io functions), and importing the io functions does not register any schema.

@@ -51,8 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--portable",
         action="store_true",
-        help="convert only the seed spec's 14 element types (onnx-light's C++ runtime); bfloat16, float8, int4... "
-        "stay initializers",
+        help="convert only the 14 element types onnx-light's C++ runtime reads; bfloat16, float8, int4... stay "
+        "initializers",
     )
     parser.add_argument(
         "--replace-shared",

@@ -1,6 +1,6 @@
 """``onnx-light-ref generate-tests OUTPUT_DIR [--relocatable]``: write the DelayedInitializer conformance cases.
 
-Thin wrapper over ``onnx_light_ref.backend._generate``; it must never hold logic the library does not expose. An
+Thin wrapper over ``onnx_light_ref.backend.generate``; it must never hold logic the library does not expose. An
 ordinary mistake (OUTPUT_DIR is a file, a folder that cannot be written) is one ``error:`` line and exit status 1,
 with nothing written: the library checks the destination before writing.
 

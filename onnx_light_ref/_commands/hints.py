@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 
 DELETE_STALE_HELP = (
     "once the new output is published, delete the files an earlier run left here that no model written now uses "
-    "(the ones the note lists, e.g. W.3 after a run with fewer shards); a file another model uses, or that the "
-    "destination does not own, is kept with a warning naming why"
+    "(the ones the stale-files note lists, e.g. W.3 after a run with fewer shards); a file another model uses, or "
+    "that the destination does not own, is kept with a warning naming why"
 )
 
 _SIZES = ((1024, "1K"), (64 * 1024, "64K"), (1024 * 1024, "1M"))

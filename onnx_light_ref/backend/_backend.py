@@ -64,8 +64,22 @@ def _evaluator(
 class DelayedInitializerBackendRep(BackendRep):
     """A prepared model: one ReferenceEvaluator, reused by every :meth:`run`, and the op bound for it.
 
-    It owns the bound op's descriptors (the folder, the weights files held in file mode): :meth:`close`, the end of
-    a ``with`` block, or the rep being dropped releases them. After :meth:`close`, :meth:`run` raises ``ValueError``.
+    What :meth:`DelayedInitializerBackend.prepare` returns. It owns the bound op's open folder and, in file mode, its
+    open weights files: :meth:`close`, the end of a ``with`` block, or the rep being dropped releases them. After
+    :meth:`close`, :meth:`run` raises ``ValueError``.
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, ``light.onnx`` holds
+        ``DelayedInitializer`` nodes:
+
+        >>> import numpy as np
+        >>> from onnx_light_ref.backend import DelayedInitializerBackend
+        >>> rep = DelayedInitializerBackend.prepare("light.onnx")
+        >>> rep.run({"x": np.ones((3, 64), np.float32)})[0].shape
+        (3, 16)
+        >>> rep.close()
+        >>> rep.closed
+        True
     """
 
     def __init__(self, session: ReferenceEvaluator, op: type[DelayedInitializer] | None = None) -> None:
@@ -97,6 +111,13 @@ class DelayedInitializerBackendRep(BackendRep):
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Run once; ``inputs`` is a list of arrays (graph input order), a name->array mapping, or one array.
 
+        Args:
+            inputs: the graph's inputs.
+            **kwargs: ignored (onnx's ``BackendRep.run`` signature).
+
+        Returns:
+            The graph's outputs, in order.
+
         Raises:
             ValueError: the rep was closed, or ``inputs`` does not match the graph's inputs.
         """
@@ -118,14 +139,29 @@ class DelayedInitializerBackendRep(BackendRep):
 
 
 class DelayedInitializerBackend(Backend):
-    """Backend for models using ``ai.rt::DelayedInitializer`` (CPU only).
+    """An ``onnx.backend`` backend for models using ``ai.rt::DelayedInitializer`` (CPU only).
 
-    ``prepare`` checks the model with ``check_custom_domain=True`` after registering our schemas, then builds a
-    ``ReferenceEvaluator`` with ``new_ops=[DelayedInitializer.bind(base_dir)]``.
+    What onnx's backend-test harnesses take (``Runner``, ``run_model``, ``prepare(model, **test_kwargs)``): ``prepare``
+    checks the model with ``check_custom_domain=True`` after registering the op's schema, then builds a
+    ``ReferenceEvaluator`` with ``new_ops=[DelayedInitializer.bind(base_dir)]``. A model given as a proto (what
+    onnx's Runner hands over) runs with the unbound op, relative filenames read from the current directory, unless
+    ``base_dir`` is given (``docs/delayed_initializer.md#conformance-cases``).
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, ``light.onnx`` holds
+        ``DelayedInitializer`` nodes:
+
+        >>> import numpy as np
+        >>> from onnx_light_ref.backend import DelayedInitializerBackend
+        >>> with DelayedInitializerBackend.prepare("light.onnx") as rep:
+        ...     (y,) = rep.run(np.ones((2, 64), np.float32))
+        >>> y.shape, DelayedInitializerBackend.supports_device("CUDA")
+        ((2, 16), False)
     """
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
+        """Whether ``device`` (``"CPU"``, ``"CUDA:0"``...) is the CPU, the only device this backend runs on."""
         try:
             return Device(device).type == DeviceType.CPU
         except (AttributeError, ValueError):
@@ -177,6 +213,7 @@ class DelayedInitializerBackend(Backend):
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:
+        """Prepare ``model`` (``prepare``'s keywords), run it once on ``inputs``, release it; return the outputs."""
         with cls.prepare(model, device, **kwargs) as rep:
             return rep.run(inputs)
 

@@ -54,7 +54,28 @@ _OFFSET_CASE_SEED = 4601  # the seed onnx-light's benchmark case uses; any fixed
 
 
 def seed_weights_paths(temp_dir: str | None = None) -> list[str]:
-    """Absolute paths of the two seed cases' weights files (in ``temp_dir``, default the system temp dir)."""
+    """Absolute paths of the two seed cases' weights files (in ``temp_dir``, default the system temp dir).
+
+    onnx-light's two seed cases name their weights by an absolute path in the system temp folder, so
+    :func:`~onnx_light_ref.backend.generate` writes them there, outside its folder: remove them when done.
+
+    Args:
+        temp_dir: the folder they are in (default ``tempfile.gettempdir()``, evaluated now).
+
+    Returns:
+        The two paths, the ``cpu`` case's first.
+
+    Raises:
+        Nothing: the paths are computed, not looked up.
+
+    Example:
+        In any folder:
+
+        >>> import os, tempfile
+        >>> from onnx_light_ref.backend import seed_weights_paths
+        >>> [os.path.relpath(path, tempfile.gettempdir()) for path in seed_weights_paths()]
+        ['onnx_light_backend_delayedinitializer_cpu.bin', 'onnx_light_backend_delayedinitializer_file.bin']
+    """
     folder = temp_dir if temp_dir is not None else tempfile.gettempdir()
     return [os.path.join(folder, basename) for basename in SEED_WEIGHTS_BASENAMES]
 
@@ -214,8 +235,8 @@ def build_cases(temp_dir: str | None = None, *, case_root: str | os.PathLike[str
     Extra cases: each portable dtype in both modes (shape [2, 4], extremes of the type), a scalar, a zero-size
     tensor (its weights file is empty and never opened), a tensor at an unaligned offset inside a larger file
     with trailing bytes, the signed-zero probes, and every extended type the installed onnx represents (bfloat16,
-    float8, int4, float4...: :mod:`onnx_light_ref.backend._typed_cases`). The seed cases are the same whatever the
-    arguments.
+    float8, int4, float4...). The seed cases (:data:`~onnx_light_ref.backend.SEED_CASE_NAMES`) are the same whatever
+    the arguments.
 
     Args:
         temp_dir: Where the seed weights live (default ``tempfile.gettempdir()``, evaluated now).
@@ -228,6 +249,16 @@ def build_cases(temp_dir: str | None = None, *, case_root: str | os.PathLike[str
 
     Raises:
         ValueError: ``case_root`` is not absolute.
+
+    Example:
+        In any folder (describing cases writes nothing):
+
+        >>> from onnx_light_ref.backend import SEED_CASE_NAMES, build_cases
+        >>> registry = build_cases()
+        >>> registry.names()[:3]
+        ['test_cc_delayedinitializer_cpu', 'test_cc_delayedinitializer_file', 'test_cc_delayedinitializer_float_cpu']
+        >>> tuple(registry.names()[:2]) == SEED_CASE_NAMES
+        True
     """
     root = os.fspath(case_root) if case_root is not None else None
     if root is not None and not os.path.isabs(root):

@@ -31,7 +31,18 @@ DEFAULT_OPSET_IMPORTS: tuple[tuple[str, int], ...] = (("", 18), (DOMAIN, SINCE_V
 
 @dataclass(frozen=True)
 class SideFile:
-    """A file a case needs next to its model: ``path`` is absolute, or relative to the case directory."""
+    """A file a case needs next to its model: ``path`` is absolute, or relative to the case directory.
+
+    :func:`~onnx_light_ref.backend.generate` writes ``data`` there with the case.
+
+    Example:
+        In any folder (describing a case writes nothing):
+
+        >>> from onnx_light_ref.backend import build_cases
+        >>> side_file = build_cases()["test_cc_delayedinitializer_float_cpu"].side_files[0]
+        >>> side_file.path, len(side_file.data)  # eight float32 values
+        ('weights.bin', 32)
+    """
 
     path: str
     data: bytes
@@ -39,7 +50,19 @@ class SideFile:
 
 @dataclass(frozen=True)
 class NodeCase:
-    """One node conformance case: a single-node model, one data set, the tolerances and its side files."""
+    """One node conformance case: a single-node model, one data set, the tolerances and its side files.
+
+    What :meth:`CaseRegistry.expect` registers and :func:`~onnx_light_ref.backend.build_cases` returns, in onnx's
+    own shape for node test cases (``model``, ``inputs``, ``outputs``, ``rtol``, ``atol``).
+
+    Example:
+        In any folder (describing a case writes nothing):
+
+        >>> from onnx_light_ref.backend import build_cases
+        >>> case = build_cases()["test_cc_delayedinitializer_cpu"]
+        >>> case.model.graph.node[0].op_type, case.inputs, case.outputs[0].shape, len(case.side_files)
+        ('DelayedInitializer', (), (3,), 1)
+    """
 
     name: str
     model: onnx.ModelProto
@@ -56,7 +79,25 @@ def _value_info(name: str, array: np.ndarray) -> onnx.ValueInfoProto:
 
 
 class CaseRegistry:
-    """Ordered, name-unique collection of :class:`NodeCase`; :meth:`expect` mirrors onnx's ``expect()``."""
+    """Ordered, name-unique collection of :class:`NodeCase`; :meth:`expect` mirrors onnx's ``expect()``.
+
+    onnx's own ``expect()`` appends to a list global to the process; a registry is the caller's, and
+    :func:`~onnx_light_ref.backend.generate` writes it (``registry=``) in onnx's backend-test layout.
+
+    Example:
+        In any folder (describing a case writes nothing):
+
+        >>> import numpy as np
+        >>> from onnx import TensorProto, helper
+        >>> from onnx_light_ref.backend import CaseRegistry, SideFile
+        >>> weights = np.arange(4, dtype=np.float32)
+        >>> node = helper.make_node("DelayedInitializer", [], ["y"], domain="ai.rt", filename="w.bin", offset=0,
+        ...     shape=[4], dtype=TensorProto.FLOAT, load_device="file", runtime_device="cpu")
+        >>> registry, weights_file = CaseRegistry(), SideFile("w.bin", weights.tobytes())
+        >>> _ = registry.expect(node, [], [weights], "test_four_floats", side_files=[weights_file])
+        >>> registry.names()
+        ['test_four_floats']
+    """
 
     def __init__(self) -> None:
         self._cases: dict[str, NodeCase] = {}
@@ -80,8 +121,27 @@ class CaseRegistry:
 
         Graph inputs and outputs are typed from the arrays, in the node's input/output order. A name must start with
         ``test_`` (as onnx's runner expects) and be new to this registry; nothing is registered on error.
-        ``followed_by``: nodes run after ``node`` (a probe making something visible that a comparison of the node's
-        own output cannot see); the graph's outputs are then the last node's outputs.
+
+        Args:
+            node: the node under test.
+            inputs: one array per input of ``node``.
+            outputs: one array per output of the last node (``node``, or the last of ``followed_by``).
+            name: the case's name (``test_...``, new to this registry).
+            side_files: the files the case needs next to its model (its weights).
+            opset_imports: ``(domain, version)`` pairs of the model (default ``"": 18`` and ``ai.rt: 1``).
+            ir_version: the model's IR version.
+            producer_name: the model's producer.
+            rtol: relative tolerance of the comparison.
+            atol: absolute tolerance of the comparison.
+            followed_by: nodes run after ``node`` (a probe making something visible that a comparison of the node's
+                own output cannot see); the graph's outputs are then the last node's outputs.
+
+        Returns:
+            The registered :class:`NodeCase`.
+
+        Raises:
+            ValueError: a name not starting with ``test_`` or already registered, or arrays that do not match the
+                nodes' inputs and outputs.
         """
         if not name.startswith("test_"):
             raise ValueError(f"case name must start with 'test_', got {name!r}.")

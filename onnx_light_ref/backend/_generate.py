@@ -157,9 +157,11 @@ def generate(
 ) -> list[Path]:
     """Write every case of ``registry`` (default: :func:`build_cases`) under ``output_dir/node``.
 
-    The seed cases' weights go to the system temp dir (see ``onnx_light_ref.backend._cases``); the caller removes
-    them when done (``cases.seed_weights_paths()``). A case directory already there is replaced; other files in
-    ``output_dir`` are left alone.
+    The layout is onnx's backend-test one (``node/<case>/model.onnx``, ``node/<case>/test_data_set_0/*.pb``), plus
+    each case's weights file: onnx's ``Runner`` runs it (:func:`~onnx_light_ref.backend.make_runner`). The seed
+    cases' weights go to the system temp dir, as onnx-light's seed cases say; the caller removes them when done
+    (:func:`~onnx_light_ref.backend.seed_weights_paths`). A case directory already there is replaced; other files in
+    ``output_dir`` are left alone. The command line's ``generate-tests``.
 
     Args:
         output_dir: Folder to write into; created (with its parents) when missing.
@@ -178,6 +180,17 @@ def generate(
             written.
         ValueError: ``registry`` and ``relocatable`` given together.
         OSError: the files cannot be written.
+
+    Example:
+        In any folder:
+
+        >>> import os
+        >>> from onnx_light_ref.backend import generate, seed_weights_paths
+        >>> folders = generate("cases")
+        >>> folders[0].name, sorted(os.listdir(folders[0]))
+        ('test_cc_delayedinitializer_cpu', ['data.json', 'model.onnx', 'test_data_set_0'])
+        >>> for path in seed_weights_paths():  # written to the system temp folder
+        ...     os.remove(path)
     """
     check_bool("relocatable", relocatable)
     if registry is not None and relocatable:

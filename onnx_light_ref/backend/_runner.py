@@ -76,6 +76,16 @@ def load_cases(output_dir: str | os.PathLike[str]) -> list[TestCase]:
 
     Raises:
         FileNotFoundError: ``output_dir/node`` does not exist.
+
+    Example:
+        In any folder:
+
+        >>> import os
+        >>> from onnx_light_ref.backend import generate, load_cases
+        >>> _ = generate("cases")
+        >>> case = {case.name: case for case in load_cases("cases")}["test_cc_delayedinitializer_cpu"]
+        >>> case.kind, os.path.relpath(case.model_dir)
+        ('node', 'cases/node/test_cc_delayedinitializer_cpu')
     """
     node_dir = _node_dir(output_dir)
     if not os.path.isdir(node_dir):
@@ -121,6 +131,21 @@ def bound_test_kwargs(output_dir: str | os.PathLike[str]) -> dict[str, dict[str,
 
     Returns:
         ``{case name: {"base_dir": case folder}}`` for the cases with a relative ``filename``.
+
+    Raises:
+        FileNotFoundError: ``output_dir/node`` does not exist.
+
+    Example:
+        In any folder, with a relocatable suite (``generate-tests --relocatable``):
+
+        >>> import os
+        >>> from onnx_light_ref.backend import bound_test_kwargs, generate
+        >>> _ = generate("cases", relocatable=True)
+        >>> kwargs = bound_test_kwargs("cases")
+        >>> os.path.relpath(kwargs["test_cc_delayedinitializer_float_cpu"]["base_dir"])
+        'cases/node/test_cc_delayedinitializer_float_cpu'
+        >>> "test_cc_delayedinitializer_cpu" in kwargs  # a seed case names its weights absolutely
+        False
     """
     kwargs: dict[str, dict[str, Any]] = {}
     for case in load_cases(output_dir):
@@ -177,7 +202,7 @@ def make_runner(
     """An ``onnx.backend.test.runner.Runner`` for ``backend`` holding the cases of a ``generate-tests`` folder.
 
     Each case becomes two tests, ``<case>_cpu`` and ``<case>_cuda`` (skipped by a CPU-only backend), in category
-    :data:`CATEGORY`. Use ``runner.test_suite`` / ``runner.test_cases`` as with any Runner.
+    ``OnnxBackendNodeModelTest``. Use ``runner.test_suite`` / ``runner.test_cases`` as with any Runner.
 
     Args:
         output_dir: The folder given to ``generate-tests``.
@@ -194,6 +219,16 @@ def make_runner(
     Raises:
         FileNotFoundError: ``output_dir/node`` does not exist.
         RuntimeError: this onnx's Runner offers no way to add the cases.
+
+    Example:
+        In any folder:
+
+        >>> import io, unittest
+        >>> from onnx_light_ref.backend import generate, make_runner
+        >>> _ = generate("cases")
+        >>> result = unittest.TextTestRunner(stream=io.StringIO()).run(make_runner("cases").test_suite)
+        >>> result.wasSuccessful(), len(result.skipped) * 2 == result.testsRun  # every _cuda test skips
+        (True, True)
     """
     cases = load_cases(output_dir)
     kwargs = dict(test_kwargs) if test_kwargs is not None else None

@@ -372,6 +372,18 @@ def align_external_data_streaming(
         PublishedWithErrorsError: the new model is published (it loads, its ``result`` attribute is the
             ``AlignResult``), but a step after the commit failed: the fsync that makes it durable, or removing the
             previous versions (hidden files a later run sweeps). Never an ``OSError``: see ``docs/durability.md``.
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, ``model.onnx`` (offsets multiples of 4096)
+        packed, then sharded for a hub:
+
+        >>> import os
+        >>> from onnx_light_ref import align_external_data_streaming
+        >>> int(align_external_data_streaming("model.onnx", "packed.onnx", alignment=0))
+        1014784
+        >>> result = align_external_data_streaming("model.onnx", "hub.onnx", max_shard_size=600_000, shard_names="hf")
+        >>> [os.path.basename(path) for path in result.weights_files]
+        ['hub-00001-of-00002.data', 'hub-00002-of-00002.data']
     """
     check_int("chunk_size", chunk_size, minimum=1)
     layout = check_layout_options(
@@ -458,6 +470,17 @@ def align_external_data_in_memory(
         FileNotFoundError: the source model, a referenced file or the destination folder does not exist.
         OSError: reading or publishing failed before the commit; the destination is then the previous model.
         PublishedWithErrorsError: as for :func:`align_external_data_streaming` (published; a later step failed).
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, the same bytes as the streaming aligner:
+
+        >>> from onnx_light_ref import align_external_data_in_memory, align_external_data_streaming
+        >>> result = align_external_data_in_memory("model.onnx", "in_memory.onnx", alignment=256)
+        >>> _ = align_external_data_streaming("model.onnx", "streamed.onnx", alignment=256)
+        >>> open("in_memory.onnx.data", "rb").read() == open("streamed.onnx.data", "rb").read()
+        True
+        >>> result.copy_methods
+        frozenset({'pread_pwrite'})
     """
     layout = check_layout_options(
         align_threshold,

@@ -87,9 +87,9 @@ def align_models(
     a process killed at any system call leaves every member loadable and computing its previous or its new values;
     a failure that raises an ``OSError`` leaves every member as it was, and one that leaves a member new is a
     ``PublishedWithErrorsError`` saying which members are new. Every rule of the writer contract applies
-    (``docs/safety.md``). Re-running over the same folder with the same member
-    names replaces the family as a whole (shared weights names the previous members use are bridged, see
-    ``docs/align_models.md``).
+    (``docs/safety.md#glossary``). Re-running over the same folder with the same member names replaces the family as
+    a whole, also when the new weights files take names the previous members read: no member ever reads new bytes
+    through old offsets (``docs/align_models.md#one-transaction-for-the-family``).
 
     Args:
         src_onnx_paths: the members' source models (at least one), each a path (the member keeps its file name) or
@@ -129,14 +129,14 @@ def align_models(
             nothing is deleted when the run is refused or fails before its commit.
         update_config: a transformers.js ``config.json`` (it must exist): each member's exact
             ``use_external_data_format`` is stored in its ``transformers.js_config`` under the member's file name,
-            in the same transaction (as for :func:`~onnx_light_ref.io._align.align_external_data_streaming`).
+            in the same transaction (as for :func:`~onnx_light_ref.align_external_data_streaming`).
             transformers.js fetches a model's external data from files named after that model, so one set of
             weights files serves at most one member (named ``<member>_data...``: ``weights_name`` and
             ``shard_names="transformers.js"``) plus members without external tensors (count 0); any other family
             is refused with ``ValueError`` before anything is written.
 
     Returns:
-        A :class:`~onnx_light_ref.io._results.FamilyResult`: an ``int`` equal to the bytes of all weights files
+        A :class:`~onnx_light_ref.FamilyResult`: an ``int`` equal to the bytes of all weights files
         (padding included) carrying each member's path and tensors, the weights files, the unique bytes, the bytes
         saved against storing each member separately, the shared tensors, the stale files left in the folder and,
         with ``delete_stale``, those deleted (``removed_files``).
@@ -162,6 +162,17 @@ def align_models(
             are still previous, each loadable), but a step after a commit failed: the fsync that makes it durable,
             removing the previous versions, or a move that could not be undone (no ``RENAME_EXCHANGE``). Its
             ``result`` is the ``FamilyResult``. Never an ``OSError``: see ``docs/durability.md``.
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, ``model.onnx`` and its variant
+        ``new_head.onnx`` (another head, the same 6 other weights) over one weights file:
+
+        >>> import os
+        >>> from onnx_light_ref import align_models
+        >>> os.mkdir("family")
+        >>> result = align_models([("model.onnx", "model.onnx"), ("new_head.onnx", "variant.onnx")], "family")
+        >>> sorted(os.listdir("family")), result.saved_bytes
+        (['model.onnx', 'variant.onnx', 'weights.data'], 993216)
     """
     sources, names = member_sources(src_onnx_paths)
     options = WriteOptions(

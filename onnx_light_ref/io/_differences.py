@@ -63,14 +63,25 @@ class TensorRef:
 
     Attributes:
         model: ``"A"`` or ``"B"``.
-        index: its position in its model's walker order (``tensor #index`` in messages).
+        index: its position among its model's tensors, in the order ``verify`` reads them (``tensor #index`` in
+            messages).
         name: ``TensorProto.name`` as stored (``bytes`` when it is not UTF-8; ``""`` when unnamed).
         label: the name, or a description of an unnamed tensor's place: how messages quote it.
-        kind: what it is in its container (:data:`~onnx_light_ref.io._read.walker.TensorKind`).
+        kind: what it is in its container (``"initializer"``, ``"attribute"``, ``"sparse initializer values"``...;
+            docs/json.md lists them).
         where: the readable place (``graph 'main' / node 'if' (If) / then_branch``).
-        place: the structural place (:data:`~onnx_light_ref.io._read.walker.SitePlace`), unique in the model.
+        place: the structural place, unique in the model: a tuple of steps from the model down to the tensor.
         data_type: the ``TensorProto.DataType`` number.
         dims: the tensor's dims.
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, where ``new_head.onnx`` is
+        ``model.onnx`` with another head:
+
+        >>> from onnx_light_ref import verify_models
+        >>> tensor = verify_models("model.onnx", "new_head.onnx").differences[0].a
+        >>> tensor.model, tensor.index, tensor.name, tensor.kind, tensor.where, tensor.dims
+        ('A', 6, 'head.weight', 'initializer', "graph 'demo_mlp'", (336, 16))
     """
 
     model: Literal["A", "B"]
@@ -109,6 +120,15 @@ class Difference:
         length: for ``bytes``, the tensor's byte length; else None.
         elsewhere: for ``only_in_a`` / ``only_in_b`` by name, a tensor of the other model with the same name at
             another place (a tensor moved to another graph), or None.
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, where ``new_head.onnx`` is
+        ``model.onnx`` with another head:
+
+        >>> from onnx_light_ref import verify_models
+        >>> difference = verify_models("model.onnx", "new_head.onnx").differences[0]
+        >>> difference.kind, difference.a.name, difference.offset, difference.length
+        ('bytes', 'head.weight', 0, 21504)
     """
 
     kind: DifferenceKind
@@ -135,6 +155,20 @@ class ChecksumMismatch:
         location: the tensor's data file (its ``location`` entry).
         length: the tensor's byte length in that file.
         message: the sentence ``verify`` prints after ``checksum mismatch:``.
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, a copy of ``model.onnx`` whose first
+        tensor carries a wrong ``checksum`` entry:
+
+        >>> import onnx
+        >>> from onnx_light_ref import verify_models
+        >>> model = onnx.load("model.onnx", load_external_data=False)
+        >>> entry = model.graph.initializer[0].external_data.add()
+        >>> entry.key, entry.value = "checksum", "0" * 40
+        >>> onnx.save(model, "checked.onnx")
+        >>> result = verify_models("model.onnx", "checked.onnx", check_checksums=True)
+        >>> [(m.tensor.name, m.location, m.length) for m in result.checksum_mismatch_details]
+        [('W0', 'model.onnx.data', 86016)]
     """
 
     tensor: TensorRef

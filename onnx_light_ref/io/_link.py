@@ -292,15 +292,16 @@ def link_external_data(
 ) -> LinkResult:
     """Write ``dst_onnx_path`` so that every tensor found in ``checkpoint`` points at the checkpoint's bytes.
 
-    A tensor is linked when its name (through ``name_map`` when given) is a checkpoint key with the same data type
-    and the same shape, and the writer contract's rule 2 lets it be external data (an inline tensor: at least
-    ``size_threshold`` bytes, where onnx's loader reads it back, not a shape tensor such as a ``Reshape`` ``shape``;
-    a zero-length one only where its bytes would sit at the end of its file); no byte of it is copied. Every other
-    external tensor, and every inline tensor rule 2 lets move, goes to the model's own weights file (at
+    One copy of the weights then serves safetensors loaders (PyTorch, the hub) and ONNX runtimes. A tensor is linked
+    when its name (through ``name_map`` when given) is a checkpoint key with the same data type and the same shape,
+    and it may be external data (an inline tensor: at least ``size_threshold`` bytes, where onnx's loader reads it
+    back, not a shape tensor such as a ``Reshape`` ``shape``: ``docs/safety.md#glossary``, "kept inline"; a
+    zero-length one only where its bytes would sit at the end of its file); no byte of it is copied. Every other
+    external tensor, and every inline tensor that may move, goes to the model's own weights file (at
     ``alignment``-multiple offsets), copied file to file. A name found with another type or shape is not linked
     (counted in ``mismatched_tensors``, logged). ``verify_models(original, linked)`` proves the result holds the
-    original tensors. Every rule of the writer contract (``docs/safety.md``) is checked before anything is written
-    and again, under the folder lock, right before the ``.onnx`` is published.
+    original tensors. Every rule of the writer contract (``docs/safety.md#glossary``) is checked before anything is
+    written and again, under the folder lock, right before the ``.onnx`` is published.
 
     Args:
         model: the model: a path to a ``.onnx`` (its external data resolved from its folder) or a ``ModelProto``
@@ -310,7 +311,7 @@ def link_external_data(
         dst_onnx_path: the model to write; its folder must exist.
         name_map: model tensor name -> checkpoint key, for names that differ (others are looked up as they are).
             Refused (``ValueError``, nothing written) when a name is no tensor of the model, a key is not in the
-            checkpoint, or two model tensors would read one key (see :mod:`~onnx_light_ref.io._plan.name_map`).
+            checkpoint, or two model tensors would read one key (``docs/safetensors.md``).
         dst_weights_path: the model's own weights file; default ``<dst_onnx_path>.data``.
         alignment: offsets of the tensors written to the model's weights file: a power of two, or 0/1 for packed.
         size_threshold: inline tensors with fewer raw bytes stay inline, linked or not.
@@ -341,7 +342,7 @@ def link_external_data(
             kept, with a warning naming why); the deleted ones are ``result.removed_files``.
 
     Returns:
-        A :class:`~onnx_light_ref.io._results.LinkResult`: an ``int``, the bytes of the model's weights file
+        A :class:`~onnx_light_ref.LinkResult`: an ``int``, the bytes of the model's weights file
         (0 when every external tensor was linked), with ``linked_tensors``, ``linked_bytes``, ``written_tensors``,
         ``written_bytes``, ``mismatched_tensors``, ``checkpoint_files``, ``weights_files``,
         ``stale_weights_files`` (e.g. the ``DST.onnx.data`` an earlier run wrote, when nothing is written to it now),
@@ -361,13 +362,23 @@ def link_external_data(
         ExternalDataError: a malformed or out-of-bounds reference in the model; a checkpoint file replaced or
             resized between its header's parse and the publication (nothing published).
         FileNotFoundError: the model, the checkpoint or a referenced file does not exist.
-        ExternalDataError: a checkpoint file was replaced or resized between its header's parse and the publication
-            (nothing published).
         OSError: the copy or the publication failed before the commit (with ``durable``, an fsync error such as
             EIO); the destination is then the previous model.
         PublishedWithErrorsError: the linked model is published (its ``result`` attribute is the ``LinkResult``),
             but a step after the commit failed: the fsync that makes it durable, or removing the previous versions
             (see ``docs/durability.md``).
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, with a safetensors copy of the weights
+        as the checkpoint:
+
+        >>> from onnx_light_ref import align_external_data_streaming, link_external_data, verify_models
+        >>> _ = align_external_data_streaming("model.onnx", "checkpoint.onnx", weights_format="safetensors")
+        >>> result = link_external_data("model.onnx", "checkpoint.safetensors", "linked.onnx")
+        >>> result.linked_tensors, int(result)  # every weight linked, none copied
+        (8, 0)
+        >>> verify_models("model.onnx", "linked.onnx").equal
+        True
     """
     step = validate_alignment(alignment)
     threshold = check_int("size_threshold", size_threshold)

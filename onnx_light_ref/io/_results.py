@@ -84,13 +84,18 @@ class _SizeResult(int):
 
     @property
     def kept_inline_tensors(self) -> int:
-        """Inline tensors of at least ``size_threshold`` bytes left inline by rule 2 of the writer contract (onnx's
-        loader would not read them back, or a shape tensor), see ``kept_inline_reasons``."""
+        """Inline tensors of at least ``size_threshold`` bytes left in the ``.onnx`` (onnx's loader would not read
+        them back, or a shape tensor: ``docs/safety.md#glossary``, "kept inline"), see ``kept_inline_reasons``."""
         return sum(self.kept_inline_reasons.values())
 
 
 class AlignResult(_SizeResult):
-    """The result of an aligner: the bytes of all weights files together (an ``int``), plus what was written.
+    """What the aligners return: the bytes of all weights files written (an ``int``), plus what was written.
+
+    Returned by :func:`~onnx_light_ref.align_external_data_streaming` and
+    :func:`~onnx_light_ref.align_external_data_in_memory`. It *is* an ``int`` (padding included; 0 when no tensor
+    is external), so code written against the documented size keeps working: arithmetic, ``str``, ``%d`` and JSON
+    see the plain number. The other facts are read-only attributes; ``repr`` shows the main ones.
 
     Attributes:
         tensors: external tensors in the written model (each tensor, even when it shares bytes with another).
@@ -111,19 +116,35 @@ class AlignResult(_SizeResult):
             this run wrote ``W`` and ``W.1``; ``W`` itself when it wrote none) that an earlier run left: the new
             ``.onnx`` does not reference them, and they are still there (not deleted, or kept by ``delete_stale``
             because another model uses them or the destination does not own them: a warning says which).
-        removed_files: with ``delete_stale``, the stale files deleted after the commit (absolute paths).
+        removed_files: with ``delete_stale``, the stale files deleted once the new model was in place (absolute
+            paths).
         config_file: with ``update_config``, the ``config.json`` whose ``transformers.js_config`` was updated.
         weights_format: ``"onnx"`` (raw weights files) or ``"safetensors"``.
         index_file: the ``model.safetensors.index.json`` written with a sharded safetensors set, else None.
         unaligned_tensors: safetensors only: names of the tensors of at least ``align_threshold`` bytes that could
             not start at a multiple of the alignment (the data section admits no padding).
-        kept_inline_tensors: inline tensors of at least ``size_threshold`` bytes left inline because onnx's loader
-            would not read them back from external data (sparse tensors, function default attributes,
-            ``training_info``); see ``docs/align.md``.
-        kept_inline_reasons: the same tensors counted by reason (``"sparse tensor"``, ``"training_info"``...).
-        kept_inline_names: the same tensors' names (walker labels, e.g. ``'Constant_0/value'`` for an unnamed
-            ``Constant``), by reason: with ``weights_format="safetensors"``, every tensor of the source the
-            checkpoint does not hold (``"shape tensor"``, ``"no name (no safetensors key)"``...).
+        kept_inline_tensors: inline tensors of at least ``size_threshold`` bytes left in the ``.onnx``, because
+            onnx's loader would not read them back from external data (sparse tensors, function default
+            attributes, ``training_info``) or because they are shape tensors (``docs/safety.md#glossary``, "kept
+            inline").
+        kept_inline_reasons: the same tensors counted by reason (``"shape tensor"``, ``"sparse tensor"``...).
+        kept_inline_names: the same tensors' names by reason (a tensor without a name is labelled by where it is,
+            e.g. ``'Constant_0/value'``); with ``weights_format="safetensors"``, every tensor of the source the
+            safetensors files do not hold (``"shape tensor"``, ``"no name (no safetensors key)"``...).
+        padding: bytes of the weights files that no tensor uses (alignment gaps).
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes:
+
+        >>> import os
+        >>> from onnx_light_ref import align_external_data_streaming
+        >>> result = align_external_data_streaming("model.onnx", "out.onnx", max_shard_size=600_000, size_threshold=1)
+        >>> result == result.payload_bytes + result.padding, result.tensors
+        (True, 8)
+        >>> [os.path.basename(path) for path in result.weights_files]
+        ['out.onnx.data', 'out.onnx.data.1']
+        >>> result.kept_inline_names  # the Reshape's shape stays in the .onnx
+        {'shape tensor': ('shape',)}
     """
 
     _REPR_FIELDS = (
@@ -209,17 +230,32 @@ class AlignResult(_SizeResult):
 
 
 class SaveResult(_SizeResult):
-    """The result of :func:`~onnx_light_ref.io._shared_save.save_model_with_shared_external_data`: the secondary
-    weights file size (an ``int``), plus what was saved.
+    """What :func:`~onnx_light_ref.save_model_with_shared_external_data` returns: the new weights file's size.
+
+    An ``int``: the bytes of the secondary weights file (padding included; 0, and no file, when no tensor was new),
+    plus what was saved as read-only attributes.
 
     Attributes:
         new_tensors: tensors whose inline bytes moved to the secondary file.
         reused_tensors: EXTERNAL tensors whose references were kept as they were.
         payload_bytes: bytes of the new tensors; ``int(result) - payload_bytes`` is padding.
         weights_files: absolute paths of the weights files written (empty when nothing was new).
-        kept_inline_tensors: inline ``raw_data`` tensors of at least ``size_threshold`` bytes left inline because
-            onnx's loader would not read them back (sparse tensors, function default attributes, ``training_info``).
+        kept_inline_tensors: inline ``raw_data`` tensors of at least ``size_threshold`` bytes left in the ``.onnx``
+            (onnx's loader would not read them back, or a shape tensor: ``docs/safety.md#glossary``, "kept inline").
         kept_inline_reasons: the same tensors counted by reason.
+        padding: bytes of the secondary file that no tensor uses (alignment gaps).
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, a variant of ``model.onnx`` whose head
+        bias is new:
+
+        >>> import numpy as np, onnx
+        >>> from onnx_light_ref import save_model_with_shared_external_data
+        >>> model = onnx.load("model.onnx", load_external_data=False)
+        >>> model.graph.initializer[7].CopyFrom(onnx.numpy_helper.from_array(np.zeros(16, np.float32), "head.bias"))
+        >>> result = save_model_with_shared_external_data(model, "variant.onnx", size_threshold=0)
+        >>> int(result), result.new_tensors, result.reused_tensors, result.kept_inline_reasons
+        (64, 1, 7, {'shape tensor': 1})
     """
 
     _REPR_FIELDS = ("weights_files", "new_tensors", "reused_tensors", "payload_bytes", "padding", "kept_inline_tensors")
@@ -270,8 +306,10 @@ class TensorPairing:
 
 
 class LinkResult(_SizeResult):
-    """The result of :func:`~onnx_light_ref.io._link.link_external_data`: the bytes of the model's own weights file
-    (an ``int``, padding included; 0 when every external tensor was linked), plus what was linked and written.
+    """What :func:`~onnx_light_ref.link_external_data` returns: the bytes of the model's own weights file.
+
+    An ``int`` (padding included; 0 when every external tensor was linked, and no weights file is written), plus what
+    was linked and written as read-only attributes.
 
     Attributes:
         linked_tensors: tensors pointing at the checkpoint's bytes (none of them copied).
@@ -285,9 +323,10 @@ class LinkResult(_SizeResult):
         stale_weights_files: files an earlier run left at this destination that the new ``.onnx`` does not reference
             (its own weights file ``DST.onnx.data`` when every tensor is now linked, or files named like further
             shards of it), still there (not deleted, or kept by ``delete_stale``: a warning says why).
-        removed_files: with ``delete_stale``, the stale files deleted after the commit.
+        removed_files: with ``delete_stale``, the stale files deleted once the new model was in place.
         kept_inline_reasons: inline tensors of at least ``size_threshold`` bytes left inline (not linked, not written)
             by reason: ``"shape tensor"``, ``"training_info"``, ``"function default attribute"``...
+        kept_inline_tensors: their number.
         pairings: every model tensor paired with a checkpoint key (name, key, how: ``"name"``, ``"map"``,
             ``"content"``, ``"transpose"``), model order; the model tensors that became ``Transpose`` outputs
             (``transpose=True``) are among them.
@@ -296,6 +335,18 @@ class LinkResult(_SizeResult):
             probably pre-transposed weights (torch's ``optimize=True``, the legacy exporter); written.
         unaligned_linked: linked tensors of at least ``align_threshold`` bytes whose checkpoint offset is not a
             multiple of ``alignment`` (a link keeps the checkpoint's layout).
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, with a safetensors copy of the weights
+        as the checkpoint:
+
+        >>> from onnx_light_ref import align_external_data_streaming, link_external_data
+        >>> _ = align_external_data_streaming("model.onnx", "checkpoint.onnx", weights_format="safetensors")
+        >>> result = link_external_data("model.onnx", "checkpoint.safetensors", "linked.onnx")
+        >>> int(result), result.linked_tensors, result.linked_bytes, result.weights_files
+        (0, 8, 1014784, ())
+        >>> result.pairings[0]
+        TensorPairing(name='W0', key='W0', how='name')
     """
 
     _REPR_FIELDS = (
@@ -364,7 +415,7 @@ class LinkResult(_SizeResult):
 
 @dataclass(frozen=True)
 class FamilyMember:
-    """One member of a family written by :func:`~onnx_light_ref.io._align_models.align_models`.
+    """One member of a family written by :func:`~onnx_light_ref.align_models`.
 
     Attributes:
         source: absolute path of the source ``.onnx``.
@@ -373,9 +424,9 @@ class FamilyMember:
         payload_bytes: distinct bytes its external tensors reference.
         shared_tensors: its external tensors whose bytes another member uses too.
         externalized_tensors: tensors that were inline in the source (``size_threshold``).
-        kept_inline_reasons: inline tensors of at least ``size_threshold`` bytes left inline by rule 2 of the
-            writer contract (onnx's loader would not read them back, or a shape tensor), by reason.
-        kept_inline_names: the same tensors' names (walker labels), by reason.
+        kept_inline_reasons: inline tensors of at least ``size_threshold`` bytes left in the ``.onnx`` (onnx's
+            loader would not read them back, or a shape tensor: ``docs/safety.md#glossary``), by reason.
+        kept_inline_names: the same tensors' names, by reason.
     """
 
     source: str
@@ -396,8 +447,8 @@ class SharedTensor:
         weights_file: absolute path of the weights file holding it.
         offset: its offset in that file.
         length: its size in bytes.
-        users: ``(member path, tensor)`` of every tensor using it, in member then walk order (a tensor named by its
-            walker label, e.g. ``'embed.weight'`` or a subgraph's ``'If_0/then_branch/bias'``).
+        users: ``(member path, tensor)`` of every tensor using it, in member then model order (a tensor named by
+            its name, or by where it is when it has none, e.g. a subgraph's ``'If_0/then_branch/bias'``).
     """
 
     weights_file: str
@@ -407,9 +458,9 @@ class SharedTensor:
 
 
 class FamilyResult(_SizeResult):
-    """The result of :func:`~onnx_light_ref.io._align_models.align_models`: the bytes of the family's weights files
-    together (an ``int``, padding included), plus what was written for each member and for the family.
+    """What :func:`~onnx_light_ref.align_models` returns: the bytes of the family's weights files together.
 
+    An ``int`` (padding included), plus what was written for each member and for the family as read-only attributes.
     ``str``, ``format``, ``%d`` and JSON see the plain number; ``repr`` shows the family's totals.
 
     Attributes:
@@ -428,13 +479,29 @@ class FamilyResult(_SizeResult):
         stale_weights_files: files of the folder named like further shards of the weights, or that the replaced
             members referenced, that no model written uses now, still there (not deleted, or kept by
             ``delete_stale``: a warning says why).
-        removed_files: with ``delete_stale``, the stale files deleted after the commit.
+        removed_files: with ``delete_stale``, the stale files deleted once the family was in place.
         config_file: with ``update_config``, the ``config.json`` whose ``transformers.js_config`` was updated.
         weights_format: ``"onnx"`` or ``"safetensors"``.
         index_file: the ``.safetensors.index.json`` of a sharded safetensors family, else None.
         unaligned_tensors: safetensors only: keys of tensors of at least ``align_threshold`` bytes not aligned.
-        kept_inline_reasons: every member's inline tensors left inline where onnx would not load them back, by
-            reason.
+        kept_inline_reasons: every member's inline tensors left in its ``.onnx`` (``docs/safety.md#glossary``, "kept
+            inline"), by reason.
+        kept_inline_tensors: their number.
+        saved_bytes: payload bytes saved against storing each member separately (``separate_bytes - unique_bytes``).
+        padding: bytes of the weights files that no tensor uses (alignment gaps, safetensors headers).
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, where ``new_head.onnx`` is
+        ``model.onnx`` with another head:
+
+        >>> import os
+        >>> from onnx_light_ref import align_models
+        >>> os.mkdir("family")
+        >>> result = align_models(["model.onnx", "new_head.onnx"], "family")
+        >>> [(os.path.basename(member.path), member.tensors, member.shared_tensors) for member in result.members]
+        [('model.onnx', 8, 6), ('new_head.onnx', 7, 6)]
+        >>> result.unique_bytes, result.saved_bytes, len(result.shared_tensors)
+        (1036288, 993216, 6)
     """
 
     members: tuple[FamilyMember, ...]

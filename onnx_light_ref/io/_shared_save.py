@@ -122,8 +122,8 @@ def save_model_with_shared_external_data(
             shapes (it refuses to parse them from external data). ``0`` moves every inline ``raw_data`` tensor out.
             Tensors stored in typed fields (``float_data``...) always stay inline; so do tensors onnx's loader would
             not read back from external data (sparse tensors, function default attributes, ``training_info``) and
-            shape tensors whatever their size (rule 2 of ``docs/safety.md``), counted in the result's
-            ``kept_inline_tensors``.
+            shape tensors whatever their size (``docs/safety.md#glossary``, "kept inline"), counted in the
+            result's ``kept_inline_tensors``.
         progress: called as ``progress(done_bytes, total_bytes)`` while new bytes are written.
         check_references: require every reused reference to resolve from the destination folder (inside it, file
             present, range within the file). ``False`` lets a reused file be missing (it may be written later) and
@@ -141,7 +141,7 @@ def save_model_with_shared_external_data(
             previous ``dst_onnx_path``, not named after it); False (default) refuses with ``ExistingFileError``.
 
     Returns:
-        A :class:`~onnx_light_ref.io._results.SaveResult`: an ``int`` equal to the secondary file size, padding
+        A :class:`~onnx_light_ref.SaveResult`: an ``int`` equal to the secondary file size, padding
         included (0, and no file created, when nothing is new), which also carries the new and reused tensor
         counts, payload bytes, padding and the weights files written.
 
@@ -167,6 +167,19 @@ def save_model_with_shared_external_data(
         PublishedWithErrorsError: the variant is published (its ``result`` attribute is the ``SaveResult``) and
             ``model`` points at the new secondary file as on success, but a step after the commit failed: the fsync
             that makes it durable, or removing the previous versions (see ``docs/durability.md``).
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, a variant of ``model.onnx`` with a new
+        head bias, loaded without its weights:
+
+        >>> import numpy as np, onnx
+        >>> from onnx_light_ref import save_model_with_shared_external_data
+        >>> model = onnx.load("model.onnx", load_external_data=False)
+        >>> model.graph.initializer[7].CopyFrom(onnx.numpy_helper.from_array(np.zeros(16, np.float32), "head.bias"))
+        >>> int(save_model_with_shared_external_data(model, "variant.onnx", size_threshold=0))  # the 64 new bytes
+        64
+        >>> [(entry.key, entry.value) for entry in model.graph.initializer[0].external_data][0]  # W0: shared
+        ('location', 'model.onnx.data')
     """
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"model must be an onnx.ModelProto, got {type(model).__name__}.")

@@ -89,17 +89,35 @@ _MODEL_FILE = -1
 
 @dataclass(frozen=True, slots=True)
 class VerifyResult:
-    """What :func:`verify_models` found.
+    """What :func:`~onnx_light_ref.verify_models` found: the verdict, and each difference as a sentence and a record.
 
-    ``equal``: every tensor pair has the same name, place, data type, dims and bytes. ``tensors``: tensor pairs found
-    equal (all of them when ``equal``). ``bytes_compared``: payload bytes compared, counted once per pair.
-    ``first_difference``: None when equal, else one sentence naming the tensor, its place and what differs.
-    ``checksum_mismatches``: with ``check_checksums=True``, one sentence per ``checksum`` entry that matches neither
-    the SHA1 of its tensor's bytes nor that of its whole file (only tensors compared before the search stopped are
-    checked). ``differences``: every difference found (at most ``max_differences``), as records; the first one's
-    sentence is ``first_difference``. ``checksum_mismatch_details``: the mismatches as records, in the same order
-    as their sentences. ``tensors_a``, ``tensors_b``: the tensors each model holds (walker order); ``by_name``: how
-    they were paired.
+    Attributes:
+        equal: every tensor pair has the same name, place, data type, dims and bytes.
+        tensors: tensor pairs found equal (all of them when ``equal``).
+        bytes_compared: payload bytes compared, counted once per pair.
+        first_difference: None when equal, else one sentence naming the tensor, its place and what differs.
+        checksum_mismatches: with ``check_checksums=True``, one sentence per ``checksum`` entry that matches neither
+            the SHA1 of its tensor's bytes nor that of its whole file (only tensors compared before the search
+            stopped are checked).
+        differences: every difference found (at most ``max_differences``), as records: ``str(difference)`` is its
+            sentence, ``difference.kind`` what differs (``"bytes"``, ``"dims"``, ``"only_in_a"``...), ``a`` and
+            ``b`` the two tensors; the first one's sentence is ``first_difference``.
+        checksum_mismatch_details: the mismatches as records, in the same order as their sentences.
+        tensors_a: the tensors model A holds.
+        tensors_b: the tensors model B holds.
+        by_name: how the tensors were paired (by name, or by position).
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, where ``new_head.onnx`` is
+        ``model.onnx`` with another head:
+
+        >>> from onnx_light_ref import verify_models
+        >>> result = verify_models("model.onnx", "new_head.onnx", max_differences=0)
+        >>> result.equal, result.tensors, [(d.kind, d.a.name) for d in result.differences]
+        (False, 7, [('bytes', 'head.weight'), ('bytes', 'head.bias')])
+        >>> print(result.first_difference)
+        tensor #6 'head.weight' (initializer in graph 'demo_mlp'): bytes differ at offset 0 of 21504
+        (A: 0x..., B: 0x...)
     """
 
     equal: bool
@@ -242,9 +260,10 @@ def verify_models(
 ) -> VerifyResult:
     """Compare every tensor of two models, streaming external bytes; report the first difference (or more).
 
-    Tensors are paired by position in :func:`~onnx_light_ref.io._read.walker.iter_tensors` order; a pair is equal when
-    its name, kind and place, data type, dims and little-endian bytes are equal. The place is structural
-    (:attr:`~onnx_light_ref.io._read.walker.TensorSite.place`: the index of every node, attribute, ``graphs`` entry,
+    The proof that a rewrite (re-aligned, sharded, linked, converted to safetensors) changed no tensor. Tensors are
+    paired by position in model order (every initializer, node attribute tensor and sparse tensor, of the main graph,
+    its subgraphs, functions and training graphs); a pair is equal when its name, kind and place, data type, dims and
+    little-endian bytes are equal. The place is structural (the index of every node, attribute, ``graphs`` entry,
     model function and slot on the way, and a function's domain, name and overload), so a tensor moved between
     ``graphs[0]`` and ``graphs[1]`` of one attribute, between two nodes of the same name or between two overloads of
     a function is a difference. How each side stores a
@@ -274,9 +293,9 @@ def verify_models(
     and a 256 KiB comparison scratch, whatever the model size; each buffer grows only as far as the longest range it
     reads (a 1 KiB model compared with ``chunk_size=1 GiB`` allocates about 1 KiB). Nothing is written.
 
-    A ``.onnx`` of at most 16 MiB (:data:`~onnx_light_ref.io._read.wire.WHOLE_PARSE_LIMIT`) is parsed whole, its
-    inline tensors in memory. A larger one, also one over protobuf's 2 GiB limit, is parsed by the wire-format scan
-    (:func:`~onnx_light_ref.io._read.wire.load_model_lean`): only its metadata is parsed, and each inline payload
+    A ``.onnx`` of at most 16 MiB is parsed whole, its inline tensors in memory. A larger one, also one over
+    protobuf's 2 GiB limit, is parsed by a scan of its wire format (``docs/wire_format.md``): only its metadata is
+    parsed, and each inline payload
     longer than 32 bytes is read from the ``.onnx`` through the same two buffers, like an external range; the
     ``.onnx`` is then opened once more and must be the very file scanned (device, inode, size and modification
     time).
@@ -289,7 +308,7 @@ def verify_models(
     Args:
         a_onnx_path: the first ``.onnx`` file (``str`` or path-like); "A" in messages.
         b_onnx_path: the second ``.onnx`` file; "B" in messages.
-        chunk_size: bytes read per system call and side, from 1 to :data:`MAX_CHUNK_SIZE`; the two buffers are at
+        chunk_size: bytes read per system call and side, from 1 to 1 GiB; the two buffers are at
             most this size.
         check_checksums: also check each external tensor's ``checksum`` entry: it must be the SHA1 (hex) of the
             tensor's bytes or, as the ONNX external-data spec words it, of its whole file (hashed only when the
@@ -305,10 +324,11 @@ def verify_models(
         max_differences: stop after this many differences (default 1: the first); 0 finds every difference.
 
     Returns:
-        A :class:`VerifyResult`.
+        A :class:`~onnx_light_ref.io.VerifyResult`: ``equal`` is the verdict, ``first_difference`` the sentence
+        ``verify`` prints, ``differences`` every difference found as a record.
 
     Raises:
-        TypeError, ValueError: a bad ``chunk_size`` (not an int, < 1 or > :data:`MAX_CHUNK_SIZE`),
+        TypeError, ValueError: a bad ``chunk_size`` (not an int, < 1 or > 1 GiB),
             ``max_differences`` (not an int, < 0), ``check_checksums``, ``allow_hard_links`` or ``by_name`` (before
             any I/O).
         FileNotFoundError: a ``.onnx`` file or a referenced data file does not exist.
@@ -320,6 +340,17 @@ def verify_models(
         ExternalDataError: malformed ``external_data`` entries, a range past the end of its file, or a data file
             replaced or shortened while being compared (also a ``.onnx`` over 16 MiB, whose inline payloads are read
             from it).
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, ``model.onnx`` against a sharded copy,
+        then against ``new_head.onnx`` (another head):
+
+        >>> from onnx_light_ref import align_external_data_streaming, verify_models
+        >>> _ = align_external_data_streaming("model.onnx", "sharded.onnx", max_shard_size=300_000)
+        >>> verify_models("model.onnx", "sharded.onnx").equal
+        True
+        >>> print(verify_models("model.onnx", "new_head.onnx").first_difference)
+        tensor #6 'head.weight' (initializer in graph 'demo_mlp'): bytes differ at offset 0 of 21504 ...
     """
     check_int("chunk_size", chunk_size, minimum=1, maximum=MAX_CHUNK_SIZE)
     check_bool("check_checksums", check_checksums)

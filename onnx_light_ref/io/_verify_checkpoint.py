@@ -38,13 +38,32 @@ _FLOATS = {
 
 @dataclass(frozen=True, slots=True)
 class CheckpointVerifyResult:
-    """What :func:`verify_checkpoint` found.
+    """What :func:`~onnx_light_ref.verify_checkpoint` found: the verdict, every pairing, and what the model lacks.
 
-    ``holds``: every checkpoint key is held by a model tensor with equal bytes (a transpose: equal once transposed).
-    ``pairings``: one per key held (model tensor, key, how), model order then key order. ``missing_keys``: keys no
-    model tensor holds. ``differing``: pairings by name or map whose bytes differ. ``extra_weights``: floating-point
-    initializers of the model paired with no key (rotary tables and masks the exporter computed, or weights the
-    checkpoint lacks). ``checkpoint_keys``, ``checkpoint_files``: the checkpoint's keys (count) and files.
+    Attributes:
+        holds: every checkpoint key is held by a model tensor with equal bytes (a transpose: equal once transposed).
+        pairings: one per key held (model tensor ``name``, checkpoint ``key``, ``how``: ``"name"``, ``"map"``,
+            ``"content"`` or ``"transpose"``), model order then key order.
+        missing_keys: keys no model tensor holds.
+        differing: pairings by name or map whose bytes differ.
+        extra_weights: floating-point initializers of the model paired with no key (rotary tables and masks the
+            exporter computed, or weights the checkpoint lacks).
+        checkpoint_keys: the number of the checkpoint's keys.
+        checkpoint_files: the checkpoint's files (absolute paths).
+        model_tensors: the number of the model's tensors.
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, with a safetensors copy of the weights
+        as the checkpoint:
+
+        >>> from onnx_light_ref import align_external_data_streaming, verify_checkpoint
+        >>> _ = align_external_data_streaming("model.onnx", "checkpoint.onnx", weights_format="safetensors")
+        >>> result = verify_checkpoint("new_head.onnx", "checkpoint.safetensors")
+        >>> result.holds, result.differing
+        (False, (TensorPairing(name='head.weight', key='head.weight', how='name'),
+                 TensorPairing(name='head.bias', key='head.bias', how='name')))
+        >>> result.checkpoint_keys, result.model_tensors, result.missing_keys
+        (8, 9, ())
     """
 
     holds: bool
@@ -96,19 +115,20 @@ def verify_checkpoint(
     ``optimize=True`` stores Linear weights pre-transposed); a key whose values several model tensors share, or one
     the exporter stored once for several keys (tied or equal weights), is held by any tensor of equal bytes. Every
     pairing's bytes are compared, streamed ``chunk_size`` at a time; a tensor that points at the key's own bytes
-    (``link``) is equal without being read. The checkpoint is read where it is (its folder held, its headers
+    (``link``) is equal without being read. The checkpoint is read where it is (its folder opened once, its headers
     parsed as hostile input); it need not sit beside the model.
 
     Args:
         model_onnx_path: the ``.onnx`` (external data resolved from its folder, as every reader does).
         checkpoint: a ``.safetensors`` file, a sharded set's ``*.safetensors.index.json``, or a folder holding
-            one (:func:`find_checkpoint`).
+            one (its index, else its only ``.safetensors`` file).
         name_map: model tensor name -> checkpoint key, for names that differ (checked like ``link``'s).
         chunk_size: bytes read per system call; the two buffers are at most this size.
         allow_outside_folder: follow symbolic links to data files and checkpoint files (the Hugging Face cache).
 
     Returns:
-        A :class:`CheckpointVerifyResult`; ``holds`` is the verdict.
+        A :class:`~onnx_light_ref.io.CheckpointVerifyResult`; ``holds`` is the verdict, ``missing_keys`` the keys
+        no model tensor holds.
 
     Raises:
         FileNotFoundError: the model, the checkpoint or a data file is missing.
@@ -118,10 +138,16 @@ def verify_checkpoint(
             as for every reader.
 
     Example:
-        >>> from onnx_light_ref import verify_checkpoint
-        >>> result = verify_checkpoint("onnx/model.onnx", "checkpoint/")  # doctest: +SKIP
-        >>> result.holds, result.missing_keys  # doctest: +SKIP
-        (True, ())
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, with a safetensors copy of the weights in
+        a folder as the checkpoint:
+
+        >>> import os
+        >>> from onnx_light_ref import align_external_data_streaming, verify_checkpoint
+        >>> os.mkdir("checkpoint")
+        >>> _ = align_external_data_streaming("model.onnx", "checkpoint/model.onnx", weights_format="safetensors")
+        >>> result = verify_checkpoint("model.onnx", "checkpoint/")
+        >>> result.holds, result.missing_keys, len(result.pairings)
+        (True, (), 8)
     """
     check_int("chunk_size", chunk_size, minimum=1)
     check_bool("allow_outside_folder", allow_outside_folder)

@@ -304,17 +304,20 @@ def delay_initializers(
 ) -> onnx.ModelProto:
     """Return a new model where every external initializer of at least ``min_size`` bytes is a DelayedInitializer.
 
-    Each replaced initializer becomes a node ``ai.rt::DelayedInitializer`` (built by
-    :func:`~onnx_light_ref.ops._schema.make_delayed_initializer_node`) with no inputs, the initializer's name as
+    The model then reads each weight from its file when it runs (``load_device="file"``) or once when the evaluator
+    is built (``"cpu"``), instead of when it is loaded: what onnx-light runs, and what
+    :func:`~onnx_light_ref.reference_evaluator` builds for onnx's evaluator. No weight byte is read or copied.
+
+    Each replaced initializer becomes a node ``ai.rt::DelayedInitializer`` with no inputs, the initializer's name as
     output, and attributes ``shape``, ``dtype``, ``load_device``, ``runtime_device="cpu"``, ``filename`` (the
     location as written, relative) and ``offset``. The node goes at the front of the node list of the graph that
     held the initializer, so it runs before every consumer, including nodes of nested subgraphs that use it as an
     outer-scope value. A ``value_info`` entry with the dtype and shape is added so evaluators checking shape
     annotations verify what the op produces. The ``ai.rt`` opset import (version 1) is added. Initializers the op
-    cannot stand for are kept as they are (see the module docstring): graph-input defaults, those below
-    ``min_size``, those of a dtype the op cannot produce here (string; float4 on an onnx without it...; with
-    ``portable=True`` every type outside the seed spec's 14: bfloat16, float8, int4...), subgraph initializers named
-    like an outer value, and training graphs' initializers.
+    cannot stand for are kept as they are (``docs/lazy_evaluation.md#what-is-not-converted``): graph-input defaults,
+    those below ``min_size``, those of a dtype the op cannot produce here (string; float4 on an onnx without it...;
+    with ``portable=True`` every type outside the 14 of onnx-light's C++ runtime: bfloat16, float8, int4...),
+    subgraph initializers named like an outer value, and training graphs' initializers.
 
     Every converted reference is validated first (relative, inside ``base_dir``, file present, range in bounds,
     length matching dims and dtype) without reading a byte of weights.
@@ -325,8 +328,8 @@ def delay_initializers(
         base_dir: Folder the locations are relative to; defaults to the model's folder for a path, and is
             required for a proto with external initializers.
         min_size: Initializers smaller than this many bytes stay initializers.
-        portable: Write a model for onnx-light's C++ runtime: only initializers of the seed spec's 14 element types
-            (:data:`~onnx_light_ref.ops._dtypes.PORTABLE_DTYPES`) become nodes; bfloat16, float8, int4... stay
+        portable: Write a model for onnx-light's C++ runtime: only initializers of the 14 element types it reads
+            (float, double, float16, the integers, bool, complex) become nodes; bfloat16, float8, int4... stay
             initializers. Default False: every type the installed onnx's evaluator represents is converted.
 
     Returns:
@@ -341,6 +344,16 @@ def delay_initializers(
         ExternalDataError: a malformed reference (bad entries, range out of the file, length disagreeing with the
             dims and dtype).
         FileNotFoundError: a data file that does not exist.
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes:
+
+        >>> from onnx_light_ref import delay_initializers
+        >>> model = delay_initializers("model.onnx")
+        >>> [node.op_type for node in model.graph.node][:3]
+        ['DelayedInitializer', 'DelayedInitializer', 'DelayedInitializer']
+        >>> [tensor.name for tensor in model.graph.initializer]  # the inline Reshape shape stays
+        ['shape']
     """
     check_load_device(load_device)
     plan = plan_delayed_initializers(model_or_path, base_dir=base_dir, min_size=min_size, portable=portable)

@@ -41,7 +41,7 @@ _WRITER = "delay"
 
 @dataclass(frozen=True)
 class DelayResult:
-    """What :func:`write_delayed_model` wrote.
+    """What :func:`~onnx_light_ref.ops.write_delayed_model` wrote.
 
     Attributes:
         path: the ``.onnx`` written (absolute).
@@ -50,6 +50,17 @@ class DelayResult:
         data_files: the files the written model reads (absolute), sorted.
         kept: initializers left as they were, by reason (``"graph input default"``, ``"below min_size"``,
             ``"data type"``, ``"named like an outer value"``), their names.
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes:
+
+        >>> import os
+        >>> from onnx_light_ref.ops import write_delayed_model
+        >>> result = write_delayed_model("model.onnx", "delayed.onnx", min_size=100)
+        >>> result.delayed_tensors, result.delayed_bytes, result.kept
+        (7, 1014720, {'below min_size': ('head.bias',)})
+        >>> [os.path.basename(path) for path in result.data_files]
+        ['model.onnx.data']
     """
 
     path: str
@@ -72,10 +83,11 @@ def write_delayed_model(
 ) -> DelayResult:
     """Write ``dst_onnx_path``: ``src_onnx_path`` with its external initializers as ``DelayedInitializer`` nodes.
 
-    The conversion is :func:`~onnx_light_ref.ops._convert.delay_initializers`'s (same nodes, same initializers kept);
-    no weight byte is read or copied: the nodes read the source's data files, named relative to DST.onnx's folder
-    (module docstring). Every rule of the writer contract applies (``docs/safety.md``); the ``.onnx`` appears
-    atomically (fsynced with ``durable``), or nothing changes.
+    The conversion is :func:`~onnx_light_ref.delay_initializers`'s (same nodes, same initializers kept); no weight
+    byte is read or copied: the nodes read the source's data files where they are, named relative to DST.onnx's
+    folder, which must reach them (write DST.onnx in SRC.onnx's folder or a folder above it; to put it elsewhere, move
+    the weights with ``align`` first). Every rule of the writer contract applies (``docs/safety.md#glossary``); the
+    ``.onnx`` appears atomically (fsynced with ``durable``), or nothing changes. The command line's ``delay``.
 
     Args:
         src_onnx_path: the model to convert (parsed without its weights; never modified, unless it is the
@@ -84,7 +96,7 @@ def write_delayed_model(
             source's folder, or a folder above it).
         load_device: ``"file"`` (each weight read at every run) or ``"cpu"`` (read once when the evaluator is built).
         min_size: initializers smaller than this many bytes stay initializers.
-        portable: convert only the seed spec's 14 element types (onnx-light's C++ runtime).
+        portable: convert only the 14 element types onnx-light's C++ runtime reads (``delay_initializers``).
         durable: fsync the ``.onnx`` and its folder (default); ``False``: same bytes, atomic rename, no fsync.
         replace_shared: replace ``dst_onnx_path`` even when another model references it as a data file.
         overwrite: replace a ``dst_onnx_path`` that is not an ONNX model (nor named ``*.onnx``).
@@ -105,10 +117,15 @@ def write_delayed_model(
         PublishedWithErrorsError: DST.onnx is published, but a step after the commit failed.
 
     Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes:
+
+        >>> import onnx
         >>> from onnx_light_ref.ops import write_delayed_model
-        >>> result = write_delayed_model("model.onnx", "model_delayed.onnx")  # doctest: +SKIP
-        >>> result.delayed_tensors, result.data_files  # doctest: +SKIP
-        (2, ('/work/model.onnx.data',))
+        >>> result = write_delayed_model("model.onnx", "delayed.onnx", load_device="cpu")
+        >>> result.delayed_tensors, result.delayed_bytes
+        (8, 1014784)
+        >>> [node.op_type for node in onnx.load("delayed.onnx").graph.node][:2]
+        ['DelayedInitializer', 'DelayedInitializer']
     """
     check_load_device(load_device)
     options = WriteOptions(check_bool("replace_shared", replace_shared), check_bool("overwrite", overwrite))

@@ -329,18 +329,37 @@ class _KernelClass(ABCMeta):
 
 
 class DelayedInitializer(OpRun, metaclass=_KernelClass):
-    """Kernel of ``ai.rt::DelayedInitializer`` v1 for ``onnx.reference.ReferenceEvaluator``.
+    """The ``ai.rt::DelayedInitializer`` v1 kernel for onnx's ``ReferenceEvaluator``: a tensor read from a file.
 
-    Construction checks the node's structure (no input, one output, exactly the six attributes, each once, with its
-    type) before onnx's ``OpRun`` stores any attribute, validates the six values (``ValueError`` naming the node),
-    then checks where the file is (see the module docstring) and, for ``load_device="cpu"``, reads the bytes; for
-    ``"file"``, opens and holds the file when it exists. File problems raise ``FileNotFoundError`` (missing),
+    A ``DelayedInitializer`` node has no input, one output and six attributes: ``filename`` and ``offset`` (where the
+    bytes are), ``dtype`` and ``shape`` (the tensor they hold), ``load_device`` (``"file"``: read at every run;
+    ``"cpu"``: read once, when the evaluator is built) and ``runtime_device`` (``"cpu"``). A model whose weights are
+    such nodes loads in no time and reads its weights only when it runs. Pass the kernel to
+    ``ReferenceEvaluator(model, new_ops=[...])``: :meth:`bind` makes one whose files must be inside the model's folder
+    (what :func:`~onnx_light_ref.reference_evaluator` does for you); the class itself reads relative filenames from
+    the current directory and absolute ones as they are, as onnx-light's spec says (``docs/delayed_initializer.md``).
+
+    Building a node checks its structure (no input, one output, exactly the six attributes, each once, with its
+    type) before onnx's ``OpRun`` stores any attribute and validates the six values (``ValueError`` naming the
+    node); then it checks the file and, for ``load_device="cpu"``, reads the bytes (for ``"file"``, it opens the file
+    and keeps it open). File problems raise ``FileNotFoundError`` (missing),
     :class:`~onnx_light_ref.errors.UnsafeLocationError` (outside the folder, hard-linked, replaced),
-    :class:`~onnx_light_ref.errors.SafetensorsReferenceError` (a ``*.safetensors`` file whose header says the range
-    overlaps the header or is not the tensor's key: the message every reader gives, naming the output and the file)
-    or ``ValueError`` (not a regular file, too short, not accessible), each naming the node and the file. With
-    function-linked attributes the values are only known per call, so attribute and file checks happen in ``_run``
-    instead.
+    :class:`~onnx_light_ref.errors.SafetensorsReferenceError` (a range a ``.safetensors`` file's header disagrees
+    with) or ``ValueError`` (not a regular file, too short, not accessible), each naming the node and the file. With
+    attributes linked to a function's attributes the values are only known per call, so these checks happen at each
+    run instead.
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, ``light.onnx`` is ``model.onnx`` with
+        its weights read by ``DelayedInitializer`` nodes:
+
+        >>> import onnx
+        >>> node = onnx.load("light.onnx").graph.node[0]
+        >>> node.domain, node.op_type, list(node.output)
+        ('ai.rt', 'DelayedInitializer', ['W0'])
+        >>> {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in node.attribute}
+        {'shape': [64, 336], 'dtype': 1, 'load_device': b'file', 'runtime_device': b'cpu',
+         'filename': b'model.onnx.data', 'offset': 0}
     """
 
     op_domain = DOMAIN
@@ -386,20 +405,20 @@ class DelayedInitializer(OpRun, metaclass=_KernelClass):
     def bind(
         cls, base_dir: str | os.PathLike[str] | ModelFolder, *, allow_outside_folder: bool = False
     ) -> type[DelayedInitializer]:
-        """A subclass, still named ``DelayedInitializer``, whose filenames are confined to ``base_dir``.
+        """A subclass, still named ``DelayedInitializer``, that reads files inside ``base_dir`` only.
 
-        The folder is opened now and held: every ``filename`` is opened relative to that descriptor, with no
-        symbolic link on the way (onnx's loader rule); an absolute filename must name a file below ``base_dir``
-        (compared by name); files with several hard links are refused. Renaming the folder away or swapping it for a
-        symbolic link afterwards changes nothing: the held folder is read. Use it as
-        ``new_ops=[DelayedInitializer.bind(model_folder)]``; the class owns its descriptors: ``close()`` it (or use
-        it as ``with DelayedInitializer.bind(d) as op:``) when its evaluators are done, or let it be collected.
+        The folder is opened now and kept open: every ``filename`` is opened relative to it, with no symbolic link on
+        the way, as onnx's own loader requires (the location rule, ``docs/safety.md#glossary``); an absolute filename
+        must name a file below ``base_dir`` (compared by name); files with several hard links are refused. Renaming
+        the folder away or swapping it for a symbolic link afterwards changes nothing: the folder opened here is the
+        one read. Use it as ``new_ops=[DelayedInitializer.bind(model_folder)]``; the class owns the open folder and
+        files: ``close()`` it (or use it as ``with DelayedInitializer.bind(d) as op:``) when its evaluators are done,
+        or let it be collected.
 
         Args:
-            base_dir: the model's folder, made absolute now (a later ``os.chdir`` changes nothing), or a held
-                :class:`~onnx_light_ref.io._read.folder.ModelFolder` (the class holds a duplicate of its
-                descriptor: the caller still closes its own). A folder that does not exist yet is opened at the
-                first construction.
+            base_dir: the model's folder, made absolute now (a later ``os.chdir`` changes nothing), or a folder this
+                package's readers already opened (the class keeps a duplicate of its descriptor: the caller still
+                closes its own). A folder that does not exist yet is opened at the first construction.
             allow_outside_folder: trust the model: absolute filenames are used as they are (the spec's behaviour,
                 needed for models like the spec's examples, whose files are in ``/tmp``), and symbolic links are
                 followed (a trusted layout such as the Hugging Face cache). Relative names still resolve against
@@ -410,8 +429,20 @@ class DelayedInitializer(OpRun, metaclass=_KernelClass):
 
         Raises:
             TypeError: ``allow_outside_folder`` is not a bool.
-            OSError: ``EMFILE``/``ENFILE``: no descriptor left to hold the folder.
+            OSError: ``EMFILE``/``ENFILE``: no descriptor left to keep the folder open.
             ExternalDataError: ``base_dir`` is not a folder or cannot be opened.
+
+        Example:
+            In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, ``light.onnx`` read by onnx's
+            evaluator with the kernel bound to its folder:
+
+            >>> import numpy as np
+            >>> from onnx.reference import ReferenceEvaluator
+            >>> from onnx_light_ref import DelayedInitializer
+            >>> with DelayedInitializer.bind(".") as op:
+            ...     (y,) = ReferenceEvaluator("light.onnx", new_ops=[op]).run(None, {"x": np.ones((2, 64), np.float32)})
+            >>> y.shape, y.dtype
+            ((2, 16), dtype('float32'))
         """
         check_bool("allow_outside_folder", allow_outside_folder)
         folder: ModelFolder | None

@@ -68,16 +68,28 @@ logger = logging.getLogger(__name__)
 
 
 class LazyReferenceEvaluator(ReferenceEvaluator):
-    """What :func:`reference_evaluator` returns: onnx's ``ReferenceEvaluator`` that owns its kernel's descriptors.
+    """What :func:`~onnx_light_ref.reference_evaluator` returns: onnx's ``ReferenceEvaluator``, closable.
 
-    The bound ``DelayedInitializer`` holds the model's folder and, in file mode, each weights file (one descriptor
-    per distinct file). They are released by :meth:`close`, at the end of a ``with`` block, or as soon as the
-    evaluator is dropped (``del sess``): onnx's evaluator keeps itself in a reference cycle (its nodes' ``log``
+    Its ``DelayedInitializer`` kernel keeps the model's folder open and, in file mode, each weights file (one
+    descriptor per distinct file). They are released by :meth:`close`, at the end of a ``with`` block, or as soon as
+    the evaluator is dropped (``del sess``): onnx's evaluator keeps itself in a reference cycle (its nodes' ``log``
     callback refers back to it), which would leave the descriptors open until the cyclic garbage collector runs;
     this class replaces that callback by one holding a weak reference, so the evaluator goes with its last
     reference. After :meth:`close`, a run that needs a ``DelayedInitializer`` raises ``ValueError``.
 
     Subgraph and function evaluators onnx builds from it are of this class too; they own nothing.
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes:
+
+        >>> import numpy as np
+        >>> from onnx_light_ref import reference_evaluator
+        >>> sess = reference_evaluator("model.onnx")
+        >>> sess.run(None, {"x": np.ones((1, 64), np.float32)})[0].shape
+        (1, 16)
+        >>> sess.close()
+        >>> sess.closed
+        True
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -87,7 +99,7 @@ class LazyReferenceEvaluator(ReferenceEvaluator):
             weaken_log_callback(getattr(node, "run_params", None), self)
 
     def own(self, op: Any) -> None:
-        """Close ``op`` (a bound ``DelayedInitializer`` class) when this evaluator is closed or dropped."""
+        """Close ``op`` (a class :meth:`DelayedInitializer.bind` made) when this evaluator is closed or dropped."""
         self._olr_closer = weakref.finalize(self, op.close)
 
     @property
@@ -96,7 +108,7 @@ class LazyReferenceEvaluator(ReferenceEvaluator):
         return self._olr_closer is not None and not self._olr_closer.alive
 
     def close(self) -> None:
-        """Release the model's folder and the weights files held for this evaluator (idempotent)."""
+        """Release the model's folder and the weights files kept open for this evaluator (idempotent)."""
         if self._olr_closer is not None:
             self._olr_closer()
 
@@ -112,12 +124,14 @@ class LazyReferenceEvaluator(ReferenceEvaluator):
 def reference_evaluator(
     path: str | os.PathLike[str], load_device: str = "file", *, allow_outside_folder: bool = False, **kwargs: Any
 ) -> LazyReferenceEvaluator:
-    """Build ``onnx.reference.ReferenceEvaluator`` for the model at ``path`` without loading its weights eagerly.
+    """Build onnx's ``ReferenceEvaluator`` for the model at ``path``, its external weights read only when needed.
 
-    External initializers become ``DelayedInitializer`` nodes bound to the model's folder; every
-    ``DelayedInitializer`` filename (converted or already in the model) must resolve inside that folder. The
-    evaluator owns the descriptors of its kernel (the folder, the weights files held in file mode): use it in a
-    ``with`` block or call ``close()``; dropping it releases them too (see :class:`LazyReferenceEvaluator`).
+    A model of many gigabytes is ready at once and holds no weight in memory between runs (``load_device="file"``).
+    External initializers become ``DelayedInitializer`` nodes (as :func:`~onnx_light_ref.delay_initializers` writes
+    them) whose kernel is bound to the model's folder: every ``DelayedInitializer`` filename (converted or already in
+    the model) must resolve inside that folder. The evaluator owns the open folder and files of its kernel (the
+    weights files are kept open in file mode): use it in a ``with`` block or call ``close()``; dropping it releases
+    them too (see :class:`~onnx_light_ref.ops.LazyReferenceEvaluator`).
 
     Args:
         path: the ``.onnx`` file.
@@ -138,12 +152,23 @@ def reference_evaluator(
         UnsafeLocationError: a filename or location outside the model's folder, a hard-linked data file.
         FileNotFoundError: the model or a data file is missing.
         OSError: ``EMFILE``/``ENFILE``: the process (or the system) has no descriptor left; the message says so.
-        ExternalDataError: a tensor loaded eagerly (see the module docstring) has a malformed reference, or onnx's
-            loader refuses it.
-        ValueError: the errors of :func:`~onnx_light_ref.ops._convert.delay_initializers` and of the kernel's
-            attribute checks (bad references are refused before anything is read).
-        UnsupportedOnnxFeatureError: an evaluator keyword the installed onnx lacks (``check_shape_annotations``
-            before onnx 1.23), refused before anything is read.
+        ExternalDataError: a tensor loaded eagerly (an initializer ``delay_initializers`` keeps, such as a graph
+            input's default) has a malformed reference, or onnx's loader refuses it.
+        ValueError: the errors of :func:`~onnx_light_ref.delay_initializers` and of the kernel's attribute checks
+            (bad references are refused before anything is read).
+        UnsupportedOnnxFeatureError: (a ``NotImplementedError``) an evaluator keyword the installed onnx lacks
+            (``check_shape_annotations`` before onnx 1.23), refused before anything is read.
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes:
+
+        >>> import numpy as np
+        >>> from onnx_light_ref import reference_evaluator
+        >>> x = np.ones((2, 64), dtype=np.float32)
+        >>> with reference_evaluator("model.onnx") as sess:
+        ...     (y,) = sess.run(None, {"x": x})
+        >>> y.shape, y.dtype
+        ((2, 16), dtype('float32'))
     """
     check_bool("allow_outside_folder", allow_outside_folder)
     refuse_unsupported_evaluator_options(kwargs)

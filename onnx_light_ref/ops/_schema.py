@@ -113,6 +113,22 @@ def make_delayed_initializer_node(
 
     Returns:
         A new ``NodeProto`` with no inputs, one output, domain ``ai.rt`` and the six attributes.
+
+    Raises:
+        TypeError: a value protobuf cannot store in its attribute (a ``shape`` entry or an ``offset`` that is not an
+            int, a ``filename`` that is not a string).
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, a node reading the first tensor of
+        ``model.onnx.data`` (``W0``, float32 [64, 336], at offset 0) at every run:
+
+        >>> from onnx import TensorProto
+        >>> from onnx_light_ref.ops import make_delayed_initializer_node
+        >>> node = make_delayed_initializer_node(
+        ...     "W0", shape=[64, 336], dtype=TensorProto.FLOAT, load_device="file", filename="model.onnx.data", offset=0
+        ... )
+        >>> node.domain, node.op_type, [attribute.name for attribute in node.attribute]
+        ('ai.rt', 'DelayedInitializer', ['shape', 'dtype', 'load_device', 'runtime_device', 'filename', 'offset'])
     """
     node = onnx.helper.make_node(OP_TYPE, [], [output], domain=DOMAIN, name=name)
     values: dict[str, object] = {
@@ -226,13 +242,33 @@ def _is_registered() -> bool:
 
 
 def register_schemas() -> None:
-    """Register ``ai.rt::DelayedInitializer`` v1 in this process; calling it again does nothing.
+    """Register ``ai.rt::DelayedInitializer`` v1 with onnx in this process; calling it again does nothing.
 
+    onnx's checker and shape inference know the op afterwards: ``check_model(model, check_custom_domain=True)``
+    validates its nodes' attributes, and ``onnx.shape_inference.infer_shapes`` types its output from ``dtype`` and
+    ``shape``. Neither the evaluator nor the io functions need it (importing the package registers nothing).
     Thread-safe. A schema registered by someone else under the same name, domain and version is left in place
-    (onnx refuses duplicates), so this function never raises because of an earlier registration. The schema is
-    deregistered when the interpreter exits (``atexit``), before onnx could destroy its Python inference function
-    without the GIL (a hang on onnx 1.19, a segfault on 1.21 and 1.22). On onnx < 1.19 the schema has no shape
-    inference (see :func:`build_schema`); a warning says so once.
+    (onnx refuses duplicates). The schema is deregistered when the interpreter exits (``atexit``), before onnx could
+    destroy its Python inference function without the GIL (a hang on onnx 1.19, a segfault on 1.21 and 1.22). On
+    onnx < 1.19 the schema has no shape inference (onnx's Python schemas cannot carry one there); a warning says so
+    once.
+
+    Returns:
+        None.
+
+    Raises:
+        Nothing for an earlier registration, ours or someone else's: that one stays in place.
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, ``light.onnx`` holds
+        ``DelayedInitializer`` nodes:
+
+        >>> import onnx
+        >>> from onnx_light_ref import register_schemas
+        >>> register_schemas()
+        >>> onnx.defs.has("DelayedInitializer", "ai.rt")
+        True
+        >>> onnx.checker.check_model(onnx.load("light.onnx"), check_custom_domain=True)
     """
     with _lock:
         if _is_registered():

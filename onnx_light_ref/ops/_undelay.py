@@ -381,6 +381,16 @@ def undelay_initializers(
             graph or (in a subgraph) by a value of an enclosing graph, a node whose initializer onnx's loader would
             not read back, a shape tensor (e.g. a ``Reshape`` ``shape``: it is written inline, read from its file)
             larger than 1 MiB.
+
+    Example:
+        In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, ``light.onnx`` is ``model.onnx`` with
+        its weights read by ``DelayedInitializer`` nodes:
+
+        >>> from onnx_light_ref import undelay_initializers, verify_models
+        >>> undelay_initializers("light.onnx", "standard.onnx")
+        1032256
+        >>> verify_models("model.onnx", "standard.onnx", by_name=True).equal
+        True
     """
     src = os.path.abspath(os.fspath(src_onnx_path))
     dst = os.path.abspath(os.fspath(dst_onnx_path))

@@ -43,6 +43,9 @@ def load_schema(command: Literal["inspect", "verify"], version: int | None = Non
         ValueError: no such command or version.
 
     Example:
+        In any folder (the schemas ship with the package):
+
+        >>> from onnx_light_ref.schemas import load_schema
         >>> load_schema("verify")["title"]
         'onnx-light-ref verify --json, schema version 1'
     """
