@@ -217,20 +217,6 @@ def build_folder_report(folder: str, *, allow_outside_folder: bool = False) -> F
     return FolderReport(folder, models, folder_sharing(folder))
 
 
-def format_folder(folder: str, *, allow_outside_folder: bool = False) -> tuple[str, bool]:
-    """What ``inspect FOLDER`` prints: each model's status, then which models use which data files.
-
-    Args:
-        folder: a folder holding ``.onnx`` files.
-        allow_outside_folder: as for :func:`~onnx_light_ref.io._layout_report.build_layout_report`.
-
-    Returns:
-        The text (newline-terminated) and whether every model is OK.
-    """
-    report = build_folder_report(folder, allow_outside_folder=allow_outside_folder)
-    return format_folder_report(report), report.ok
-
-
 def format_folder_report(report: FolderReport) -> str:
     """The text of a :class:`FolderReport`, every model-controlled field escaped."""
     folder = report.folder

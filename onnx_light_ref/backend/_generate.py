@@ -75,24 +75,6 @@ def _check_model(case: NodeCase) -> None:
     onnx.shape_inference.infer_shapes(case.model, check_type=True, strict_mode=True)
 
 
-def write_case(case: NodeCase, node_dir: str | os.PathLike[str]) -> Path:
-    """Write one case under ``node_dir`` (replacing an older copy of that case) and return its directory.
-
-    Args:
-        case: The case to write; its model is checked first.
-        node_dir: The existing folder holding the case directories.
-
-    Returns:
-        The case directory.
-
-    Raises:
-        onnx.checker.ValidationError, onnx.shape_inference.InferenceError: the case's model is invalid.
-        OSError: the files cannot be written.
-    """
-    _check_model(case)
-    return _write_checked_case(case, Path(node_dir))
-
-
 def _write_checked_case(case: NodeCase, node_dir: Path) -> Path:
     case_dir = node_dir / case.name
     if case_dir.is_symlink() or case_dir.is_file():

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onnx_light_ref.io._plan.placement import Placement, ShardedLayout, shard_path
+from onnx_light_ref.io._plan.placement import Placement, ShardedLayout
 
 
 def place_all(layout: ShardedLayout, lengths: list[int]) -> list[Placement]:
@@ -108,10 +108,6 @@ def test_only_zero_length_blobs_make_one_empty_file():
     layout = ShardedLayout(step=4096)
     assert place_all(layout, [0, 0]) == [Placement(0, 0), Placement(0, 0)]
     assert layout.sizes == [0]
-
-
-def test_shard_names_follow_onnx_light():
-    assert [shard_path("m.onnx.data", i) for i in range(3)] == ["m.onnx.data", "m.onnx.data.1", "m.onnx.data.2"]
 
 
 @settings(max_examples=200, deadline=None)

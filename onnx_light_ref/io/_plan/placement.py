@@ -39,11 +39,6 @@ from onnx_light_ref.io._read.alignment import align_up
 _State = TypeVar("_State")
 
 
-def shard_path(base_path: str, index: int) -> str:
-    """Path of shard ``index``: the base path for 0, then ``<base>.1``, ``<base>.2``, ... (onnx-light's naming)."""
-    return base_path if index == 0 else f"{base_path}.{index}"
-
-
 def first_fit_decreasing(
     lengths: Sequence[int], cap: int, empty: _State, grow: Callable[[_State, int], tuple[_State, int]]
 ) -> list[list[int]]:

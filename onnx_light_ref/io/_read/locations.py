@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import stat
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -126,24 +124,6 @@ def check_location_syntax(location: str | bytes, *, tensor_name: str) -> str:
     return location
 
 
-def resolve_location(base_dir: str, location: str, *, tensor_name: str) -> str:
-    """Check that ``location`` names a regular file inside ``base_dir`` reachable without a symbolic link.
-
-    Checks the syntax (:func:`check_location_syntax`), then opens the file through the folder
-    (:class:`~onnx_light_ref.io._read.folder.ModelFolder`) and closes it. Hard links are left to
-    :func:`check_not_hard_linked`.
-
-    Returns:
-        ``base_dir`` joined with ``location`` (absolute), for messages.
-
-    Raises:
-        UnsafeLocationError: a bad name, a symbolic link on the way.
-        FileNotFoundError: no such file (also for a path through a regular file).
-        ExternalDataError: not a regular file, or not accessible.
-    """
-    return LocationResolver(base_dir).resolve(location, tensor_name=tensor_name)[0]
-
-
 class LocationResolver:
     """Resolves locations through one held model folder, each distinct location once.
 
@@ -207,41 +187,6 @@ def is_inside(real_base: str, real: str) -> bool:
     For writers' destination checks only: no reader decides what it may read with it (readers open through
     :class:`~onnx_light_ref.io._read.folder.ModelFolder`)."""
     return os.path.commonpath([real_base, real]) == real_base
-
-
-def stat_regular_file(
-    path: str,
-    *,
-    missing: Callable[[], FileNotFoundError],
-    inaccessible: Callable[[str], Exception],
-    not_regular: Callable[[], Exception],
-) -> os.stat_result:
-    """``os.stat(path)`` of a data file, each way it can fail reported with the caller's message.
-
-    Args:
-        path: the real path to check.
-        missing: builds the error for a file that does not exist (also ``ENOTDIR``: a component is a file, as in
-            ``'w.bin/x'``, so there is no such file).
-        inaccessible: builds the error for a name that cannot be read through (``ELOOP``, ``ENAMETOOLONG``,
-            ``EACCES``...), given the system's reason.
-        not_regular: builds the error for a directory, FIFO, device...
-
-    Returns:
-        The ``stat`` result of the regular file.
-
-    Raises:
-        FileNotFoundError: from ``missing``.
-        Exception: from ``inaccessible`` or ``not_regular`` (``ExternalDataError`` at every caller).
-    """
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError) as exc:
-        raise missing() from exc
-    except OSError as exc:
-        raise inaccessible(str(exc.strerror or exc)) from exc
-    if not stat.S_ISREG(st.st_mode):
-        raise not_regular()
-    return st
 
 
 def expected_nbytes(tensor: onnx.TensorProto, *, label: str | None = None) -> int | None:
