@@ -172,7 +172,6 @@ class AlignResult(_SizeResult):
     removed_files: tuple[str, ...] = ()
     config_file: str | None = None
 
-
     @property
     def padding(self) -> int:
         """Bytes of the weights files that no tensor uses (alignment gaps)."""
@@ -200,7 +199,6 @@ class SaveResult(_SizeResult):
     reused_tensors: int
     payload_bytes: int
     weights_files: tuple[str, ...]
-
 
     @property
     def padding(self) -> int:
@@ -274,7 +272,6 @@ class LinkResult(_SizeResult):
     transpose_candidates: tuple[str, ...] = ()
     unaligned_linked: int = 0
     removed_files: tuple[str, ...] = ()
-
 
 
 @dataclass(frozen=True)
@@ -371,7 +368,6 @@ class FamilyResult(_SizeResult):
     unaligned_tensors: tuple[str, ...] = ()
     removed_files: tuple[str, ...] = ()
     config_file: str | None = None
-
 
     @property
     def saved_bytes(self) -> int:
