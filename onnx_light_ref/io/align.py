@@ -26,12 +26,11 @@ import logging
 import os
 from collections.abc import Sequence
 
-from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int
+from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, WeightsFormat, check_bool, check_int
 from onnx_light_ref.io.plan.align_plan import (
     AlignPlan,
     LayoutOptions,
     Mode,
-    WeightsFormat,
     check_layout_options,
     plan_alignment,
 )

@@ -27,12 +27,19 @@ from collections.abc import Iterable, Mapping
 import onnx
 
 from onnx_light_ref.io.align import add_config_update, check_config_path, removed_after, warn_unaligned, write_plan
-from onnx_light_ref.io.arguments import ArgumentTypeError, PathLike, check_bool, check_int, check_weights_file
-from onnx_light_ref.io.plan.align_plan import SITE_KEPT, LayoutOptions, WeightsFormat, check_layout_options
+from onnx_light_ref.io.arguments import (
+    ArgumentTypeError,
+    PathLike,
+    WeightsFormat,
+    check_bool,
+    check_int,
+    check_weights_file,
+)
+from onnx_light_ref.io.plan.align_plan import LayoutOptions, check_layout_options
 from onnx_light_ref.io.plan.family_plan import FamilyPlan, default_family_weights, lay_out_family, walk_family
 from onnx_light_ref.io.plan.member_names import member_sources
 from onnx_light_ref.io.plan.shard_names import ShardNames
-from onnx_light_ref.io.plan.sites import iter_sites
+from onnx_light_ref.io.plan.sites import SITE_INLINE, iter_sites
 from onnx_light_ref.io.read.sharing import model_references, scan_users
 from onnx_light_ref.io.results import FamilyMember, FamilyResult, SharedTensor, record_removed, summarize_names
 from onnx_light_ref.io.transformers_js import model_counts
@@ -344,7 +351,7 @@ def _result(plan: FamilyPlan, stats: CopyStats, stale: list[str], config_file: s
 
 def _moved_labels(model: onnx.ModelProto, sites: bytearray) -> list[str]:
     """The label of every moved site of ``model`` (tensors, then ``DelayedInitializer`` nodes), in walk order."""
-    return [site.label for site, kind in zip(iter_sites(model), sites, strict=True) if kind != SITE_KEPT]
+    return [site.label for site, kind in zip(iter_sites(model), sites, strict=True) if kind != SITE_INLINE]
 
 
 def _log(result: FamilyResult, delete_stale: bool) -> None:

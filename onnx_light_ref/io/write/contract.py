@@ -76,10 +76,6 @@ from onnx_light_ref.io.write.destinations import DestinationKey, check_output_fi
 from onnx_light_ref.io.write.ownership import Ownership, ReferenceCache, ShardSet
 
 __all__ = [
-    "SITE_EXTERNALIZED",
-    "SITE_INLINE",
-    "SITE_KEPT",
-    "SITE_MOVED",
     "FileRole",
     "LazyPayload",
     "Payload",
