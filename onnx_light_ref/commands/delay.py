@@ -16,6 +16,7 @@ import os
 from onnx_light_ref.commands.errors import error_exit, published_exit
 from onnx_light_ref.commands.folders import created_folders
 from onnx_light_ref.commands.help_text import REFUSED, exit_statuses
+from onnx_light_ref.commands.options import add_option, add_options
 from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx
 from onnx_light_ref.commands.sizes import size_argument
 from onnx_light_ref.commands.text import printable
@@ -37,12 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("src", metavar="SRC.onnx", help="model with external initializers")
     parser.add_argument("dst", metavar="DST.onnx", help="model to write (may be SRC.onnx)")
-    parser.add_argument(
-        "--load-device",
-        choices=("file", "cpu"),
-        default="file",
-        help="file: each weight read at every run (default); cpu: read once when the evaluator is built",
-    )
+    add_options(parser, "--load-device")
     parser.add_argument(
         "--min-size",
         metavar="SIZE",
@@ -56,21 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="convert only the seed spec's 14 element types (onnx-light's C++ runtime); bfloat16, float8, int4... "
         "stay initializers",
     )
-    parser.add_argument(
-        "--replace-shared",
-        action="store_true",
-        help="replace DST.onnx even when another model uses it as a data file; refused by default",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a DST.onnx that is not an ONNX model (nor named *.onnx); refused by default",
-    )
-    parser.add_argument(
-        "--no-fsync",
-        action="store_true",
-        help="skip every fsync: DST.onnx still appears atomically, but may be lost on a crash",
-    )
+    add_option(parser, "--replace-shared", what="DST.onnx")
+    add_option(parser, "--overwrite", example="a DST that is neither an ONNX model nor named *.onnx")
+    add_options(parser, "--no-fsync")
     parser.set_defaults(func=delay_command)
 
 

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from onnx_light_ref.commands.errors import describe_error, error_exit, published_exit
 from onnx_light_ref.commands.folders import FolderError, make_folders, remove_created_folders
 from onnx_light_ref.commands.help_text import REFUSED, exit_statuses
+from onnx_light_ref.commands.options import add_option, add_options
 from onnx_light_ref.commands.paths import shown_path
 from onnx_light_ref.commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
@@ -453,39 +454,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a graph input and the .npy file holding it: required, once for each input of the model (a model "
         "without inputs takes none)",
     )
-    parser.add_argument(
-        "--load-device",
-        choices=("file", "cpu"),
-        default="file",
-        help="file: read each weight at every run, nothing at construction (default); cpu: read each weight once "
-        "when the evaluator is built",
-    )
+    add_options(parser, "--load-device")
     parser.add_argument(
         "--output-dir",
         metavar="DIR",
         default=".",
         help="folder for the output .npy files, created if missing (default: current)",
     )
-    parser.add_argument(
-        "--allow-outside-folder",
-        action="store_true",
-        help="trust the model: its DelayedInitializer filenames and external data locations may be absolute names "
-        "outside the model's folder (the spec's examples use /tmp paths) and may go through symbolic links, so a "
-        "relative name that is a symbolic link in the folder reads the file it points to, wherever it is (e.g. the "
-        "Hugging Face cache); refused by default, as onnx's loader refuses both ('..' stays refused)",
-    )
-    parser.add_argument(
+    add_option(parser, "--allow-outside-folder", subject="MODEL.onnx")
+    add_option(
+        parser,
         "--overwrite",
-        action="store_true",
-        help="replace existing files at the output names (<output-dir>/<name>.npy) that no previous run wrote; "
-        "without it, such a run is refused before the model runs, naming the file (a previous run's outputs, listed "
-        "in <output-dir>/.onnx-light-ref-run.json, are replaced without it)",
+        owner="onnx-light-ref run",
+        owned="the outputs a previous run wrote there, listed in <output-dir>/.onnx-light-ref-run.json",
+        example="a <output-dir>/<name>.npy that no run wrote",
     )
-    parser.add_argument(
-        "--replace-shared",
-        action="store_true",
-        help="replace an output file even when a model (in its folder or above) uses it as weights; refused by default",
-    )
+    add_option(parser, "--replace-shared", what="an output file")
     parser.add_argument(
         "--raw-bits",
         action="store_true",

@@ -104,7 +104,28 @@ class _SizeResult(int):
 
 
 @dataclass(frozen=True, eq=False, repr=False, kw_only=True)  # see _SizeResult
-class AlignResult(_SizeResult):
+class _AlignedResult(_SizeResult):
+    """The fields the aligners' results share (:class:`AlignResult`, :class:`FamilyResult`): their meaning is
+    documented on each."""
+
+    tensors: int
+    weights_files: tuple[str, ...]
+    copy_methods: frozenset[str]
+    deduplicated_tensors: int = 0
+    deduplicated_bytes: int = 0
+    externalized_tensors: int = 0
+    bytes_by_method: dict[str, int] = field(default_factory=dict)
+    clone_eligible_bytes: int = 0
+    stale_weights_files: tuple[str, ...] = ()
+    weights_format: str = "onnx"
+    index_file: str | None = None
+    unaligned_tensors: tuple[str, ...] = ()
+    removed_files: tuple[str, ...] = ()
+    config_file: str | None = None
+
+
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)  # see _SizeResult
+class AlignResult(_AlignedResult):
     """The result of an aligner: the bytes of all weights files together (an ``int``), plus what was written.
 
     Attributes:
@@ -155,22 +176,8 @@ class AlignResult(_SizeResult):
         "index_file",
     )
 
-    tensors: int
     payload_bytes: int
-    weights_files: tuple[str, ...]
-    copy_methods: frozenset[str]
-    deduplicated_tensors: int = 0
-    deduplicated_bytes: int = 0
-    externalized_tensors: int = 0
-    bytes_by_method: dict[str, int] = field(default_factory=dict)
-    clone_eligible_bytes: int = 0
-    stale_weights_files: tuple[str, ...] = ()
-    weights_format: str = "onnx"
-    index_file: str | None = None
-    unaligned_tensors: tuple[str, ...] = ()
     kept_inline_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    removed_files: tuple[str, ...] = ()
-    config_file: str | None = None
 
     @property
     def padding(self) -> int:
@@ -319,7 +326,7 @@ class SharedTensor:
 
 
 @dataclass(frozen=True, eq=False, repr=False, kw_only=True)  # see _SizeResult
-class FamilyResult(_SizeResult):
+class FamilyResult(_AlignedResult):
     """The result of :func:`~onnx_light_ref.io.align_models.align_models`: the bytes of the family's weights files
     together (an ``int``, padding included), plus what was written for each member and for the family.
 
@@ -351,23 +358,9 @@ class FamilyResult(_SizeResult):
     """
 
     members: tuple[FamilyMember, ...]
-    weights_files: tuple[str, ...]
     unique_bytes: int
     separate_bytes: int
     shared_tensors: tuple[SharedTensor, ...] = ()
-    tensors: int = 0
-    deduplicated_tensors: int = 0
-    deduplicated_bytes: int = 0
-    externalized_tensors: int = 0
-    copy_methods: frozenset[str] = frozenset()
-    bytes_by_method: dict[str, int] = field(default_factory=dict)
-    clone_eligible_bytes: int = 0
-    stale_weights_files: tuple[str, ...] = ()
-    weights_format: str = "onnx"
-    index_file: str | None = None
-    unaligned_tensors: tuple[str, ...] = ()
-    removed_files: tuple[str, ...] = ()
-    config_file: str | None = None
 
     @property
     def saved_bytes(self) -> int:

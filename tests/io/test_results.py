@@ -104,7 +104,14 @@ _MINIMAL = {
     AlignResult: {"tensors": 1, "payload_bytes": 4, "weights_files": ("/x/w",), "copy_methods": frozenset()},
     SaveResult: {"new_tensors": 1, "reused_tensors": 0, "payload_bytes": 4, "weights_files": ("/x/w",)},
     LinkResult: {"linked_tensors": 1, "linked_bytes": 4, "written_tensors": 0, "written_bytes": 0},
-    FamilyResult: {"members": (), "weights_files": ("/x/w",), "unique_bytes": 4, "separate_bytes": 8},
+    FamilyResult: {
+        "members": (),
+        "tensors": 0,
+        "weights_files": ("/x/w",),
+        "copy_methods": frozenset(),
+        "unique_bytes": 4,
+        "separate_bytes": 8,
+    },
 }
 
 

@@ -6,8 +6,9 @@
 
 from __future__ import annotations
 
-__all__ = ["DELAYED_DOMAIN", "DELAYED_FILENAME", "DELAYED_OP_TYPE"]
+__all__ = ["DELAYED_DOMAIN", "DELAYED_FILENAME", "DELAYED_OP_TYPE", "LOAD_DEVICES"]
 
 DELAYED_DOMAIN = "ai.rt"
 DELAYED_OP_TYPE = "DelayedInitializer"
 DELAYED_FILENAME = "filename"  # the STRING attribute naming the file the node reads
+LOAD_DEVICES = ("cpu", "file")  # its load_device values (the command line's --load-device choices)
