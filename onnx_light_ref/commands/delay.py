@@ -20,7 +20,7 @@ from onnx_light_ref.commands.options import add_option, add_options
 from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx
 from onnx_light_ref.commands.sizes import size_argument
 from onnx_light_ref.commands.text import printable
-from onnx_light_ref.errors import InvalidModelError, PublishedWithErrorsError
+from onnx_light_ref.errors import PublishedWithErrorsError
 
 __all__ = ["delay_command", "register"]
 
@@ -77,7 +77,7 @@ def delay_command(args: argparse.Namespace) -> int:
             )
     except PublishedWithErrorsError as exc:  # the model is written, but a step after the commit failed
         return published_exit(exc)
-    except (OSError, ValueError, TypeError, InvalidModelError) as exc:
+    except (ValueError, OSError) as exc:  # InvalidModelError and ExternalDataError are ValueErrors
         return error_exit(exc)
     warn_unless_onnx(args.dst)
     files = ", ".join(shown_path(path) for path in result.data_files) or "no file"

@@ -21,7 +21,7 @@ from onnx_light_ref.commands.help_text import REFUSED, exit_statuses
 from onnx_light_ref.commands.options import add_option, add_options
 from onnx_light_ref.commands.paths import shown_path, warn_unless_onnx, weights_path
 from onnx_light_ref.commands.progress import byte_progress
-from onnx_light_ref.errors import InvalidModelError, PublishedWithErrorsError
+from onnx_light_ref.errors import PublishedWithErrorsError
 
 __all__ = ["count_delayed_nodes", "register", "undelay_command"]
 
@@ -78,7 +78,7 @@ def undelay_command(args: argparse.Namespace) -> int:
             )
     except PublishedWithErrorsError as exc:  # the model is written, but a step after the commit failed
         return published_exit(exc)
-    except (OSError, ValueError, TypeError, InvalidModelError) as exc:
+    except (ValueError, OSError) as exc:  # InvalidModelError and ExternalDataError are ValueErrors
         return error_exit(exc)
     shown = shown_path(weights if weights is not None else f"{args.dst}.data")
     where = f" and {shown} ({written} bytes)" if written else " (no weights file needed)"
