@@ -102,8 +102,9 @@ SHARED_OPTIONS: dict[str, SharedOption] = {
         {"when": ""},
     ),
     "--allow-outside-folder": SharedOption(
-        "trust {subject}: follow symbolic links in data paths, e.g. the Hugging Face cache "
-        "(snapshots/<rev>/model.onnx.data -> ../../blobs/<sha>), and read DelayedInitializer filenames that are "
+        "trust {subject}: follow symbolic links in data paths, so a relative name that is a symbolic link in the "
+        "folder reads the file it points to, wherever it is (e.g. the Hugging Face cache: "
+        "snapshots/<rev>/model.onnx.data -> ../../blobs/<sha>), and read DelayedInitializer filenames that are "
         "absolute names outside the folder (the spec's examples use /tmp paths); refused by default, as onnx's "
         "loader refuses both ('..' stays refused)",
         _FLAG,
