@@ -1,21 +1,22 @@
 """The ``onnx-light-ref`` command line: a thin dispatcher over ``onnx_light_ref._commands``.
 
-Each sub-command lives in its own module under ``onnx_light_ref/_commands/`` and exposes
-``register(subparsers) -> None``; the parser it adds sets ``func`` to the module's handler, named
-``<command>_command(args) -> int`` (exit status). This module only wires them together, so adding a command never
-touches another command's code. It never catches errors of a command: each handler turns the ones a user can cause
-into one ``error:`` line and exit status 1.
+Each sub-command lives in its own module under ``onnx_light_ref/_commands/`` and exposes ``register(subparsers) ->
+None``; the parser it adds sets ``func`` to the module's handler, named ``<command>_command(args) -> int`` (exit
+status). This module only wires them together, so adding a command never touches another command's code. Each handler
+turns the errors a user can cause into one ``error:`` line and exit status 1; any other exception is a bug, reported by
+:func:`main` in one line (:func:`~onnx_light_ref._commands.errors.bug_exit`; the traceback with the global ``--debug``)
+with status 70.
 
 Exit statuses, the same for every command: 0 success; 1 a refusal (one ``error: ...`` line, or a difference found by
 ``verify``); 2 a bad command line (argparse prints the usage and the problem); 3 the output is published but a step
-after its commit failed (one ``error: ... is published ..., but ...`` line); 130 interrupted by SIGINT (Ctrl-C),
-143 by SIGTERM. On either signal the command's own rollback runs: :func:`main` turns the signal into
-:class:`Interrupted` (a ``KeyboardInterrupt``), so every ``except BaseException`` / ``finally`` cleanup on the way out
-(the publish transaction's temp files, the folders a command created) runs, then it prints one ``error:
-interrupted`` line instead of a traceback. Further SIGINT/SIGTERM are ignored while that cleanup runs, so a second
-Ctrl-C cannot cut it short. A signal that arrives while Python runs a finalizer or a weak-reference callback (where an
-exception only prints "Exception ignored in ..." and the work goes on) is delivered again, so it still ends the
-command.
+after its commit failed (one ``error: ... is published ..., but ...`` line); 70 a bug (one ``error: ... this is a bug
+...`` line, the command's cleanup done); 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM. On either signal the
+command's own rollback runs: :func:`main` turns the signal into :class:`Interrupted` (a ``KeyboardInterrupt``), so every
+``except BaseException`` / ``finally`` cleanup on the way out (the publish transaction's temp files, the folders a
+command created) runs, then it prints one ``error: interrupted`` line instead of a traceback. Further SIGINT/SIGTERM are
+ignored while that cleanup runs, so a second Ctrl-C cannot cut it short. A signal that arrives while Python runs a
+finalizer or a weak-reference callback (where an exception only prints "Exception ignored in ..." and the work goes on)
+is delivered again, so it still ends the command.
 
 The handlers are the first thing :func:`main` installs, before the parser is built (which imports every command
 module) and before the arguments are parsed: a Ctrl-C there is an interrupt like any other, never a
@@ -41,7 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from onnx_light_ref._commands.errors import UsageError
+from onnx_light_ref._commands.errors import UsageError, bug_exit
 
 if TYPE_CHECKING:
     from sys import UnraisableHookArgs
@@ -50,7 +51,8 @@ EPILOG = (
     "exit status: 0 success; 1 refused (one 'error: ...' line on stderr, nothing written) or, for verify, a "
     "difference, for inspect, a broken reference; 2 bad arguments (usage printed); 3 written, but a step after the "
     "commit failed (one 'error: DST is published ..., but ...' line: the fsync that makes it durable, or removing the "
-    "previous versions); 130 interrupted by SIGINT, 143 by SIGTERM (the destination as it was, temp files and folders "
+    "previous versions); 70 a bug in onnx-light-ref (one 'error: ...' line asking to report it; --debug prints the "
+    "traceback); 130 interrupted by SIGINT, 143 by SIGTERM (the destination as it was, temp files and folders "
     "the command created removed; or, when the signal came while the new files were moved into place, complete). "
     "Each COMMAND --help says what its own statuses mean."
 )
@@ -216,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument(
+        "--debug", action="store_true", help="on a bug in onnx-light-ref (exit status 70), print its traceback too"
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
         importlib.import_module(f"onnx_light_ref._commands.{name}").register(subparsers)
@@ -231,10 +236,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments after the program name (``sys.argv[1:]`` when None).
 
     Returns:
-        The process exit status: the command's; 2 when no command was given (help printed to stderr) or an argument
-        is invalid (argparse's ``SystemExit(2)``, usage printed); 130 / 143 when SIGINT / SIGTERM interrupted the
-        parsing or the command (one ``error: interrupted`` line on stderr, after the command's cleanup ran). A
-        signal that arrives once the command has returned does not change its status.
+        The process exit status: the command's; 2 when no command was given (help printed to stderr) or an argument is
+            invalid (argparse's ``SystemExit(2)``, usage printed); 70 when the command raised an exception it does not
+            report itself (a bug: one ``error:`` line, the traceback too with ``--debug``); 130 / 143 when SIGINT /
+            SIGTERM interrupted the parsing or the command (one ``error: interrupted`` line on stderr, after the
+            command's cleanup ran). A signal that arrives once the command has returned does not change its status.
     """
     return _run(argv, exiting=False)
 
@@ -255,7 +261,12 @@ def _run(argv: Sequence[str] | None, *, exiting: bool) -> int:
             if func is None:
                 parser.print_help(sys.stderr)
                 return 2
-            status = int(func(args))
+            try:
+                status = int(func(args))
+            except UsageError:
+                raise
+            except Exception as exc:  # the handlers report what a user can cause: anything else is a bug
+                return bug_exit(exc, debug=args.debug)
             return status
     except UsageError as exc:  # an argument argparse could not judge alone: reported as argparse reports
         print(f"onnx-light-ref {args.command}: error: {exc}", file=sys.stderr)

@@ -3,12 +3,20 @@ wheel, ``run``'s required ``--input``, and a usage error in the words of the com
 
 from __future__ import annotations
 
+import argparse
 import re
+import string
+from collections import defaultdict
+from typing import get_args
 
 import pytest
 
 from onnx_light_ref import _cli as cli
 from onnx_light_ref._commands.help_text import DOCS_URL
+from onnx_light_ref._commands.options import SHARED_OPTIONS
+from onnx_light_ref.io._arguments import WeightsFormat
+from onnx_light_ref.io._plan.shard_names import ShardScheme
+from onnx_light_ref.io._read.delayed_names import LOAD_DEVICES
 from tests.cli_runner import run_cli
 
 COMMANDS = [name.replace("_", "-") for name in cli._COMMAND_MODULES]
@@ -79,3 +87,57 @@ def test_an_unknown_command_keeps_argparse_s_message() -> None:
     done = run_cli("aline", "a.onnx")
 
     assert done.returncode == 2 and "invalid choice: 'aline'" in done.stderr
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    parser = cli.build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def _options_by_flag() -> dict[str, dict[str, argparse.Action]]:
+    """Flag -> command -> its action, for every ``--`` option but ``--help``."""
+    found: dict[str, dict[str, argparse.Action]] = defaultdict(dict)
+    for name, command in _commands().items():
+        for action in command._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help":
+                    found[flag][name] = action
+    return found
+
+
+def test_every_option_two_commands_have_is_defined_once():
+    """Issue 39: ``--allow-outside-folder`` was written in 7 commands, each with its own help; now an option two
+    commands have is a shared one (``_commands/options.py``), and every shared one is used by two commands."""
+    shared = {flag for flag, commands in _options_by_flag().items() if len(commands) > 1}
+    assert shared == set(SHARED_OPTIONS)
+
+
+def _template_pattern(template: str) -> re.Pattern[str]:
+    """The help ``template`` as a pattern: its literal text as it is, each ``{word}`` any text."""
+    parts = [
+        re.escape(text) + ("" if word is None else "(.*?)") for text, word, _, _ in string.Formatter().parse(template)
+    ]
+    return re.compile("".join(parts))
+
+
+@pytest.mark.parametrize("flag", sorted(SHARED_OPTIONS))
+def test_a_shared_option_says_the_same_sentence_in_every_command_modulo_its_words(flag):
+    pattern = _template_pattern(SHARED_OPTIONS[flag].help)
+    commands = _options_by_flag()[flag]
+    for name, action in commands.items():
+        assert pattern.fullmatch(action.help), f"{name} {flag}: {action.help!r}"
+        assert "{" not in action.help and "}" not in action.help  # every word given
+    # In the words of the printed --help too (argparse wraps the lines): one command's, to check the wiring.
+    name, action = next(iter(commands.items()))
+    assert " ".join(action.help.split()) in help_of(name)
+
+
+def test_the_choices_are_the_library_s_vocabulary():
+    """One source: ``--format``, ``--shard-names`` and ``--load-device`` accept exactly what the library does."""
+    by_flag = _options_by_flag()
+    for flag, values in (
+        ("--format", get_args(WeightsFormat)),
+        ("--shard-names", get_args(ShardScheme)),
+        ("--load-device", LOAD_DEVICES),
+    ):
+        assert {tuple(action.choices) for action in by_flag[flag].values()} == {tuple(values)}

@@ -30,8 +30,6 @@ from onnx_light_ref._commands.errors import error_exit, published_exit
 from onnx_light_ref._commands.folders import created_folders
 from onnx_light_ref._commands.help_text import REFUSED, docs_url, exit_statuses
 from onnx_light_ref._commands.hints import (
-    DELETE_STALE_HELP,
-    UPDATE_CONFIG_HELP,
     config_note,
     inline_hint,
     kept_inline_note,
@@ -39,9 +37,9 @@ from onnx_light_ref._commands.hints import (
     stale_notes,
     transformers_js_note,
 )
-from onnx_light_ref._commands.paths import shown_path, warn_unless_onnx, weights_argument, weights_path
+from onnx_light_ref._commands.options import add_option, add_options
+from onnx_light_ref._commands.paths import shown_path, warn_unless_onnx, weights_path
 from onnx_light_ref._commands.progress import byte_progress
-from onnx_light_ref._commands.sizes import alignment_argument, bounded_size, size_argument
 from onnx_light_ref._commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
 
@@ -65,100 +63,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("src", metavar="SRC.onnx", help="model whose external weights are re-aligned")
     parser.add_argument("dst", metavar="DST.onnx", help="model to write (may be SRC.onnx)")
-    parser.add_argument(
-        "--weights",
-        metavar="PATH",
-        type=weights_argument,
-        help="weights file to write (with --max-shard-size, the first of PATH, PATH.1...); a relative PATH is "
-        "relative to DST.onnx's folder, not the current one, and must stay inside it (default: DST.onnx.data)",
-    )
-    parser.add_argument(
-        "--alignment",
-        metavar="N",
-        type=alignment_argument,
-        default=4096,
-        help="power of two every tensor offset is a multiple of, e.g. 4096 or 64K; 0 or 1 = packed (default: 4096)",
-    )
-    parser.add_argument(
+    add_option(parser, "--weights", what="weights file to write (with --max-shard-size, the first of PATH, PATH.1...)")
+    add_options(parser, "--alignment")
+    add_option(
+        parser,
         "--chunk-size",
-        metavar="SIZE",
-        type=bounded_size("chunk_size", minimum=1),
-        default=4 * 1024 * 1024,
-        help="bytes moved per system call, the only buffer in the read/write fallback (default: 4M)",
+        buffers="also the one buffer of the read/write fallback and each of the two buffers --dedup compares with",
     )
-    parser.add_argument(
-        "--align-threshold",
-        metavar="SIZE",
-        type=size_argument,
-        default=0,
-        help="only tensors of at least SIZE bytes are aligned; smaller ones are packed (default: 0, align all)",
-    )
-    parser.add_argument(
-        "--max-shard-size",
-        metavar="SIZE",
-        type=bounded_size("max_shard_size", minimum=1),
-        default=None,
-        help="split the weights over files of at most SIZE bytes (W, W.1, W.2...; a tensor is never split, one "
-        "larger than SIZE gets its own file); default: one file",
-    )
+    add_options(parser, "--align-threshold", "--max-shard-size")
     parser.add_argument(
         "--dedup",
         action="store_true",
         help="store byte-identical tensors once (compared byte for byte, whatever their names or sources)",
     )
-    parser.add_argument(
-        "--size-threshold",
-        metavar="SIZE",
-        type=size_argument,
-        default=None,
-        help="also move inline tensors of at least SIZE bytes to the weights, copied out of SRC.onnx without "
-        "loading it; keep it above the size of shape tensors (e.g. 1K) so onnxruntime can still infer shapes "
-        "(default: inline tensors stay inline)",
-    )
-    parser.add_argument(
-        "--no-fsync",
-        action="store_true",
-        help="skip every fsync: outputs still appear atomically with the same bytes, but may be lost on a crash "
-        "(for scratch copies and comparisons with tools that never fsync)",
-    )
-    parser.add_argument(
-        "--allow-outside-folder",
-        action="store_true",
-        help="trust the model's data layout: follow symbolic links in data paths, e.g. the Hugging Face cache "
-        "(snapshots/<rev>/model.onnx.data -> ../../blobs/<sha>); refused by default, as onnx's loader refuses them",
-    )
-    parser.add_argument(
+    add_option(parser, "--size-threshold", where="the weights, copied out of SRC.onnx without loading it")
+    add_options(parser, "--no-fsync")
+    add_option(parser, "--allow-outside-folder", subject="SRC.onnx")
+    add_option(
+        parser,
         "--format",
-        choices=("onnx", "safetensors"),
-        default="onnx",
-        help="weights file format: raw external data (onnx, default) or safetensors files that safetensors "
-        "loaders read too (default name DST.safetensors; with --max-shard-size, DST-00001-of-0000N.safetensors "
-        f"plus DST.safetensors.index.json); see {docs_url('safetensors.md')}",
+        layout="default name DST.safetensors; with --max-shard-size, DST-00001-of-0000N.safetensors plus "
+        "DST.safetensors.index.json",
+        docs=docs_url("safetensors.md"),
     )
-    parser.add_argument(
-        "--shard-names",
-        choices=("hf", "transformers.js"),
-        default=None,
-        help="name weights files for a consumer: hf (model-00001-of-0000N.data, default for safetensors) or "
-        "transformers.js (model.onnx_data, model.onnx_data_1, ...; at most 100 files); default: W, W.1, W.2...",
-    )
-    parser.add_argument(
-        "--replace-shared",
-        action="store_true",
-        help="replace a weights file even when another model uses it (a .onnx in its folder or above, through "
-        "external data or DelayedInitializer filenames; that model then computes with the new weights); without "
-        "it, such a run is refused and names the other models",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace existing files the destination does not own (anything but DST.onnx, the files the previous "
-        "DST.onnx references and files named after it: e.g. a PyTorch model.safetensors where --format "
-        "safetensors would write); without it, such a run is refused and names the files",
-    )
-    parser.add_argument("--update-config", metavar="CONFIG.json", help=UPDATE_CONFIG_HELP)
-    parser.add_argument("--delete-stale", action="store_true", help=DELETE_STALE_HELP)
-    parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    add_option(parser, "--shard-names", stem="model")
+    add_option(parser, "--replace-shared", what="a weights file")
+    add_option(parser, "--overwrite", example="a PyTorch model.safetensors where --format safetensors would write")
+    add_options(parser, "--update-config", "--delete-stale", "--no-progress")
     parser.set_defaults(func=align_command)
 
 

@@ -19,15 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from onnx_light_ref._commands.errors import error_exit, published_exit
 from onnx_light_ref._commands.folders import created_folders
 from onnx_light_ref._commands.help_text import REFUSED, docs_url, exit_statuses
 from onnx_light_ref._commands.hints import (
-    DELETE_STALE_HELP,
-    UPDATE_CONFIG_HELP,
     config_note,
     inline_hint,
     kept_inline_note,
@@ -35,50 +32,14 @@ from onnx_light_ref._commands.hints import (
     stale_notes,
     transformers_js_note,
 )
-from onnx_light_ref._commands.paths import shown_path, weights_argument, weights_path
+from onnx_light_ref._commands.options import add_option, add_options
+from onnx_light_ref._commands.paths import shown_path, weights_path
 from onnx_light_ref._commands.progress import byte_progress
-from onnx_light_ref._commands.sizes import alignment_argument, bounded_size, size_argument
 from onnx_light_ref._commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
 
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
     from onnx_light_ref.io._results import FamilyResult
-
-# (flag, type, default, help) of the size options, in the order --help lists them. A value the library refuses
-# (an alignment that is not one, a chunk or shard size below 1) is a usage error (exit 2), as for align.
-_SIZE_OPTIONS: tuple[tuple[str, Callable[[str], int], int | None, str], ...] = (
-    (
-        "--alignment",
-        alignment_argument,
-        4096,
-        "power of two every tensor offset is a multiple of, e.g. 4096 or 64K; 0 or 1 = packed (default: 4096)",
-    ),
-    (
-        "--chunk-size",
-        bounded_size("chunk_size", minimum=1),
-        4 * 1024 * 1024,
-        "bytes moved per system call, and each dedup compare buffer (default: 4M)",
-    ),
-    (
-        "--align-threshold",
-        size_argument,
-        0,
-        "only tensors of at least SIZE bytes are aligned; smaller ones are packed (default: 0, align all)",
-    ),
-    (
-        "--max-shard-size",
-        bounded_size("max_shard_size", minimum=1),
-        None,
-        "split the shared weights over files of at most SIZE bytes (a tensor is never split); default: one file",
-    ),
-    (
-        "--size-threshold",
-        size_argument,
-        None,
-        "also move inline tensors of at least SIZE bytes to the shared weights; keep it at 1K or more so that shape "
-        "tensors stay inline (default: inline tensors stay inline)",
-    ),
-)
 
 
 def split_member_argument(text: str) -> str | tuple[str, str]:
@@ -111,57 +72,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "exporter writes model.onnx: a/model.onnx=decoder_model.onnx b/model.onnx=decoder_with_past_model.onnx)",
     )
     parser.add_argument("--out", metavar="DIR", required=True, help="folder to write the family to (created)")
-    parser.add_argument(
+    add_option(
+        parser,
         "--weights",
-        metavar="NAME",
-        type=weights_argument,
-        help="the (first) shared weights file, relative to DIR and inside it (default: weights.data; "
-        "model.safetensors with --format safetensors; weights.onnx_data with --shard-names transformers.js)",
+        {"metavar": "NAME"},
+        what="the (first) shared weights file",
+        folder="DIR",
+        default="weights.data; model.safetensors with --format safetensors; weights.onnx_data with --shard-names "
+        "transformers.js",
     )
-    for flag, kind, default, text in _SIZE_OPTIONS:
-        metavar = "N" if flag == "--alignment" else "SIZE"
-        parser.add_argument(flag, metavar=metavar, type=kind, default=default, help=text)
-    parser.add_argument(
+    add_options(parser, "--alignment")
+    add_option(parser, "--chunk-size", buffers="also each buffer of the read/write fallback and of the dedup compares")
+    add_options(parser, "--align-threshold")
+    add_option(parser, "--max-shard-size", weights="the shared weights")
+    add_option(parser, "--size-threshold", where="the shared weights")
+    add_option(
+        parser,
         "--format",
-        choices=("onnx", "safetensors"),
-        default="onnx",
-        help="weights file format: raw external data (onnx, default) or safetensors (each distinct tensor under the "
-        f"name of its first user); see {docs_url('align_models.md')}",
+        layout="each distinct tensor under the name of its first user",
+        docs=docs_url("align_models.md"),
     )
-    parser.add_argument(
-        "--shard-names",
-        choices=("hf", "transformers.js"),
-        default=None,
-        help="name the weights files for a consumer: hf (weights-00001-of-0000N.data) or transformers.js "
-        "(weights.onnx_data, weights.onnx_data_1, ...); default: W, W.1, W.2...",
-    )
-    parser.add_argument(
-        "--replace-shared",
-        action="store_true",
-        help="replace a weights file even when another model uses it (a .onnx in DIR or above that is not a member, "
-        "through external data or DelayedInitializer filenames; that model then computes with the new weights); "
-        "without it, such a run is refused and names the other models",
-    )
-    parser.add_argument(
+    add_option(parser, "--shard-names", stem="weights")
+    add_option(parser, "--replace-shared", what="a weights file of DIR")
+    add_option(
+        parser,
         "--overwrite",
-        action="store_true",
-        help="replace existing files of DIR the family does not own (anything but the members' .onnx, the files "
-        "their previous versions reference and files named after them or like shards of their weights); without "
-        "it, such a run is refused and names the files",
+        owner="the family",
+        owned="the members' .onnx, the files their previous versions reference and files named after them or like "
+        "shards of their weights",
+        example="a weights.data of DIR that another tool wrote",
     )
-    parser.add_argument(
-        "--allow-outside-folder",
-        action="store_true",
-        help="trust the sources' data layout: follow symbolic links in data paths (e.g. the Hugging Face cache)",
-    )
-    parser.add_argument(
-        "--no-fsync",
-        action="store_true",
-        help="skip every fsync: outputs still appear atomically with the same bytes, but may be lost on a crash",
-    )
-    parser.add_argument("--update-config", metavar="CONFIG.json", help=UPDATE_CONFIG_HELP)
-    parser.add_argument("--delete-stale", action="store_true", help=DELETE_STALE_HELP)
-    parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    add_option(parser, "--allow-outside-folder", subject="the sources")
+    add_options(parser, "--no-fsync", "--update-config", "--delete-stale", "--no-progress")
     parser.set_defaults(
         func=align_models_command,
         option_hints={"--dedup": "a family always stores identical payloads once; no option is needed"},

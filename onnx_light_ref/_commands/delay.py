@@ -16,10 +16,11 @@ import os
 from onnx_light_ref._commands.errors import error_exit, published_exit
 from onnx_light_ref._commands.folders import created_folders
 from onnx_light_ref._commands.help_text import REFUSED, exit_statuses
+from onnx_light_ref._commands.options import add_option, add_options
 from onnx_light_ref._commands.paths import shown_path, warn_unless_onnx
 from onnx_light_ref._commands.sizes import size_argument
 from onnx_light_ref._commands.text import printable
-from onnx_light_ref.errors import InvalidModelError, PublishedWithErrorsError
+from onnx_light_ref.errors import PublishedWithErrorsError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,12 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("src", metavar="SRC.onnx", help="model with external initializers")
     parser.add_argument("dst", metavar="DST.onnx", help="model to write (may be SRC.onnx)")
-    parser.add_argument(
-        "--load-device",
-        choices=("file", "cpu"),
-        default="file",
-        help="file: each weight read at every run (default); cpu: read once when the evaluator is built",
-    )
+    add_options(parser, "--load-device")
     parser.add_argument(
         "--min-size",
         metavar="SIZE",
@@ -54,21 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="convert only the 14 element types onnx-light's C++ runtime reads; bfloat16, float8, int4... stay "
         "initializers",
     )
-    parser.add_argument(
-        "--replace-shared",
-        action="store_true",
-        help="replace DST.onnx even when another model uses it as a data file; refused by default",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a DST.onnx that is not an ONNX model (nor named *.onnx); refused by default",
-    )
-    parser.add_argument(
-        "--no-fsync",
-        action="store_true",
-        help="skip every fsync: DST.onnx still appears atomically, but may be lost on a crash",
-    )
+    add_option(parser, "--replace-shared", what="DST.onnx")
+    add_option(parser, "--overwrite", example="a DST that is neither an ONNX model nor named *.onnx")
+    add_options(parser, "--no-fsync")
     parser.set_defaults(func=delay_command)
 
 
@@ -91,7 +75,7 @@ def delay_command(args: argparse.Namespace) -> int:
             )
     except PublishedWithErrorsError as exc:  # the model is written, but a step after the commit failed
         return published_exit(exc)
-    except (OSError, ValueError, TypeError, InvalidModelError) as exc:
+    except (ValueError, OSError) as exc:  # InvalidModelError and ExternalDataError are ValueErrors
         return error_exit(exc)
     warn_unless_onnx(args.dst)
     files = ", ".join(shown_path(path) for path in result.data_files) or "no file"

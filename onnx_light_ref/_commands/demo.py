@@ -21,6 +21,7 @@ from typing import Any
 
 from onnx_light_ref._commands.errors import error_exit, published_exit
 from onnx_light_ref._commands.help_text import exit_statuses
+from onnx_light_ref._commands.options import add_options
 from onnx_light_ref._commands.paths import shown_path
 from onnx_light_ref._commands.sizes import size_argument
 from onnx_light_ref.errors import PublishedWithErrorsError
@@ -121,5 +122,5 @@ def register(subparsers: Any) -> None:
         "--size", type=_demo_size, default="64M", help="total weight bytes, with optional K/M/G suffix (default 64M)"
     )
     parser.add_argument("--keep", metavar="DIR", help="work in DIR (created, must be empty) and keep the files")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (default: shown on a terminal)")
+    add_options(parser, "--no-progress")
     parser.set_defaults(func=demo_command)

@@ -1,9 +1,10 @@
-"""How a command reports a failure the user can cause: one ``error: ...`` line on stderr and exit status 1.
+"""How a command reports a failure: one ``error: ...`` line on stderr, and an exit status that says whose it is.
 
-Every handler catches the library's documented errors around its call and returns :func:`error_exit`'s status, so
-the wording, the escaping of model-controlled text and the stream are the same for every command. This module never
-catches anything itself, and never prints a traceback: an error it is not handed is a bug, and the CLI lets it
-surface.
+Every handler catches the library's documented errors around its call (its typed errors, all ``ValueError`` s or
+``OSError`` s, and ``OSError``) and returns :func:`error_exit`'s status 1, so the wording, the escaping of
+model-controlled text and the stream are the same for every command. Anything else reaching the command line is a
+bug: :func:`bug_exit` says so in one line and returns :data:`INTERNAL_ERROR` (70), the traceback behind ``--debug``.
+This module never catches anything itself.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import traceback
 
 from onnx_light_ref._commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
@@ -24,6 +26,14 @@ class UsageError(ValueError):
 PUBLISHED_WITH_ERRORS = 3
 """Exit status of a command whose model is published but a step after the commit failed (not 1: 1 says nothing
 was written, and a script that retries or restores on 1 must not undo a published model)."""
+
+
+INTERNAL_ERROR = 70
+"""Exit status of a bug in onnx-light-ref (``EX_SOFTWARE`` of BSD's ``sysexits.h``): an exception no command
+expects (``KeyError``, ``AssertionError``...), never a refusal (1), so a script can tell "my input" from "report it"."""
+
+ISSUES_URL = "https://github.com/onnx-light-ref/onnx-light-ref/issues"
+"""Where a bug is reported."""
 
 
 def describe_error(error: object) -> str:
@@ -83,3 +93,24 @@ def published_exit(exc: PublishedWithErrorsError) -> int:
     """
     print(f"error: {printable(str(exc))}", file=sys.stderr)
     return PUBLISHED_WITH_ERRORS
+
+
+def bug_exit(exc: BaseException, *, debug: bool) -> int:
+    """Report an exception no command expects: a bug of the package, not the user's input.
+
+    Args:
+        exc: the exception.
+        debug: the global ``--debug`` was given: print the traceback first.
+
+    Returns:
+        :data:`INTERNAL_ERROR`, after one ``error: <type>: <message> (this is a bug ...)`` line on stderr.
+    """
+    if debug:
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+    hint = "" if debug else "; run it again with --debug (onnx-light-ref --debug COMMAND ...) for the traceback"
+    print(
+        f"error: {type(exc).__name__}: {printable(describe_error(exc))} (this is a bug in onnx-light-ref, please "
+        f"report it at {ISSUES_URL}{hint})",
+        file=sys.stderr,
+    )
+    return INTERNAL_ERROR

@@ -37,7 +37,7 @@ def generate_tests_command(args: argparse.Namespace) -> int:
         case_dirs = generate(args.output_dir, relocatable=args.relocatable)
     except OSError as exc:
         return error_exit(exc.strerror or exc)
-    except KeyboardInterrupt:
+    except BaseException:  # interrupted, or a bug (exit status 70): what the run added goes
         before.remove_added()
         raise
     for case_dir in case_dirs:

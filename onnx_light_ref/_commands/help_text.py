@@ -56,5 +56,8 @@ def exit_statuses(success: str, failure: str, *, writes: bool, publishes: bool |
             "that makes it durable, or removing the previous versions)"
         )
     cleanup = " (temp files and folders the command created are removed)" if writes else ""
+    statuses.append(
+        "70 a bug in onnx-light-ref (one 'error: ...' line asking to report it; --debug prints the traceback)"
+    )
     statuses.append(f"130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM{cleanup}")
     return "exit status: " + "; ".join(statuses) + "."

@@ -23,12 +23,6 @@ import os
 import struct
 from collections.abc import Mapping, Sequence
 
-DELETE_STALE_HELP = (
-    "once the new output is published, delete the files an earlier run left here that no model written now uses "
-    "(the ones the stale-files note lists, e.g. W.3 after a run with fewer shards); a file another model uses, or "
-    "that the destination does not own, is kept with a warning naming why"
-)
-
 _SIZES = ((1024, "1K"), (64 * 1024, "64K"), (1024 * 1024, "1M"))
 _SHOWN = 3
 
@@ -68,13 +62,6 @@ def kept_inline_note(names: Mapping[str, Sequence[str]], model: str | None = Non
     parts = "; ".join(f"{reason}: {summarize_names(list(labels))}" for reason, labels in sorted(names.items()))
     whose = f"{model}: " if model is not None else ""
     return f"note: {whose}{count} tensor(s) stay in the .onnx, not in the weights files: {parts}"
-
-
-UPDATE_CONFIG_HELP = (
-    "a transformers.js config.json to update in the same transaction: the exact use_external_data_format (the "
-    "number of DST.onnx_data* files) goes into its transformers.js_config under the model's file name, every other "
-    "key kept; needs --shard-names transformers.js and the default weights name"
-)
 
 
 def config_note(config_file: str | None, models: Sequence[tuple[str, Sequence[str]]]) -> str | None:

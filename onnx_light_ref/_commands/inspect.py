@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from onnx_light_ref._commands.errors import describe_error, error_exit
-from onnx_light_ref._commands.help_text import docs_url, exit_statuses
+from onnx_light_ref._commands.help_text import exit_statuses
+from onnx_light_ref._commands.options import add_option
 from onnx_light_ref._commands.text import printable
 
 if TYPE_CHECKING:  # the library (and onnx) is imported when the command runs, not when the CLI starts
@@ -321,16 +322,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="model whose external tensors are shown, or a folder: each model's status and which models share which "
         "files",
     )
-    parser.add_argument(
-        "--allow-outside-folder",
-        action="store_true",
-        help="trust the model's data layout: follow symbolic links in data paths, e.g. the Hugging Face cache "
-        "(snapshots/<rev>/model.onnx.data -> ../../blobs/<sha>); refused by default, as onnx's loader refuses them",
-    )
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help=f"print one JSON document on stdout instead of the text ({docs_url('json.md')}; its schema: "
-        "onnx_light_ref.schemas.load_schema('inspect')); same exit status",
-    )
+    add_option(parser, "--allow-outside-folder", subject="MODEL.onnx")
+    add_option(parser, "--json", command="inspect")
     parser.set_defaults(func=inspect_command)

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 from onnx_light_ref._commands.errors import PUBLISHED_WITH_ERRORS, error_exit, published_exit
 from onnx_light_ref._commands.help_text import REFUSED, exit_statuses
-from onnx_light_ref._commands.hints import DELETE_STALE_HELP, stale_notes
-from onnx_light_ref._commands.paths import shown_path, warn_unless_onnx, weights_argument, weights_path
+from onnx_light_ref._commands.hints import stale_notes
+from onnx_light_ref._commands.options import add_option, add_options
+from onnx_light_ref._commands.paths import shown_path, warn_unless_onnx, weights_path
 from onnx_light_ref._commands.progress import byte_progress
-from onnx_light_ref._commands.sizes import alignment_argument, size_argument
 from onnx_light_ref._commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
 
@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("model", metavar="MODEL.onnx", help="the model to link")
     parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a .safetensors file or a .safetensors.index.json")
     parser.add_argument("dst", metavar="DST.onnx", help="model to write, in the checkpoint's folder (or above it)")
-    parser.add_argument("--map", metavar="NAMES.json", help="JSON object: model tensor name -> checkpoint key")
+    add_options(parser, "--map")
     parser.add_argument(
         "--map-by-content",
         action="store_true",
@@ -64,57 +64,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="write the pairing (every tensor linked under another name) as a --map file to review or edit; an "
         "existing FILE needs --overwrite",
     )
-    parser.add_argument(
-        "--weights",
-        metavar="PATH",
-        type=weights_argument,
-        help="the model's own weights file (tensors not linked); a relative PATH is relative to DST.onnx's folder and "
-        "must stay inside it (default: DST.onnx.data)",
-    )
-    parser.add_argument(
-        "--alignment",
-        metavar="N",
-        type=alignment_argument,
-        default=4096,
-        help="alignment of the tensors written to DST.onnx.data (default: 4096; 0 or 1 = packed)",
-    )
-    parser.add_argument(
-        "--align-threshold",
-        metavar="SIZE",
-        type=size_argument,
-        default=0,
-        help="tensors written to DST.onnx.data smaller than SIZE are packed, not aligned (default: 0: align all); "
-        "linked tensors keep the checkpoint's offsets",
-    )
-    parser.add_argument(
+    add_option(parser, "--weights", what="the model's own weights file (tensors not linked)")
+    add_option(parser, "--alignment", tensor="tensor written to DST.onnx.data (linked ones keep the checkpoint's)")
+    add_option(parser, "--align-threshold", tensors="tensors written to DST.onnx.data")
+    add_option(
+        parser,
         "--size-threshold",
-        metavar="SIZE",
-        type=size_argument,
-        default=1024,
-        help="inline tensors of at least SIZE bytes not found in the checkpoint move to DST.onnx.data (default: 1K)",
+        {"default": 1024},
+        where="DST.onnx.data when the checkpoint does not hold them",
+        default="1K",
     )
-    parser.add_argument(
-        "--allow-outside-folder",
-        action="store_true",
-        help="trust the layout: follow symbolic links to the checkpoint and the model's data files, e.g. the Hugging "
-        "Face cache (snapshots/<rev>/model.safetensors -> ../../blobs/<sha>); refused by default, as onnx's loader "
-        "refuses them (onnxruntime follows them)",
-    )
-    parser.add_argument(
-        "--replace-shared",
-        action="store_true",
-        help="replace DST.onnx.data even when another model uses it (a .onnx in its folder or above; that model then "
-        "computes with the new weights); without it, such a run is refused and names the other models",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace existing files DST.onnx does not own (e.g. a DST that is not an ONNX model); without it, such "
-        "a run is refused and names the files",
-    )
-    parser.add_argument("--no-fsync", action="store_true", help="skip every fsync (outputs still appear atomically)")
-    parser.add_argument("--delete-stale", action="store_true", help=DELETE_STALE_HELP)
-    parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    add_option(parser, "--allow-outside-folder", subject="MODEL.onnx and CHECKPOINT")
+    add_option(parser, "--replace-shared", what="DST.onnx.data")
+    add_option(parser, "--overwrite", example="a DST that is neither an ONNX model nor named *.onnx")
+    add_options(parser, "--no-fsync", "--delete-stale", "--no-progress")
     parser.set_defaults(func=link_command)
 
 

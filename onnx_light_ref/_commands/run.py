@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from onnx_light_ref._commands.errors import describe_error, error_exit, published_exit
 from onnx_light_ref._commands.folders import FolderError, make_folders, remove_created_folders
 from onnx_light_ref._commands.help_text import REFUSED, exit_statuses
+from onnx_light_ref._commands.options import add_option, add_options
 from onnx_light_ref._commands.paths import shown_path
 from onnx_light_ref._commands.text import printable
 from onnx_light_ref.errors import PublishedWithErrorsError
@@ -52,14 +53,38 @@ if TYPE_CHECKING:  # numpy, onnx and the library are imported when the command r
     from onnx_light_ref.io._read.locations import FileIdentity
     from onnx_light_ref.io._write.contract import WritePlan
 
-# What evaluating an arbitrary model can raise for a user's mistake (bad feed, unsupported model, bad attribute,
-# unreadable weights), as opposed to a bug: reported as one line rather than a traceback.
-# MemoryError: a tensor larger than the machine (TensorAllocationError from the kernel, numpy's own from an op).
-_USER_ERRORS = (OSError, ValueError, TypeError, KeyError, IndexError, RuntimeError, NotImplementedError, MemoryError)
+# What building and running an arbitrary model raises for the model or its data, wherever it is raised: the
+# package's typed errors and the ValueErrors its checks raise, an OSError (unreadable weights), a MemoryError (a
+# tensor larger than the machine: TensorAllocationError from the kernel, numpy's own from an op).
+_INPUT_ERRORS = (ValueError, OSError, MemoryError)
+# What onnx's reference evaluator and numpy raise for a model they cannot run or values an op refuses, seen in
+# tests/test_cli_run.py: NotImplementedError (an operator it does not know), RuntimeError (an input no node produces,
+# a missing or inconsistent attribute), TypeError (shapes an elementwise op cannot broadcast), IndexError (Gather or
+# TopK out of range), KeyError (Cast to an unknown type). The user's input only when raised by their code: raised by
+# ours, the same types are a bug, reported as one (exit status 70).
+_EVALUATOR_ERRORS = (RuntimeError, TypeError, IndexError, KeyError)
+_EVALUATOR_PACKAGES = ("onnx", "numpy")
 
 
 class _RunError(Exception):
     """A problem to report as ``error: <message>`` with exit status 1."""
+
+
+def _is_input_error(exc: Exception) -> bool:
+    """Whether ``exc``, raised while the model was built, read or run, is the model's or its data's problem (one
+    ``error:`` line) rather than a bug: one of :data:`_INPUT_ERRORS`, or of :data:`_EVALUATOR_ERRORS` raised in
+    onnx's or numpy's code after the last frame of this package (our kernel calling numpy counts as numpy's)."""
+    if isinstance(exc, _INPUT_ERRORS):
+        return True
+    if not isinstance(exc, _EVALUATOR_ERRORS):
+        return False
+    packages = []
+    frame = exc.__traceback__
+    while frame is not None:
+        packages.append(str(frame.tb_frame.f_globals.get("__name__", "")).partition(".")[0])
+        frame = frame.tb_next
+    ours = max((index for index, package in enumerate(packages) if package == "onnx_light_ref"), default=-1)
+    return any(package in _EVALUATOR_PACKAGES for package in packages[ours + 1 :])
 
 
 def parse_input_spec(spec: str) -> tuple[str, str]:
@@ -392,22 +417,26 @@ def _run_and_save(args: argparse.Namespace, feeds: dict[str, np.ndarray], read: 
     start = time.perf_counter()
     try:
         sess = reference_evaluator(args.model, args.load_device, allow_outside_folder=args.allow_outside_folder)
-    except _USER_ERRORS as exc:
+    except Exception as exc:
+        if not _is_input_error(exc):
+            raise
         raise _RunError(f"cannot evaluate {args.model!r}: {describe_error(exc)}") from exc
     built = time.perf_counter()
     _narrow_feeds(sess, feeds, args.raw_bits)
     _check_feeds(sess, feeds)
     try:
         read.update(_model_files(args.model))
-    except _USER_ERRORS as exc:
+    except (ValueError, OSError) as exc:  # our reader's errors: anything else from it is a bug
         raise _RunError(f"cannot read {args.model!r}: {describe_error(exc)}") from exc
     names = list(sess.output_names)
     plan, record = _output_plan(args, names, read)
     try:
         outputs = sess.run(None, feeds)
-    except _USER_ERRORS as exc:
+    except Exception as exc:
         # A weight file that vanished or shrank since construction, an op failing on these values: the model's or
         # the data's problem, reported without a traceback.
+        if not _is_input_error(exc):
+            raise
         raise _RunError(f"evaluation failed: {type(exc).__name__}: {describe_error(exc)}") from exc
     done = time.perf_counter()
     planned = _plan_outputs(args.output_dir, names, list(outputs), args.raw_bits)
@@ -451,39 +480,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a graph input and the .npy file holding it: required, once for each input of the model (a model "
         "without inputs takes none)",
     )
-    parser.add_argument(
-        "--load-device",
-        choices=("file", "cpu"),
-        default="file",
-        help="file: read each weight at every run, nothing at construction (default); cpu: read each weight once "
-        "when the evaluator is built",
-    )
+    add_options(parser, "--load-device")
     parser.add_argument(
         "--output-dir",
         metavar="DIR",
         default=".",
         help="folder for the output .npy files, created if missing (default: current)",
     )
-    parser.add_argument(
-        "--allow-outside-folder",
-        action="store_true",
-        help="trust the model: its DelayedInitializer filenames and external data locations may be absolute names "
-        "outside the model's folder (the spec's examples use /tmp paths) and may go through symbolic links, so a "
-        "relative name that is a symbolic link in the folder reads the file it points to, wherever it is (e.g. the "
-        "Hugging Face cache); refused by default, as onnx's loader refuses both ('..' stays refused)",
-    )
-    parser.add_argument(
+    add_option(parser, "--allow-outside-folder", subject="MODEL.onnx")
+    add_option(
+        parser,
         "--overwrite",
-        action="store_true",
-        help="replace existing files at the output names (<output-dir>/<name>.npy) that no previous run wrote; "
-        "without it, such a run is refused before the model runs, naming the file (a previous run's outputs, listed "
-        "in <output-dir>/.onnx-light-ref-run.json, are replaced without it)",
+        owner="onnx-light-ref run",
+        owned="the outputs a previous run wrote there, listed in <output-dir>/.onnx-light-ref-run.json",
+        example="a <output-dir>/<name>.npy that no run wrote",
     )
-    parser.add_argument(
-        "--replace-shared",
-        action="store_true",
-        help="replace an output file even when a model (in its folder or above) uses it as weights; refused by default",
-    )
+    add_option(parser, "--replace-shared", what="an output file")
     parser.add_argument(
         "--raw-bits",
         action="store_true",

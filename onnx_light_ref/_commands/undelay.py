@@ -18,10 +18,10 @@ import os
 from onnx_light_ref._commands.errors import error_exit, published_exit
 from onnx_light_ref._commands.folders import created_folders
 from onnx_light_ref._commands.help_text import REFUSED, exit_statuses
-from onnx_light_ref._commands.paths import shown_path, warn_unless_onnx, weights_argument, weights_path
+from onnx_light_ref._commands.options import add_option, add_options
+from onnx_light_ref._commands.paths import shown_path, warn_unless_onnx, weights_path
 from onnx_light_ref._commands.progress import byte_progress
-from onnx_light_ref._commands.sizes import alignment_argument
-from onnx_light_ref.errors import InvalidModelError, PublishedWithErrorsError
+from onnx_light_ref.errors import PublishedWithErrorsError
 
 
 def count_delayed_nodes(model_path: str) -> int:
@@ -76,7 +76,7 @@ def undelay_command(args: argparse.Namespace) -> int:
             )
     except PublishedWithErrorsError as exc:  # the model is written, but a step after the commit failed
         return published_exit(exc)
-    except (OSError, ValueError, TypeError, InvalidModelError) as exc:
+    except (ValueError, OSError) as exc:  # InvalidModelError and ExternalDataError are ValueErrors
         return error_exit(exc)
     shown = shown_path(weights if weights is not None else f"{args.dst}.data")
     where = f" and {shown} ({written} bytes)" if written else " (no weights file needed)"
@@ -102,44 +102,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("src", metavar="SRC.onnx", help="model with DelayedInitializer nodes")
     parser.add_argument("dst", metavar="DST.onnx", help="model to write (its folder is created if missing)")
-    parser.add_argument(
-        "--weights",
-        metavar="PATH",
-        type=weights_argument,
-        default=None,
-        help="weights file to write; a relative PATH is relative to DST.onnx's folder, not the current one, and must "
-        "stay inside it (default: DST.onnx.data)",
-    )
-    parser.add_argument(
-        "--alignment",
-        metavar="N",
-        type=alignment_argument,
-        default=4096,
-        help="power of two every tensor offset is a multiple of, e.g. 4096 or 64K; 0 or 1 = packed (default: 4096)",
-    )
-    parser.add_argument(
-        "--allow-outside-folder",
-        action="store_true",
-        help="trust SRC.onnx: its DelayedInitializer filenames may be absolute names outside its folder (the "
-        "spec's examples use /tmp paths) and may go through symbolic links, so a relative name that is a symbolic "
-        "link in the folder reads the file it points to, wherever it is; refused by default ('..' stays refused)",
-    )
-    parser.add_argument(
-        "--replace-shared",
-        action="store_true",
-        help="replace the weights file even when another model uses it (a .onnx in its folder or above; that "
-        "model then computes with the new weights); without it, such a run is refused and names the other models",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace existing files DST.onnx does not own (not referenced by the previous DST.onnx, not named "
-        "after it); without it, such a run is refused and names the files",
-    )
-    parser.add_argument(
-        "--no-fsync",
-        action="store_true",
-        help="skip every fsync: outputs still appear atomically with the same bytes, but may be lost on a crash",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    add_options(parser, "--weights", "--alignment")
+    add_option(parser, "--allow-outside-folder", subject="SRC.onnx")
+    add_option(parser, "--replace-shared", what="the weights file")
+    add_option(parser, "--overwrite", example="an existing --weights file the previous DST.onnx does not reference")
+    add_options(parser, "--no-fsync", "--no-progress")
     parser.set_defaults(func=undelay_command)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 
 from onnx_light_ref._commands.errors import error_exit
-from onnx_light_ref._commands.help_text import docs_url, exit_statuses
+from onnx_light_ref._commands.help_text import exit_statuses
+from onnx_light_ref._commands.options import add_option, add_options
 from onnx_light_ref._commands.progress import byte_progress
 from onnx_light_ref._commands.sizes import bounded_size
 from onnx_light_ref._commands.text import printable
@@ -57,16 +58,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="second model; or a checkpoint (a .safetensors file, a .safetensors.index.json or a folder): then prove "
         "that A.onnx holds every checkpoint tensor (by name, --map, content or transpose) and list what it lacks",
     )
-    parser.add_argument(
-        "--map", metavar="NAMES.json", help="with a checkpoint: JSON object, model tensor name -> checkpoint key"
-    )
-    parser.add_argument(
+    add_option(parser, "--map", when=" (with a checkpoint as B.onnx)")
+    add_option(
+        parser,
         "--chunk-size",
-        metavar="SIZE",
-        type=bounded_size("chunk_size", minimum=1, maximum=MAX_CHUNK_SIZE),
-        default=4 * 1024 * 1024,
-        help="bytes read per system call and model, at most 1G; the two read buffers grow up to this size "
-        "(default: 4M)",
+        {"type": bounded_size("chunk_size", minimum=1, maximum=MAX_CHUNK_SIZE)},
+        moved="read from each model",
+        buffers="the two read buffers grow up to this size, at most 1G",
     )
     parser.add_argument(
         "--check-checksums",
@@ -84,12 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="pair tensors by graph, kind and name instead of by position, for models a tool reordered "
         "(e.g. undelay); a name on one side only is a difference",
     )
-    parser.add_argument(
-        "--allow-outside-folder",
-        action="store_true",
-        help="trust the model's data layout: follow symbolic links in data paths, e.g. the Hugging Face cache "
-        "(snapshots/<rev>/model.onnx.data -> ../../blobs/<sha>); refused by default, as onnx's loader refuses them",
-    )
+    add_option(parser, "--allow-outside-folder", subject="A.onnx and B.onnx")
     parser.add_argument(
         "--max-differences",
         metavar="N",
@@ -98,13 +91,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="go on after the first difference and report up to N of them, one 'different:' line each "
         "(0: every difference; default: 1, stop at the first)",
     )
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help=f"print one JSON document on stdout instead of the text ({docs_url('json.md')}; its schema: "
-        "onnx_light_ref.schemas.load_schema('verify')); same exit status",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    add_option(parser, "--json", command="verify")
+    add_options(parser, "--no-progress")
     parser.set_defaults(func=verify_command)
 
 

@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from onnx_light_ref.io._arguments import ArgumentTypeError, PathLike, check_bool, check_int
 from onnx_light_ref.io._plan.align_plan import (
     AlignPlan,
-    LayoutOptions,
     Mode,
     WeightsFormat,
     check_layout_options,
@@ -104,19 +103,19 @@ def aligned_result(plan: AlignPlan, stats: CopyStats, config_file: str | None = 
         plan.total_size,
         tensors=plan.tensors,
         payload_bytes=plan.payload_bytes,
-        weights_files=plan.weights_paths,
-        copy_methods=bytes_by_method,
+        weights_files=tuple(plan.weights_paths),
+        copy_methods=frozenset(bytes_by_method),
         deduplicated_tensors=plan.deduplicated_tensors,
         deduplicated_bytes=plan.deduplicated_bytes,
         externalized_tensors=plan.externalized_tensors,
         bytes_by_method=bytes_by_method,
         clone_eligible_bytes=stats.clone_eligible_bytes,
-        stale_weights_files=plan.stale_weights_files,
+        stale_weights_files=tuple(plan.stale_weights_files),
         weights_format=plan.weights_format,
         index_file=plan.index[0] if plan.index is not None else None,
-        unaligned_tensors=plan.unaligned_tensors,
+        unaligned_tensors=tuple(plan.unaligned_tensors),
         kept_inline_reasons=plan.kept_inline,
-        kept_inline_names=plan.kept_inline_names,
+        kept_inline_names={reason: tuple(names) for reason, names in plan.kept_inline_names.items()},
         config_file=config_file,
     )
 
@@ -190,23 +189,41 @@ def _align(
     dst_onnx_path: PathLike,
     dst_weights_path: PathLike | None,
     alignment: int,
-    layout: LayoutOptions,
     chunk_size: int | None,
+    *,
+    align_threshold: int,
+    max_shard_size: int | None,
+    dedup: bool,
+    size_threshold: int | None,
     durable: bool,
     progress: ProgressCallback | None,
-    allow_outside_folder: bool = False,
-    replace_shared: bool = False,
-    overwrite: bool = False,
-    delete_stale: bool = False,
-    update_config: PathLike | None = None,
+    allow_outside_folder: bool,
+    weights_format: WeightsFormat,
+    shard_names: ShardNames,
+    replace_shared: bool,
+    overwrite: bool,
+    delete_stale: bool,
+    update_config: PathLike | None,
 ) -> AlignResult:
-    """Plan, then execute the plan in ``mode`` (read everything first when ``in_memory``), then publish.
+    """Both aligners (each passes every parameter of its public signature by name): validate, plan, execute the
+    plan in ``mode`` (read everything first when ``in_memory``), then publish.
 
-    ``chunk_size`` is None only in memory (dedup then compares through 1 MiB buffers).
+    ``chunk_size`` is None in memory (dedup then compares through 1 MiB buffers).
 
     The transaction never sweeps away a file this job reads (``keep``): a source may be named like a dead writer's
     temp file of a destination.
     """
+    if mode == "streaming":
+        check_int("chunk_size", chunk_size, minimum=1)
+    layout = check_layout_options(
+        align_threshold,
+        max_shard_size,
+        dedup,
+        size_threshold,
+        durable,
+        weights_format=weights_format,
+        shard_names=shard_names,
+    )
     options = WriteOptions(
         check_bool("replace_shared", replace_shared),
         check_bool("overwrite", overwrite),
@@ -385,32 +402,7 @@ def align_external_data_streaming(
         >>> [os.path.basename(path) for path in result.weights_files]
         ['hub-00001-of-00002.data', 'hub-00002-of-00002.data']
     """
-    check_int("chunk_size", chunk_size, minimum=1)
-    layout = check_layout_options(
-        align_threshold,
-        max_shard_size,
-        dedup,
-        size_threshold,
-        durable,
-        weights_format=weights_format,
-        shard_names=shard_names,
-    )
-    return _align(
-        "streaming",
-        src_onnx_path,
-        dst_onnx_path,
-        dst_weights_path,
-        alignment,
-        layout,
-        chunk_size,
-        durable,
-        progress,
-        allow_outside_folder,
-        replace_shared,
-        overwrite,
-        delete_stale,
-        update_config,
-    )
+    return _align("streaming", **locals())  # every parameter, by name (nothing else is local yet)
 
 
 def align_external_data_in_memory(
@@ -439,37 +431,21 @@ def align_external_data_in_memory(
     with the weights (the ``.onnx`` is parsed whole, inline payloads included). Useful when the weights are small,
     and as the byte-for-byte oracle of the streaming version: same options, same ``.onnx`` and weights bytes.
 
+    Its parameters are :func:`align_external_data_streaming`'s without ``chunk_size``: the same names, defaults,
+    checks and meaning, and the same bytes written. Only these differ:
+
     Args:
-        src_onnx_path: the model to re-align; its external files are read, never modified.
-        dst_onnx_path: the model to write. May equal ``src_onnx_path``. Its folder must exist.
-        dst_weights_path: the (first) weights file to write; default ``<dst_onnx_path>.data`` (see the streaming
-            aligner).
-        alignment: tensor offsets are multiples of it: a power of two, or 0/1 for packed (no padding).
-        align_threshold: as for :func:`align_external_data_streaming`.
-        max_shard_size: as for :func:`align_external_data_streaming`.
-        dedup: as for :func:`align_external_data_streaming` (candidates are compared through two 1 MiB buffers).
-        size_threshold: as for :func:`align_external_data_streaming`.
-        durable: fsync the outputs and their folder (default); ``False`` skips every fsync, same bytes.
-        progress: called as ``progress(done_bytes, total_bytes)`` while bytes are written.
-        allow_outside_folder: as for :func:`align_external_data_streaming`.
-        weights_format: as for :func:`align_external_data_streaming`.
-        shard_names: as for :func:`align_external_data_streaming`.
-        replace_shared: as for :func:`align_external_data_streaming`.
-        overwrite: as for :func:`align_external_data_streaming`.
-        delete_stale: as for :func:`align_external_data_streaming`.
-        update_config: as for :func:`align_external_data_streaming`.
+        dedup: candidates are compared through two 1 MiB buffers.
+        progress: called as ``progress(done_bytes, total_bytes)`` while bytes are written (after every payload was
+            read).
 
     Returns:
         An :class:`~onnx_light_ref.io._results.AlignResult`, as :func:`align_external_data_streaming` returns
         (``copy_methods`` is ``{"pread_pwrite"}`` when bytes moved).
 
     Raises:
-        ValueError: an invalid argument (``ArgumentTypeError``, also a ``TypeError``, for a wrong type).
-        InvalidModelError: ``src_onnx_path`` is not an ONNX model, or the result cannot be serialized.
-        ExternalDataError: as for :func:`align_external_data_streaming`, or a source truncated while read.
-        FileNotFoundError: the source model, a referenced file or the destination folder does not exist.
-        OSError: reading or publishing failed before the commit; the destination is then the previous model.
-        PublishedWithErrorsError: as for :func:`align_external_data_streaming` (published; a later step failed).
+        The exceptions of :func:`align_external_data_streaming`, for the same reasons; also ``ExternalDataError``
+        for a source truncated while it was read.
 
     Example:
         In the folder ``onnx-light-ref demo --size 1M --keep demo`` writes, the same bytes as the streaming aligner:
@@ -482,28 +458,4 @@ def align_external_data_in_memory(
         >>> result.copy_methods
         frozenset({'pread_pwrite'})
     """
-    layout = check_layout_options(
-        align_threshold,
-        max_shard_size,
-        dedup,
-        size_threshold,
-        durable,
-        weights_format=weights_format,
-        shard_names=shard_names,
-    )
-    return _align(
-        "in_memory",
-        src_onnx_path,
-        dst_onnx_path,
-        dst_weights_path,
-        alignment,
-        layout,
-        None,
-        durable,
-        progress,
-        allow_outside_folder,
-        replace_shared,
-        overwrite,
-        delete_stale,
-        update_config,
-    )
+    return _align("in_memory", chunk_size=None, **locals())  # every parameter, by name (nothing else is local yet)

@@ -27,12 +27,19 @@ from collections.abc import Iterable, Mapping
 import onnx
 
 from onnx_light_ref.io._align import add_config_update, check_config_path, removed_after, warn_unaligned, write_plan
-from onnx_light_ref.io._arguments import ArgumentTypeError, PathLike, check_bool, check_int, check_weights_file
-from onnx_light_ref.io._plan.align_plan import SITE_KEPT, LayoutOptions, WeightsFormat, check_layout_options
+from onnx_light_ref.io._arguments import (
+    ArgumentTypeError,
+    PathLike,
+    WeightsFormat,
+    check_bool,
+    check_int,
+    check_weights_file,
+)
+from onnx_light_ref.io._plan.align_plan import LayoutOptions, check_layout_options
 from onnx_light_ref.io._plan.family_plan import FamilyPlan, default_family_weights, lay_out_family, walk_family
 from onnx_light_ref.io._plan.member_names import member_sources
 from onnx_light_ref.io._plan.shard_names import ShardNames
-from onnx_light_ref.io._plan.sites import iter_sites
+from onnx_light_ref.io._plan.sites import SITE_INLINE, iter_sites
 from onnx_light_ref.io._read.sharing import model_references, scan_users
 from onnx_light_ref.io._results import FamilyMember, FamilyResult, SharedTensor, record_removed, summarize_names
 from onnx_light_ref.io._transformers_js import model_counts
@@ -330,22 +337,22 @@ def _result(plan: FamilyPlan, stats: CopyStats, stale: list[str], config_file: s
     bytes_by_method: dict[str, int] = {method: count for method, count in stats.bytes_by_method.items() if count}
     return FamilyResult(
         plan.total_size,
-        members=members,
-        weights_files=[shard.path for shard in plan.shards],
+        members=tuple(members),
+        weights_files=tuple(shard.path for shard in plan.shards),
         unique_bytes=plan.unique_bytes,
         separate_bytes=sum(plan.separate_bytes(index) for index in range(len(plan.walks))),
-        shared_tensors=shared_tensors,
+        shared_tensors=tuple(shared_tensors),
         tensors=len(plan.payloads),
         deduplicated_tensors=placement.deduplicated_tensors,
         deduplicated_bytes=placement.deduplicated_bytes,
         externalized_tensors=sum(walk.externalized for walk in plan.walks),
-        copy_methods=bytes_by_method,
+        copy_methods=frozenset(bytes_by_method),
         bytes_by_method=bytes_by_method,
         clone_eligible_bytes=stats.clone_eligible_bytes,
-        stale_weights_files=[path for path in stale if os.path.lexists(path)],
+        stale_weights_files=tuple(path for path in stale if os.path.lexists(path)),
         weights_format=plan.layout.weights_format,
         index_file=plan.index[0] if plan.index is not None else None,
-        unaligned_tensors=placement.unaligned,
+        unaligned_tensors=tuple(placement.unaligned),
         kept_inline_reasons=kept,
         config_file=config_file,
     )
@@ -353,7 +360,7 @@ def _result(plan: FamilyPlan, stats: CopyStats, stale: list[str], config_file: s
 
 def _moved_labels(model: onnx.ModelProto, sites: bytearray) -> list[str]:
     """The label of every moved site of ``model`` (tensors, then ``DelayedInitializer`` nodes), in walk order."""
-    return [site.label for site, kind in zip(iter_sites(model), sites, strict=True) if kind != SITE_KEPT]
+    return [site.label for site, kind in zip(iter_sites(model), sites, strict=True) if kind != SITE_INLINE]
 
 
 def _log(result: FamilyResult, delete_stale: bool) -> None:

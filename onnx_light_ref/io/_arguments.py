@@ -8,9 +8,13 @@ API documents for every invalid argument, and what the CLI's error handling catc
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 PathLike = str | os.PathLike[str]
 """Paths accepted by the public API; converted once at the boundary with ``os.fspath``."""
+
+WeightsFormat = Literal["onnx", "safetensors"]
+"""The weights files' format (``weights_format=``, ``--format``): raw external data, or safetensors files."""
 
 INT64_MAX = 2**63 - 1
 """Largest ``offset``/``length``/size an ONNX loader can address (int64 in onnx, onnxruntime and onnx-light):

@@ -228,9 +228,9 @@ class LinkPairing:
             and (found.data_start + found.entry.begin) % step
         )  # fmt: skip
         return {
-            "pairings": self.pairing.pairings,
-            "transposed_tensors": self.transposed,
-            "transpose_candidates": self.pairing.transpose_candidates,
+            "pairings": tuple(self.pairing.pairings),
+            "transposed_tensors": tuple(self.transposed),
+            "transpose_candidates": tuple(self.pairing.transpose_candidates),
             "unaligned_linked": unaligned,
         }
 

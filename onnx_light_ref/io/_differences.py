@@ -13,7 +13,7 @@ It holds plain records and pure functions: it never opens a file and never reads
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 from onnx_light_ref.io._read.proto import data_type_name
 from onnx_light_ref.io._read.walker import SitePlace, TensorKind, TensorSite, describe_place
@@ -37,20 +37,8 @@ DifferenceKind = Literal[
 tensor without a partner). Contents: ``storage`` (a STRING tensor external on one side), ``length`` (byte lengths),
 ``bytes`` (the first differing byte), ``string_count`` and ``string_element`` (STRING tensors)."""
 
-DIFFERENCE_KINDS: tuple[DifferenceKind, ...] = (
-    "name",
-    "place",
-    "data_type",
-    "dims",
-    "sparse_dims",
-    "only_in_a",
-    "only_in_b",
-    "storage",
-    "length",
-    "bytes",
-    "string_count",
-    "string_element",
-)
+DIFFERENCE_KINDS: tuple[DifferenceKind, ...] = get_args(DifferenceKind)
+"""Every :data:`DifferenceKind`, in its order."""
 
 DifferenceValue = str | bytes | int | tuple[int, ...] | None
 """One side's value in a :class:`Difference`: a name (``bytes`` when it is not UTF-8), a data type name, dims, a

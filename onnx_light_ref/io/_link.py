@@ -608,10 +608,10 @@ def _write(
             linked_bytes=sum(found.entry.nbytes for _, found in plan.links),
             written_tensors=len(plan.copies),
             written_bytes=sum(stats.bytes_by_method.values()),
-            mismatched_tensors=plan.mismatched,
-            checkpoint_files=checkpoint_names,
-            weights_files=[dst_weights] if plan.copies else [],
-            stale_weights_files=plan.stale,
+            mismatched_tensors=tuple(plan.mismatched),
+            checkpoint_files=tuple(checkpoint_names),
+            weights_files=(dst_weights,) if plan.copies else (),
+            stale_weights_files=tuple(plan.stale),
             kept_inline_reasons=plan.kept_inline,
             **facts,  # type: ignore[arg-type]
         )

@@ -5,14 +5,17 @@ file size, padding included), so code written against the documented ``int`` ret
 comparisons, arithmetic, ``str``, ``%d``, f-strings and JSON all see the plain number. The extra facts are read-only
 attributes, so a command line can print its summary without re-reading the model it just wrote; ``repr`` shows them
 (files, bytes, tensors, unaligned, stale...), since a bare ``196`` at the prompt said nothing of what was written.
-This module never does I/O.
+
+Every result of the package is a frozen dataclass, these four included: each declares its fields once (typed, with
+their defaults) and :class:`_SizeResult` adds the size, so ``AlignResult(196, tensors=3, ...)`` is built, typed,
+compared, pickled and copied as an ``int`` without a hand-written ``__new__``. This module never does I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import InitVar, dataclass, field
+from typing import ClassVar, Literal, TypeVar
 
 PairingHow = Literal["name", "map", "content", "transpose"]
 
@@ -53,34 +56,33 @@ def record_removed(result: AlignResult | LinkResult | FamilyResult, removed: Seq
     may go is decided again under the folder lock: the writer records what went once the publication returned.
     """
     gone = set(removed)
-    result._set(
-        removed_files=tuple(path for path in result.stale_weights_files if path in gone),
-        stale_weights_files=tuple(path for path in result.stale_weights_files if path not in gone),
-    )
+    stale = result.stale_weights_files
+    object.__setattr__(result, "removed_files", tuple(path for path in stale if path in gone))  # frozen: the writer's
+    object.__setattr__(result, "stale_weights_files", tuple(path for path in stale if path not in gone))
 
 
+_Size = TypeVar("_Size", bound="_SizeResult")
+
+
+@dataclass(frozen=True, eq=False, repr=False)
 class _SizeResult(int):
-    """An ``int`` with keyword fields; pickles and copies with them (``int`` alone would drop them)."""
+    """An ``int`` (``total_size``) with read-only keyword fields: each subclass is a frozen dataclass declaring them
+    (``kw_only``). ``eq=False`` keeps ``int``'s equality and hash; pickle and copy rebuild the ``int`` from its value
+    (``int.__getnewargs__``) and restore the fields from ``__dict__``."""
 
-    kept_inline_reasons: dict[str, int]  # every writer's result has it
-    _REPR_FIELDS: tuple[str, ...] = ()
+    total_size: InitVar[int]
+    kept_inline_reasons: dict[str, int] = field(default_factory=dict, kw_only=True)  # every writer's result has it
+    _REPR_FIELDS: ClassVar[tuple[str, ...]] = ()
     """What ``repr`` shows after the size, in this order (attributes or properties)."""
 
-    def __getnewargs_ex__(self) -> tuple[tuple[int], dict[str, Any]]:
-        return (int(self),), dict(vars(self))
+    def __new__(cls: type[_Size], total_size: int, **_fields: object) -> _Size:
+        return super().__new__(cls, total_size)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={_shown(getattr(self, name))}" for name in self._REPR_FIELDS)
         return f"{type(self).__name__}({int(self)} bytes, {fields})"
 
     __str__ = int.__repr__  # str(), f"{result}" and "%s" stay the plain number the API documents
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"{type(self).__name__} is read-only")
-
-    def _set(self, **fields: object) -> None:
-        for name, value in fields.items():
-            object.__setattr__(self, name, value)
 
     @property
     def kept_inline_tensors(self) -> int:
@@ -89,7 +91,29 @@ class _SizeResult(int):
         return sum(self.kept_inline_reasons.values())
 
 
-class AlignResult(_SizeResult):
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)  # see _SizeResult
+class _AlignedResult(_SizeResult):
+    """The fields the aligners' results share (:class:`AlignResult`, :class:`FamilyResult`): their meaning is
+    documented on each."""
+
+    tensors: int
+    weights_files: tuple[str, ...]
+    copy_methods: frozenset[str]
+    deduplicated_tensors: int = 0
+    deduplicated_bytes: int = 0
+    externalized_tensors: int = 0
+    bytes_by_method: dict[str, int] = field(default_factory=dict)
+    clone_eligible_bytes: int = 0
+    stale_weights_files: tuple[str, ...] = ()
+    weights_format: str = "onnx"
+    index_file: str | None = None
+    unaligned_tensors: tuple[str, ...] = ()
+    removed_files: tuple[str, ...] = ()
+    config_file: str | None = None
+
+
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)  # see _SizeResult
+class AlignResult(_AlignedResult):
     """What the aligners return: the bytes of all weights files written (an ``int``), plus what was written.
 
     Returned by :func:`~onnx_light_ref.align_external_data_streaming` and
@@ -161,67 +185,8 @@ class AlignResult(_SizeResult):
         "index_file",
     )
 
-    tensors: int
     payload_bytes: int
-    weights_files: tuple[str, ...]
-    copy_methods: frozenset[str]
-    deduplicated_tensors: int
-    deduplicated_bytes: int
-    externalized_tensors: int
-    bytes_by_method: dict[str, int]
-    clone_eligible_bytes: int
-    stale_weights_files: tuple[str, ...]
-    weights_format: str
-    index_file: str | None
-    unaligned_tensors: tuple[str, ...]
-    kept_inline_reasons: dict[str, int]
-    kept_inline_names: dict[str, tuple[str, ...]]
-    removed_files: tuple[str, ...]
-    config_file: str | None
-
-    def __new__(
-        cls,
-        total_size: int,
-        *,
-        tensors: int,
-        payload_bytes: int,
-        weights_files: Iterable[str],
-        copy_methods: Iterable[str],
-        deduplicated_tensors: int = 0,
-        deduplicated_bytes: int = 0,
-        externalized_tensors: int = 0,
-        bytes_by_method: Mapping[str, int] | None = None,
-        clone_eligible_bytes: int = 0,
-        stale_weights_files: Iterable[str] = (),
-        weights_format: str = "onnx",
-        index_file: str | None = None,
-        unaligned_tensors: Iterable[str] = (),
-        kept_inline_reasons: Mapping[str, int] | None = None,
-        kept_inline_names: Mapping[str, Iterable[str]] | None = None,
-        removed_files: Iterable[str] = (),
-        config_file: str | None = None,
-    ) -> AlignResult:
-        result = super().__new__(cls, total_size)
-        result._set(
-            tensors=tensors,
-            payload_bytes=payload_bytes,
-            weights_files=tuple(weights_files),
-            copy_methods=frozenset(copy_methods),
-            deduplicated_tensors=deduplicated_tensors,
-            deduplicated_bytes=deduplicated_bytes,
-            externalized_tensors=externalized_tensors,
-            bytes_by_method=dict(bytes_by_method or {}),
-            clone_eligible_bytes=clone_eligible_bytes,
-            stale_weights_files=tuple(stale_weights_files),
-            weights_format=weights_format,
-            index_file=index_file,
-            unaligned_tensors=tuple(unaligned_tensors),
-            kept_inline_reasons=dict(kept_inline_reasons or {}),
-            kept_inline_names={reason: tuple(names) for reason, names in (kept_inline_names or {}).items()},
-            removed_files=tuple(removed_files),
-            config_file=config_file,
-        )
-        return result
+    kept_inline_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def padding(self) -> int:
@@ -229,6 +194,7 @@ class AlignResult(_SizeResult):
         return int(self) - self.payload_bytes
 
 
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)  # see _SizeResult
 class SaveResult(_SizeResult):
     """What :func:`~onnx_light_ref.save_model_with_shared_external_data` returns: the new weights file's size.
 
@@ -264,27 +230,6 @@ class SaveResult(_SizeResult):
     reused_tensors: int
     payload_bytes: int
     weights_files: tuple[str, ...]
-    kept_inline_reasons: dict[str, int]
-
-    def __new__(
-        cls,
-        total_size: int,
-        *,
-        new_tensors: int,
-        reused_tensors: int,
-        payload_bytes: int,
-        weights_files: Iterable[str],
-        kept_inline_reasons: Mapping[str, int] | None = None,
-    ) -> SaveResult:
-        result = super().__new__(cls, total_size)
-        result._set(
-            new_tensors=new_tensors,
-            reused_tensors=reused_tensors,
-            payload_bytes=payload_bytes,
-            weights_files=tuple(weights_files),
-            kept_inline_reasons=dict(kept_inline_reasons or {}),
-        )
-        return result
 
     @property
     def padding(self) -> int:
@@ -305,6 +250,7 @@ class TensorPairing:
     how: PairingHow
 
 
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)  # see _SizeResult
 class LinkResult(_SizeResult):
     """What :func:`~onnx_light_ref.link_external_data` returns: the bytes of the model's own weights file.
 
@@ -363,54 +309,15 @@ class LinkResult(_SizeResult):
     linked_bytes: int
     written_tensors: int
     written_bytes: int
-    mismatched_tensors: tuple[str, ...]
-    checkpoint_files: tuple[str, ...]
-    weights_files: tuple[str, ...]
-    stale_weights_files: tuple[str, ...]
-    kept_inline_reasons: dict[str, int]
-    pairings: tuple[TensorPairing, ...]
-    transposed_tensors: tuple[str, ...]
-    transpose_candidates: tuple[str, ...]
-    unaligned_linked: int
-    removed_files: tuple[str, ...]
-
-    def __new__(
-        cls,
-        total_size: int,
-        *,
-        linked_tensors: int,
-        linked_bytes: int,
-        written_tensors: int,
-        written_bytes: int,
-        mismatched_tensors: Iterable[str] = (),
-        checkpoint_files: Iterable[str] = (),
-        weights_files: Iterable[str] = (),
-        stale_weights_files: Iterable[str] = (),
-        kept_inline_reasons: Mapping[str, int] | None = None,
-        pairings: Iterable[TensorPairing] = (),
-        transposed_tensors: Iterable[str] = (),
-        transpose_candidates: Iterable[str] = (),
-        unaligned_linked: int = 0,
-        removed_files: Iterable[str] = (),
-    ) -> LinkResult:
-        result = super().__new__(cls, total_size)
-        result._set(
-            linked_tensors=linked_tensors,
-            linked_bytes=linked_bytes,
-            written_tensors=written_tensors,
-            written_bytes=written_bytes,
-            mismatched_tensors=tuple(mismatched_tensors),
-            checkpoint_files=tuple(checkpoint_files),
-            weights_files=tuple(weights_files),
-            stale_weights_files=tuple(stale_weights_files),
-            kept_inline_reasons=dict(kept_inline_reasons or {}),
-            pairings=tuple(pairings),
-            transposed_tensors=tuple(transposed_tensors),
-            transpose_candidates=tuple(transpose_candidates),
-            unaligned_linked=unaligned_linked,
-            removed_files=tuple(removed_files),
-        )
-        return result
+    mismatched_tensors: tuple[str, ...] = ()
+    checkpoint_files: tuple[str, ...] = ()
+    weights_files: tuple[str, ...] = ()
+    stale_weights_files: tuple[str, ...] = ()
+    pairings: tuple[TensorPairing, ...] = ()
+    transposed_tensors: tuple[str, ...] = ()
+    transpose_candidates: tuple[str, ...] = ()
+    unaligned_linked: int = 0
+    removed_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -457,7 +364,8 @@ class SharedTensor:
     users: tuple[tuple[str, str], ...]
 
 
-class FamilyResult(_SizeResult):
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)  # see _SizeResult
+class FamilyResult(_AlignedResult):
     """What :func:`~onnx_light_ref.align_models` returns: the bytes of the family's weights files together.
 
     An ``int`` (padding included), plus what was written for each member and for the family as read-only attributes.
@@ -505,72 +413,9 @@ class FamilyResult(_SizeResult):
     """
 
     members: tuple[FamilyMember, ...]
-    weights_files: tuple[str, ...]
     unique_bytes: int
     separate_bytes: int
-    shared_tensors: tuple[SharedTensor, ...]
-    tensors: int
-    deduplicated_tensors: int
-    deduplicated_bytes: int
-    externalized_tensors: int
-    copy_methods: frozenset[str]
-    bytes_by_method: dict[str, int]
-    clone_eligible_bytes: int
-    stale_weights_files: tuple[str, ...]
-    weights_format: str
-    index_file: str | None
-    unaligned_tensors: tuple[str, ...]
-    kept_inline_reasons: dict[str, int]
-    removed_files: tuple[str, ...]
-    config_file: str | None
-
-    def __new__(
-        cls,
-        total_size: int,
-        *,
-        members: Iterable[FamilyMember],
-        weights_files: Iterable[str],
-        unique_bytes: int,
-        separate_bytes: int,
-        shared_tensors: Iterable[SharedTensor] = (),
-        tensors: int = 0,
-        deduplicated_tensors: int = 0,
-        deduplicated_bytes: int = 0,
-        externalized_tensors: int = 0,
-        copy_methods: Iterable[str] = (),
-        bytes_by_method: Mapping[str, int] | None = None,
-        clone_eligible_bytes: int = 0,
-        stale_weights_files: Iterable[str] = (),
-        weights_format: str = "onnx",
-        index_file: str | None = None,
-        unaligned_tensors: Iterable[str] = (),
-        kept_inline_reasons: Mapping[str, int] | None = None,
-        removed_files: Iterable[str] = (),
-        config_file: str | None = None,
-    ) -> FamilyResult:
-        result = super().__new__(cls, total_size)
-        result._set(
-            members=tuple(members),
-            weights_files=tuple(weights_files),
-            unique_bytes=unique_bytes,
-            separate_bytes=separate_bytes,
-            shared_tensors=tuple(shared_tensors),
-            tensors=tensors,
-            deduplicated_tensors=deduplicated_tensors,
-            deduplicated_bytes=deduplicated_bytes,
-            externalized_tensors=externalized_tensors,
-            copy_methods=frozenset(copy_methods),
-            bytes_by_method=dict(bytes_by_method or {}),
-            clone_eligible_bytes=clone_eligible_bytes,
-            stale_weights_files=tuple(stale_weights_files),
-            weights_format=weights_format,
-            index_file=index_file,
-            unaligned_tensors=tuple(unaligned_tensors),
-            kept_inline_reasons=dict(kept_inline_reasons or {}),
-            removed_files=tuple(removed_files),
-            config_file=config_file,
-        )
-        return result
+    shared_tensors: tuple[SharedTensor, ...] = ()
 
     @property
     def saved_bytes(self) -> int:

@@ -209,7 +209,7 @@ def save_model_with_shared_external_data(
         new_tensors=len(plan.new),
         reused_tensors=plan.reused,
         payload_bytes=plan.payload_bytes,
-        weights_files=[plan.secondary_path] if plan.new else [],
+        weights_files=(plan.secondary_path,) if plan.new else (),
         kept_inline_reasons=plan.kept_inline,
     )
     assert plan.contract is not None

@@ -117,7 +117,8 @@ def test_the_help_names_its_arguments_like_the_other_commands(capsys: pytest.Cap
         "exit status: 0 every member and the weights files are written; 1 refused: one 'error: ...' line on stderr, "
         "nothing written; 2 bad arguments (the usage is printed); 3 written, but a step after the commit failed (one "
         "'error: DST is published ..., but ...' line: the fsync that makes it durable, or removing the previous "
-        "versions); 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM (temp files and folders the command created "
+        "versions); 70 a bug in onnx-light-ref (one 'error: ...' line asking to report it; --debug prints the "
+        "traceback); 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM (temp files and folders the command created "
         "are removed)."
     )
 

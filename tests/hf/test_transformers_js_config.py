@@ -114,7 +114,8 @@ def test_the_command_updates_the_config_and_says_so(tmp_path: Path) -> None:
     ("content", "message"),
     [
         ('["a", "list"]', r"is a JSON array, not an object: transformers\.js reads a config\.json object"),
-        ('{"a": 1,}', r"is not JSON \(Illegal trailing comma before end of object at line 1"),
+        # Python 3.13 names the trailing comma; older versions the key it expected
+        ('{"a": 1,}', r"is not JSON \((Illegal trailing comma before end of object|Expecting property name).* line 1"),
         ('{"a": 1, "a": 2}', r"has the key 'a' twice in one object"),
         ('{"transformers.js_config": "fp16"}', r"'transformers\.js_config' is a JSON string, not an object"),
         (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -397,3 +398,17 @@ def test_generated_models_stream_exactly_like_in_memory(tmp_path_factory, data, 
     for s_fact, m_fact in zip(s_facts, m_facts, strict=True):
         if s_fact.entries is not None:
             assert {**s_fact.entries, "location": "x"} == {**m_fact.entries, "location": "x"}
+
+
+def test_the_in_memory_twin_takes_the_streaming_parameters_but_chunk_size():
+    """Its docstring says so instead of repeating each option (issue 39): names, order, kinds, defaults, types."""
+    streaming = inspect.signature(align_external_data_streaming)
+    in_memory = inspect.signature(align_external_data_in_memory)
+    assert [p for name, p in streaming.parameters.items() if name != "chunk_size"] == list(
+        in_memory.parameters.values()
+    )
+    assert streaming.return_annotation == in_memory.return_annotation
+    with pytest.raises(
+        TypeError, match=r"align_external_data_in_memory\(\) got an unexpected keyword argument 'chunk_size'"
+    ):
+        align_external_data_in_memory("a.onnx", "b.onnx", chunk_size=1)  # type: ignore[call-arg]

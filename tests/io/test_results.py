@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import pickle
 
@@ -16,7 +17,10 @@ from onnx_light_ref import (
     align_external_data_streaming,
     save_model_with_shared_external_data,
 )
-from onnx_light_ref.io._results import AlignResult, LinkResult, SaveResult, summarize_names
+from onnx_light_ref.io._results import AlignResult, FamilyResult, LinkResult, SaveResult, summarize_names
+from onnx_light_ref.io._verify import VerifyResult
+from onnx_light_ref.io._verify_checkpoint import CheckpointVerifyResult
+from onnx_light_ref.ops._delay_write import DelayResult
 from tests.models import identity_model, make_external_model
 from tests.zoo import reference_tensors
 
@@ -26,14 +30,14 @@ def _align_result() -> AlignResult:
         196,
         tensors=3,
         payload_bytes=108,
-        weights_files=["/x/w.bin"],
-        copy_methods={"sendfile"},
+        weights_files=("/x/w.bin",),
+        copy_methods=frozenset({"sendfile"}),
         deduplicated_tensors=1,
         deduplicated_bytes=28,
         externalized_tensors=2,
         bytes_by_method={"sendfile": 108},
         clone_eligible_bytes=0,
-        stale_weights_files=["/x/w.bin.1"],
+        stale_weights_files=("/x/w.bin.1",),
     )
 
 
@@ -57,12 +61,12 @@ def test_the_repr_shows_the_facts_not_a_bare_int():
         0,
         tensors=199,
         payload_bytes=0,
-        weights_files=[],
-        copy_methods=(),
-        unaligned_tensors=[f"t{i}" for i in range(199)],
+        weights_files=(),
+        copy_methods=frozenset(),
+        unaligned_tensors=tuple(f"t{i}" for i in range(199)),
     )
     assert "unaligned_tensors=('t0', 't1', 't2', ... 199 in all)" in repr(many)
-    saved = SaveResult(4160, new_tensors=1, reused_tensors=7, payload_bytes=4096, weights_files=["/x/v.onnx.data"])
+    saved = SaveResult(4160, new_tensors=1, reused_tensors=7, payload_bytes=4096, weights_files=("/x/v.onnx.data",))
     assert repr(saved) == (
         "SaveResult(4160 bytes, weights_files=('/x/v.onnx.data',), new_tensors=1, reused_tensors=7, "
         "payload_bytes=4096, padding=64, kept_inline_tensors=0)"
@@ -96,11 +100,50 @@ def test_a_result_keeps_its_facts_through_pickle_and_copy():
         assert clone.stale_weights_files == ("/x/w.bin.1",)
 
 
+_MINIMAL = {
+    AlignResult: {"tensors": 1, "payload_bytes": 4, "weights_files": ("/x/w",), "copy_methods": frozenset()},
+    SaveResult: {"new_tensors": 1, "reused_tensors": 0, "payload_bytes": 4, "weights_files": ("/x/w",)},
+    LinkResult: {"linked_tensors": 1, "linked_bytes": 4, "written_tensors": 0, "written_bytes": 0},
+    FamilyResult: {
+        "members": (),
+        "tensors": 0,
+        "weights_files": ("/x/w",),
+        "copy_methods": frozenset(),
+        "unique_bytes": 4,
+        "separate_bytes": 8,
+    },
+}
+
+
+@pytest.mark.parametrize("cls", list(_MINIMAL), ids=lambda cls: cls.__name__)
+def test_every_size_result_is_one_frozen_dataclass_over_an_int(cls):
+    """One mechanism (issue 39): the fields are declared once, as dataclass fields, after the size."""
+    result = cls(64, **_MINIMAL[cls], kept_inline_reasons={"shape tensor": 2})
+
+    assert dataclasses.is_dataclass(result) and cls.__dataclass_params__.frozen
+    assert result == 64 and isinstance(result, int) and str(result) == "64" and result.kept_inline_tensors == 2
+    assert {f.name for f in dataclasses.fields(result)} >= set(_MINIMAL[cls]) | {"kept_inline_reasons"}
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        clone = pickle.loads(pickle.dumps(result, protocol))
+        assert type(clone) is cls and clone == 64 and repr(clone) == repr(result)
+    with pytest.raises(TypeError, match="missing"):
+        cls(64)
+    with pytest.raises(TypeError, match="positional"):
+        cls(64, *_MINIMAL[cls].values())
+
+
+@pytest.mark.parametrize("cls", [VerifyResult, CheckpointVerifyResult, DelayResult], ids=lambda cls: cls.__name__)
+def test_the_other_results_are_frozen_dataclasses_too(cls):
+    assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
+
+
 def test_a_result_is_read_only():
     result = _align_result()
-    with pytest.raises(AttributeError, match="read-only"):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'tensors'"):
         result.tensors = 4  # type: ignore[misc]
-    assert result.tensors == 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del result.weights_files  # type: ignore[misc]
+    assert result.tensors == 3 and isinstance(dataclasses.FrozenInstanceError(), AttributeError)
 
 
 @pytest.mark.parametrize("aligner", [align_external_data_streaming, align_external_data_in_memory])
@@ -141,7 +184,7 @@ def test_an_aligner_without_external_tensors_reports_nothing_written(tmp_path):
 
 
 def test_a_result_built_without_the_new_fields_defaults_them():
-    result = AlignResult(0, tensors=0, payload_bytes=0, weights_files=[], copy_methods=[])
+    result = AlignResult(0, tensors=0, payload_bytes=0, weights_files=(), copy_methods=frozenset())
 
     assert (result.deduplicated_tensors, result.deduplicated_bytes, result.externalized_tensors) == (0, 0, 0)
     assert result.bytes_by_method == {} and result.clone_eligible_bytes == 0

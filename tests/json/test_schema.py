@@ -12,9 +12,16 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
+from onnx_light_ref.io._differences import DifferenceKind
+from onnx_light_ref.io._layout_report import LayoutStatus
+from onnx_light_ref.io._read.loader_rule import LOADERS
+from onnx_light_ref.io._read.reference_scan import Via
+from onnx_light_ref.io._read.walker import TensorKind
+from onnx_light_ref.io._results import PairingHow
 from onnx_light_ref.schemas import SCHEMA_NAMES, SCHEMA_VERSIONS, load_schema
 from tests.json.corpus import INSPECT_CASES, VERIFY_CASES
 from tests.json.runner import SCHEMAS, run_json
@@ -90,6 +97,28 @@ def test_docs_json_md_describes_every_member_and_kind(command):
         for value in json.loads(f"[{values}]"):
             if isinstance(value, str):
                 assert f"`{value}`" in text, f"docs/json.md does not name the value {value!r}"
+
+
+def _enum(command: str, *path: str) -> list[str]:
+    node = load_schema(command)["$defs"]
+    for key in path:
+        node = node[key]
+    return node["enum"]
+
+
+def test_the_schemas_values_are_the_codes_literals():
+    """One source (issue 39): every value a document may hold is a member of the ``Literal`` the code writes it
+    from, in the same order; the schemas are published data, checked against the code rather than derived."""
+    assert _enum("verify", "difference", "properties", "kind") == list(get_args(DifferenceKind))
+    assert _enum("verify", "tensor_kind") == list(get_args(TensorKind))
+    assert _enum("inspect", "tensor_kind") == [kind for kind in get_args(TensorKind) if kind != "delayed_initializer"]
+    tensor_statuses = _enum("inspect", "tensor", "properties", "status")
+    assert set(tensor_statuses) | set(_enum("inspect", "delayed_status")) == set(get_args(LayoutStatus))
+    loaders = _enum("inspect", "tensor", "properties", "refusals", "items", "properties", "loaders", "items")
+    assert loaders == list(LOADERS)
+    via = ("folder_document", "properties", "files", "items", "properties", "users", "items", "properties", "via")
+    assert _enum("inspect", *via) == list(get_args(Via))
+    assert _enum("verify", "pairing", "properties", "how") == list(get_args(PairingHow))
 
 
 def test_the_schemas_are_loaded_from_the_package_and_refuse_unknown_names():

@@ -24,12 +24,19 @@ import os
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict, overload
+from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict, get_args, overload
 
 import onnx
 
 from onnx_light_ref.errors import ExternalDataError
-from onnx_light_ref.io._arguments import PathLike, check_bool, check_int, check_optional_int, check_weights_file
+from onnx_light_ref.io._arguments import (
+    PathLike,
+    WeightsFormat,
+    check_bool,
+    check_int,
+    check_optional_int,
+    check_weights_file,
+)
 from onnx_light_ref.io._plan.checkpoint_policy import site_policy
 from onnx_light_ref.io._plan.dedup import BlobSource, find_duplicates
 from onnx_light_ref.io._plan.destinations import check_outputs, weights_location
@@ -44,8 +51,7 @@ from onnx_light_ref.io._plan.shard_names import (
     shard_paths,
     stale_candidates,
 )
-from onnx_light_ref.io._plan.sites import SITE_EXTERNALIZED, SITE_MOVED, SiteColumns, SitePolicy
-from onnx_light_ref.io._plan.sites import SITE_INLINE as SITE_STAYS_INLINE
+from onnx_light_ref.io._plan.sites import SITE_EXTERNALIZED, SITE_INLINE, SITE_MOVED, SiteColumns, SitePolicy
 from onnx_light_ref.io._read.alignment import validate_alignment
 from onnx_light_ref.io._read.delayed_nodes import DelayedResolver, iter_delayed
 from onnx_light_ref.io._read.entries import is_external
@@ -67,10 +73,10 @@ from onnx_light_ref.io._read.wire import InlinePayload, StrippedModel, load_mode
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+
 logger = logging.getLogger(__name__)
 
 Mode = Literal["streaming", "in_memory"]
-WeightsFormat = Literal["onnx", "safetensors"]
 
 # Typed fields a TensorProto may carry its values in; cleared when the tensor moves out.
 _NEVER_EXTERNAL = (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING)
@@ -160,19 +166,13 @@ class Shard:
         return sum(self.range_lengths) + sum(len(data) for _, data in self.writes)
 
 
-# What AlignPlan.sites holds for each tensor of the walk, in iter_tensors order: the writer contract's site kinds
-# (io/_plan/sites.py), so that the plan's columns are the ones the contract checks.
-SITE_KEPT = SITE_STAYS_INLINE  # not moved: inline and staying inline
-SITE_EXTERNAL = SITE_MOVED  # external in the source, rewritten
-SITE_INLINE = SITE_EXTERNALIZED  # inline in the source, externalized by this run
-
-
 @dataclass
 class AlignPlan:
     """Everything decided before the first byte is written.
 
     Per-tensor facts are columns, not objects (``docs/align.md``, design notes): ``sites`` has one byte per tensor
-    of the walk (``SITE_*``); the moved tensors (``SITE_EXTERNAL`` or ``SITE_INLINE``), in walk order, have their
+    of the walk (the writer contract's ``SITE_*`` of :mod:`~onnx_light_ref.io._plan.sites`); the moved tensors
+    (``SITE_MOVED`` or ``SITE_EXTERNALIZED``), in walk order, have their
     destination in ``move_shards``, ``move_offsets`` and ``move_lengths``, and their kept source ``checksum`` in the
     sparse ``checksums``. The tensors themselves are found again by walking ``model``, which planning leaves as is.
     """
@@ -277,8 +277,9 @@ def check_layout_options(
     inline_threshold = check_optional_int("size_threshold", size_threshold)
     check_bool("durable", durable)
     scheme = check_shard_names(shard_names)
-    if weights_format not in ("onnx", "safetensors"):
-        raise ValueError(f"weights_format must be 'onnx' or 'safetensors', got {weights_format!r}.")
+    if weights_format not in get_args(WeightsFormat):
+        formats = " or ".join(repr(name) for name in get_args(WeightsFormat))
+        raise ValueError(f"weights_format must be {formats}, got {weights_format!r}.")
     if weights_format == "safetensors":
         if dedup:
             raise ValueError(
@@ -494,7 +495,7 @@ def walk_source(
             if ref.checksum is not None:
                 walk.checksums[len(payloads) - walk.start] = ref.checksum
             payloads.add_range(table.index(ref.path, identity, ref.folder, ref.location), ref.offset, ref.length)
-            sites.append(SITE_EXTERNAL)
+            sites.append(SITE_MOVED)
         elif policy is not None:
             inline = _InlineData.of(tensor, stripped)
             decision = policy.decide(site, inline.length)  # rule 2 of the writer contract: the one decision
@@ -504,13 +505,13 @@ def walk_source(
                 if decision.reason is not None:
                     walk.kept_inline[decision.reason] = walk.kept_inline.get(decision.reason, 0) + 1
                     walk.kept_inline_names.setdefault(decision.reason, []).append(site.label)
-                sites.append(SITE_KEPT)
+                sites.append(SITE_INLINE)
                 continue
             _add_inline(tensor, site.label, inline, payload_source, onnx_identity, table, payloads)
-            sites.append(SITE_INLINE)
+            sites.append(SITE_EXTERNALIZED)
             walk.externalized += 1
         else:
-            sites.append(SITE_KEPT)
+            sites.append(SITE_INLINE)
             continue
         if safetensors:
             name = tensor.name if isinstance(tensor.name, str) else ""
@@ -534,7 +535,7 @@ def _walk_delayed(
         file, offset, length = resolver.read_range(site)
         walk.delayed_files[file.identity] = file.path
         payloads.add_range(table.index(file.path, file.identity, file.folder, file.location), offset, length)
-        walk.sites.append(SITE_EXTERNAL)
+        walk.sites.append(SITE_MOVED)
         if safetensors:
             walk.named.append(SafetensorsTensor(site.label, site.where, site.dtype, site.shape, length))
 

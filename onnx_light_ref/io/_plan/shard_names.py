@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Collection
-from typing import Literal
+from collections.abc import Collection, Iterator
+from typing import Literal, get_args
 
 from onnx_light_ref.io._arguments import ArgumentTypeError
 
-ShardNames = Literal["hf", "transformers.js"] | None
-SHARD_NAME_SCHEMES: tuple[ShardNames, ...] = (None, "hf", "transformers.js")
+ShardScheme = Literal["hf", "transformers.js"]
+"""The consumers' names for weights files (``shard_names=``, ``--shard-names``)."""
+ShardNames = ShardScheme | None
+"""``shard_names``: a consumer's scheme, or None for ours (``W``, ``W.1``...)."""
+SHARD_NAME_SCHEMES: tuple[ShardNames, ...] = (None, *get_args(ShardScheme))
 
 # transformers.js (``use_external_data_format``) fetches model.onnx_data_1 ... _99 at most: a 101st file never loads.
 TRANSFORMERS_JS_MAX_CHUNKS = 100
@@ -56,10 +59,11 @@ def check_shard_names(value: object) -> ShardNames:
     """
     if value is None:
         return None
+    expected = "shard_names must be None, " + " or ".join(repr(scheme) for scheme in get_args(ShardScheme))
     if not isinstance(value, str):
-        raise ArgumentTypeError(f"shard_names must be None, 'hf' or 'transformers.js', got {type(value).__name__}.")
-    if value not in ("hf", "transformers.js"):
-        raise ValueError(f"shard_names must be None, 'hf' or 'transformers.js', got {value!r}.")
+        raise ArgumentTypeError(f"{expected}, got {type(value).__name__}.")
+    if value not in get_args(ShardScheme):
+        raise ValueError(f"{expected}, got {value!r}.")
     return value  # type: ignore[return-value]
 
 
@@ -158,23 +162,15 @@ def stale_candidates(dst_onnx: str, base: str, written: list[str]) -> list[str]:
         default = default_weights_path(dst_onnx, weights_format, scheme)
         if os.path.dirname(default) == folder:
             bases.setdefault(os.path.basename(default), weights_format == "onnx")
-    keep = set(written) | {dst_onnx}
     found: list[str] = []
     checkpoints: dict[str, list[str]] = {}  # a *.safetensors set's first name -> its files found here
-    try:
-        entries = os.scandir(folder)
-    except OSError:  # the folder is missing or unreadable: publication reports it
-        return []
-    with entries:
-        for entry in entries:
-            if entry.path in keep:
-                continue
-            names = [name for name, with_first in bases.items() if _is_weights_name(entry.name, name, with_first)]
-            if any(not is_checkpoint_set(name) for name in names):
-                found.append(entry.path)
-            for name in names:
-                if is_checkpoint_set(name):
-                    checkpoints.setdefault(name, []).append(entry.path)
+    for entry in _entries(folder, set(written) | {dst_onnx}):
+        names = [name for name, with_first in bases.items() if _is_weights_name(entry.name, name, with_first)]
+        if any(not is_checkpoint_set(name) for name in names):
+            found.append(entry.path)
+        for name in names:
+            if is_checkpoint_set(name):
+                checkpoints.setdefault(name, []).append(entry.path)
     if checkpoints:
         used = _names_referenced_by(dst_onnx, folder)
         for name, paths in checkpoints.items():
@@ -236,20 +232,26 @@ def existing_shards(base: str, written: list[str], scheme: ShardNames, *, safete
     writes a single file is listed too. Sorted by path.
     """
     folder, name = os.path.split(base)
-    keep = set(written)
-    found: list[str] = []
-    try:
-        entries = os.scandir(folder)
-    except OSError:  # the folder is missing or unreadable: publication reports it
-        return []
-    with entries:
-        for entry in entries:
-            if entry.path not in keep and (entry.name == name or _is_shard_name(entry.name, name, scheme)):
-                found.append(entry.path)
+    found = [
+        entry.path
+        for entry in _entries(folder, set(written))
+        if entry.name == name or _is_shard_name(entry.name, name, scheme)
+    ]
     index = index_path(base)
     if safetensors and len(written) <= 1 and os.path.lexists(index) and index not in found:
         found.append(index)
     return sorted(found)
+
+
+def _entries(folder: str, skip: Collection[str]) -> Iterator[os.DirEntry[str]]:
+    """The entries of ``folder`` whose path is not in ``skip``; none when the folder is missing or unreadable (the
+    publication reports it)."""
+    try:
+        entries = os.scandir(folder)
+    except OSError:
+        return
+    with entries:
+        yield from (entry for entry in entries if entry.path not in skip)
 
 
 def _is_weights_name(candidate: str, base_name: str, with_first: bool) -> bool:

@@ -9,3 +9,4 @@ from __future__ import annotations
 DELAYED_DOMAIN = "ai.rt"
 DELAYED_OP_TYPE = "DelayedInitializer"
 DELAYED_FILENAME = "filename"  # the STRING attribute naming the file the node reads
+LOAD_DEVICES = ("cpu", "file")  # its load_device values (the command line's --load-device choices)

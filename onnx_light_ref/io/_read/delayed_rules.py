@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from onnx_light_ref.io._arguments import INT64_MAX
-from onnx_light_ref.io._read.delayed_names import DELAYED_DOMAIN, DELAYED_OP_TYPE
+from onnx_light_ref.io._read.delayed_names import DELAYED_DOMAIN, DELAYED_OP_TYPE, LOAD_DEVICES
 from onnx_light_ref.io._read.dtype_sizes import packed_nbytes
 from onnx_light_ref.io._read.proto import AttributeProto, data_type_name
 
@@ -45,7 +45,6 @@ _TYPE_LABELS: dict[int, str] = {
     AttributeProto.STRING: "STRING",
 }
 
-LOAD_DEVICES = ("cpu", "file")
 RUNTIME_DEVICES = ("cpu",)
 
 # Every AttributeProto type onnx's OpRun converts (all but UNDEFINED and unknown numbers).

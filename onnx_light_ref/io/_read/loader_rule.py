@@ -35,7 +35,7 @@ import contextlib
 import os
 import stat
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 from onnx_light_ref.io._read.entries import last_value
 from onnx_light_ref.io._read.walker import TensorSite, inline_reason
@@ -47,7 +47,7 @@ Loader = Literal["onnx.load", "check_model", "onnxruntime"]
 """``onnx.load(path, load_external_data=True)``, ``onnx.checker.check_model(path, full_check=True)``,
 ``onnxruntime.InferenceSession(path)``."""
 
-LOADERS: tuple[Loader, ...] = ("onnx.load", "check_model", "onnxruntime")
+LOADERS: tuple[Loader, ...] = get_args(Loader)
 
 ORT_KEYS = frozenset({"location", "offset", "length", "checksum"})
 """The only ``external_data`` keys onnxruntime accepts (it refuses the model for any other, ``basepath`` too)."""
