@@ -22,10 +22,16 @@ from types import TracebackType
 
 from onnx_light_ref.io.posix import pread_exact
 
-__all__ = ["THREAD_NAME", "PreadWorker"]
+__all__ = ["SPLIT_READ_MIN", "THREAD_NAME", "PreadWorker", "pread_split"]
 
 THREAD_NAME = "onnx-light-ref-pread"
 """The helper thread's name (tests and debuggers find it by it)."""
+
+SPLIT_READ_MIN = 32 * 1024 * 1024
+""":func:`pread_split` reads in two halves from this size on: such a read takes milliseconds (page faults of the new
+array and the copy), against about 0.1 ms to start the thread."""
+
+_SPLIT_STEP = 2 * 1024 * 1024  # halves end on a multiple of this (a huge page of the destination array, usually)
 
 
 class PreadWorker:
@@ -73,9 +79,10 @@ class PreadWorker:
         return outcome
 
     def close(self) -> None:
-        """Wait for the read in flight (its outcome is dropped), then stop the thread; later calls do nothing."""
+        """Drop a read not begun yet, wait for the one in flight (its outcome is dropped), stop the thread; later
+        calls do nothing."""
         with self._lock:
-            self._closing = True
+            self._closing, self._request = True, None
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join()  # kept until joined: a close interrupted here waits again when called again
@@ -97,3 +104,25 @@ class PreadWorker:
             with self._lock:
                 self._outcome, self._busy = outcome, False
                 self._lock.notify_all()
+
+
+def pread_split(fd: int, view: memoryview, offset: int) -> int:
+    """:func:`~onnx_light_ref.io.posix.pread_exact` of a large buffer in two halves read at once, the second by a
+    helper thread (below :data:`SPLIT_READ_MIN`: one read, here).
+
+    Returns:
+        The bytes read from the start of ``view``: fewer than ``len(view)`` only when the file ends first.
+
+    Raises:
+        OSError: what a read raised, the first half's first.
+    """
+    size = len(view)
+    if size < SPLIT_READ_MIN:
+        return pread_exact(fd, view, offset)
+    half = -(-size // 2 // _SPLIT_STEP) * _SPLIT_STEP
+    with PreadWorker() as worker:
+        worker.start(fd, view[half:], offset + half)
+        got = pread_exact(fd, view[:half], offset)
+        if got < half:  # the file ends in the first half: what the second read found does not matter
+            return got
+        return half + worker.result()

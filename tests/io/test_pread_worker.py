@@ -116,3 +116,77 @@ def test_a_second_read_before_the_first_result_and_a_read_after_close_are_refuse
             worker.start(fd, memoryview(bytearray(4)), 0)
     finally:
         os.close(fd)
+
+
+# --- pread_split: one large read in two halves ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def split_small(monkeypatch):
+    """pread_split splits from 4 KiB on, in 1 KiB steps (32 MiB and 2 MiB in production)."""
+    monkeypatch.setattr(_pread_worker, "SPLIT_READ_MIN", 4096)
+    monkeypatch.setattr(_pread_worker, "_SPLIT_STEP", 1024)
+
+
+@pytest.mark.parametrize(
+    ("offset", "size", "expected"),
+    [(0, 16384, 16384), (100, 8192, 8192), (16384 - 5000, 6000, 5000), (16384 - 9000, 10000, 9000), (0, 4095, 4095)],
+)
+def test_pread_split_reads_what_pread_exact_reads(data, split_small, offset, size, expected):
+    path, payload = data
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        split, exact = bytearray(size), bytearray(size)
+        assert _pread_worker.pread_split(fd, memoryview(split), offset) == expected
+        assert pread_exact(fd, memoryview(exact), offset) == expected
+    finally:
+        os.close(fd)
+    assert split == exact and bytes(split[:expected]) == payload[offset : offset + expected]
+    assert worker_threads() == []
+
+
+def test_pread_split_reads_the_second_half_in_the_thread(data, split_small, monkeypatch):
+    path, payload = data
+    readers: dict[int, str] = {}
+
+    def recording(fd: int, view: memoryview, offset: int) -> int:
+        readers[offset] = threading.current_thread().name
+        return pread_exact(fd, view, offset)
+
+    monkeypatch.setattr(_pread_worker, "pread_exact", recording)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        buffer = bytearray(10240)
+        assert _pread_worker.pread_split(fd, memoryview(buffer), 0) == 10240
+    finally:
+        os.close(fd)
+    assert readers == {0: threading.current_thread().name, 5120: THREAD_NAME}
+    assert bytes(buffer) == payload[:10240]
+
+
+def test_pread_split_raises_the_first_halfs_error_first(data, split_small, monkeypatch):
+    def failing(fd: int, view: memoryview, offset: int) -> int:
+        raise OSError(errno.EIO, f"injected at {offset}")
+
+    monkeypatch.setattr(_pread_worker, "pread_exact", failing)
+    with pytest.raises(OSError, match=r"injected at 0$"):
+        _pread_worker.pread_split(3, memoryview(bytearray(8192)), 0)
+    assert worker_threads() == []
+
+
+def test_pread_split_raises_the_second_halfs_error_when_the_first_half_is_whole(data, split_small, monkeypatch):
+    path, _ = data
+
+    def second_fails(fd: int, view: memoryview, offset: int) -> int:
+        if threading.current_thread().name == THREAD_NAME:
+            raise OSError(errno.EIO, f"injected at {offset}")
+        return pread_exact(fd, view, offset)
+
+    monkeypatch.setattr(_pread_worker, "pread_exact", second_fails)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError, match=r"injected at 4096$"):
+            _pread_worker.pread_split(fd, memoryview(bytearray(8192)), 0)
+    finally:
+        os.close(fd)
+    assert worker_threads() == []

@@ -540,3 +540,76 @@ def test_function_linked_attributes_are_read_per_call(tmp_path: Path) -> None:
     sess = ReferenceEvaluator(oh.make_graph(calls, "g", [], outputs), opsets=opsets, functions=[function_sess])
     with pytest.raises(ValueError, match="DelayedInitializer node with output 'y': offset must be non-negative"):
         sess.run(None, {})
+
+
+# --------------------------------------------------------------------------------------- large reads, in halves
+
+
+@pytest.fixture
+def split_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Reads of 4 KiB or more go in two halves (32 MiB in production); returns (thread name, offset) of each read."""
+    from onnx_light_ref.io import _pread_worker
+
+    monkeypatch.setattr(_pread_worker, "SPLIT_READ_MIN", 4096)
+    monkeypatch.setattr(_pread_worker, "_SPLIT_STEP", 1024)
+    reads: list[tuple[str, int]] = []
+    real = _pread_worker.pread_exact
+
+    def recording(fd: int, view: memoryview, offset: int) -> int:
+        reads.append((threading.current_thread().name, offset))
+        return real(fd, view, offset)
+
+    monkeypatch.setattr(_pread_worker, "pread_exact", recording)
+    return reads
+
+
+@pytest.mark.parametrize("load_device", ["cpu", "file"])
+def test_a_large_tensor_is_read_in_two_halves_at_once_into_the_same_array(
+    tmp_path: Path, split_reads: list[tuple[str, int]], load_device: str
+) -> None:
+    from onnx_light_ref.io._pread_worker import THREAD_NAME
+
+    values = np.arange(4000, dtype="<f4")
+    path = write(tmp_path / "w.bin", b"\xff" * 100 + values.tobytes() + b"\xee" * 7)
+    sess = evaluator(make_node(filename=path, load_device=load_device, shape=[4000], offset=100))
+
+    np.testing.assert_array_equal(sess.run(None, {})[0], values)
+    assert sorted(split_reads) == sorted([(threading.current_thread().name, 100), (THREAD_NAME, 100 + 8192)])
+
+
+def test_a_file_shortened_while_its_second_half_is_read_ended_early(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split_reads: list[tuple[str, int]]
+) -> None:
+    from onnx_light_ref.io import _pread_worker
+
+    path = write(tmp_path / "w.bin", np.arange(4000, dtype="<f4").tobytes())
+    sess = evaluator(make_node(filename=path, load_device="file", shape=[4000]))
+    recording = _pread_worker.pread_exact
+
+    def shortened(fd: int, view: memoryview, offset: int) -> int:
+        if offset:  # the second half, in the worker: the file loses its last 1000 bytes meanwhile
+            os.truncate(path, 15000)
+        return recording(fd, view, offset)
+
+    monkeypatch.setattr(_pread_worker, "pread_exact", shortened)
+    with pytest.raises(ValueError, match=re.escape("ended early: read 15000 of 16000 bytes at offset 0 (the file")):
+        sess.run(None, {})
+
+
+def test_an_io_error_in_the_second_half_is_an_external_data_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split_reads: list[tuple[str, int]]
+) -> None:
+    from onnx_light_ref.io import _pread_worker
+
+    path = write(tmp_path / "w.bin", np.arange(4000, dtype="<f4").tobytes())
+    sess = evaluator(make_node(filename=path, load_device="file", shape=[4000]))
+    recording = _pread_worker.pread_exact
+
+    def failing(fd: int, view: memoryview, offset: int) -> int:
+        if offset:
+            raise OSError(5, "Input/output error")
+        return recording(fd, view, offset)
+
+    monkeypatch.setattr(_pread_worker, "pread_exact", failing)
+    with pytest.raises(ExternalDataError, match=r"w\.bin' cannot be read: Input/output error \(needed 16000 bytes"):
+        sess.run(None, {})
