@@ -1113,7 +1113,8 @@ class _Publication:
             after.remove(self.journal.temp_path)
             problem = f"listing the journals killed runs left beside {base!r} failed"
             after.attempt(lambda: list(map(after.remove, _dead_journals(base))), problem)
-            hidden.append(self.journal.temp_path)
+            # No folder fsync for these removals: a journal a power loss brings back vouches for the files it names
+            # only while they keep their identity, and those are now the published model's (rule 3's own anyway).
         for staged in self.transaction.files:
             after.attempt(staged.release, f"releasing the lock of {staged.final_path!r} failed")
         keep = set(self.keep) | {FileIdentity(s.st_dev, s.st_ino) for s in _stats(after.leftover_files)}
