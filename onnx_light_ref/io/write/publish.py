@@ -186,9 +186,9 @@ class StagedFile:
 
     Created with mode ``0o666 & ~umask`` like any file the user creates, and locked (``flock``) by its writer until
     it is published or deleted: a sweep never removes a locked file, and a writer whose new name a sweep took tries
-    another one. Dead writers' temp files of the folder are swept first, unless a publication holds the folder
-    (``keep``: the job's sources, never removed). With ``durable=False`` it is never fsynced. ``suffix``: ``.tmp``,
-    or ``.journal`` for a journal.
+    another one. Dead writers' temp files of the folder are swept first (unless ``sweep`` is False: the job swept
+    the folder for an earlier file), unless a publication holds the folder (``keep``: the job's sources, never
+    removed). With ``durable=False`` it is never fsynced. ``suffix``: ``.tmp``, or ``.journal`` for a journal.
     """
 
     def __init__(
@@ -198,13 +198,14 @@ class StagedFile:
         durable: bool = True,
         keep: Collection[FileIdentity] = (),
         suffix: str = _TEMP_SUFFIX,
+        sweep: bool = True,
     ) -> None:
         self.durable = check_bool("durable", durable)
         self.final_path = os.path.abspath(final_path)
         folder = os.path.dirname(self.final_path)
         if not os.path.isdir(folder):
             raise FileNotFoundError(errno.ENOENT, f"destination folder does not exist: {folder!r}", folder)
-        with _unless_publishing(folder) as free:
+        with _unless_publishing(folder) if sweep else contextlib.nullcontext(False) as free:
             if free:  # dead writers' files first: their disk is free again before space is reserved
                 sweep_dead_writers(folder, keep=keep)
         self.committed = False
@@ -873,6 +874,7 @@ class OutputTransaction:
         self.keep = frozenset(keep)
         self.files: list[StagedFile] = []
         self.committed = False  # True once a new model (or file) is in place, even when a later step failed
+        self._swept: set[str] = set()  # folders this job swept when it staged its first file there
 
     def __enter__(self) -> OutputTransaction:
         return self
@@ -887,9 +889,12 @@ class OutputTransaction:
 
     def stage(self, final_path: str, suffix: str = _TEMP_SUFFIX) -> StagedFile:
         """A new temp file of ``final_path``, registered at once (no interrupt between the two)."""
+        folder = os.path.dirname(os.path.abspath(final_path))
         with deferred_interrupts():
-            staged = StagedFile(final_path, durable=self.durable, keep=self.keep, suffix=suffix)
+            sweep = folder not in self._swept  # once per folder and job (the publication sweeps again under its lock)
+            staged = StagedFile(final_path, durable=self.durable, keep=self.keep, suffix=suffix, sweep=sweep)
             self.files.append(staged)
+            self._swept.add(folder)
         return staged
 
     def publish(
