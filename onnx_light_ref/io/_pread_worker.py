@@ -2,8 +2,9 @@
 
 ``os.preadv`` releases the GIL, so two reads, one here and one in the caller, proceed at once: on a warm page cache
 two cores copy, on a disk the device sees two requests. :func:`~onnx_light_ref.io.verify.verify_models` reads model
-B's chunk here while it reads model A's; the ``DelayedInitializer`` kernel reads the second half of a large tensor
-here while it reads the first.
+B's chunk here while it reads model A's. (Not the ``DelayedInitializer`` kernel's one large read: filling a new
+array is bound by memory bandwidth and page faults, and two halves read at once measured no faster, slower on a
+loaded machine.)
 
 The caller owns every buffer and descriptor: :meth:`PreadWorker.start` hands one read over, :meth:`PreadWorker.result`
 waits for it and returns what :func:`~onnx_light_ref.io.posix.pread_exact` returned, or raises what it raised (in the
@@ -22,16 +23,10 @@ from types import TracebackType
 
 from onnx_light_ref.io.posix import pread_exact
 
-__all__ = ["SPLIT_READ_MIN", "THREAD_NAME", "PreadWorker", "pread_split"]
+__all__ = ["THREAD_NAME", "PreadWorker"]
 
 THREAD_NAME = "onnx-light-ref-pread"
 """The helper thread's name (tests and debuggers find it by it)."""
-
-SPLIT_READ_MIN = 32 * 1024 * 1024
-""":func:`pread_split` reads in two halves from this size on: such a read takes milliseconds (page faults of the new
-array and the copy), against about 0.1 ms to start the thread."""
-
-_SPLIT_STEP = 2 * 1024 * 1024  # halves end on a multiple of this (a huge page of the destination array, usually)
 
 
 class PreadWorker:
@@ -104,25 +99,3 @@ class PreadWorker:
             with self._lock:
                 self._outcome, self._busy = outcome, False
                 self._lock.notify_all()
-
-
-def pread_split(fd: int, view: memoryview, offset: int) -> int:
-    """:func:`~onnx_light_ref.io.posix.pread_exact` of a large buffer in two halves read at once, the second by a
-    helper thread (below :data:`SPLIT_READ_MIN`: one read, here).
-
-    Returns:
-        The bytes read from the start of ``view``: fewer than ``len(view)`` only when the file ends first.
-
-    Raises:
-        OSError: what a read raised, the first half's first.
-    """
-    size = len(view)
-    if size < SPLIT_READ_MIN:
-        return pread_exact(fd, view, offset)
-    half = -(-size // 2 // _SPLIT_STEP) * _SPLIT_STEP
-    with PreadWorker() as worker:
-        worker.start(fd, view[half:], offset + half)
-        got = pread_exact(fd, view[:half], offset)
-        if got < half:  # the file ends in the first half: what the second read found does not matter
-            return got
-        return half + worker.result()

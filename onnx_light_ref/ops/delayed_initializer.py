@@ -79,8 +79,8 @@ import onnx
 from onnx.reference.op_run import OpRun
 
 from onnx_light_ref.errors import ExternalDataError, SafetensorsReferenceError, UnsafeLocationError
-from onnx_light_ref.io._pread_worker import pread_split
 from onnx_light_ref.io.arguments import check_bool
+from onnx_light_ref.io.posix import pread_exact
 from onnx_light_ref.io.read.folder import (
     FileIdentity,
     ModelFolder,
@@ -594,12 +594,10 @@ def _check_safetensors_header(
 def _read_tensor(fd: int, params: DelayedInitializerParams, where: str, shown: str) -> np.ndarray:
     """The one step from file bytes to the output array: ``params.nbytes`` raw bytes at ``params.offset`` of ``fd``,
     as onnx's own evaluator would hold them for ``dtype`` (:func:`~onnx_light_ref.ops.raw_arrays.read_array`:
-    byte-sized types read straight into the output, packed ones such as int4 unpacked by onnx in chunks). A read of
-    32 MiB or more goes in two halves at once (:func:`~onnx_light_ref.io._pread_worker.pread_split`): the page
-    faults of the new array and the copy run on two cores."""
+    byte-sized types read straight into the output, packed ones such as int4 unpacked by onnx in chunks)."""
 
     def read(view: memoryview, position: int) -> int:
-        return pread_split(fd, view, params.offset + position)
+        return pread_exact(fd, view, params.offset + position)
 
     try:
         array, done = read_array(params.dtype, params.shape, read, where=where)
