@@ -592,6 +592,41 @@ def _write_alone(args: dict[str, Any]) -> list[Phase]:
     return [("write", run)]
 
 
+def _write_publish(args: dict[str, Any]) -> list[Phase]:
+    """The system calls the writer contract requires of a shared save, alone: the new bytes and a ``.onnx`` (the base
+    model's bytes) written to temp names, each fsynced, then the weights renamed in, the folder fsynced (the weights'
+    name before the ``.onnx`` that points at it), the ``.onnx`` renamed in, the folder fsynced (the commit made
+    durable). No planning, no checks, no lock: the floor of a durable publication of two files."""
+    payload = os.urandom(args["new_bytes"])
+    with open(args["base"], "rb") as base:
+        model = base.read()
+    folder = os.path.dirname(args["dst"])
+
+    def write(path: str, data: bytes) -> int:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        return fd
+
+    def run(_: Any) -> dict[str, Any]:
+        weights, onnx_file = write(args["dst"] + ".data.tmp", payload), write(args["dst"] + ".tmp", model)
+        for fd in (weights, onnx_file):
+            os.fsync(fd)
+            os.close(fd)
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.rename(args["dst"] + ".data.tmp", args["dst"] + ".data")
+            os.fsync(dir_fd)
+            os.rename(args["dst"] + ".tmp", args["dst"])
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return {"bytes_written": len(payload)}
+
+    return [("publish", run)]
+
+
 def _onnx_full_save(args: dict[str, Any]) -> list[Phase]:
     import onnx
 
@@ -809,6 +844,7 @@ _SCENARIOS: dict[str, Callable[[dict[str, Any]], list[Phase]]] = {
     "read_ranges": _read_ranges,
     "shared_save": _shared_save,
     "write_alone": _write_alone,
+    "write_publish": _write_publish,
     "onnx_full_save": _onnx_full_save,
     "delayed_run": _delayed_run,
     "np_fromfile": _np_fromfile,

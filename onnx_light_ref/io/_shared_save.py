@@ -471,7 +471,8 @@ def _check_reused(site: TensorSite, resolver: LocationResolver, check_references
                 "check_references=False to write the reference as it is."
             ) from exc
         location = ref.location
-        reused.seen.setdefault(location, _SeenFile(site.label, ref.identity, ref.file_size))
+        if location not in reused.seen:
+            reused.seen[location] = _SeenFile(site.label, ref.identity, ref.file_size)
     elif os.path.lexists(os.path.join(dst_dir, location)):
         _check_existing_unchecked(site.label, location, resolver)
     reused.locations.setdefault(location, site.label)

@@ -23,6 +23,9 @@ scratch block when comparing the tail of a tensor), each grown on demand up to `
 ``.onnx`` were stripped by the scan and are read from the ``.onnx`` (identity-checked) through the same two buffers,
 exactly like an external range. Tensors stored in typed
 fields are converted to raw bytes one tensor at a time (they are small: protobuf keeps big tensors in ``raw_data``).
+Chunks of 1 MiB or more are read from both sides at once, B's by one helper thread
+(:class:`~onnx_light_ref.io._pread_worker.PreadWorker`) into B's buffer while A's is read here: reading both weight
+sets is bound by the disk (or by two cores copying from the page cache), not by one reader. Still two buffers.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from onnx_light_ref.io._differences import (
 )
 from onnx_light_ref.io._plan.ranges import CopyRange, open_source
 from onnx_light_ref.io._posix import check_single_link, pread_exact
+from onnx_light_ref.io._pread_worker import PreadWorker
 from onnx_light_ref.io._read.delayed_nodes import DelayedResolver, DelayedSite, iter_delayed
 from onnx_light_ref.io._read.entries import is_external
 from onnx_light_ref.io._read.folder import ModelFolder, open_model_file
@@ -79,6 +83,11 @@ few MiB reads no faster, and verify may hold two of them: ``chunk_size=64 GiB`` 
 # in blocks copied out with ``tobytes()``: memoryview equality unpacks element by element (~100x slower), and one
 # big ``tobytes()`` would allocate a chunk-sized copy. 256 KiB blocks cost ~1.3x a memcmp and bound the scratch.
 _COMPARE_BLOCK = 256 * 1024
+
+# Chunks of at least this size are read from both sides at once (_Comparison._chunks): a read of 1 MiB takes long
+# enough that handing it to the worker thread (tens of microseconds) pays; smaller ones (many small tensors) are read
+# in turn, as a thread hand-off would cost more than the read.
+_CONCURRENT_READ = 1024 * 1024
 
 # Bytes of a differing STRING element shown (and recorded): elements can be megabytes long.
 _STRING_SHOWN = 32
@@ -638,6 +647,7 @@ class _Comparison:
         self.progress = progress
         # Grown on demand up to chunk_size (see _buffer): a large chunk_size costs nothing on small tensors.
         self.buffers = [bytearray(0), bytearray(0)]
+        self.worker = PreadWorker()  # reads B's chunks while A's are read here (_chunks)
         self.done = 0
         self.total = 0
         self.equal_pairs = 0
@@ -648,14 +658,15 @@ class _Comparison:
         """Compare the bytes of ``pairs`` in order; return the differences found, at most ``limit`` (0: all)."""
         self.total = sum(_planned_length(ra) for ra, _ in pairs)
         differences: list[Difference] = []
-        for ra, rb in pairs:
-            found = self._compare_pair(ra, rb)
-            if found is None:
-                self.equal_pairs += 1
-                continue
-            differences.append(_pair_difference(self.a, ra, self.b, rb, found))
-            if _full(differences, limit):
-                break
+        with self.worker:  # leaving (an error, Ctrl-C) waits for B's read in flight: its descriptor stays open
+            for ra, rb in pairs:
+                found = self._compare_pair(ra, rb)
+                if found is None:
+                    self.equal_pairs += 1
+                    continue
+                differences.append(_pair_difference(self.a, ra, self.b, rb, found))
+                if _full(differences, limit):
+                    break
         return differences
 
     def result(self, differences: list[Difference], by_name: bool) -> VerifyResult:
@@ -725,8 +736,11 @@ class _Comparison:
         position = 0
         while position < length:
             n = min(self.chunk_size, length - position)
-            view_a = self._chunk(self.a, ea, views_inline[0], 0, position, n)
-            view_b = self._chunk(self.b, eb, views_inline[1], 1, position, n)
+            if ea is not None and eb is not None and n >= _CONCURRENT_READ:
+                view_a, view_b = self._chunks(ea, eb, position, n)
+            else:
+                view_a = self._chunk(self.a, ea, views_inline[0], 0, position, n)
+                view_b = self._chunk(self.b, eb, views_inline[1], 1, position, n)
             for digest, view in zip(hashes, (view_a, view_b), strict=True):
                 if digest is not None:
                     digest.update(view)
@@ -750,14 +764,27 @@ class _Comparison:
             return inline[position : position + n]
         assert external is not None
         view = self._buffer(which, n)
-        got = pread_exact(side.fd(external.file), view, external.offset + position)
-        if got != n:
-            raise ExternalDataError(
-                f"model {side.name} ({side.path!r}): {side.describe(external.file)} ended at byte "
-                f"{external.offset + position + got} while reading {n} bytes at offset {external.offset + position}; "
-                "it was shortened after it was validated."
-            )
+        _check_read(side, external, position, n, pread_exact(side.fd(external.file), view, external.offset + position))
         return view
+
+    def _chunks(self, ea: _External, eb: _External, position: int, n: int) -> tuple[memoryview, memoryview]:
+        """Both sides' ``n`` bytes at ``position``, read at once: B's by the worker thread while A's is read here.
+
+        Errors are raised as if read one after the other: A's open or read first, then B's.
+        """
+        view_a, view_b = self._buffer(0, n), self._buffer(1, n)
+        fd_a = self.a.fd(ea.file)
+        try:
+            fd_b: int | Exception = self.b.fd(eb.file)
+        except (OSError, ExternalDataError) as exc:  # raised once A's chunk is read, as reading in turn would
+            fd_b = exc
+        if isinstance(fd_b, int):
+            self.worker.start(fd_b, view_b, eb.offset + position)
+        _check_read(self.a, ea, position, n, pread_exact(fd_a, view_a, ea.offset + position))
+        if not isinstance(fd_b, int):
+            raise fd_b
+        _check_read(self.b, eb, position, n, self.worker.result())
+        return view_a, view_b
 
     def _buffer(self, which: int, n: int) -> memoryview:
         """The first ``n`` bytes (``n <= chunk_size``) of buffer ``which``, grown (at least doubled, at most to
@@ -806,6 +833,16 @@ class _Comparison:
                     break
             cached = self._file_sha1[key] = digest.hexdigest()
         return cached
+
+
+def _check_read(side: _Side, external: _External, position: int, n: int, got: int) -> None:
+    """Refuse a short read: the file was shortened after it was validated."""
+    if got != n:
+        raise ExternalDataError(
+            f"model {side.name} ({side.path!r}): {side.describe(external.file)} ended at byte "
+            f"{external.offset + position + got} while reading {n} bytes at offset {external.offset + position}; "
+            "it was shortened after it was validated."
+        )
 
 
 def _planned_length(record: _Record) -> int:

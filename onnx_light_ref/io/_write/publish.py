@@ -188,9 +188,9 @@ class StagedFile:
 
     Created with mode ``0o666 & ~umask`` like any file the user creates, and locked (``flock``) by its writer until
     it is published or deleted: a sweep never removes a locked file, and a writer whose new name a sweep took tries
-    another one. Dead writers' temp files of the folder are swept first, unless a publication holds the folder
-    (``keep``: the job's sources, never removed). With ``durable=False`` it is never fsynced. ``suffix``: ``.tmp``,
-    or ``.journal`` for a journal.
+    another one. Dead writers' temp files of the folder are swept first (unless ``sweep`` is False: the job swept
+    the folder for an earlier file), unless a publication holds the folder (``keep``: the job's sources, never
+    removed). With ``durable=False`` it is never fsynced. ``suffix``: ``.tmp``, or ``.journal`` for a journal.
     """
 
     def __init__(
@@ -200,13 +200,14 @@ class StagedFile:
         durable: bool = True,
         keep: Collection[FileIdentity] = (),
         suffix: str = _TEMP_SUFFIX,
+        sweep: bool = True,
     ) -> None:
         self.durable = check_bool("durable", durable)
         self.final_path = os.path.abspath(final_path)
         folder = os.path.dirname(self.final_path)
         if not os.path.isdir(folder):
             raise FileNotFoundError(errno.ENOENT, f"destination folder does not exist: {folder!r}", folder)
-        with _unless_publishing(folder) as free:
+        with _unless_publishing(folder) if sweep else contextlib.nullcontext(False) as free:
             if free:  # dead writers' files first: their disk is free again before space is reserved
                 sweep_dead_writers(folder, keep=keep)
         self.committed = False
@@ -875,6 +876,7 @@ class OutputTransaction:
         self.keep = frozenset(keep)
         self.files: list[StagedFile] = []
         self.committed = False  # True once a new model (or file) is in place, even when a later step failed
+        self._swept: set[str] = set()  # folders this job swept when it staged its first file there
 
     def __enter__(self) -> OutputTransaction:
         return self
@@ -889,9 +891,12 @@ class OutputTransaction:
 
     def stage(self, final_path: str, suffix: str = _TEMP_SUFFIX) -> StagedFile:
         """A new temp file of ``final_path``, registered at once (no interrupt between the two)."""
+        folder = os.path.dirname(os.path.abspath(final_path))
         with deferred_interrupts():
-            staged = StagedFile(final_path, durable=self.durable, keep=self.keep, suffix=suffix)
+            sweep = folder not in self._swept  # once per folder and job (the publication sweeps again under its lock)
+            staged = StagedFile(final_path, durable=self.durable, keep=self.keep, suffix=suffix, sweep=sweep)
             self.files.append(staged)
+            self._swept.add(folder)
         return staged
 
     def publish(
@@ -1115,7 +1120,8 @@ class _Publication:
             after.remove(self.journal.temp_path)
             problem = f"listing the journals killed runs left beside {base!r} failed"
             after.attempt(lambda: list(map(after.remove, _dead_journals(base))), problem)
-            hidden.append(self.journal.temp_path)
+            # No folder fsync for these removals: a journal a power loss brings back vouches for the files it names
+            # only while they keep their identity, and those are now the published model's (rule 3's own anyway).
         for staged in self.transaction.files:
             after.attempt(staged.release, f"releasing the lock of {staged.final_path!r} failed")
         keep = set(self.keep) | {FileIdentity(s.st_dev, s.st_ino) for s in _stats(after.leftover_files)}
