@@ -60,7 +60,7 @@ from onnx_light_ref.io.read.locations import (
 from onnx_light_ref.io.read.model_file import check_model_strings, load_model_metadata, open_model_folder
 from onnx_light_ref.io.read.walker import iter_tensors
 from onnx_light_ref.io.read.wire import InlinePayload, StrippedModel, load_model_stripped
-from onnx_light_ref.io.write.copy_engine import CopyRange, open_source, read_range
+from onnx_light_ref.io.write.copy_engine import CopyRange, RangeColumns, open_source, read_range
 from onnx_light_ref.io.write.destinations import check_outputs, weights_location
 from onnx_light_ref.onnx_compat import typed_raw_bytes
 
@@ -111,76 +111,28 @@ class SourceFile:
     location: str | None = None
 
 
-class _Ranges(Sequence[CopyRange]):
-    """A shard's file-to-file copies as :class:`CopyRange` objects, built on demand from its columns."""
-
-    __slots__ = ("_shard",)
-
-    def __init__(self, shard: Shard) -> None:
-        self._shard = shard
-
-    def __len__(self) -> int:
-        return len(self._shard.range_lengths)
-
-    @overload
-    def __getitem__(self, index: int) -> CopyRange: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[CopyRange]: ...
-
-    def __getitem__(self, index: int | slice) -> CopyRange | list[CopyRange]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        shard = self._shard
-        source = shard.files[shard.range_files[index]]
-        return CopyRange(
-            source.path,
-            shard.range_src_offsets[index],
-            shard.range_dst_offsets[index],
-            shard.range_lengths[index],
-            source.identity,
-            source.folder,
-            source.location,
-        )
-
-    def __iter__(self) -> Iterator[CopyRange]:
-        return (self[index] for index in range(len(self)))
-
-
 @dataclass
 class Shard:
     """One destination weights file: its path, the location stored in the model, its size and its content.
 
-    File-to-file copies are kept as four columns (source file index into :attr:`files`, source offset, offset in
-    this file, length), one entry per distinct payload, in destination order; :attr:`ranges` shows them as
-    :class:`CopyRange` objects. ``writes`` holds the few payloads written from memory.
+    File-to-file copies are :attr:`ranges`, columns over the plan's source file table (one entry per distinct
+    payload, in destination order); ``writes`` holds the few payloads written from memory.
     """
 
     path: str
     location: str
     files: Sequence[SourceFile] = ()  # the plan's source file table
     size: int = 0
-    range_files: array[int] = field(default_factory=lambda: array("i"))
-    range_src_offsets: array[int] = field(default_factory=lambda: array("q"))
-    range_dst_offsets: array[int] = field(default_factory=lambda: array("q"))
-    range_lengths: array[int] = field(default_factory=lambda: array("q"))
+    ranges: RangeColumns = field(init=False)
     writes: list[tuple[int, bytes]] = field(default_factory=list)  # (offset, bytes) written from memory
     header: bytes = b""  # written at offset 0 before the payloads (a safetensors header), not a payload
 
-    def add_range(self, file_index: int, src_offset: int, dst_offset: int, length: int) -> None:
-        self.range_files.append(file_index)
-        self.range_src_offsets.append(src_offset)
-        self.range_dst_offsets.append(dst_offset)
-        self.range_lengths.append(length)
-
-    @property
-    def ranges(self) -> Sequence[CopyRange]:
-        """The file-to-file copies, in destination order."""
-        return _Ranges(self)
+    def __post_init__(self) -> None:
+        self.ranges = RangeColumns(self.files)
 
     @property
     def payload_bytes(self) -> int:
-        return sum(self.range_lengths) + sum(len(data) for _, data in self.writes)
+        return self.ranges.total + sum(len(data) for _, data in self.writes)
 
 
 # What AlignPlan.sites holds for each tensor of the walk, in iter_tensors order: the writer contract's site kinds
@@ -190,9 +142,9 @@ SITE_EXTERNAL = SITE_MOVED  # external in the source, rewritten
 SITE_INLINE = SITE_EXTERNALIZED  # inline in the source, externalized by this run
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AlignPlan:
-    """Everything decided before the first byte is written.
+    """Everything decided before the first byte is written (built by keyword: 24 fields).
 
     Per-tensor facts are columns, not objects (``docs/align.md``, design notes): ``sites`` has one byte per tensor
     of the walk (``SITE_*``); the moved tensors (``SITE_EXTERNAL`` or ``SITE_INLINE``), in walk order, have their
@@ -410,31 +362,31 @@ def plan_alignment(
     outputs = [s.path for s in shards] + ([index_file[0]] if index_file else [])
     stale = stale_shards(dst_onnx, dst_weights, outputs, set(sources))
     return AlignPlan(
-        walk.model,
-        walk.stripped,
-        dst_onnx,
-        shards,
-        table.files,
-        walk.sites,
-        placed.shards,
-        placed.offsets,
-        payloads.lengths,
-        walk.checksums,
-        walk.externalized,
-        placed.deduplicated_tensors,
-        placed.deduplicated_bytes,
-        stale,
-        frozenset(sources) | ({src_identity} if src_identity is not None else set()),
-        weights_format,
-        index_file,
-        placed.unaligned,
-        walk.kept_inline,
-        walk.kept_inline_names,
-        dst_weights,
-        scheme,
-        inline_threshold,
-        sources,
-        walk.policy,
+        model=walk.model,
+        stripped=walk.stripped,
+        dst_onnx_path=dst_onnx,
+        shards=shards,
+        files=table.files,
+        sites=walk.sites,
+        move_shards=placed.shards,
+        move_offsets=placed.offsets,
+        move_lengths=payloads.lengths,
+        checksums=walk.checksums,
+        externalized_tensors=walk.externalized,
+        deduplicated_tensors=placed.deduplicated_tensors,
+        deduplicated_bytes=placed.deduplicated_bytes,
+        stale_weights_files=stale,
+        sources=frozenset(sources) | ({src_identity} if src_identity is not None else set()),
+        weights_format=weights_format,
+        index=index_file,
+        unaligned_tensors=placed.unaligned,
+        kept_inline=walk.kept_inline,
+        kept_inline_names=walk.kept_inline_names,
+        weights_base=dst_weights,
+        shard_names=scheme,
+        size_threshold=inline_threshold,
+        source_paths=sources,
+        policy=walk.policy,
     )
 
 
@@ -658,7 +610,7 @@ def build_shards(
         if file_index < 0:
             shard.writes.append((move_offsets[index], payloads.memory[index]))
         else:
-            shard.add_range(file_index, payloads.offsets[index], move_offsets[index], length)
+            shard.ranges.add(file_index, payloads.offsets[index], move_offsets[index], length)
     return shards
 
 

@@ -42,7 +42,7 @@ KNOWN_KEYS = frozenset({"location", "offset", "length", "checksum"})
 """Keys both loaders accept. onnx also knows ``basepath`` (its ``_ALLOWED_EXTERNAL_DATA_KEYS``), but onnxruntime
 refuses a model carrying it ("model format error"), so a reference with it is refused here, as any unknown key."""
 
-_CANONICAL = ("location", "offset", "length")
+_KEYS = ("location", "offset", "length", "checksum")  # the canonical entries, in the order written
 
 
 def is_external(tensor: onnx.TensorProto) -> bool:
@@ -82,8 +82,11 @@ def read_entries(tensor: onnx.TensorProto, *, label: str) -> Entries:
     duplicated: list[str] = []
     unknown: list[str] = []
     for entry in tensor.external_data:
-        key = entry_text(entry.key, label=label, what="key")
-        value = entry_text(entry.value, label=label, what=f"{key!r} value")
+        key, value = entry.key, entry.value
+        if type(key) is not str:  # protobuf's bytes for a value that is not UTF-8 (the messages are built only then)
+            key = entry_text(key, label=label, what="key")
+        if type(value) is not str:
+            value = entry_text(value, label=label, what=f"{key!r} value")
         if key in values:
             duplicated.append(key)
         elif key not in KNOWN_KEYS:
@@ -143,18 +146,17 @@ def write_entries(
 
     Inline data is not touched here: callers moving a tensor out clear ``raw_data`` (and typed fields) themselves.
     """
-    wanted = [(_CANONICAL[0], location), (_CANONICAL[1], str(offset)), (_CANONICAL[2], str(length))]
+    values = [location, str(offset), str(length)]
     if checksum is not None:
-        wanted.append(("checksum", checksum))
+        values.append(checksum)
     entries = tensor.external_data
-    if [entry.key for entry in entries] == [key for key, _ in wanted]:
-        for entry, (_, value) in zip(entries, wanted, strict=True):
-            if entry.value != value:
+    present = list(entries)  # one wrapper per entry, reused below (protobuf builds a new one on each access)
+    if len(present) == len(values) and all(entry.key == key for entry, key in zip(present, _KEYS, strict=False)):
+        for entry, value in zip(present, values, strict=False):
+            if entry.value != value:  # an equal value is not stored again (the arena keeps every string stored)
                 entry.value = value
     else:
         del entries[:]
-        for key, value in wanted:
-            entry = entries.add()
-            entry.key = key
-            entry.value = value
+        for key, value in zip(_KEYS, values, strict=False):
+            entries.add(key=key, value=value)
     tensor.data_location = TensorProto.EXTERNAL

@@ -71,7 +71,7 @@ from onnx_light_ref.io.read.safetensors_header import MAX_HEADER_SIZE, SIZE_PREF
 from onnx_light_ref.io.read.sharing import ModelReference, SharingScan, UnreadableModel, file_key, scan_users
 from onnx_light_ref.io.read.walker import TensorSite
 from onnx_light_ref.io.read.wire import StrippedModel
-from onnx_light_ref.io.write.copy_engine import CopyRange
+from onnx_light_ref.io.write.copy_engine import CopyRange, range_sources, ranges_total
 from onnx_light_ref.io.write.destinations import DestinationKey, check_output_files, weights_location
 from onnx_light_ref.io.write.ownership import Ownership, ReferenceCache, ShardSet
 
@@ -144,7 +144,7 @@ class PlannedFile:
     @property
     def payload_bytes(self) -> int:
         """Bytes copied or written into it (the header and gaps excluded)."""
-        return sum(item.length for item in self.ranges) + sum(payload_length(data) for _, data in self.writes)
+        return ranges_total(self.ranges) + sum(payload_length(data) for _, data in self.writes)
 
 
 def payload_length(data: Payload) -> int:
@@ -240,9 +240,9 @@ class WritePlan:
         """Every file the job reads, by identity: what no output may be, and what no sweep may remove."""
         found = dict(self.reads)
         for planned in self.files:
-            for item in planned.ranges:
-                if item.src_identity is not None:
-                    found.setdefault(item.src_identity, item.src_path)
+            for path, identity in range_sources(planned.ranges):
+                if identity is not None:
+                    found.setdefault(identity, path)
         for referenced in self.referenced:
             if referenced.identity is not None:
                 found.setdefault(referenced.identity, referenced.why or referenced.path)
