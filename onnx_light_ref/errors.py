@@ -30,6 +30,7 @@ __all__ = [
     "TensorAllocationError",
     "UnsafeLocationError",
     "UnsupportedElementTypeError",
+    "WriterContractError",
 ]
 
 
@@ -162,3 +163,10 @@ class UnsupportedElementTypeError(ValueError):
     def __init__(self, message: str, data_type: object = None) -> None:
         super().__init__(message)
         self.data_type = data_type
+
+
+class WriterContractError(AssertionError):
+    """A writer's plan breaks rule 2 of the writer contract (``docs/safety.md``): a reference of the model has no
+    site, the sites drifted from the model's walk (another order, a model changed after planning), a site is placed
+    where no loader reads it, or externalized where rule 2 keeps it inline. A bug in the writer, never in the
+    model: an ``AssertionError``, and nothing was written."""

@@ -43,10 +43,9 @@ from onnx_light_ref.io.plan.shard_names import (
     shard_paths,
     stale_candidates,
 )
-from onnx_light_ref.io.plan.sites import SITE_EXTERNALIZED, SITE_MOVED, SiteColumns, SitePolicy
+from onnx_light_ref.io.plan.sites import SITE_EXTERNALIZED, SITE_MOVED, SiteColumns, SitePolicy, site_mark
 from onnx_light_ref.io.plan.sites import SITE_INLINE as SITE_STAYS_INLINE
 from onnx_light_ref.io.read.delayed_nodes import DelayedResolver, iter_delayed
-from onnx_light_ref.io.read.entries import is_external
 from onnx_light_ref.io.read.folder import ModelFolder
 from onnx_light_ref.io.read.locations import (
     ExternalRef,
@@ -99,6 +98,7 @@ WeightsFormat = Literal["onnx", "safetensors"]
 _NEVER_EXTERNAL = (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING)
 
 _DEDUP_CHUNK = 1024 * 1024  # find_duplicates' two buffers when the caller gives no chunk size
+_EXTERNAL = onnx.TensorProto.EXTERNAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +147,11 @@ class AlignPlan:
     """Everything decided before the first byte is written (built by keyword: 24 fields).
 
     Per-tensor facts are columns, not objects (``docs/align.md``, design notes): ``sites`` has one byte per tensor
-    of the walk (``SITE_*``); the moved tensors (``SITE_EXTERNAL`` or ``SITE_INLINE``), in walk order, have their
-    destination in ``move_shards``, ``move_offsets`` and ``move_lengths``, and their kept source ``checksum`` in the
-    sparse ``checksums``. The tensors themselves are found again by walking ``model``, which planning leaves as is.
+    of the walk (``SITE_*``) and ``marks`` its :func:`~onnx_light_ref.io.plan.sites.site_mark`; the moved tensors
+    (``SITE_EXTERNAL`` or ``SITE_INLINE``), in walk order, have their destination in ``move_shards``,
+    ``move_offsets`` and ``move_lengths``, and their kept source ``checksum`` in the sparse ``checksums``. The
+    tensors themselves are found again by walking ``model``, which planning leaves as is; the writer contract
+    refuses a plan whose marks are not those of that walk (nothing is written with a place given to another tensor).
     """
 
     model: onnx.ModelProto
@@ -158,6 +160,7 @@ class AlignPlan:
     shards: list[Shard]
     files: list[SourceFile]
     sites: bytearray
+    marks: array[int]  # each site's mark (io/plan/sites.py site_mark): what ties it to the tensor it describes
     move_shards: array[int]
     move_offsets: array[int]
     move_lengths: array[int]
@@ -183,7 +186,12 @@ class AlignPlan:
         """The plan's columns as the writer contract's :class:`~onnx_light_ref.io.plan.sites.SiteColumns` (shared,
         not copied): one kind per site, and per moved tensor its shard, offset and length."""
         columns = SiteColumns.from_columns(
-            self.sites, [shard.path for shard in self.shards], self.move_shards, self.move_offsets, self.move_lengths
+            self.sites,
+            self.marks,
+            [shard.path for shard in self.shards],
+            self.move_shards,
+            self.move_offsets,
+            self.move_lengths,
         )
         columns.checksums = self.checksums
         return columns
@@ -368,6 +376,7 @@ def plan_alignment(
         shards=shards,
         files=table.files,
         sites=walk.sites,
+        marks=walk.marks,
         move_shards=placed.shards,
         move_offsets=placed.offsets,
         move_lengths=payloads.lengths,
@@ -405,6 +414,7 @@ class SourceWalk:
     onnx_identity: FileIdentity | None  # the .onnx, when its inline payloads are copied out of it
     start: int
     sites: bytearray = field(default_factory=bytearray)
+    marks: array[int] = field(default_factory=lambda: array("q"))  # each site's site_mark
     checksums: dict[int, str] = field(default_factory=dict)
     moved: int = 0
     externalized: int = 0
@@ -458,17 +468,22 @@ def walk_source(
     resolver = LocationResolver(folder)
     policy = site_policy(model, inline_threshold, safetensors=safetensors)  # rule 2 (a checkpoint: no holes)
     walk = SourceWalk(src_onnx, model, stripped, onnx_identity, len(payloads), policy=policy)
-    sites = walk.sites
+    sites, marks = walk.sites, walk.marks
+    file_of: dict[str, int] = {}  # location -> its index in the source table (a few files, many tensors)
     for site in iter_tensors(model):
         tensor = site.tensor
-        if is_external(tensor):
+        marks.append(site_mark(site))
+        if tensor.data_location == _EXTERNAL:
             # Each reference is checked and reduced to columns right away, never kept (docs/align.md).
             ref = parse_external_data(tensor, resolver, label=site.label)
-            identity = ref.identity
-            walk.refs.setdefault(identity, ref)
+            file_index = file_of.get(ref.location)
+            if file_index is None:
+                identity = ref.identity
+                walk.refs.setdefault(identity, ref)
+                file_index = file_of[ref.location] = table.index(ref.path, identity, ref.folder, ref.location)
             if ref.checksum is not None:
                 walk.checksums[len(payloads) - walk.start] = ref.checksum
-            payloads.add_range(table.index(ref.path, identity, ref.folder, ref.location), ref.offset, ref.length)
+            payloads.add_range(file_index, ref.offset, ref.length)
             sites.append(SITE_EXTERNAL)
         elif policy is not None:
             inline = _InlineData.of(tensor, stripped)
@@ -510,6 +525,7 @@ def _walk_delayed(
         walk.delayed_files[file.identity] = file.path
         payloads.add_range(table.index(file.path, file.identity, file.folder, file.location), offset, length)
         walk.sites.append(SITE_EXTERNAL)
+        walk.marks.append(site_mark(site))
         if safetensors:
             walk.named.append(SafetensorsTensor(site.label, site.where, site.dtype, site.shape, length))
 

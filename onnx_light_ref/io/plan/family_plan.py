@@ -313,6 +313,7 @@ def _member_plan(plan: FamilyPlan, index: int) -> AlignPlan:
         shards=plan.shards,
         files=plan.table.files,
         sites=walk.sites,
+        marks=walk.marks,
         move_shards=placement.shards[start:stop],
         move_offsets=placement.offsets[start:stop],
         move_lengths=plan.payloads.lengths[start:stop],
