@@ -17,8 +17,7 @@ This module never touches the file system; where a location leads is :mod:`onnx_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io.arguments import INT64_MAX
@@ -42,7 +41,8 @@ KNOWN_KEYS = frozenset({"location", "offset", "length", "checksum"})
 """Keys both loaders accept. onnx also knows ``basepath`` (its ``_ALLOWED_EXTERNAL_DATA_KEYS``), but onnxruntime
 refuses a model carrying it ("model format error"), so a reference with it is refused here, as any unknown key."""
 
-_KEYS = ("location", "offset", "length", "checksum")  # the canonical entries, in the order written
+# The canonical entries, in the order written: without and with a checksum.
+_KEYS = {3: ["location", "offset", "length"], 4: ["location", "offset", "length", "checksum"]}
 
 
 def is_external(tensor: onnx.TensorProto) -> bool:
@@ -50,9 +50,9 @@ def is_external(tensor: onnx.TensorProto) -> bool:
     return tensor.data_location == TensorProto.EXTERNAL
 
 
-@dataclass(frozen=True, slots=True)
-class Entries:
-    """A tensor's entries as strings, keys checked; numbers not parsed yet (see :func:`parse_entry_int`)."""
+class Entries(NamedTuple):
+    """A tensor's entries as strings, keys checked; numbers not parsed yet (see :func:`parse_entry_int`). A named
+    tuple: one is built per tensor read."""
 
     values: dict[str, str]
 
@@ -81,16 +81,15 @@ def read_entries(tensor: onnx.TensorProto, *, label: str) -> Entries:
     values: dict[str, str] = {}
     duplicated: list[str] = []
     unknown: list[str] = []
-    for entry in tensor.external_data:
+    entries = tensor.external_data
+    for index in range(len(entries)):  # by index: iterating a repeated field costs more than its few entries
+        entry = entries[index]
         key, value = entry.key, entry.value
-        if type(key) is not str:  # protobuf's bytes for a value that is not UTF-8 (the messages are built only then)
+        if type(key) is not str or type(value) is not str:  # protobuf's bytes for a value that is not UTF-8
             key = entry_text(key, label=label, what="key")
-        if type(value) is not str:
             value = entry_text(value, label=label, what=f"{key!r} value")
-        if key in values:
-            duplicated.append(key)
-        elif key not in KNOWN_KEYS:
-            unknown.append(key)
+        if key in values or key not in KNOWN_KEYS:
+            (duplicated if key in values else unknown).append(key)
         values[key] = value
     if duplicated:
         raise ExternalDataError(
@@ -119,7 +118,9 @@ def last_value(tensor: onnx.TensorProto, key: str) -> str | bytes | None:
     which refuses a repeated key.
     """
     found: str | bytes | None = None
-    for entry in tensor.external_data:
+    entries = tensor.external_data
+    for index in range(len(entries)):
+        entry = entries[index]
         name = entry.key
         if (name.decode("utf-8", errors="replace") if isinstance(name, bytes) else name) == key:
             found = entry.value
@@ -150,13 +151,17 @@ def write_entries(
     if checksum is not None:
         values.append(checksum)
     entries = tensor.external_data
-    present = list(entries)  # one wrapper per entry, reused below (protobuf builds a new one on each access)
-    if len(present) == len(values) and all(entry.key == key for entry, key in zip(present, _KEYS, strict=False)):
-        for entry, value in zip(present, values, strict=False):
+    count = len(values)
+    # By index, without generators: per tensor of a 100,000-tensor model, protobuf's iteration and a zip cost more
+    # than the entries themselves. Each wrapper is built once (protobuf builds a new one on each access).
+    present = [entries[index] for index in range(count)] if len(entries) == count else None
+    if present is not None and [entry.key for entry in present] == _KEYS[count]:
+        for index in range(count):
+            entry, value = present[index], values[index]
             if entry.value != value:  # an equal value is not stored again (the arena keeps every string stored)
                 entry.value = value
     else:
         del entries[:]
-        for key, value in zip(_KEYS, values, strict=False):
-            entries.add(key=key, value=value)
+        for index in range(count):
+            entries.add(key=_KEYS[4][index], value=values[index])
     tensor.data_location = TensorProto.EXTERNAL

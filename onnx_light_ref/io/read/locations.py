@@ -351,13 +351,14 @@ def parse_external_data(
         ExternalDataError: any other malformed entry, a range past the end of the file.
     """
     name = label or _text(tensor.name)
-    check_external_structure(tensor, label=name)
+    if _holds_values(tensor) or not len(tensor.external_data):
+        check_external_structure(tensor, label=name)  # raises, saying which
     raw = read_entries(tensor, label=name).values
     location = raw.get("location")
     if location is None:
         raise ExternalDataError(f"tensor {name!r} has no external_data 'location'.")
     offset_text = raw.get("offset")
-    offset = parse_entry_int(offset_text, label=name, key="offset") if offset_text is not None else 0
+    offset = 0 if offset_text is None else _entry_int(offset_text, name, "offset")
     length = _entry_length(tensor, name, raw.get("length"), location)
     resolver = base_dir if isinstance(base_dir, LocationResolver) else LocationResolver(base_dir)
     path, st = resolver.resolve(location, tensor_name=name)
@@ -373,11 +374,19 @@ def parse_external_data(
     return ExternalRef(name, location, path, offset, length, raw.get("checksum"), st, resolver.folder)
 
 
+def _entry_int(text: str, name: str, key: str) -> int:
+    """:func:`~onnx_light_ref.io.read.entries.parse_entry_int`, at once for the usual value (at most 18 ASCII
+    digits: below int64's limit)."""
+    if len(text) <= 18 and text.isascii() and text.isdigit():
+        return int(text)
+    return parse_entry_int(text, label=name, key=key)
+
+
 def _entry_length(tensor: onnx.TensorProto, name: str, text: str | None, location: str) -> int:
     """The ``length`` entry, checked against dims x dtype; or dims x dtype when the entry is absent."""
     expected = expected_nbytes(tensor, label=name)
     if text is not None:
-        length = parse_entry_int(text, label=name, key="length")
+        length = _entry_int(text, name, "length")
         if expected is not None and length != expected:
             raise ExternalDataError(
                 f"tensor {name!r}: external data length {length} (in {location!r}) does not match dims "
