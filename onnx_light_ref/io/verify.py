@@ -141,8 +141,9 @@ class _External(NamedTuple):
     checksum: str | None
 
 
-class _Record(NamedTuple):
-    """One tensor of a side (named tuples: two models of 100,000 tensors build 200,000 of each)."""
+@dataclass(slots=True)  # not frozen: two models of 100,000 tensors build 200,000 of them
+class _Record:
+    """One tensor of a side."""
 
     index: int  # position in its model's walker order
     site: TensorSite

@@ -59,7 +59,7 @@ class Entries(NamedTuple):
     def get(self, key: str) -> str | None:
         return self.values.get(key)
 
-    def __contains__(self, key: str) -> bool:
+    def __contains__(self, key: object) -> bool:
         return key in self.values
 
 
