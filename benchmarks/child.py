@@ -353,6 +353,17 @@ def _onnx_load_save(args: dict[str, Any]) -> list[Phase]:
     return [("load", load), ("save", save)]
 
 
+def _onnx_load_metadata(args: dict[str, Any]) -> list[Phase]:
+    """``onnx.load`` of the model without its external data: the floor of any per-tensor work on the metadata."""
+    import onnx
+
+    def run(_: Any) -> dict[str, Any]:
+        model = onnx.load(args["src"], load_external_data=False)
+        return {"tensors": len(model.graph.initializer)}
+
+    return [("load", run)]
+
+
 def _onnx_ir_save(args: dict[str, Any]) -> list[Phase]:
     import onnx_ir as ir
 
@@ -834,6 +845,7 @@ _SCENARIOS: dict[str, Callable[[dict[str, Any]], list[Phase]]] = {
     "align_in_memory": _align_in_memory,
     "align_in_place": _align_in_place,
     "onnx_load_save": _onnx_load_save,
+    "onnx_load_metadata": _onnx_load_metadata,
     "onnx_ir_save": _onnx_ir_save,
     "onnx_ir_save_safetensors": _onnx_ir_save_safetensors,
     "link": _link,

@@ -57,6 +57,7 @@ __all__ = [
     "make_dedup_model",
     "make_delayed_model",
     "make_inline_model",
+    "make_metadata_model",
     "make_mlp_model",
     "make_packed_model",
     "make_typed_model",
@@ -612,6 +613,24 @@ def make_packed_model(
     onnx_path = os.path.join(folder, "packed.onnx")
     _save_proto(model, onnx_path)
     return TypedModel(onnx_path, data_type, 1, weight_bytes)
+
+
+def make_metadata_model(folder: str | os.PathLike[str], count: int, tensor_bytes: int = 256) -> AlignModel:
+    """``count`` external tensors of ``tensor_bytes`` each, back to back in one data file (as onnx's
+    ``save_model(save_as_external_data=True)`` writes them): a model whose cost is its metadata (issue 43: a
+    mixture-of-experts export carries ~90,000 tensors; 25.6 MB of bytes for 100,000 tensors of 256 bytes)."""
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    location = "weights-0.data"
+    initializers = [
+        _external_tensor(f"w{index:06d}", [tensor_bytes // 4], location, index * tensor_bytes, tensor_bytes)
+        for index in range(count)
+    ]
+    path = os.path.join(folder, location)
+    _write_repeated(path, count * tensor_bytes, _random_block(float_values=False))
+    onnx_path = os.path.join(folder, "model.onnx")
+    _save_proto(_identity_model(initializers), onnx_path)
+    return AlignModel("metadata", onnx_path, [path], count, tensor_bytes)
 
 
 def _main() -> None:  # pragma: no cover - manual check: python -m benchmarks.models DIR SIZE

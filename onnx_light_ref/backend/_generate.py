@@ -110,7 +110,7 @@ def _case_sites(model: onnx.ModelProto) -> SiteColumns:
     """A case model's sites: its tensors are inline, its nodes read the case's side files (kept as written)."""
     sites = SiteColumns()
     for site in iter_sites(model):
-        sites.add(SITE_INLINE if isinstance(site, TensorSite) and not is_external(site.tensor) else SITE_KEPT)
+        sites.record(site, SITE_INLINE if isinstance(site, TensorSite) and not is_external(site.tensor) else SITE_KEPT)
     return sites
 
 

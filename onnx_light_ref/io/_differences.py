@@ -198,6 +198,17 @@ def metadata_finding(a: TensorSite, b: TensorSite, *, by_position: bool) -> Find
         dims; None when they agree.
     """
     ta, tb = a.tensor, b.tensor
+    if (  # the usual answer, at once (a comparison of 100,000 pairs)
+        ta.name == tb.name
+        and a.kind == b.kind
+        and a.where == b.where
+        and (not by_position or a.place == b.place)
+        and ta.data_type == tb.data_type
+        and ta.dims == tb.dims
+        and a.sparse is None
+        and b.sparse is None
+    ):
+        return None
     if ta.name != tb.name:
         return Finding("name", f"name differs (A: {ta.name!r}, B: {tb.name!r})", ta.name, tb.name)
     if a.kind != b.kind or a.where != b.where:

@@ -469,12 +469,13 @@ def _plan_link(
     copies: list[tuple[onnx.TensorProto | None, CopyRange | bytes]] = []
     mismatched: list[str] = []
     kept_inline: dict[str, int] = {}
-    order: list[tuple[int, str, int]] = []  # per site: kind, "link" / "copy" / "", index into links or copies
+    sites = SiteColumns()
+    order: list[tuple[bool, int]] = []  # per placed site: linked (else copied), index into links or copies
     for site in iter_tensors(proto):
         tensor = site.tensor
         external = is_external(tensor)
         if site.sparse is not None:  # onnx's loader never loads sparse tensors' external data: left as they are
-            order.append((SITE_KEPT if external else SITE_INLINE, "", -1))
+            sites.record(site, SITE_KEPT if external else SITE_INLINE)
             continue
         key = mapping.get(tensor.name, tensor.name)
         found = checkpoint_tensors.get(key) if key else None
@@ -482,7 +483,8 @@ def _plan_link(
             mismatched.append(site.label)
         elif found is not None and _linkable(site, found, policy, external):
             links.append((tensor, found))
-            order.append((SITE_MOVED if external else SITE_EXTERNALIZED, "link", len(links) - 1))
+            sites.record(site, SITE_MOVED if external else SITE_EXTERNALIZED)
+            order.append((True, len(links) - 1))
             continue
         if external:
             ref = parse_external_data(tensor, resolver, label=site.label)
@@ -491,14 +493,15 @@ def _plan_link(
             copies.append(
                 (tensor, CopyRange(ref.path, ref.offset, 0, ref.length, ref.identity, ref.folder, ref.location))
             )
-            order.append((SITE_MOVED, "copy", len(copies) - 1))
+            sites.record(site, SITE_MOVED)
+            order.append((False, len(copies) - 1))
             continue
         data = tensor.raw_data if tensor.HasField("raw_data") else None  # protobuf copies the bytes on each access
         decision = policy.decide(site, len(data) if data is not None else None)  # rule 2: the one decision
         if not decision.external:
             if decision.reason is not None:
                 kept_inline[decision.reason] = kept_inline.get(decision.reason, 0) + 1
-            order.append((SITE_INLINE, "", -1))
+            sites.record(site, SITE_INLINE)
             continue
         assert data is not None
         if len(data) != expected_nbytes(tensor, label=site.label):
@@ -507,25 +510,24 @@ def _plan_link(
                 f"{list(tensor.dims)} and data type do not match; refusing to write it."
             )
         copies.append((tensor, data))
-        order.append((SITE_EXTERNALIZED, "copy", len(copies) - 1))
+        sites.record(site, SITE_EXTERNALIZED)
+        order.append((False, len(copies) - 1))
     delayed = DelayedResolver(resolver.folder)
     for node in iter_delayed(proto):  # a node reads a range of a file: copied into the weights like a tensor's
         file, offset, length = delayed.read_range(node)
         sources[file.identity] = file.path
         copies.append((None, CopyRange(file.path, offset, 0, length, file.identity, file.folder, file.location)))
-        order.append((SITE_MOVED, "copy", len(copies) - 1))
+        sites.record(node, SITE_MOVED)
+        order.append((False, len(copies) - 1))
     layout = ShardedLayout(*alignment)  # copies aligned from align_threshold on; zero-length ones at the end
     placed = [(tensor, item, layout.place(_length(item))) for tensor, item in copies]
     size = layout.total_size if copies else 0
-    sites = SiteColumns()
-    for kind, what, index in order:  # read once every copy is placed: a zero-length one's offset is the file's end
-        if what == "link":
+    for linked, index in order:  # read once every copy is placed: a zero-length one's offset is the file's end
+        if linked:
             found = links[index][1]
-            sites.add(kind, found.path, found.data_start + found.entry.begin, found.entry.nbytes)
-        elif what == "copy":
-            sites.add(kind, dst_weights, placed[index][2].offset, _length(placed[index][1]))
+            sites.place(found.path, found.data_start + found.entry.begin, found.entry.nbytes)
         else:
-            sites.add(kind)
+            sites.place(dst_weights, placed[index][2].offset, _length(placed[index][1]))
     files = []
     if copies:
         shard_set = ShardSet(dst_weights)

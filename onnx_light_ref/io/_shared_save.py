@@ -264,7 +264,7 @@ def _plan(
     policy = SitePolicy(model, size_threshold)
     reused = _Reused()
     new: list[_NewTensor] = []
-    kinds = bytearray()
+    sites = SiteColumns()
     kept_inline: dict[str, int] = {}
     layout = ShardedLayout(step)  # every new blob aligned; a zero-length one at the end of the file (placement.py)
     placed: list[Placement] = []
@@ -272,26 +272,24 @@ def _plan(
         tensor = site.tensor
         if is_external(tensor):
             _check_reused(site, resolver, check_references, reused)
-            kinds.append(SITE_KEPT)
+            sites.record(site, SITE_KEPT)
             continue
         decision = policy.decide(site, _raw_length(tensor, site.label) if tensor.HasField("raw_data") else None)
         if not decision.external:  # rule 2 of the writer contract: the one decision
             if decision.reason is not None:
                 kept_inline[decision.reason] = kept_inline.get(decision.reason, 0) + 1
-            kinds.append(SITE_INLINE)
+            sites.record(site, SITE_INLINE)
             continue
         length = _raw_length(tensor, site.label)
         _check_raw_only(tensor, site.label)
         placed.append(layout.place(length))
         new.append(_NewTensor(site, 0, length))
-        kinds.append(SITE_EXTERNALIZED)
+        sites.record(site, SITE_EXTERNALIZED)
     delayed: DelayedResolver | None = None
     for node in iter_delayed(model):  # a node reads a file as a reused tensor does: kept, checked the same way
         delayed = delayed or DelayedResolver(resolver.folder)
         _check_reused_node(node, delayed, check_references, reused)
-        kinds.append(SITE_KEPT)
-    sites = SiteColumns()
-    sites.kinds = kinds
+        sites.record(node, SITE_KEPT)
     for item, where in zip(new, placed, strict=True):  # once all are placed: the end of the file is known
         item.offset = where.offset
         sites.place(secondary_path, item.offset, item.length)

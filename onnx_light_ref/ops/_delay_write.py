@@ -186,9 +186,9 @@ def _relocate(model: onnx.ModelProto, folder: ModelFolder, dst: str) -> tuple[Si
             stat = ref.file_stat
             path, size, identity = ref.path, stat.st_size, FileIdentity(stat.st_dev, stat.st_ino)
         else:
-            sites.add(SITE_INLINE)
+            sites.record(site, SITE_INLINE)
             continue
-        sites.add(SITE_KEPT)
+        sites.record(site, SITE_KEPT)
         referenced.setdefault(path, ReferencedFile(path, size, identity=identity, why=f"the file {path!r} it reads"))
     return sites, referenced
 

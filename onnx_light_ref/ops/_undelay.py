@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+import secrets
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import onnx
@@ -35,7 +36,7 @@ import onnx
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io._arguments import PathLike, check_bool, check_int, check_weights_file
 from onnx_light_ref.io._plan.placement import ShardedLayout
-from onnx_light_ref.io._plan.ranges import CopyRange, read_range
+from onnx_light_ref.io._plan.ranges import CopyRange, RangeColumns, read_range
 from onnx_light_ref.io._plan.sites import (
     SHAPE_TENSOR,
     SITE_EXTERNALIZED,
@@ -47,8 +48,8 @@ from onnx_light_ref.io._plan.sites import (
 from onnx_light_ref.io._read.alignment import validate_alignment
 from onnx_light_ref.io._read.delayed_nodes import DelayedFile, DelayedResolver, is_delayed
 from onnx_light_ref.io._read.delayed_rules import check_node_structure, describe_node
-from onnx_light_ref.io._read.entries import is_external, read_entries
-from onnx_light_ref.io._read.folder import ModelFolder
+from onnx_light_ref.io._read.entries import is_external
+from onnx_light_ref.io._read.folder import FileIdentity
 from onnx_light_ref.io._read.locations import (
     LocationResolver,
     check_not_hard_linked,
@@ -62,8 +63,8 @@ from onnx_light_ref.io._read.safetensors_refs import (
 from onnx_light_ref.io._read.walker import defined_names, iter_graphs, iter_tensors
 from onnx_light_ref.io._write.contract import PlannedFile, PlannedModel, ShardSet, WriteOptions, WritePlan, location_for
 from onnx_light_ref.io._write.copy_engine import ProgressCallback
-from onnx_light_ref.io._write.execute import execute, write_entries
-from onnx_light_ref.ops._attributes import ATTRIBUTE_TYPES, DelayedInitializerParams, validate_attributes
+from onnx_light_ref.io._write.execute import execute
+from onnx_light_ref.ops._attributes import DelayedInitializerParams, validate_attributes
 from onnx_light_ref.ops._schema import DOMAIN
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class _Payload:
 @dataclass
 class _Plan:
     model: onnx.ModelProto
-    payloads: list[_Payload]
+    tensors: int  # tensors placed in the weights file
     weights_location: str
     total: int
     contract: WritePlan
@@ -101,8 +102,16 @@ def _node_params(node: onnx.NodeProto, where: str) -> DelayedInitializerParams:
             "call of the function, so the node cannot be undelayed statically; inline the function with literal "
             "attributes first."
         )
-    values = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.name in ATTRIBUTE_TYPES}
+    # check_node_structure refused any other attribute or type: each value is read from its one field.
+    values = {a.name: _VALUE_OF[a.type](a) for a in node.attribute}
     return validate_attributes(values, where=where)
+
+
+_VALUE_OF: dict[int, Callable[[onnx.AttributeProto], object]] = {
+    onnx.AttributeProto.INT: lambda attribute: attribute.i,
+    onnx.AttributeProto.INTS: lambda attribute: list(attribute.ints),
+    onnx.AttributeProto.STRING: lambda attribute: attribute.s,
+}
 
 
 def _function_subgraphs(function: onnx.FunctionProto) -> Iterator[onnx.GraphProto]:
@@ -153,16 +162,6 @@ def _scoped_graphs(graph: onnx.GraphProto, outer: frozenset[str]) -> Iterator[tu
                 yield from _scoped_graphs(subgraph, inner)
 
 
-def _make_initializer(name: str, params: DelayedInitializerParams) -> onnx.TensorProto:
-    tensor = onnx.TensorProto()
-    tensor.name = name
-    tensor.data_type = params.dtype
-    tensor.dims.extend(params.shape)
-    if params.nbytes == 0:
-        tensor.raw_data = b""  # nothing to point at: an empty tensor stays inline
-    return tensor
-
-
 def _check_name(graph: onnx.GraphProto, name: str, taken: set[str], outer: frozenset[str], where: str) -> None:
     if name in taken:
         raise ValueError(f"{where}: graph {graph.name!r} already has an initializer or input named {name!r}.")
@@ -201,14 +200,17 @@ def _delayed_scopes(model: onnx.ModelProto) -> Iterator[tuple[onnx.GraphProto, f
 
 
 def _plan_delayed(
-    model: onnx.ModelProto, resolver: DelayedResolver
-) -> tuple[list[tuple[onnx.TensorProto, _Payload | None]], list[onnx.GraphProto]]:
+    model: onnx.ModelProto, resolver: DelayedResolver, mark: str
+) -> tuple[list[_Payload], list[onnx.GraphProto]]:
     """Validate every node and add its initializer to the (private) model.
 
-    Returns the tensors to place, and the graphs whose nodes :func:`_remove_delayed_nodes` drops once nothing
-    refers to those tensors any more. Linear in the size of the model: each graph's names are gathered once.
+    Each new initializer with bytes is marked (``data_location`` EXTERNAL, no entries, ``doc_string`` ``mark`` and
+    its index into the returned payloads): the walk that follows finds it by that mark wherever the node was, as no
+    source tensor can carry it (a source tensor marked EXTERNAL has entries, and ``mark`` is new to this run).
+    Returns the payloads, and the graphs whose nodes :func:`_remove_delayed_nodes` drops. Linear in the size of
+    the model: each graph's names are gathered once.
     """
-    placed: list[tuple[onnx.TensorProto, _Payload | None]] = []
+    payloads: list[_Payload] = []
     graphs: list[onnx.GraphProto] = []
     for graph, outer, place in list(_delayed_scopes(model)):
         delayed = [node for node in graph.node if is_delayed(node)]
@@ -222,24 +224,29 @@ def _plan_delayed(
             name = node.output[0]
             _check_name(graph, name, taken, outer, where)
             taken.add(name)
-            payload = None
-            if params.nbytes > 0:
-                source = resolver.resolve(params.filename, where)
-                end = params.offset + params.nbytes
-                if end > source.size:
-                    raise ExternalDataError(
-                        f"{where}: file {params.filename!r} too short: needs {end} bytes ({params.nbytes} bytes at "
-                        f"offset {params.offset}), has {source.size}; nothing was written."
-                    )
-                if source.safetensors is not None:  # the kernel's check, by the node's output name
-                    refuse_disagreeing_reference(
-                        source.safetensors, name, params.dtype, params.shape, params.offset, params.nbytes
-                    )
-                payload = _Payload(name, source, params.offset, params.nbytes)
-            tensor = graph.initializer.add()  # a reference into the graph: the layout step fills its entries later
-            tensor.CopyFrom(_make_initializer(name, params))
-            placed.append((tensor, payload))
-    return placed, graphs
+            if params.nbytes == 0:  # nothing to point at: an empty tensor stays inline
+                graph.initializer.add(name=name, data_type=params.dtype, dims=params.shape, raw_data=b"")
+                continue
+            source = resolver.resolve(params.filename, where)
+            end = params.offset + params.nbytes
+            if end > source.size:
+                raise ExternalDataError(
+                    f"{where}: file {params.filename!r} too short: needs {end} bytes ({params.nbytes} bytes at "
+                    f"offset {params.offset}), has {source.size}; nothing was written."
+                )
+            if source.safetensors is not None:  # the kernel's check, by the node's output name
+                refuse_disagreeing_reference(
+                    source.safetensors, name, params.dtype, params.shape, params.offset, params.nbytes
+                )
+            graph.initializer.add(
+                name=name,
+                data_type=params.dtype,
+                dims=params.shape,
+                data_location=onnx.TensorProto.EXTERNAL,
+                doc_string=f"{mark}{len(payloads)}",
+            )
+            payloads.append(_Payload(name, source, params.offset, params.nbytes))
+    return payloads, graphs
 
 
 def _remove_delayed_nodes(graphs: list[onnx.GraphProto]) -> None:
@@ -258,32 +265,6 @@ def _remove_delayed_nodes(graphs: list[onnx.GraphProto]) -> None:
                 kept.append(copy)
         del graph.node[:]
         graph.node.extend(kept)
-
-
-def _plan_existing(model: onnx.ModelProto, folder: ModelFolder) -> list[tuple[onnx.TensorProto, _Payload]]:
-    """External tensors already in the source: validated like any reference, to move into the destination file.
-
-    Called before the nodes become initializers, so only the source's own tensors are seen here.
-    """
-    resolver = LocationResolver(folder)
-    found = []
-    for site in iter_tensors(model):
-        if not is_external(site.tensor):
-            continue
-        ref = parse_external_data(site.tensor, resolver, label=site.label)
-        check_not_hard_linked(ref)
-        found.append(
-            (
-                site.tensor,
-                _Payload(
-                    site.label,
-                    DelayedFile(ref.path, ref.identity, ref.file_size, ref.folder, ref.location),
-                    ref.offset,
-                    ref.length,
-                ),
-            )
-        )
-    return found
 
 
 def _all_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
@@ -306,17 +287,6 @@ def _remove_unused_opset(model: onnx.ModelProto) -> None:
     for index in reversed(range(len(model.opset_import))):
         if model.opset_import[index].domain == DOMAIN:
             del model.opset_import[index]
-
-
-def _layout(items: list[tuple[onnx.TensorProto, _Payload | None]], location: str, alignment: int) -> int:
-    """Place every payload (all aligned, a zero-length one at the end of the file) and point its tensor there."""
-    layout = ShardedLayout(alignment)
-    placed = [(tensor, payload, layout.place(payload.length)) for tensor, payload in items if payload is not None]
-    for tensor, payload, where in placed:  # once all are placed: the end of the file is known
-        payload.dst_offset = where.offset
-        tensor.ClearField("raw_data")
-        write_entries(tensor, location, where.offset, payload.length)
-    return layout.total_size if placed else 0
 
 
 def undelay_initializers(
@@ -409,7 +379,7 @@ def undelay_initializers(
     if plan.total == 0:
         logger.info("no tensor bytes to copy; writing %s only", dst)
     execute(plan.contract, lambda _stats: plan.total, durable=durable, chunk_size=chunk_size, progress=progress)
-    logger.info("undelayed %s -> %s (%d tensors, %d bytes)", src, dst, len(plan.payloads), plan.total)
+    logger.info("undelayed %s -> %s (%d tensors, %d bytes)", src, dst, plan.tensors, plan.total)
     return plan.total
 
 
@@ -419,38 +389,30 @@ def _plan(src: str, dst: str, weights: str, alignment: int, options: WriteOption
     folder = open_model_folder(src, allow_outside_folder=options.allow_outside_folder)
     model = load_model_metadata(src, folder=folder)
     _check_functions(model)
-    existing = _plan_existing(model, folder)  # before the nodes become initializers: only the source's tensors
-    delayed, graphs = _plan_delayed(model, DelayedResolver(folder))
-    source_ids = {payload.source.identity: payload.source.path for _, payload in [*existing, *delayed] if payload}
+    mark = f"{_NEW_MARK}{secrets.token_hex(8)}:"
+    new, graphs = _plan_delayed(model, DelayedResolver(folder), mark)
+    # The nodes go before the walk: 100,000 of them were walked three times, each attribute looked at.
+    _remove_delayed_nodes(graphs)
+    _remove_unused_opset(model)
+    walk = _walk(model, new, mark, LocationResolver(folder))
+    total, ranges = _layout(walk, weights, alignment)
+    source_ids = {payload.source.identity: payload.source.path for payload in [*new, *walk.existing]}
     src_id = file_identity(src)
     if src_id is not None:
         source_ids[src_id] = src
-    kinds = _decide_new(model, delayed)
-    items: list[tuple[onnx.TensorProto, _Payload | None]] = [*delayed, *existing]
-    payloads = [payload for _, payload in items if payload is not None]
-    location = location_for(dst, weights)
-    total = _layout(items, location, alignment)
-    ranges = [
-        CopyRange(
-            p.source.path, p.src_offset, p.dst_offset, p.length, p.source.identity, p.source.folder, p.source.location
-        )
-        for p in payloads
-    ]
     contract = WritePlan(
         "undelay",
-        [PlannedModel(dst, model, _site_columns(model, kinds, weights), 0)],
-        [PlannedFile(weights, "weights", total, ranges=ranges, shard_set=ShardSet(weights))] if payloads else [],
+        [PlannedModel(dst, model, walk.sites, 0, walk.policy)],
+        [PlannedFile(weights, "weights", total, ranges=ranges, shard_set=ShardSet(weights))] if len(ranges) else [],
         options,
         source_ids,
         rename_hint="another name (dst_weights_path / --weights)",
     )
-    _remove_delayed_nodes(graphs)  # last: it makes the tensor references of ``items`` stale
-    _remove_unused_opset(model)
-    return _Plan(model, payloads, location, total, contract)
+    return _Plan(model, len(ranges), location_for(dst, weights), total, contract)
 
 
-# A new initializer is marked EXTERNAL with this location prefix and its index until rule 2 decided it: a source
-# location can never hold a NUL byte (the location rule refuses it), so no source tensor is taken for a new one.
+# A new initializer is marked with this prefix, a token of the run and its index (_plan_delayed) until the walk
+# found it.
 _NEW_MARK = "\0undelay:"
 _MAX_INLINE_SHAPE = 1024 * 1024  # a shape tensor is written inline; one larger than this is no shape
 # onnx's loader does not read a training_info tensor back from external data (walker.inline_reason): such a
@@ -458,46 +420,82 @@ _MAX_INLINE_SHAPE = 1024 * 1024  # a shape tensor is written inline; one larger 
 _TRAINING_INFO = "training_info"
 
 
-def _decide_new(model: onnx.ModelProto, delayed: list[tuple[onnx.TensorProto, _Payload | None]]) -> bytearray:
-    """Rule 2 for every new initializer (the one decision, :class:`~onnx_light_ref.io._plan.sites.SitePolicy`): a
-    shape tensor is written inline (its bytes read from its file, at most 1 MiB), one onnx's loader would not read
-    back from external data is written inline too when it is a ``training_info`` initializer (onnx loads inline
-    tensors everywhere) and refused otherwise; the others stay in ``delayed`` to be placed. Returns the kind of
-    every site, in walk order."""
-    for index, (tensor, payload) in enumerate(delayed):
-        if payload is not None:
-            tensor.data_location = onnx.TensorProto.EXTERNAL
-            tensor.external_data.add(key="location", value=f"{_NEW_MARK}{index}")
-    policy = SitePolicy(model, 0)
-    kinds = bytearray()
-    inline: set[int] = set()
+@dataclass
+class _Walk:
+    """The model walked once: every site recorded, the new initializers decided, the source's external tensors
+    validated (``existing``, in walk order), and each placed site's payload (``placed``, in walk order)."""
+
+    sites: SiteColumns
+    policy: SitePolicy
+    existing: list[_Payload]
+    placed: list[_Payload]
+    new: list[_Payload]
+
+
+def _walk(model: onnx.ModelProto, new: list[_Payload], mark: str, resolver: LocationResolver) -> _Walk:
+    """One walk of the model (its nodes already initializers): rule 2 decides every new initializer (the one
+    decision, :class:`~onnx_light_ref.io._plan.sites.SitePolicy`): a shape tensor is written inline (its bytes read
+    from its file, at most 1 MiB), one onnx's loader would not read back from external data is written inline too
+    when it is a ``training_info`` initializer (onnx loads inline tensors everywhere) and refused otherwise; the
+    others are placed. The source's external tensors are validated like any reference, to move into the
+    destination file."""
+    walk = _Walk(SiteColumns(), SitePolicy(model, 0), [], [], [])
+    externalized = bytearray(len(new))
     for site in iter_tensors(model):
-        if not is_external(site.tensor):
-            kinds.append(SITE_INLINE)
-            continue
-        value = site.tensor.external_data[0].value if site.tensor.external_data else ""
-        if not value.startswith(_NEW_MARK):
-            kinds.append(SITE_MOVED)
-            continue
-        index = int(value[len(_NEW_MARK) :])
-        tensor, payload = delayed[index]
-        assert payload is not None
-        decision = policy.decide(site, payload.length)
-        del tensor.external_data[:]
-        tensor.ClearField("data_location")
-        if decision.external:
-            kinds.append(SITE_EXTERNALIZED)
-        elif decision.reason in (SHAPE_TENSOR, _TRAINING_INFO):
-            tensor.raw_data = _read_inline(payload, shape=decision.reason == SHAPE_TENSOR)
-            inline.add(index)
-            kinds.append(SITE_INLINE)
+        tensor = site.tensor
+        if not is_external(tensor):
+            walk.sites.record(site, SITE_INLINE)
+        elif len(tensor.external_data) == 0 and tensor.doc_string.startswith(mark):
+            index = int(tensor.doc_string[len(mark) :])
+            payload = new[index]
+            tensor.ClearField("doc_string")
+            tensor.ClearField("data_location")
+            decision = walk.policy.decide(site, payload.length)
+            if decision.external:
+                walk.sites.record(site, SITE_EXTERNALIZED)
+                walk.placed.append(payload)
+                externalized[index] = 1
+            elif decision.reason in (SHAPE_TENSOR, _TRAINING_INFO):
+                tensor.raw_data = _read_inline(payload, shape=decision.reason == SHAPE_TENSOR)
+                walk.sites.record(site, SITE_INLINE)
+            else:
+                raise ValueError(
+                    f"DelayedInitializer output {payload.label!r}: as an initializer it would be a "
+                    f"{decision.reason}, which onnx's loader does not read back from external data; nothing was "
+                    "written."
+                )
         else:
-            raise ValueError(
-                f"DelayedInitializer output {payload.label!r}: as an initializer it would be a {decision.reason}, "
-                "which onnx's loader does not read back from external data; nothing was written."
-            )
-    delayed[:] = [(tensor, None if i in inline else item) for i, (tensor, item) in enumerate(delayed)]
-    return kinds
+            ref = parse_external_data(tensor, resolver, label=site.label)
+            check_not_hard_linked(ref)
+            source = DelayedFile(ref.path, ref.identity, ref.file_size, ref.folder, ref.location)
+            payload = _Payload(site.label, source, ref.offset, ref.length)
+            walk.existing.append(payload)
+            walk.placed.append(payload)
+            walk.sites.record(site, SITE_MOVED)
+    walk.new = [payload for payload, placed in zip(new, externalized, strict=True) if placed]
+    return walk
+
+
+def _layout(walk: _Walk, weights: str, alignment: int) -> tuple[int, RangeColumns]:
+    """Place every payload (the nodes' in node order, then the source's external tensors in walk order; all
+    aligned, a zero-length one at the end of the file), give each placed site its place, and list the copies."""
+    layout = ShardedLayout(alignment)
+    sources: list[DelayedFile] = []
+    index_of: dict[FileIdentity, int] = {}
+    order = [*walk.new, *walk.existing]
+    where = [layout.place(payload.length) for payload in order]
+    ranges = RangeColumns(sources)
+    for payload, place in zip(order, where, strict=True):  # once all are placed: the end of the file is known
+        payload.dst_offset = place.offset
+        source = payload.source
+        index = index_of.get(source.identity)
+        if index is None:
+            index = index_of[source.identity] = len(sources)
+            sources.append(source)
+        ranges.add(index, payload.src_offset, payload.dst_offset, payload.length)
+    for payload in walk.placed:
+        walk.sites.place(weights, payload.dst_offset, payload.length)
+    return (layout.total_size if order else 0), ranges
 
 
 def _read_inline(payload: _Payload, *, shape: bool) -> bytes:
@@ -522,14 +520,3 @@ def _read_inline(payload: _Payload, *, shape: bool) -> bytes:
             f"{payload.src_offset + len(data)}, {payload.length} bytes were expected at {payload.src_offset}."
         )
     return data
-
-
-def _site_columns(model: onnx.ModelProto, kinds: bytearray, weights: str) -> SiteColumns:
-    """The writer contract's columns: each site's kind, and where each placed one landed (its entries, just set)."""
-    columns = SiteColumns()
-    columns.kinds = kinds
-    for site, kind in zip(iter_tensors(model), kinds, strict=True):
-        if kind in (SITE_MOVED, SITE_EXTERNALIZED):
-            entries = read_entries(site.tensor, label=site.label)
-            columns.place(weights, int(entries.get("offset") or 0), int(entries.get("length") or 0))
-    return columns

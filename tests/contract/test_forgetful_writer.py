@@ -17,11 +17,20 @@ import pytest
 from onnx import numpy_helper
 
 from onnx_light_ref.errors import ExistingFileError, SafetensorsError, SharedWeightsError
-from onnx_light_ref.io._plan.sites import SITE_EXTERNALIZED, SITE_INLINE, SITE_KEPT, SITE_MOVED, SiteColumns
-from onnx_light_ref.io._write.contract import PlannedFile, PlannedModel, ReferencedFile, WriteOptions, WritePlan
+from onnx_light_ref.io._align import plan_alignment, write_plan
+from onnx_light_ref.io._plan.sites import SITE_EXTERNALIZED, SITE_INLINE, SITE_KEPT, SITE_MOVED, SiteColumns, iter_sites
+from onnx_light_ref.io._write.contract import (
+    PlannedFile,
+    PlannedModel,
+    ReferencedFile,
+    WriteOptions,
+    WritePlan,
+    WriterContractError,
+)
 from onnx_light_ref.io._write.execute import execute
 from onnx_light_ref.ops import delay_initializers
 from tests.checks import sha256_of_tree, temp_files_under
+from tests.contract.recorded import recorded
 from tests.contract.sharers import external_model
 from tests.models import identity_model, make_model, write_external_model, write_model
 
@@ -37,9 +46,7 @@ def _weights(path: Path) -> PlannedFile:
 
 
 def _placed(path: Path, kind: int = SITE_EXTERNALIZED) -> SiteColumns:
-    sites = SiteColumns()
-    sites.add(kind, str(path), 0, PAYLOAD.nbytes)
-    return sites
+    return recorded(_model(), (kind, str(path), 0, PAYLOAD.nbytes))
 
 
 def _execute_refused(tmp_path: Path, plan: WritePlan, error: type[BaseException], match: str) -> None:
@@ -95,8 +102,7 @@ def test_rule_2_a_writer_that_forgets_the_shape_tensor_rule_is_refused(tmp_path:
         [shape],
     )
     model = make_model(graph)
-    sites = SiteColumns()
-    sites.add(SITE_EXTERNALIZED, str(tmp_path / "w.bin"), 0, 16)
+    sites = recorded(model, (SITE_EXTERNALIZED, str(tmp_path / "w.bin"), 0, 16))
     weights = PlannedFile(str(tmp_path / "w.bin"), "weights", 16, writes=[(0, shape.raw_data)])
     plan = WritePlan("test", [PlannedModel(str(tmp_path / "m.onnx"), model, sites, 0)], [weights])
     _execute_refused(tmp_path, plan, AssertionError, "made external although rule 2 keeps it inline .shape tensor.")
@@ -110,8 +116,7 @@ def test_rule_2_a_writer_that_forgets_to_write_the_file_a_tensor_is_placed_in_is
 def test_rule_2_a_kept_reference_to_a_file_the_writer_did_not_check_is_refused(tmp_path: Path) -> None:
     (tmp_path / "elsewhere.bin").write_bytes(PAYLOAD.tobytes())
     model = external_model("elsewhere.bin")
-    sites = SiteColumns()
-    sites.add(SITE_KEPT)
+    sites = recorded(model, SITE_KEPT)
     plan = WritePlan("test", [PlannedModel(str(tmp_path / "m.onnx"), model, sites, 0)], [])
     _execute_refused(tmp_path, plan, AssertionError, r"would read '.*elsewhere\.bin', which the plan neither writes")
     plan.referenced.append(ReferencedFile(str(tmp_path / "elsewhere.bin"), PAYLOAD.nbytes))
@@ -119,13 +124,11 @@ def test_rule_2_a_kept_reference_to_a_file_the_writer_did_not_check_is_refused(t
 
 
 def test_rule_2_a_site_whose_kind_disagrees_with_the_model_is_refused(tmp_path: Path) -> None:
-    sites = SiteColumns()
-    sites.add(SITE_KEPT)  # the tensor is inline: a writer that thinks it is external
+    sites = recorded(_model(), SITE_KEPT)  # the tensor is inline: a writer that thinks it is external
     plan = WritePlan("test", [PlannedModel(str(tmp_path / "m.onnx"), _model(), sites, 0)], [])
     _execute_refused(tmp_path, plan, AssertionError, "is inline but planned as kept")
     model = external_model("w.bin")
-    sites = SiteColumns()
-    sites.add(SITE_INLINE)
+    sites = recorded(model, SITE_INLINE)
     plan = WritePlan("test", [PlannedModel(str(tmp_path / "m.onnx"), model, sites, 0)], [])
     _execute_refused(tmp_path, plan, AssertionError, "is external but planned inline")
 
@@ -154,8 +157,54 @@ def test_moved_sites_point_the_model_at_their_place_whatever_the_model_said(tmp_
     """The executor writes every placed reference from the plan: a stale location in the model is overwritten."""
     model = external_model("stale.bin")
     (tmp_path / "src").mkdir()
-    plan = WritePlan("test", [PlannedModel(str(tmp_path / "m.onnx"), model, _placed(tmp_path / "w.bin", SITE_MOVED))],
-                     [_weights(tmp_path / "w.bin")])  # fmt: skip
+    sites = recorded(model, (SITE_MOVED, str(tmp_path / "w.bin"), 0, PAYLOAD.nbytes))
+    plan = WritePlan("test", [PlannedModel(str(tmp_path / "m.onnx"), model, sites)], [_weights(tmp_path / "w.bin")])
     execute(plan, lambda _stats: None, durable=False)
     written = onnx.load(str(tmp_path / "m.onnx"))
     np.testing.assert_array_equal(numpy_helper.to_array(written.graph.initializer[0]), PAYLOAD)
+
+
+def _two_tensors() -> onnx.ModelProto:
+    """Two tensors of one size: a swap of their places would go unnoticed by every size check."""
+    return identity_model([numpy_helper.from_array(PAYLOAD, "w0"), numpy_helper.from_array(PAYLOAD + 10, "w1")])
+
+
+def _two_weights(path: Path) -> PlannedFile:
+    data = PAYLOAD.tobytes() + (PAYLOAD + 10).tobytes()
+    return PlannedFile(str(path), "weights", len(data), writes=[(0, data)])
+
+
+def test_rule_2_sites_recorded_out_of_walk_order_are_refused_naming_the_first_drifted_site(tmp_path: Path) -> None:
+    model = _two_tensors()
+    sites = SiteColumns()
+    first, second = iter_sites(model)
+    sites.add(second, SITE_EXTERNALIZED, str(tmp_path / "w.bin"), 0, PAYLOAD.nbytes)  # w1 recorded first
+    sites.add(first, SITE_EXTERNALIZED, str(tmp_path / "w.bin"), PAYLOAD.nbytes, PAYLOAD.nbytes)
+    weights = _two_weights(tmp_path / "w.bin")
+    plan = WritePlan("test", [PlannedModel(str(tmp_path / "m.onnx"), model, sites, 0)], [weights])
+    match = r"the plan's sites drifted from the model's walk at tensor 'w0' \(graph / initializer #0\)"
+    _execute_refused(tmp_path, plan, WriterContractError, match)
+    assert issubclass(WriterContractError, AssertionError)  # a writer bug, never the user's model
+
+
+def test_rule_2_a_model_changed_after_planning_is_refused_not_written_with_swapped_places(tmp_path: Path) -> None:
+    """A real writer's plan (align's) whose model changed between planning and the write: the walk no longer
+    matches the sites the plan recorded, and nothing is written (not w0 pointing at w1's bytes)."""
+    (tmp_path / "src").mkdir()
+    source = write_external_model(tmp_path / "src", {"w0": PAYLOAD, "w1": PAYLOAD + 10})
+    align = plan_alignment(source, tmp_path / "m.onnx")
+    plan = write_plan([align], WriteOptions())
+    initializers = plan.models[0].proto.graph.initializer
+    swapped = [onnx.TensorProto(), onnx.TensorProto()]
+    swapped[0].CopyFrom(initializers[1])
+    swapped[1].CopyFrom(initializers[0])
+    del initializers[:]
+    initializers.extend(swapped)
+    _execute_refused(tmp_path, plan, WriterContractError, r"drifted from the model's walk at tensor 'w1'")
+
+
+def test_rule_2_kinds_recorded_without_their_sites_are_refused(tmp_path: Path) -> None:
+    sites = SiteColumns()
+    sites.kinds = bytearray([SITE_INLINE])  # a kind without the site it describes: nothing to check it against
+    plan = WritePlan("test", [PlannedModel(str(tmp_path / "m.onnx"), _model(), sites, 0)], [])
+    _execute_refused(tmp_path, plan, WriterContractError, r"1 sites planned, 0 recorded with the site of the model")

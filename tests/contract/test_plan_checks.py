@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from onnx_light_ref.errors import ExistingFileError, SharedWeightsError
-from onnx_light_ref.io._plan.sites import SITE_EXTERNALIZED, SITE_INLINE, SITE_MOVED, SiteColumns
+from onnx_light_ref.io._plan.sites import SITE_EXTERNALIZED, SITE_MOVED, SiteColumns
 from onnx_light_ref.io._read import reference_scan, sharing
 from onnx_light_ref.io._read.locations import FileIdentity
 from onnx_light_ref.io._read.sharing import (
@@ -41,6 +41,7 @@ from onnx_light_ref.io._write.contract import (
 )
 from onnx_light_ref.io._write.ownership import Ownership, ShardSet
 from tests.checks import sha256_of_tree
+from tests.contract.recorded import recorded
 from tests.contract.sharers import delayed_model, external_model, too_deep, too_large
 from tests.models import identity_model, write_model
 from tests.wire_writer import Hole, encode_varint, field_key, write_segments
@@ -306,8 +307,7 @@ def _empty_model(path: Path) -> PlannedModel:
 
 def _plan(tmp_path: Path, kind: int, offset: int, length: int, size: int, **options: bool) -> WritePlan:
     model = identity_model([numpy_helper.from_array(np.arange(4, dtype=np.float32), "w")])
-    sites = SiteColumns()
-    sites.add(kind, str(tmp_path / "w.bin"), offset, length)
+    sites = recorded(model, (kind, str(tmp_path / "w.bin"), offset, length))
     return WritePlan(
         "test",
         [PlannedModel(str(tmp_path / "m.onnx"), model, sites, 0)],
@@ -329,10 +329,8 @@ def test_a_plan_externalizing_what_rule_2_keeps_inline_is_a_writer_bug(tmp_path:
     plan.models[0].size_threshold = 64  # the writer's threshold says this 16-byte tensor stays inline
     with pytest.raises(AssertionError, match="made external although rule 2 keeps it inline"):
         check_plan(plan)
-    plan = _plan(tmp_path, SITE_INLINE, 0, 0, 0)
-    plan.models[0].sites = SiteColumns()  # fewer sites than the model has tensors
-    plan.models[0].sites.add(SITE_EXTERNALIZED, str(tmp_path / "w.bin"), 0, 16)
-    plan.models[0].proto = onnx.ModelProto()
+    plan = _plan(tmp_path, SITE_EXTERNALIZED, 0, 16, 16)
+    plan.models[0].proto = onnx.ModelProto()  # more sites than the model has references
     with pytest.raises(AssertionError, match=r"has 0 references .* its plan 1 sites: every reference must be a site"):
         check_plan(plan)
 

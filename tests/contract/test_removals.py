@@ -17,9 +17,10 @@ import pytest
 from onnx import numpy_helper
 
 from onnx_light_ref.errors import PublishedWithErrorsError
-from onnx_light_ref.io._plan.sites import SITE_EXTERNALIZED, SiteColumns
+from onnx_light_ref.io._plan.sites import SITE_EXTERNALIZED
 from onnx_light_ref.io._write.contract import PlannedFile, PlannedModel, WritePlan
 from onnx_light_ref.io._write.execute import execute
+from tests.contract.recorded import recorded
 from tests.contract.sharers import external_model
 from tests.models import identity_model, write_model
 
@@ -27,9 +28,8 @@ PAYLOAD = np.arange(4, dtype=np.float32)
 
 
 def _plan(folder: Path, removals: list[Path]) -> WritePlan:
-    sites = SiteColumns()
-    sites.add(SITE_EXTERNALIZED, str(folder / "m.onnx.data"), 0, PAYLOAD.nbytes)
     model = identity_model([numpy_helper.from_array(PAYLOAD, "w")])
+    sites = recorded(model, (SITE_EXTERNALIZED, str(folder / "m.onnx.data"), 0, PAYLOAD.nbytes))
     weights = PlannedFile(str(folder / "m.onnx.data"), "weights", PAYLOAD.nbytes, writes=[(0, PAYLOAD.tobytes())])
     plan = WritePlan("test", [PlannedModel(str(folder / "m.onnx"), model, sites, 0)], [weights])
     plan.removals = [str(path) for path in removals]

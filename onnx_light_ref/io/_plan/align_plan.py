@@ -41,7 +41,7 @@ from onnx_light_ref.io._plan.checkpoint_policy import site_policy
 from onnx_light_ref.io._plan.dedup import BlobSource, find_duplicates
 from onnx_light_ref.io._plan.destinations import check_outputs, weights_location
 from onnx_light_ref.io._plan.placement import Placement, ShardedLayout
-from onnx_light_ref.io._plan.ranges import CopyRange, open_source, read_range
+from onnx_light_ref.io._plan.ranges import CopyRange, RangeColumns, open_source, read_range
 from onnx_light_ref.io._plan.safetensors_layout import SafetensorsTensor, plan_safetensors
 from onnx_light_ref.io._plan.shard_names import (
     ShardNames,
@@ -51,10 +51,16 @@ from onnx_light_ref.io._plan.shard_names import (
     shard_paths,
     stale_candidates,
 )
-from onnx_light_ref.io._plan.sites import SITE_EXTERNALIZED, SITE_INLINE, SITE_MOVED, SiteColumns, SitePolicy
+from onnx_light_ref.io._plan.sites import (
+    SITE_EXTERNALIZED,
+    SITE_INLINE,
+    SITE_MOVED,
+    SiteColumns,
+    SitePolicy,
+    site_mark,
+)
 from onnx_light_ref.io._read.alignment import validate_alignment
 from onnx_light_ref.io._read.delayed_nodes import DelayedResolver, iter_delayed
-from onnx_light_ref.io._read.entries import is_external
 from onnx_light_ref.io._read.folder import ModelFolder
 from onnx_light_ref.io._read.locations import (
     ExternalRef,
@@ -82,6 +88,7 @@ Mode = Literal["streaming", "in_memory"]
 _NEVER_EXTERNAL = (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING)
 
 _DEDUP_CHUNK = 1024 * 1024  # find_duplicates' two buffers when the caller gives no chunk size
+_EXTERNAL = onnx.TensorProto.EXTERNAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,87 +101,41 @@ class SourceFile:
     location: str | None = None
 
 
-class _Ranges(Sequence[CopyRange]):
-    """A shard's file-to-file copies as :class:`CopyRange` objects, built on demand from its columns."""
-
-    __slots__ = ("_shard",)
-
-    def __init__(self, shard: Shard) -> None:
-        self._shard = shard
-
-    def __len__(self) -> int:
-        return len(self._shard.range_lengths)
-
-    @overload
-    def __getitem__(self, index: int) -> CopyRange: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[CopyRange]: ...
-
-    def __getitem__(self, index: int | slice) -> CopyRange | list[CopyRange]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        shard = self._shard
-        source = shard.files[shard.range_files[index]]
-        return CopyRange(
-            source.path,
-            shard.range_src_offsets[index],
-            shard.range_dst_offsets[index],
-            shard.range_lengths[index],
-            source.identity,
-            source.folder,
-            source.location,
-        )
-
-    def __iter__(self) -> Iterator[CopyRange]:
-        return (self[index] for index in range(len(self)))
-
-
 @dataclass
 class Shard:
     """One destination weights file: its path, the location stored in the model, its size and its content.
 
-    File-to-file copies are kept as four columns (source file index into :attr:`files`, source offset, offset in
-    this file, length), one entry per distinct payload, in destination order; :attr:`ranges` shows them as
-    :class:`CopyRange` objects. ``writes`` holds the few payloads written from memory.
+    File-to-file copies are :attr:`ranges`, columns over the plan's source file table (one entry per distinct
+    payload, in destination order); ``writes`` holds the few payloads written from memory.
     """
 
     path: str
     location: str
     files: Sequence[SourceFile] = ()  # the plan's source file table
     size: int = 0
-    range_files: array[int] = field(default_factory=lambda: array("i"))
-    range_src_offsets: array[int] = field(default_factory=lambda: array("q"))
-    range_dst_offsets: array[int] = field(default_factory=lambda: array("q"))
-    range_lengths: array[int] = field(default_factory=lambda: array("q"))
+    ranges: RangeColumns = field(init=False)
     writes: list[tuple[int, bytes]] = field(default_factory=list)  # (offset, bytes) written from memory
     header: bytes = b""  # written at offset 0 before the payloads (a safetensors header), not a payload
 
-    def add_range(self, file_index: int, src_offset: int, dst_offset: int, length: int) -> None:
-        self.range_files.append(file_index)
-        self.range_src_offsets.append(src_offset)
-        self.range_dst_offsets.append(dst_offset)
-        self.range_lengths.append(length)
-
-    @property
-    def ranges(self) -> Sequence[CopyRange]:
-        """The file-to-file copies, in destination order."""
-        return _Ranges(self)
+    def __post_init__(self) -> None:
+        self.ranges = RangeColumns(self.files)
 
     @property
     def payload_bytes(self) -> int:
-        return sum(self.range_lengths) + sum(len(data) for _, data in self.writes)
+        return self.ranges.total + sum(len(data) for _, data in self.writes)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AlignPlan:
-    """Everything decided before the first byte is written.
+    """Everything decided before the first byte is written (built by keyword: 24 fields).
 
     Per-tensor facts are columns, not objects (``docs/align.md``, design notes): ``sites`` has one byte per tensor
-    of the walk (the writer contract's ``SITE_*`` of :mod:`~onnx_light_ref.io._plan.sites`); the moved tensors
-    (``SITE_MOVED`` or ``SITE_EXTERNALIZED``), in walk order, have their
-    destination in ``move_shards``, ``move_offsets`` and ``move_lengths``, and their kept source ``checksum`` in the
-    sparse ``checksums``. The tensors themselves are found again by walking ``model``, which planning leaves as is.
+    of the walk (the writer contract's ``SITE_*`` of :mod:`~onnx_light_ref.io._plan.sites`) and ``marks`` its
+    :func:`~onnx_light_ref.io._plan.sites.site_mark`; the moved tensors (``SITE_MOVED`` or ``SITE_EXTERNALIZED``),
+    in walk order, have their destination in ``move_shards``,
+    ``move_offsets`` and ``move_lengths``, and their kept source ``checksum`` in the sparse ``checksums``. The
+    tensors themselves are found again by walking ``model``, which planning leaves as is; the writer contract
+    refuses a plan whose marks are not those of that walk (nothing is written with a place given to another tensor).
     """
 
     model: onnx.ModelProto
@@ -183,6 +144,7 @@ class AlignPlan:
     shards: list[Shard]
     files: list[SourceFile]
     sites: bytearray
+    marks: array[int]  # each site's mark (io/_plan/sites.py site_mark): what ties it to the tensor it describes
     move_shards: array[int]
     move_offsets: array[int]
     move_lengths: array[int]
@@ -208,7 +170,12 @@ class AlignPlan:
         """The plan's columns as the writer contract's :class:`~onnx_light_ref.io._plan.sites.SiteColumns` (shared,
         not copied): one kind per site, and per moved tensor its shard, offset and length."""
         columns = SiteColumns.from_columns(
-            self.sites, [shard.path for shard in self.shards], self.move_shards, self.move_offsets, self.move_lengths
+            self.sites,
+            self.marks,
+            [shard.path for shard in self.shards],
+            self.move_shards,
+            self.move_offsets,
+            self.move_lengths,
         )
         columns.checksums = self.checksums
         return columns
@@ -388,31 +355,32 @@ def plan_alignment(
     outputs = [s.path for s in shards] + ([index_file[0]] if index_file else [])
     stale = stale_shards(dst_onnx, dst_weights, outputs, set(sources))
     return AlignPlan(
-        walk.model,
-        walk.stripped,
-        dst_onnx,
-        shards,
-        table.files,
-        walk.sites,
-        placed.shards,
-        placed.offsets,
-        payloads.lengths,
-        walk.checksums,
-        walk.externalized,
-        placed.deduplicated_tensors,
-        placed.deduplicated_bytes,
-        stale,
-        frozenset(sources) | ({src_identity} if src_identity is not None else set()),
-        weights_format,
-        index_file,
-        placed.unaligned,
-        walk.kept_inline,
-        walk.kept_inline_names,
-        dst_weights,
-        scheme,
-        inline_threshold,
-        sources,
-        walk.policy,
+        model=walk.model,
+        stripped=walk.stripped,
+        dst_onnx_path=dst_onnx,
+        shards=shards,
+        files=table.files,
+        sites=walk.sites,
+        marks=walk.marks,
+        move_shards=placed.shards,
+        move_offsets=placed.offsets,
+        move_lengths=payloads.lengths,
+        checksums=walk.checksums,
+        externalized_tensors=walk.externalized,
+        deduplicated_tensors=placed.deduplicated_tensors,
+        deduplicated_bytes=placed.deduplicated_bytes,
+        stale_weights_files=stale,
+        sources=frozenset(sources) | ({src_identity} if src_identity is not None else set()),
+        weights_format=weights_format,
+        index=index_file,
+        unaligned_tensors=placed.unaligned,
+        kept_inline=walk.kept_inline,
+        kept_inline_names=walk.kept_inline_names,
+        weights_base=dst_weights,
+        shard_names=scheme,
+        size_threshold=inline_threshold,
+        source_paths=sources,
+        policy=walk.policy,
     )
 
 
@@ -431,6 +399,7 @@ class SourceWalk:
     onnx_identity: FileIdentity | None  # the .onnx, when its inline payloads are copied out of it
     start: int
     sites: bytearray = field(default_factory=bytearray)
+    marks: array[int] = field(default_factory=lambda: array("q"))  # each site's site_mark
     checksums: dict[int, str] = field(default_factory=dict)
     moved: int = 0
     externalized: int = 0
@@ -484,17 +453,22 @@ def walk_source(
     resolver = LocationResolver(folder)
     policy = site_policy(model, inline_threshold, safetensors=safetensors)  # rule 2 (a checkpoint: no holes)
     walk = SourceWalk(src_onnx, model, stripped, onnx_identity, len(payloads), policy=policy)
-    sites = walk.sites
+    sites, marks = walk.sites, walk.marks
+    file_of: dict[str, int] = {}  # location -> its index in the source table (a few files, many tensors)
     for site in iter_tensors(model):
         tensor = site.tensor
-        if is_external(tensor):
+        marks.append(site_mark(site))
+        if tensor.data_location == _EXTERNAL:
             # Each reference is checked and reduced to columns right away, never kept (docs/align.md).
             ref = parse_external_data(tensor, resolver, label=site.label)
-            identity = ref.identity
-            walk.refs.setdefault(identity, ref)
+            file_index = file_of.get(ref.location)
+            if file_index is None:
+                identity = ref.identity
+                walk.refs.setdefault(identity, ref)
+                file_index = file_of[ref.location] = table.index(ref.path, identity, ref.folder, ref.location)
             if ref.checksum is not None:
                 walk.checksums[len(payloads) - walk.start] = ref.checksum
-            payloads.add_range(table.index(ref.path, identity, ref.folder, ref.location), ref.offset, ref.length)
+            payloads.add_range(file_index, ref.offset, ref.length)
             sites.append(SITE_MOVED)
         elif policy is not None:
             inline = _InlineData.of(tensor, stripped)
@@ -536,6 +510,7 @@ def _walk_delayed(
         walk.delayed_files[file.identity] = file.path
         payloads.add_range(table.index(file.path, file.identity, file.folder, file.location), offset, length)
         walk.sites.append(SITE_MOVED)
+        walk.marks.append(site_mark(site))
         if safetensors:
             walk.named.append(SafetensorsTensor(site.label, site.where, site.dtype, site.shape, length))
 
@@ -636,7 +611,7 @@ def build_shards(
         if file_index < 0:
             shard.writes.append((move_offsets[index], payloads.memory[index]))
         else:
-            shard.add_range(file_index, payloads.offsets[index], move_offsets[index], length)
+            shard.ranges.add(file_index, payloads.offsets[index], move_offsets[index], length)
     return shards
 
 

@@ -1,4 +1,5 @@
-"""A copy from a source range to a destination offset (the plan's unit of work), and how its source is read.
+"""A copy from a source range to a destination offset (the plan's unit of work), how its source is read, and a
+shard's ranges kept as columns (:class:`RangeColumns`: a few bytes per range, not an object).
 
 :func:`open_source` opens a range's source the way every reader must: through the folder held since validation when
 the range is model-relative, and only if it is still the very file (device and inode) that was validated. Planning
@@ -9,7 +10,10 @@ from __future__ import annotations
 
 import errno
 import os
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol, overload
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io._posix import pread_exact
@@ -28,6 +32,114 @@ class CopyRange:
     # When set, the source is opened as src_location relative to this held folder (src_path is for messages only).
     src_folder: ModelFolder | None = None
     src_location: str | None = None
+
+
+class RangeSource(Protocol):
+    """A source file of :class:`RangeColumns`: what a :class:`CopyRange` says of its source."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def identity(self) -> FileIdentity | None: ...
+
+    @property
+    def folder(self) -> ModelFolder | None: ...
+
+    @property
+    def location(self) -> str | None: ...
+
+
+class RangeColumns(Sequence[CopyRange]):
+    """The ranges of one destination file kept as four columns (source index into ``sources``, source offset,
+    destination offset, length): a plan of 100,000 tensors holds a few bytes per range, not an object. It is a
+    sequence of :class:`CopyRange` built on demand; the copy engine reads it merged (:meth:`merged`), the writer
+    contract its total and its sources, without building one object per range."""
+
+    __slots__ = ("dst_offsets", "files", "lengths", "sources", "src_offsets")
+
+    def __init__(self, sources: Sequence[RangeSource]) -> None:
+        self.sources = sources
+        self.files: array[int] = array("i")
+        self.src_offsets: array[int] = array("q")
+        self.dst_offsets: array[int] = array("q")
+        self.lengths: array[int] = array("q")
+
+    def add(self, source: int, src_offset: int, dst_offset: int, length: int) -> None:
+        """Append ``length`` bytes of ``sources[source]`` at ``src_offset``, copied to ``dst_offset``."""
+        self.files.append(source)
+        self.src_offsets.append(src_offset)
+        self.dst_offsets.append(dst_offset)
+        self.lengths.append(length)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @overload
+    def __getitem__(self, index: int) -> CopyRange: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[CopyRange]: ...
+
+    def __getitem__(self, index: int | slice) -> CopyRange | list[CopyRange]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return self._range(self.files[index], self.src_offsets[index], self.dst_offsets[index], self.lengths[index])
+
+    def __iter__(self) -> Iterator[CopyRange]:
+        for row in zip(self.files, self.src_offsets, self.dst_offsets, self.lengths, strict=True):
+            yield self._range(*row)
+
+    @property
+    def total(self) -> int:
+        """Bytes of every range together."""
+        return sum(self.lengths)
+
+    def used_sources(self) -> list[RangeSource]:
+        """The sources some range reads, each once."""
+        return [self.sources[index] for index in sorted(set(self.files))]
+
+    def merged(self) -> Iterator[CopyRange]:
+        """The ranges in destination order, empty ones dropped, those continuing each other (same source, adjacent
+        in both files) joined: what :meth:`RangeCopier.copy` moves, one object per merged range."""
+        files, src, dst, lengths = self.files, self.src_offsets, self.dst_offsets, self.lengths
+        order: Iterable[int] = range(len(lengths))
+        if any(dst[i] > dst[i + 1] for i in range(len(dst) - 1)):
+            order = sorted(order, key=dst.__getitem__)
+        pending: list[int] | None = None  # source, source offset, destination offset, length
+        for index in order:
+            length = lengths[index]
+            if length <= 0:
+                continue
+            if (
+                pending is not None
+                and pending[0] == files[index]
+                and pending[1] + pending[3] == src[index]
+                and pending[2] + pending[3] == dst[index]
+            ):
+                pending[3] += length
+                continue
+            if pending is not None:
+                yield self._range(*pending)
+            pending = [files[index], src[index], dst[index], length]
+        if pending is not None:
+            yield self._range(*pending)
+
+    def _range(self, source: int, src_offset: int, dst_offset: int, length: int) -> CopyRange:
+        file = self.sources[source]
+        return CopyRange(file.path, src_offset, dst_offset, length, file.identity, file.folder, file.location)
+
+
+def ranges_total(ranges: Sequence[CopyRange]) -> int:
+    """Bytes of every range of ``ranges`` together."""
+    return ranges.total if isinstance(ranges, RangeColumns) else sum(item.length for item in ranges)
+
+
+def range_sources(ranges: Sequence[CopyRange]) -> Iterator[tuple[str, FileIdentity | None]]:
+    """The path and identity of the source of every range (of each source once for :class:`RangeColumns`)."""
+    if isinstance(ranges, RangeColumns):
+        return ((source.path, source.identity) for source in ranges.used_sources())
+    return ((item.src_path, item.src_identity) for item in ranges)
 
 
 def read_range(item: CopyRange) -> bytes:

@@ -274,20 +274,34 @@ def _value_name(site: TensorSite) -> str:
     return name if isinstance(name, str) else ""
 
 
+def site_mark(site: ReferenceSite) -> int:
+    """What ties a recorded site to the site it describes: the hash of a tensor's place (unique in its model) and
+    key (its name there), of a ``DelayedInitializer`` node's place and output. Equal when the same model is walked
+    again; a walk that drifted (another order, tensors swapped, a model changed since) gives other marks."""
+    if isinstance(site, TensorSite):
+        return hash((site.place, site.key))
+    return hash((site.where, site.label))
+
+
 class SiteColumns:
     """Every site of one destination model, in :func:`iter_sites` order (its tensors, then its
-    ``DelayedInitializer`` nodes).
+    ``DelayedInitializer`` nodes), each recorded with the site it describes (:meth:`record`).
 
-    One byte per site (``SITE_*``) in :attr:`kinds`; the placed ones (``SITE_MOVED``, ``SITE_EXTERNALIZED``), in
-    walk order, have their file (an index into :attr:`targets`), offset and length in three columns: a few bytes per
+    One byte per site (``SITE_*``) in :attr:`kinds` and its :func:`site_mark` in :attr:`marks`, which the writer
+    contract compares with the model walked again: a plan whose sites drifted from the walk (another order, a
+    model changed after planning) is refused
+    (:class:`~onnx_light_ref.io._write.contract.WriterContractError`), never written with one tensor's place given to
+    another. The placed sites (``SITE_MOVED``, ``SITE_EXTERNALIZED``), in walk
+    order, have their file (an index into :attr:`targets`), offset and length in three columns: a few bytes per
     tensor, not an object (models with 100,000 tensors, ``docs/align.md``); :attr:`checksums` keeps the source
     ``checksum`` entry of the placed tensors that had one (by placed index).
     """
 
-    __slots__ = ("_indices", "checksums", "kinds", "lengths", "offsets", "target", "targets")
+    __slots__ = ("_indices", "checksums", "kinds", "lengths", "marks", "offsets", "target", "targets")
 
     def __init__(self) -> None:
         self.kinds = bytearray()
+        self.marks: array[int] = array("q")
         self.targets: list[str] = []
         self._indices: dict[str, int] = {}
         self.target: array[int] = array("i")
@@ -297,23 +311,29 @@ class SiteColumns:
 
     @classmethod
     def from_columns(
-        cls, kinds: bytearray, targets: list[str], target: array[int], offsets: array[int], lengths: array[int]
+        cls,
+        kinds: bytearray,
+        marks: array[int],
+        targets: list[str],
+        target: array[int],
+        offsets: array[int],
+        lengths: array[int],
     ) -> SiteColumns:
         """Columns a planner already keeps (shared, not copied): ``target`` indexes ``targets``."""
         columns = cls()
-        columns.kinds, columns.targets, columns.target, columns.offsets, columns.lengths = (
-            kinds,
-            targets,
-            target,
-            offsets,
-            lengths,
-        )
+        columns.kinds, columns.marks = kinds, marks
+        columns.targets, columns.target, columns.offsets, columns.lengths = targets, target, offsets, lengths
         columns._indices = {path: index for index, path in enumerate(targets)}
         return columns
 
-    def add(self, kind: int, path: str | None = None, offset: int = 0, length: int = 0) -> None:
-        """Record the next site: a placed one (``SITE_MOVED``/``SITE_EXTERNALIZED``) names its file and range."""
+    def record(self, site: ReferenceSite, kind: int) -> None:
+        """Record the next site of the walk and its kind; a placed one gets its place from :meth:`place`."""
         self.kinds.append(kind)
+        self.marks.append(site_mark(site))
+
+    def add(self, site: ReferenceSite, kind: int, path: str | None = None, offset: int = 0, length: int = 0) -> None:
+        """Record the next site: a placed one (``SITE_MOVED``/``SITE_EXTERNALIZED``) names its file and range."""
+        self.record(site, kind)
         if kind in (SITE_MOVED, SITE_EXTERNALIZED):
             assert path is not None
             self.place(path, offset, length)

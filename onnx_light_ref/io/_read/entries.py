@@ -17,8 +17,7 @@ This module never touches the file system; where a location leads is :mod:`onnx_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from onnx_light_ref.errors import ExternalDataError
 from onnx_light_ref.io._arguments import INT64_MAX
@@ -37,16 +36,16 @@ def is_external(tensor: onnx.TensorProto) -> bool:
     return tensor.data_location == TensorProto.EXTERNAL
 
 
-@dataclass(frozen=True, slots=True)
-class Entries:
-    """A tensor's entries as strings, keys checked; numbers not parsed yet (see :func:`parse_entry_int`)."""
+class Entries(NamedTuple):
+    """A tensor's entries as strings, keys checked; numbers not parsed yet (see :func:`parse_entry_int`). A named
+    tuple: one is built per tensor read."""
 
     values: dict[str, str]
 
     def get(self, key: str) -> str | None:
         return self.values.get(key)
 
-    def __contains__(self, key: str) -> bool:
+    def __contains__(self, key: object) -> bool:
         return key in self.values
 
 
@@ -68,13 +67,15 @@ def read_entries(tensor: onnx.TensorProto, *, label: str) -> Entries:
     values: dict[str, str] = {}
     duplicated: list[str] = []
     unknown: list[str] = []
-    for entry in tensor.external_data:
-        key = entry_text(entry.key, label=label, what="key")
-        value = entry_text(entry.value, label=label, what=f"{key!r} value")
-        if key in values:
-            duplicated.append(key)
-        elif key not in KNOWN_KEYS:
-            unknown.append(key)
+    entries = tensor.external_data
+    for index in range(len(entries)):  # by index: iterating a repeated field costs more than its few entries
+        entry = entries[index]
+        key, value = entry.key, entry.value
+        if type(key) is not str or type(value) is not str:  # protobuf's bytes for a value that is not UTF-8
+            key = entry_text(key, label=label, what="key")
+            value = entry_text(value, label=label, what=f"{key!r} value")
+        if key in values or key not in KNOWN_KEYS:
+            (duplicated if key in values else unknown).append(key)
         values[key] = value
     if duplicated:
         raise ExternalDataError(
@@ -103,7 +104,9 @@ def last_value(tensor: onnx.TensorProto, key: str) -> str | bytes | None:
     which refuses a repeated key.
     """
     found: str | bytes | None = None
-    for entry in tensor.external_data:
+    entries = tensor.external_data
+    for index in range(len(entries)):
+        entry = entries[index]
         name = entry.key
         if (name.decode("utf-8", errors="replace") if isinstance(name, bytes) else name) == key:
             found = entry.value

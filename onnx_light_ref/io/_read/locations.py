@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io._posix import check_single_link
@@ -39,9 +38,9 @@ if TYPE_CHECKING:
     import onnx
 
 
-@dataclass(frozen=True, slots=True)
-class ExternalRef:
-    """One validated external reference: where a tensor's bytes are, already checked against the file."""
+class ExternalRef(NamedTuple):
+    """One validated external reference: where a tensor's bytes are, already checked against the file (a named
+    tuple: a reader builds one per tensor)."""
 
     tensor_name: str
     location: str  # as written in the model
@@ -200,12 +199,13 @@ def expected_nbytes(tensor: onnx.TensorProto, *, label: str | None = None) -> in
     Raises:
         ExternalDataError: a dim is negative.
     """
-    if any(dim < 0 for dim in tensor.dims):
+    dims = tensor.dims
+    if dims and min(dims) < 0:
         raise ExternalDataError(
-            f"tensor {label or _text(tensor.name)!r} has negative dims {list(tensor.dims)}; its byte size is "
+            f"tensor {label or _text(tensor.name)!r} has negative dims {list(dims)}; its byte size is "
             "undefined (dims must be >= 0)."
         )
-    return packed_nbytes(tensor.data_type, math.prod(tensor.dims))
+    return packed_nbytes(tensor.data_type, math.prod(dims))
 
 
 def _text(value: str | bytes) -> str:
@@ -223,9 +223,24 @@ def typed_value_fields(tensor: onnx.TensorProto) -> list[str]:
     return [field for field in TYPED_VALUE_FIELDS if len(getattr(tensor, field))]
 
 
+def _holds_values(tensor: onnx.TensorProto) -> bool:
+    """Whether ``tensor`` carries inline values: ``raw_data`` or a typed field (the one test of every reference)."""
+    return bool(
+        tensor.HasField("raw_data")
+        or len(tensor.float_data)
+        or len(tensor.int32_data)
+        or len(tensor.string_data)
+        or len(tensor.int64_data)
+        or len(tensor.double_data)
+        or len(tensor.uint64_data)
+    )
+
+
 def check_external_structure(tensor: onnx.TensorProto, *, label: str | None = None) -> None:
     """Refuse an EXTERNAL tensor that also carries inline values (``raw_data`` or a typed field such as
     ``float_data``), or that has no ``external_data`` entries: a reader would have to pick one of two values."""
+    if not _holds_values(tensor) and len(tensor.external_data):
+        return
     name = label or _text(tensor.name)
     if tensor.HasField("raw_data"):
         raise ExternalDataError(
@@ -263,13 +278,14 @@ def parse_external_data(
         ExternalDataError: any other malformed entry, a range past the end of the file.
     """
     name = label or _text(tensor.name)
-    check_external_structure(tensor, label=name)
-    raw = read_entries(tensor, label=name)
+    if _holds_values(tensor) or not len(tensor.external_data):
+        check_external_structure(tensor, label=name)  # raises, saying which
+    raw = read_entries(tensor, label=name).values
     location = raw.get("location")
     if location is None:
         raise ExternalDataError(f"tensor {name!r} has no external_data 'location'.")
     offset_text = raw.get("offset")
-    offset = parse_entry_int(offset_text, label=name, key="offset") if offset_text is not None else 0
+    offset = 0 if offset_text is None else _entry_int(offset_text, name, "offset")
     length = _entry_length(tensor, name, raw.get("length"), location)
     resolver = base_dir if isinstance(base_dir, LocationResolver) else LocationResolver(base_dir)
     path, st = resolver.resolve(location, tensor_name=name)
@@ -282,23 +298,22 @@ def parse_external_data(
         key = tensor.name if isinstance(tensor.name, str) else ""  # a non-UTF-8 name is no safetensors key
         file = resolver.safetensors_file(location)
         refuse_disagreeing_reference(file, key, tensor.data_type, tensor.dims, offset, length)
-    return ExternalRef(
-        tensor_name=name,
-        location=location,
-        path=path,
-        offset=offset,
-        length=length,
-        checksum=raw.get("checksum"),
-        file_stat=st,
-        folder=resolver.folder,
-    )
+    return ExternalRef(name, location, path, offset, length, raw.get("checksum"), st, resolver.folder)
+
+
+def _entry_int(text: str, name: str, key: str) -> int:
+    """:func:`~onnx_light_ref.io._read.entries.parse_entry_int`, at once for the usual value (at most 18 ASCII
+    digits: below int64's limit)."""
+    if len(text) <= 18 and text.isascii() and text.isdigit():
+        return int(text)
+    return parse_entry_int(text, label=name, key=key)
 
 
 def _entry_length(tensor: onnx.TensorProto, name: str, text: str | None, location: str) -> int:
     """The ``length`` entry, checked against dims x dtype; or dims x dtype when the entry is absent."""
     expected = expected_nbytes(tensor, label=name)
     if text is not None:
-        length = parse_entry_int(text, label=name, key="length")
+        length = _entry_int(text, name, "length")
         if expected is not None and length != expected:
             raise ExternalDataError(
                 f"tensor {name!r}: external data length {length} (in {location!r}) does not match dims "

@@ -13,6 +13,7 @@ This module never reads external weights and never writes a file: publication is
 from __future__ import annotations
 
 import errno
+import functools
 import importlib
 import os
 import stat
@@ -26,6 +27,8 @@ from onnx_light_ref.io._read.proto import ModelProto
 if TYPE_CHECKING:
     import onnx
 
+_Buffer = bytes | bytearray | memoryview
+
 PROTOBUF_LIMIT = 2**31 - 1
 """Largest message protobuf parses: a ``.onnx`` file above it cannot be loaded whole by anyone."""
 
@@ -36,6 +39,8 @@ _FieldDescriptor: Any = importlib.import_module("google.protobuf.descriptor").Fi
 # Per message type: its string fields and its message fields, each as (name, repeated). Built once per type, so the
 # walk touches only fields that can hold a string (never raw_data nor the typed value arrays).
 _FIELDS: dict[str, tuple[tuple[tuple[str, bool], ...], tuple[tuple[str, bool], ...]]] = {}
+# A model larger than this is checked by the Python walk only: the strict parse would hold a second copy of it.
+_STRICT_PARSE_LIMIT = 64 * 1024 * 1024
 
 
 def not_a_model_file(path: str, st: os.stat_result, otherwise: str) -> str:
@@ -73,6 +78,54 @@ def _fields_of(descriptor: Any) -> tuple[tuple[tuple[str, bool], ...], tuple[tup
     return cached
 
 
+@functools.cache
+def _strict_model_class() -> Any:
+    """``ModelProto``'s schema rebuilt as proto3 in a private descriptor pool: protobuf's parsers refuse a proto3
+    string that is not UTF-8 (onnx's proto2 schema hands it back as ``bytes``). None when this protobuf cannot build
+    it, or does not refuse such a string (tried on one): the Python walk then does the whole check."""
+    try:
+        descriptor_pb2 = importlib.import_module("google.protobuf.descriptor_pb2")
+        descriptor_pool = importlib.import_module("google.protobuf.descriptor_pool")
+        message_factory = importlib.import_module("google.protobuf.message_factory")
+        schema = descriptor_pb2.FileDescriptorProto()
+        ModelProto.DESCRIPTOR.file.CopyToProto(schema)
+        schema.syntax = "proto3"
+        messages = list(schema.message_type)
+        while messages:  # proto3 has no default values (onnx's schema declares none)
+            message = messages.pop()
+            messages.extend(message.nested_type)
+            for field in message.field:
+                field.ClearField("default_value")
+        pool = descriptor_pool.DescriptorPool()
+        pool.Add(schema)
+        strict = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{schema.package}.ModelProto"))
+        valid = ModelProto(producer_name="a").SerializeToString()
+        strict().ParseFromString(valid)
+    except Exception:  # another protobuf: the Python walk checks every string
+        return None
+    try:
+        strict().ParseFromString(valid.replace(b"a", b"\xff"))
+    except _DecodeError:
+        return strict
+    return None  # accepted: this parser does not check UTF-8
+
+
+def _strings_are_utf8(model: Any, data: _Buffer | None) -> bool:
+    """True when every string of ``model`` is UTF-8, checked by :func:`_strict_model_class`'s parser; False when it
+    refused the model (a string at fault, or anything else) or cannot check it: the Python walk decides then."""
+    strict = _strict_model_class()
+    if strict is None:
+        return False
+    size = len(data) if data is not None else model.ByteSize()
+    if size > _STRICT_PARSE_LIMIT:
+        return False
+    try:
+        strict().ParseFromString(data if data is not None else model.SerializeToString())
+    except Exception:  # whatever the strict parse refuses, the walk names (or accepts)
+        return False
+    return True
+
+
 def _first_non_utf8(message: Any, path: str) -> tuple[str, bytes] | None:
     strings, messages = _fields_of(message.DESCRIPTOR)
     for name, repeated in strings:
@@ -99,16 +152,25 @@ def _first_non_utf8(message: Any, path: str) -> tuple[str, bytes] | None:
     return None
 
 
-def check_model_strings(model: onnx.ModelProto, *, what: str = "the model") -> None:
+def check_model_strings(model: onnx.ModelProto, *, what: str = "the model", data: _Buffer | None = None) -> None:
     """Refuse a model with a string field that is not UTF-8 (a tensor name, a ``location``, a node name...).
+
+    protobuf's C parser checks every string of a proto3 message: the model (or ``data``, its serialized bytes, when
+    the caller has them) is parsed once more as :func:`_strict_model_class`, which fails on the first non-UTF-8
+    string, in C. Only then (or for a model above :data:`_STRICT_PARSE_LIMIT`, whose second parse would cost its
+    size in memory) are the fields walked in Python, to name the one at fault: a model of 100,000 tensors costs
+    0.1 s instead of 1 s.
 
     Args:
         model: the parsed model.
         what: how to name the model in the message (e.g. its path).
+        data: the bytes ``model`` was parsed from, if the caller holds them (spares serializing it again).
 
     Raises:
         InvalidModelError: naming the first such field (e.g. ``graph.initializer[3].name``) and its bytes.
     """
+    if _strings_are_utf8(model, data):
+        return
     found = _first_non_utf8(model, "model")
     if found is not None:
         field, value = found
@@ -195,5 +257,5 @@ def load_model_metadata(path: str, *, check_strings: bool = True, folder: ModelF
     if not model.HasField("graph"):
         raise InvalidModelError(f"{path!r} is not a valid ONNX model (it has no graph; truncated or not ONNX?).")
     if check_strings:
-        check_model_strings(model, what=repr(path))
+        check_model_strings(model, what=repr(path), data=data)
     return model

@@ -107,9 +107,9 @@ _FUNCTION_DEFAULT_KINDS: tuple[TensorKind, TensorKind, TensorKind] = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class TensorSite:
-    """A tensor and its place in the model.
+class TensorSite(NamedTuple):
+    """A tensor and its place in the model (a named tuple: a walk builds one per tensor, 100,000 of them for a
+    mixture-of-experts export, and a frozen dataclass cost four times as much to build).
 
     ``container`` is the GraphProto or FunctionProto that holds it; ``node`` the node whose attribute holds it (None
     for initializers and function default attributes); ``where`` a readable path such as
@@ -332,12 +332,23 @@ def _iter_nodes(
     loads: _Loads,
 ) -> Iterator[TensorSite]:
     nodes = list(nodes)
-    shared_names = {name for name, count in Counter(node.name for node in nodes if node.name).items() if count > 1}
+    names = [node.name for node in nodes]
+    shared_names = {name for name, count in Counter(name for name in names if name).items() if count > 1}
     seen: Counter[str] = Counter()
     for index, node in enumerate(nodes):
-        node_where = f"{where} / node {node.name or f'#{index}'!r} ({node.op_type})"
-        holder = _Holder(container, node, scope, path, _node_key(index, node.name, shared_names, seen), loads)
+        name = names[index]
+        occurrence = 0
+        if name in shared_names:  # counted on every node of that name, tensors or not
+            occurrence = seen[name]
+            seen[name] += 1
+        holder: _Holder | None = None
         for attribute_index, attribute in enumerate(node.attribute):
+            if not _holds_tensors(attribute):  # most attributes (ints, strings): no site, nothing built for them
+                continue
+            if holder is None:
+                node_where = f"{where} / node {name or f'#{index}'!r} ({node.op_type})"
+                node_part = _node_key(index, name, name in shared_names, occurrence)
+                holder = _Holder(container, node, scope, path, node_part, loads)
             yield from _iter_attribute(
                 holder,
                 attribute,
@@ -346,16 +357,28 @@ def _iter_nodes(
             )
 
 
-def _node_key(index: int, name: str, shared_names: set[str], seen: Counter[str]) -> tuple[object, ...]:
+def _holds_tensors(attribute: onnx.AttributeProto) -> bool:
+    """Whether an attribute holds a tensor or a graph, whatever its ``type`` says (onnx's loader reads ``t`` and
+    ``tensors`` of any attribute)."""
+    return bool(
+        attribute.HasField("t")
+        or attribute.HasField("g")
+        or attribute.HasField("sparse_tensor")
+        or len(attribute.tensors)
+        or len(attribute.graphs)
+        or len(attribute.sparse_tensors)
+    )
+
+
+def _node_key(index: int, name: str, shared: bool, occurrence: int) -> tuple[object, ...]:
     """How a key names a node: by name; an unnamed node by its index (reordering unnamed nodes changes their keys);
     a name several nodes of the container share by the name and its occurrence (the first 'k', the second 'k'...),
     so that a tensor moved between two same-named nodes changes its key."""
     if not name:
         return ("node #", index)
-    if name not in shared_names:
+    if not shared:
         return ("node", name)
-    seen[name] += 1
-    return ("node", name, seen[name] - 1)
+    return ("node", name, occurrence)
 
 
 def _iter_attribute(

@@ -22,11 +22,12 @@ right before the first move. No writer decides any of these in its own body:
   publication never deletes it;
 * rule 2, every reference of a written model is a site of its plan, is external only where onnx loads it back and
   sits where every loader reads it (:mod:`~onnx_light_ref.io._plan.sites`): the model's tensors and its
-  ``DelayedInitializer`` nodes are walked and must match the plan's sites one for one; every site the plan
+  ``DelayedInitializer`` nodes are walked and must match the plan's sites one for one, each site recorded with the
+  very site it describes (a plan that drifted from the walk is refused); every site the plan
   externalizes is one :meth:`SitePolicy.decide <onnx_light_ref.io._plan.sites.SitePolicy.decide>` allows, every
   placed site passes :func:`~onnx_light_ref.io._plan.sites.may_sit` in a planned or referenced file, and every
   reference the plan keeps names a planned or referenced file from the destination's folder (a writer violating it
-  is a bug: ``AssertionError``, nothing written);
+  is a bug: :class:`WriterContractError`, an ``AssertionError``, nothing written);
 * rule 3, replace only what the destination owns (:mod:`~onnx_light_ref.io._write.ownership`, or the very file a
   writer showed is its own: :attr:`PlannedFile.replaces`): any other existing file is refused, all of them named at
   once (``ExistingFileError``), unless ``overwrite``; a file rule 1 found
@@ -53,7 +54,7 @@ import onnx
 
 from onnx_light_ref.errors import ExistingFileError, SafetensorsError, SharedWeightsError
 from onnx_light_ref.io._plan.destinations import DestinationKey, check_output_files, weights_location
-from onnx_light_ref.io._plan.ranges import CopyRange
+from onnx_light_ref.io._plan.ranges import CopyRange, range_sources, ranges_total
 from onnx_light_ref.io._plan.sites import (
     SITE_EXTERNALIZED,
     SITE_INLINE,
@@ -63,7 +64,9 @@ from onnx_light_ref.io._plan.sites import (
     SiteColumns,
     SitePolicy,
     iter_sites,
+    may_sit,
     placement_problem,
+    site_mark,
 )
 from onnx_light_ref.io._read.delayed_names import DELAYED_OP_TYPE
 from onnx_light_ref.io._read.delayed_nodes import DelayedSite
@@ -71,9 +74,17 @@ from onnx_light_ref.io._read.entries import is_external, last_value
 from onnx_light_ref.io._read.locations import FileIdentity
 from onnx_light_ref.io._read.safetensors_header import MAX_HEADER_SIZE, SIZE_PREFIX
 from onnx_light_ref.io._read.sharing import ModelReference, SharingScan, UnreadableModel, file_key, scan_users
-from onnx_light_ref.io._read.walker import TensorSite
+from onnx_light_ref.io._read.walker import TensorSite, describe_place
 from onnx_light_ref.io._read.wire import StrippedModel
 from onnx_light_ref.io._write.ownership import Ownership, ReferenceCache, ShardSet
+
+
+class WriterContractError(AssertionError):
+    """A writer's plan breaks rule 2 of the writer contract (``docs/safety.md``): a reference of the model has no
+    site, the sites drifted from the model's walk (another order, a model changed after planning), a site is placed
+    where no loader reads it, or externalized where rule 2 keeps it inline. A bug in the writer, never in the
+    model: an ``AssertionError``, and nothing was written."""
+
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +134,7 @@ class PlannedFile:
     @property
     def payload_bytes(self) -> int:
         """Bytes copied or written into it (the header and gaps excluded)."""
-        return sum(item.length for item in self.ranges) + sum(payload_length(data) for _, data in self.writes)
+        return ranges_total(self.ranges) + sum(payload_length(data) for _, data in self.writes)
 
 
 def payload_length(data: Payload) -> int:
@@ -219,9 +230,9 @@ class WritePlan:
         """Every file the job reads, by identity: what no output may be, and what no sweep may remove."""
         found = dict(self.reads)
         for planned in self.files:
-            for item in planned.ranges:
-                if item.src_identity is not None:
-                    found.setdefault(item.src_identity, item.src_path)
+            for path, identity in range_sources(planned.ranges):
+                if identity is not None:
+                    found.setdefault(identity, path)
         for referenced in self.referenced:
             if referenced.identity is not None:
                 found.setdefault(referenced.identity, referenced.why or referenced.path)
@@ -241,7 +252,7 @@ def check_plan(plan: WritePlan) -> list[list[ReferenceSite]]:
         plan: the complete plan; :attr:`WritePlan.protected` is set.
 
     Returns:
-        Each model's sites, walked (:func:`check_sites`).
+        Each model's placed sites, walked (:func:`check_sites`).
 
     Raises:
         UnsafeLocationError: a file a model points into is outside its folder or reached through a symlink.
@@ -249,7 +260,7 @@ def check_plan(plan: WritePlan) -> list[list[ReferenceSite]]:
         DestinationConflictError: an output is a source, another output, a directory, or a name too long.
         SharedWeightsError: an existing output another model references (without ``replace_shared``).
         ExistingFileError: existing outputs the destination does not own (without ``overwrite``).
-        AssertionError: a writer's plan misses a site, or places a tensor where rule 2 forbids it (a bug; nothing
+        WriterContractError: a writer's plan misses a site, or places a tensor where rule 2 forbids it (a bug; nothing
             written).
         SafetensorsError: a safetensors file's header above the library's limit (rule 4).
         Exception: what a writer's own rule 4 check raises.
@@ -362,95 +373,164 @@ def _source_names(plan: WritePlan) -> dict[DestinationKey, str]:
 
 
 def check_sites(plan: WritePlan, model: PlannedModel) -> list[ReferenceSite]:
-    """Rule 2 over one model: its references match its sites one for one, what was externalized may be, every placed
-    range sits where it may, and every kept reference names a planned or referenced file.
+    """Rule 2 over one model: its references match its sites one for one (each site recorded with the very site
+    of the model's walk it describes: :func:`~onnx_light_ref.io._plan.sites.site_mark`), what was externalized may
+    be, every placed range sits where it may, and every kept reference names a planned or referenced file.
+
+    One walk of the model; what depends on a file (its size, whether the plan writes or checked it) is looked up
+    once per file, not per site.
 
     Returns:
-        The model's sites, walked (the executor points the placed ones).
+        The model's placed sites, walked, in order (the executor points them).
 
     Raises:
-        AssertionError: the plan and the model disagree, or a site breaks rule 2 (a writer bug; nothing written).
+        WriterContractError: the plan and the model disagree, or a site breaks rule 2 (a writer bug; nothing
+            written).
     """
     sites = model.sites
-    files = {os.path.normpath(f.path): (f.size, f.data_start) for f in plan.files}
-    files.update({os.path.normpath(f.path): (f.size, f.data_start) for f in plan.referenced if f.size is not None})
-    known = set(files) | {os.path.normpath(f.path) for f in plan.referenced}
-    known_ids = {f.identity for f in plan.referenced if f.identity is not None}
+    kinds, marks = sites.kinds, sites.marks
+    if len(marks) != len(kinds):
+        raise WriterContractError(
+            f"{plan.writer}: {model.path!r}: {len(kinds)} sites planned, {len(marks)} recorded with the site of the "
+            "model they describe: a site recorded without its walk cannot be checked against the model; nothing "
+            "written."
+        )
     policy = model.policy
-    if SITE_EXTERNALIZED in sites.kinds and (
+    if SITE_EXTERNALIZED in kinds and (
         policy is None or policy.model is not model.proto or policy.size_threshold != model.size_threshold
     ):
         policy = SitePolicy(model.proto, model.size_threshold)
-    walked = list(iter_sites(model.proto))
-    if len(walked) != len(sites.kinds):
-        raise AssertionError(
-            f"{plan.writer}: {model.path!r} has {len(walked)} references (tensors and {DELAYED_OP_TYPE} nodes), its "
-            f"plan {len(sites.kinds)} sites: every reference must be a site of the plan; nothing written."
-        )
-    folder = os.path.dirname(os.path.abspath(model.path))
-    placed = 0
-    for site, kind in zip(walked, sites.kinds, strict=True):
-        label = site.label
+    places = _Places(plan, sites.targets)
+    kept = _KeptReferences(plan, model)
+    placed: list[ReferenceSite] = []
+    drift: ReferenceSite | None = None
+    count = len(kinds)
+    walked = 0
+    for index, site in enumerate(iter_sites(model.proto)):
+        walked += 1
+        if index >= count or drift is not None:
+            continue  # counted for the message below
+        if site_mark(site) != marks[index]:
+            drift = site
+            continue
+        kind = kinds[index]
         if kind in (SITE_MOVED, SITE_EXTERNALIZED):
-            path, offset, length = sites.place_of(placed)
-            placed += 1
-            if os.path.normpath(path) not in known:
-                raise AssertionError(
-                    f"{plan.writer}: {label!r} is placed in {path!r}, which the plan neither writes nor references; "
-                    "nothing written."
-                )
-            size, data_start = files.get(os.path.normpath(path), (None, 0))
-            problem = placement_problem(offset, length, size, data_start=data_start) if size is not None else None
-            if problem is not None:
-                raise AssertionError(f"{plan.writer}: {label!r} in {path!r}: {problem}; nothing written.")
+            if len(placed) >= sites.placed:
+                continue  # reported below: more placed sites than places
+            places.check(site, len(placed), sites)
             if kind == SITE_EXTERNALIZED and policy is not None and isinstance(site, TensorSite):
-                decision = policy.decide(site, length)
+                decision = policy.decide(site, sites.lengths[len(placed)])
                 if not decision.external:
-                    raise AssertionError(
-                        f"{plan.writer}: tensor {label!r} was made external although rule 2 keeps it inline "
+                    raise WriterContractError(
+                        f"{plan.writer}: tensor {site.label!r} was made external although rule 2 keeps it inline "
                         f"({decision.reason or 'below the size threshold'}); nothing written."
                     )
+            placed.append(site)
         _check_site_kind(plan, model, site, kind)
         if kind == SITE_KEPT:
-            named = _kept_reference(site, folder)
-            if named is not None and os.path.normpath(named) not in known and file_key(named) not in known_ids:
-                raise AssertionError(
-                    f"{plan.writer}: {label!r} of {model.path!r} would read {named!r}, which the plan neither writes "
-                    "nor checked as a referenced file: the model would read a file its writer cannot vouch for; "
-                    "nothing written."
-                )
-    if placed != sites.placed:
-        raise AssertionError(f"{model.path!r}: {sites.placed} placed sites planned, {placed} found; nothing written.")
-    return walked
+            kept.check(site)
+    if walked != count:
+        raise WriterContractError(
+            f"{plan.writer}: {model.path!r} has {walked} references (tensors and {DELAYED_OP_TYPE} nodes), its "
+            f"plan {count} sites: every reference must be a site of the plan; nothing written."
+        )
+    if drift is not None:
+        raise WriterContractError(
+            f"{plan.writer}: {model.path!r}: the plan's sites drifted from the model's walk at "
+            f"{_describe_site(drift)}: the site recorded there is another one (recorded in another order, or the "
+            "model changed after planning), so a place would go to the wrong tensor; nothing written."
+        )
+    if len(placed) != sites.placed:
+        raise WriterContractError(
+            f"{model.path!r}: {sites.placed} placed sites planned, {len(placed)} found; nothing written."
+        )
+    return placed
+
+
+def _describe_site(site: ReferenceSite) -> str:
+    if isinstance(site, DelayedSite):
+        return f"{DELAYED_OP_TYPE} node {site.label!r} ({site.where})"
+    return f"tensor {site.label!r} ({describe_place(site.place)})"
+
+
+class _Places:
+    """What rule 2 needs of each file a model's placed sites point into, looked up once per file: whether the plan
+    writes or checked it, its size and first usable byte."""
+
+    def __init__(self, plan: WritePlan, targets: Sequence[str]) -> None:
+        self.plan = plan
+        files = {os.path.normpath(f.path): (f.size, f.data_start) for f in plan.files}
+        files.update({os.path.normpath(f.path): (f.size, f.data_start) for f in plan.referenced if f.size is not None})
+        known = set(files) | {os.path.normpath(f.path) for f in plan.referenced}
+        self.targets = targets
+        self.facts = [(os.path.normpath(t) in known, *files.get(os.path.normpath(t), (None, 0))) for t in targets]
+
+    def check(self, site: ReferenceSite, placed: int, sites: SiteColumns) -> None:
+        target = sites.target[placed]
+        known, size, data_start = self.facts[target]
+        if not known:
+            raise WriterContractError(
+                f"{self.plan.writer}: {site.label!r} is placed in {self.targets[target]!r}, which the plan neither "
+                "writes nor references; nothing written."
+            )
+        if size is None:
+            return
+        offset, length = sites.offsets[placed], sites.lengths[placed]
+        if not may_sit(offset, length, size, data_start=data_start):
+            problem = placement_problem(offset, length, size, data_start=data_start)
+            raise WriterContractError(
+                f"{self.plan.writer}: {site.label!r} in {self.targets[target]!r}: {problem}; nothing written."
+            )
+
+
+class _KeptReferences:
+    """Rule 2 for kept references: each names a file the plan writes or checked (looked up once per name)."""
+
+    def __init__(self, plan: WritePlan, model: PlannedModel) -> None:
+        self.plan = plan
+        self.model = model
+        self.folder = os.path.dirname(os.path.abspath(model.path))
+        self.known = {os.path.normpath(f.path) for f in plan.files}
+        self.known.update(os.path.normpath(f.path) for f in plan.referenced)
+        self.known_ids = {f.identity for f in plan.referenced if f.identity is not None}
+        self.vouched: set[str | bytes] = set()
+
+    def check(self, site: ReferenceSite) -> None:
+        if isinstance(site, DelayedSite):
+            name: str | bytes | None = site.filename
+        else:
+            name = last_value(site.tensor, "location")
+        if not name or name in self.vouched:
+            return
+        named = os.path.normpath(os.path.join(self.folder, name if isinstance(name, str) else os.fsdecode(name)))
+        if named not in self.known and file_key(named) not in self.known_ids:
+            raise WriterContractError(
+                f"{self.plan.writer}: {site.label!r} of {self.model.path!r} would read {named!r}, which the plan "
+                "neither writes nor checked as a referenced file: the model would read a file its writer cannot "
+                "vouch for; nothing written."
+            )
+        self.vouched.add(name)
 
 
 def _check_site_kind(plan: WritePlan, model: PlannedModel, site: ReferenceSite, kind: int) -> None:
     """A site's kind agrees with what the model holds there; no payload placeholder is left in an inline one."""
     if isinstance(site, DelayedSite):
         if kind not in (SITE_KEPT, SITE_MOVED):
-            raise AssertionError(f"{plan.writer}: {DELAYED_OP_TYPE} node {site.label!r} planned as kind {kind}.")
+            raise WriterContractError(f"{plan.writer}: {DELAYED_OP_TYPE} node {site.label!r} planned as kind {kind}.")
         return
     external = is_external(site.tensor)
     if kind == SITE_INLINE and external:
-        raise AssertionError(f"{plan.writer}: tensor {site.label!r} is external but planned inline; nothing written.")
+        raise WriterContractError(
+            f"{plan.writer}: tensor {site.label!r} is external but planned inline; nothing written."
+        )
     if kind == SITE_KEPT and not external:
-        raise AssertionError(f"{plan.writer}: tensor {site.label!r} is inline but planned as kept; nothing written.")
+        raise WriterContractError(
+            f"{plan.writer}: tensor {site.label!r} is inline but planned as kept; nothing written."
+        )
     placeholders = model.placeholders
     if kind in (SITE_INLINE, SITE_KEPT) and placeholders is not None and placeholders.payload(site.tensor) is not None:
         # A placeholder left in the output would be read as the tensor's data by every loader: never publish one.
-        raise AssertionError(f"tensor {site.label!r} still holds a payload placeholder; nothing published.")
-
-
-def _kept_reference(site: ReferenceSite, folder: str) -> str | None:
-    """The file a kept reference names, as a path from the destination model's folder."""
-    if isinstance(site, DelayedSite):
-        name = site.filename
-    else:
-        value = last_value(site.tensor, "location")
-        name = value if isinstance(value, str) or value is None else os.fsdecode(value)
-    if not name:
-        return None
-    return os.path.normpath(os.path.join(folder, name))
+        raise WriterContractError(f"tensor {site.label!r} still holds a payload placeholder; nothing published.")
 
 
 def _removable(plan: WritePlan) -> dict[str, FileIdentity]:

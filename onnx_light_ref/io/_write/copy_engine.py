@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from onnx_light_ref.errors import ExternalDataError
-from onnx_light_ref.io._plan.ranges import CopyRange, open_source
+from onnx_light_ref.io._plan.ranges import CopyRange, RangeColumns, open_source
 from onnx_light_ref.io._posix import pread_exact, pwrite_all
 from onnx_light_ref.io._write.space import shared_extent_bytes
 from onnx_light_ref.io._write.writeback import DEFAULT_STRETCH, WritebackPacer
@@ -70,6 +70,14 @@ _ALL_METHODS: tuple[CopyMethod, ...] = get_args(CopyMethod)
 
 _FICLONERANGE = 0x4020940D  # _IOW(0x94, 13, struct file_clone_range)
 _CLONE_RANGE = struct.Struct("=qQQQ")  # src_fd, src_offset, src_length, dest_offset
+
+
+def _merged_with_total(ranges: Sequence[CopyRange]) -> tuple[Iterator[CopyRange], int]:
+    """``ranges`` merged in destination order (:func:`_merged`), and their total length."""
+    if isinstance(ranges, RangeColumns):
+        return ranges.merged(), ranges.total
+    ordered, total = _in_destination_order(ranges)
+    return _merged(ordered), total
 
 
 def merge_ranges(ranges: Iterable[CopyRange]) -> list[CopyRange]:
@@ -266,7 +274,7 @@ class RangeCopier:
         if "copy_file_range" not in self.methods or not self._destination_clones():
             return 0
         total = 0
-        for item in _merged(_in_destination_order(ranges)[0]):
+        for item in _merged_with_total(ranges)[0]:
             src_fd, src_dev = self._open_source(item)
             if self._can_clone(src_fd, src_dev):
                 total += _clonable_part(item.src_offset, item.dst_offset, item.length, self._block)[1]
@@ -293,9 +301,9 @@ class RangeCopier:
             ExternalDataError: A source was replaced after validation, or ended before its range.
             OSError: A real I/O error (EIO, ENOSPC, ...), from the copy or from starting writeback.
         """
-        ordered, total = _in_destination_order(ranges)
+        merged, total = _merged_with_total(ranges)
         done = 0
-        for item in _merged(ordered):
+        for item in merged:
             src_fd, src_dev = self._open_source(item)
             disabled = self._disabled.setdefault((src_dev, self._dst_dev), set())
             position = 0
