@@ -35,6 +35,7 @@ class PreadWorker:
         self._request: tuple[int, memoryview, int] | None = None
         self._outcome: int | BaseException = 0
         self._busy = False  # a read was started and its result not taken yet
+        self._done = False  # the read started last has finished (its outcome is in _outcome)
         self._closing = False
         self._thread: threading.Thread | None = None
 
@@ -52,7 +53,7 @@ class PreadWorker:
         with self._lock:
             if self._busy or self._closing:
                 raise RuntimeError("PreadWorker.start: a read is in flight or the worker is closed")
-            self._request, self._busy = (fd, view, offset), True
+            self._request, self._busy, self._done = (fd, view, offset), True, False
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, name=THREAD_NAME, daemon=True)
                 self._thread.start()
@@ -64,9 +65,9 @@ class PreadWorker:
         The wait is interruptible (Ctrl-C raises ``KeyboardInterrupt`` here); :meth:`close` then waits for the read.
         """
         with self._lock:
-            while self._busy:
+            while self._busy and not self._done:
                 self._lock.wait()
-            outcome, self._outcome = self._outcome, 0
+            outcome, self._outcome, self._busy = self._outcome, 0, False
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
@@ -95,5 +96,5 @@ class PreadWorker:
             except BaseException as exc:  # handed over to the caller's thread by result()
                 outcome = exc
             with self._lock:
-                self._outcome, self._busy = outcome, False
+                self._outcome, self._done = outcome, True
                 self._lock.notify_all()

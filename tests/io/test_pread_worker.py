@@ -116,3 +116,31 @@ def test_a_second_read_before_the_first_result_and_a_read_after_close_are_refuse
             worker.start(fd, memoryview(bytearray(4)), 0)
     finally:
         os.close(fd)
+
+
+def test_a_second_read_is_refused_even_when_the_first_has_finished(data, monkeypatch):
+    """The result of a finished read is still the caller's to take: a new read before it is refused (it was accepted
+    when the thread had finished first, a race that failed the test above under load)."""
+    path, _ = data
+    finished = threading.Event()
+
+    def read_then_signal(fd: int, view: memoryview, offset: int) -> int:
+        got = pread_exact(fd, view, offset)
+        finished.set()
+        return got
+
+    monkeypatch.setattr(_pread_worker, "pread_exact", read_then_signal)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with PreadWorker() as worker:
+            worker.start(fd, memoryview(bytearray(4)), 0)
+            assert finished.wait(10)
+            while worker_threads() and not worker._done:  # the thread records its outcome right after the read
+                threading.Event().wait(0.001)
+            with pytest.raises(RuntimeError, match="a read is in flight or the worker is closed"):
+                worker.start(fd, memoryview(bytearray(4)), 0)
+            assert worker.result() == 4
+            worker.start(fd, memoryview(bytearray(4)), 4)  # once taken, the next read is accepted
+            assert worker.result() == 4
+    finally:
+        os.close(fd)
