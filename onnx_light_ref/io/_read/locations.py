@@ -365,7 +365,8 @@ def _parse_canonical(tensor: onnx.TensorProto, resolver: LocationResolver, label
         return None
     if check_safetensors:
         refuse_disagreeing_reference(resolver.safetensors_file(location), name, data_type, dims, offset, length)
-    return ExternalRef(label or name, location, path, offset, length, checksum, st, folder)
+    # Built as a tuple with every field given: ExternalRef(...) runs the named tuple's Python-level __new__.
+    return tuple.__new__(ExternalRef, (label or name, location, path, offset, length, checksum, st, folder))
 
 
 def _entry_int(text: str, name: str, key: str) -> int:
