@@ -10,9 +10,11 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
+from onnx_light_ref.errors import ExternalDataError, SafetensorsReferenceError, UnsafeLocationError
 from onnx_light_ref.io._read.locations import (
     LocationResolver,
+    _parse_canonical,
+    _parse_full,
     check_location_syntax,
     check_not_hard_linked,
     expected_nbytes,
@@ -249,3 +251,132 @@ def test_a_key_given_twice_is_refused_by_every_reader_naming_what_onnx_reads(tmp
     # The sharing guard (another model's references): the file onnx reads is among them.
     references = read_references(path)
     assert references is not None and file_key(str(tmp_path / shown)) in references
+
+
+def _not_utf8(tensor: onnx.TensorProto, marker: bytes) -> onnx.TensorProto:
+    """``tensor`` with the text ``marker`` replaced by as many bytes that are not UTF-8 (protobuf then hands back
+    ``bytes`` for that string)."""
+    hostile = onnx.TensorProto()
+    hostile.ParseFromString(tensor.SerializeToString().replace(marker, b"\xff" * len(marker)))
+    return hostile
+
+
+def _with(tensor: onnx.TensorProto, **fields) -> onnx.TensorProto:
+    """``tensor`` with ``fields`` set (a list extends a repeated field, None clears the field)."""
+    for name, value in fields.items():
+        if value is None:
+            tensor.ClearField(name)
+        elif isinstance(value, list):
+            getattr(tensor, name).extend(value)
+        else:
+            setattr(tensor, name, value)
+    return tensor
+
+
+CANONICAL = {"location": "w.bin", "offset": "16", "length": "16"}
+_FAST_CASES = {
+    "canonical": external_tensor(CANONICAL),
+    "checksum": external_tensor({**CANONICAL, "checksum": "abc"}),
+    "leading zeros": external_tensor({"location": "w.bin", "offset": "0016", "length": "016"}),
+    "range ending at the end": external_tensor({"location": "w.bin", "offset": "48", "length": "16"}),
+    "two dims": external_tensor(CANONICAL, dims=(2, 2)),
+    "int4 packed": external_tensor({**CANONICAL, "length": "3"}, dims=(5,), data_type=onnx.TensorProto.INT4),
+    "empty name set": _with(external_tensor(CANONICAL), name=""),
+}
+_SLOW_CASES = {
+    "key order": external_tensor({"offset": "16", "location": "w.bin", "length": "16"}),
+    "missing length": external_tensor({"location": "w.bin", "offset": "16"}),
+    "missing offset": external_tensor({"location": "w.bin", "length": "16"}),
+    "only location": external_tensor({"location": "w.bin"}),
+    "no entries": external_tensor({}),
+    "unknown fourth key": external_tensor({**CANONICAL, "basepath": "x"}),
+    "checksum then more": external_tensor({**CANONICAL, "checksum": "a", "length ": "1"}),
+    "plus sign": external_tensor({**CANONICAL, "offset": "+16"}),
+    "minus zero": external_tensor({**CANONICAL, "offset": "-0"}),
+    "space": external_tensor({**CANONICAL, "length": "16 "}),
+    "underscore": external_tensor({**CANONICAL, "length": "1_6"}),
+    "arabic-indic digits": external_tensor({**CANONICAL, "length": "\u0661\u0666"}),
+    "fullwidth digits": external_tensor({**CANONICAL, "offset": "\uff11\uff16"}),
+    "superscript digit": external_tensor({**CANONICAL, "offset": "\u00b9"}),
+    "empty number": external_tensor({**CANONICAL, "offset": ""}),
+    "19 digits": external_tensor({**CANONICAL, "offset": "0000000000000000016"}),
+    "above int64": external_tensor({**CANONICAL, "offset": "99999999999999999999"}),
+    "18 digits past the end": external_tensor({**CANONICAL, "offset": "999999999999999999"}),
+    "past the end": external_tensor({**CANONICAL, "offset": "56"}),
+    "length disagrees": external_tensor({**CANONICAL, "length": "12"}),
+    "negative dims": external_tensor(CANONICAL, dims=(-4,)),
+    "two negative dims": external_tensor(CANONICAL, dims=(-2, -2)),
+    "scalar": external_tensor({**CANONICAL, "length": "4"}, dims=()),
+    "string type": external_tensor(CANONICAL, data_type=onnx.TensorProto.STRING),
+    "undefined type": external_tensor(CANONICAL, data_type=onnx.TensorProto.UNDEFINED),
+    "unknown type": external_tensor(CANONICAL, data_type=999),
+    "raw_data": _with(external_tensor(CANONICAL), raw_data=bytes(16)),
+    "empty raw_data": _with(external_tensor(CANONICAL), raw_data=b""),
+    "float_data": _with(external_tensor(CANONICAL), float_data=[1.0]),
+    "int64_data": _with(external_tensor(CANONICAL), int64_data=[1]),
+    "string_data": _with(external_tensor(CANONICAL), string_data=[b"x"]),
+    "doc_string": _with(external_tensor(CANONICAL), doc_string="d"),
+    "name unset": _with(external_tensor(CANONICAL), name=None),
+    "location not UTF-8": _not_utf8(external_tensor({**CANONICAL, "location": "w~~.bin"}), b"w~~"),
+    "offset not UTF-8": _not_utf8(external_tensor({**CANONICAL, "offset": "1~"}), b"1~"),
+    "key not UTF-8": _not_utf8(external_tensor({"lo~~tion": "w.bin", "offset": "16", "length": "16"}), b"lo~~"),
+    "checksum not UTF-8": _not_utf8(external_tensor({**CANONICAL, "checksum": "c~~"}), b"c~~"),
+    "name not UTF-8": _not_utf8(_with(external_tensor(CANONICAL), name="n~~"), b"n~~"),
+    "location never resolved": external_tensor({**CANONICAL, "location": "other.bin"}),
+    "location missing": external_tensor({**CANONICAL, "location": "missing.bin"}),
+    "location unsafe": external_tensor({**CANONICAL, "location": "../w.bin"}),
+}
+_SLOW_CASES["duplicated location"] = external_tensor(CANONICAL)
+_SLOW_CASES["duplicated location"].external_data.add(key="location", value="w.bin")
+_SLOW_CASES["duplicated offset"] = external_tensor({**CANONICAL, "offset": "16"})
+_SLOW_CASES["duplicated offset"].external_data.add(key="offset", value="0")
+
+
+def _outcome(parse, tensor, resolver, label):
+    """What ``parse`` gives: the reference, or the exception's type and message."""
+    try:
+        return parse(tensor, resolver, label)
+    except (ExternalDataError, OSError) as error:
+        return type(error), str(error)
+
+
+@pytest.mark.parametrize("label", [None, "site label"])
+@pytest.mark.parametrize("case", [*_FAST_CASES, *_SLOW_CASES])
+def test_the_fast_path_agrees_with_every_check_on_hostile_references(tmp_path, case, label):
+    """The usual reference is read by a fast path (one ListFields, canonical entries, the resolver's answer per
+    location); it must answer as the full check does, and leave every other reference, and every refusal and its
+    message, to it."""
+    (tmp_path / "w.bin").write_bytes(bytes(64))
+    (tmp_path / "other.bin").write_bytes(bytes(64))
+    resolver = LocationResolver(str(tmp_path))
+    parse_external_data(external_tensor(CANONICAL), resolver)  # resolves w.bin: the fast path knows it from now on
+    tensor = {**_FAST_CASES, **_SLOW_CASES}[case]
+
+    fast = _parse_canonical(tensor, resolver, label)
+    full = _outcome(_parse_full, tensor, resolver, label)
+    public = _outcome(lambda t, r, name: parse_external_data(t, r, label=name), tensor, resolver, label)
+
+    assert public == full
+    if case in _FAST_CASES:
+        assert fast == full and isinstance(fast, tuple) and fast.location == "w.bin"
+    else:
+        assert fast is None
+
+
+def test_the_fast_path_refuses_a_disagreeing_safetensors_reference_as_the_full_check(tmp_path):
+    """A reference into a ``*.safetensors`` file is checked against its header on the fast path too."""
+    header = b'{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}'
+    header += b" " * (-len(header) % 8)
+    (tmp_path / "m.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(32))
+    start = 8 + len(header)
+    resolver = LocationResolver(str(tmp_path))
+    good = external_tensor({"location": "m.safetensors", "offset": str(start), "length": "16"})
+    assert parse_external_data(good, resolver).offset == start  # resolves the file
+    shifted = external_tensor({"location": "m.safetensors", "offset": str(start + 16), "length": "16"})
+
+    with pytest.raises(SafetensorsReferenceError) as fast:
+        _parse_canonical(shifted, resolver, None)
+    full = _outcome(_parse_full, shifted, resolver, None)
+
+    assert (SafetensorsReferenceError, str(fast.value)) == full
+    assert _parse_canonical(good, resolver, None) == _parse_full(good, resolver, None)

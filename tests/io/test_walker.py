@@ -7,7 +7,7 @@ import onnx
 from google.protobuf.message import Message
 from onnx import helper, numpy_helper
 
-from onnx_light_ref.io._read.walker import describe_place, inline_reason, iter_graphs, iter_tensors
+from onnx_light_ref.io._read.walker import TensorSite, describe_place, inline_reason, iter_graphs, iter_tensors
 
 
 def tensor(name: str, value: float = 0.0) -> onnx.TensorProto:
@@ -104,6 +104,25 @@ def test_sites_say_where_each_tensor_lives():
     # Sparse indices usually have no name: the label says what and where they are instead.
     unnamed = [label for label in sites if label.startswith("<unnamed")]
     assert "<unnamed sparse initializer indices in graph 'main'>" in unnamed
+
+
+def test_every_site_has_every_field_of_a_tensor_site():
+    """Initializer sites are built as plain tuples (faster than the named tuple's constructor): they must still be
+    complete TensorSites, each field where its name says."""
+    model = model_with_every_kind_of_tensor()
+    for site in iter_tensors(model):
+        assert type(site) is TensorSite and len(site) == len(TensorSite._fields)
+        assert site == TensorSite(**site._asdict())
+    init = next(site for site in iter_tensors(model) if site.label == "init_0")
+    assert (init.kind, init.node, init.scope, init.sparse, init.onnx_loads) == (
+        "initializer",
+        None,
+        "model",
+        None,
+        True,
+    )
+    assert init.container is model.graph and init.key == (("graph",), ("initializer", "init_0"))
+    assert init.place == (("graph",), ("initializer", 0))
 
 
 def test_the_walker_yields_the_live_protos():

@@ -31,9 +31,12 @@ KNOWN_KEYS = frozenset({"location", "offset", "length", "checksum"})
 refuses a model carrying it ("model format error"), so a reference with it is refused here, as any unknown key."""
 
 
+_EXTERNAL = TensorProto.EXTERNAL  # a class attribute of a protobuf class: looked up once, not per tensor
+
+
 def is_external(tensor: onnx.TensorProto) -> bool:
     """True when the tensor declares ``data_location == EXTERNAL``."""
-    return tensor.data_location == TensorProto.EXTERNAL
+    return tensor.data_location == _EXTERNAL
 
 
 class Entries(NamedTuple):

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io._posix import check_single_link
-from onnx_light_ref.io._read.dtype_sizes import packed_nbytes
+from onnx_light_ref.io._read.dtype_sizes import SPEC_BITS, packed_nbytes
 from onnx_light_ref.io._read.entries import parse_entry_int, read_entries
 from onnx_light_ref.io._read.folder import FileIdentity, ModelFolder
-from onnx_light_ref.io._read.proto import data_type_name
+from onnx_light_ref.io._read.proto import TensorProto, data_type_name
 from onnx_light_ref.io._read.safetensors_refs import (
     SafetensorsFile,
     is_safetensors_location,
@@ -147,6 +147,9 @@ class LocationResolver:
         self.allow_outside_folder = allow_outside_folder
         self.check_safetensors = check_safetensors
         self._resolved: dict[str, tuple[str, os.stat_result]] = {}
+        # location -> (display path, fstat, size, whether a reference into it is checked against a safetensors
+        # header, the folder): what the fast path of parse_external_data needs per tensor, once per location
+        self._known: dict[str, tuple[str, os.stat_result, int, bool, ModelFolder]] = {}
         self._headers: dict[str, SafetensorsFile] = {}
 
     @property
@@ -170,6 +173,8 @@ class LocationResolver:
             st = self.folder.stat_file(location, tensor_name=tensor_name, check_links=False)
             hit = (self.folder.display_path(location), st)
             self._resolved[location] = hit
+            check = self.check_safetensors and is_safetensors_location(location)
+            self._known[location] = (hit[0], st, st.st_size, check, self.folder)
         return hit
 
     def safetensors_file(self, location: str) -> SafetensorsFile:
@@ -277,6 +282,12 @@ def parse_external_data(
         SafetensorsReferenceError: the reference overlaps its safetensors file's header or is not its key's bytes.
         ExternalDataError: any other malformed entry, a range past the end of the file.
     """
+    resolver = base_dir if isinstance(base_dir, LocationResolver) else LocationResolver(base_dir)
+    return _parse_canonical(tensor, resolver, label) or _parse_full(tensor, resolver, label)
+
+
+def _parse_full(tensor: onnx.TensorProto, resolver: LocationResolver, label: str | None) -> ExternalRef:
+    """:func:`parse_external_data` with every check in order: the one that raises."""
     name = label or _text(tensor.name)
     if _holds_values(tensor) or not len(tensor.external_data):
         check_external_structure(tensor, label=name)  # raises, saying which
@@ -287,7 +298,6 @@ def parse_external_data(
     offset_text = raw.get("offset")
     offset = 0 if offset_text is None else _entry_int(offset_text, name, "offset")
     length = _entry_length(tensor, name, raw.get("length"), location)
-    resolver = base_dir if isinstance(base_dir, LocationResolver) else LocationResolver(base_dir)
     path, st = resolver.resolve(location, tensor_name=name)
     if offset > st.st_size or length > st.st_size - offset:
         raise ExternalDataError(
@@ -299,6 +309,64 @@ def parse_external_data(
         file = resolver.safetensors_file(location)
         refuse_disagreeing_reference(file, key, tensor.data_type, tensor.dims, offset, length)
     return ExternalRef(name, location, path, offset, length, raw.get("checksum"), st, resolver.folder)
+
+
+_FIELDS = TensorProto.DESCRIPTOR.fields_by_name
+_CANONICAL_FIELDS = tuple(_FIELDS[name] for name in ("dims", "data_type", "name", "external_data", "data_location"))
+"""What ``ListFields()`` of the usual EXTERNAL tensor lists, in this order (field-number order): no value field."""
+
+
+def _parse_canonical(tensor: onnx.TensorProto, resolver: LocationResolver, label: str | None) -> ExternalRef | None:
+    """:func:`parse_external_data` for the usual reference, or None to let the full check decide (and raise).
+
+    The usual reference: the fields of :data:`_CANONICAL_FIELDS` only (no inline value, a name, dims), the entries
+    ``location``, ``offset``, ``length`` (then ``checksum``) in that order with ``str`` values, numbers of at most 18
+    ASCII digits, a location the resolver already checked, ``length`` equal to dims x dtype, the range inside the
+    file. Anything else returns None; so every refusal, and its message, is the full check's. One ``ListFields()``
+    answers which fields are set, and each field is read once: at 100,000 tensors, protobuf accesses are the cost.
+    """
+    fields = tensor.ListFields()
+    if len(fields) != 5:
+        return None
+    (f_dims, dims), (f_type, data_type), (f_name, name), (f_entries, entries), (f_location, _) = fields
+    if (f_dims, f_type, f_name, f_entries, f_location) != _CANONICAL_FIELDS or not 3 <= len(entries) <= 4:
+        return None
+    checksum = None
+    if len(entries) == 3:
+        location_entry, offset_entry, length_entry = entries
+    else:
+        location_entry, offset_entry, length_entry, checksum_entry = entries
+        if checksum_entry.key != "checksum" or type(checksum := checksum_entry.value) is not str:
+            return None
+    location, offset_text, length_text = location_entry.value, offset_entry.value, length_entry.value
+    known = resolver._known.get(location) if type(location) is str else None
+    if (
+        known is None
+        or location_entry.key != "location"
+        or offset_entry.key != "offset"
+        or length_entry.key != "length"
+        or type(offset_text) is not str
+        or type(length_text) is not str
+        or len(offset_text) > 18
+        or len(length_text) > 18
+        or not (offset_text + length_text).isascii()
+        or not offset_text.isdigit()
+        or not length_text.isdigit()
+        or type(name) is not str
+    ):
+        return None
+    bits = SPEC_BITS.get(data_type)
+    dims = dims[:]
+    if bits is None or (dims and min(dims) < 0):
+        return None
+    offset, length = int(offset_text), int(length_text)
+    path, st, size, check_safetensors, folder = known
+    if length != -(-math.prod(dims) * bits // 8) or offset > size or length > size - offset:
+        return None
+    if check_safetensors:
+        refuse_disagreeing_reference(resolver.safetensors_file(location), name, data_type, dims, offset, length)
+    # Built as a tuple with every field given: ExternalRef(...) runs the named tuple's Python-level __new__.
+    return tuple.__new__(ExternalRef, (label or name, location, path, offset, length, checksum, st, folder))
 
 
 def _entry_int(text: str, name: str, key: str) -> int:
