@@ -20,8 +20,10 @@ from onnx import TensorProto, defs, helper, numpy_helper, shape_inference
 from onnx_light_ref.io._plan.sites import (
     DATA_INPUTS,
     SHAPE_TENSOR,
+    SiteColumns,
     SitePolicy,
     _table_inputs,
+    all_may_sit,
     may_sit,
     placement_problem,
 )
@@ -287,3 +289,32 @@ def test_where_bytes_may_sit() -> None:
     assert "header" in (placement_problem(8, 16, 100, data_start=64) or "")
     assert "past the end" in (placement_problem(90, 16, 100) or "")
     assert placement_problem(0, 16, 16) is None
+
+
+@pytest.mark.parametrize(
+    ("offset", "length", "size", "start"),
+    [
+        (0, 16, 16, 0),
+        (100, 0, 100, 0),
+        (0, 0, 100, 0),
+        (8, 16, 100, 64),
+        (64, 16, 100, 64),
+        (90, 16, 100, 0),
+        (-8, 16, 100, 0),
+        (8, -4, 100, 0),
+        (2**62, 2**62, 100, 0),
+        (0, 2**63 - 1, 2**63 - 1, 0),
+    ],
+)
+def test_all_placed_sites_checked_at_once_agree_with_each_site_checked(
+    offset: int, length: int, size: int, start: int
+) -> None:
+    """The columns' one-pass check accepts exactly what :func:`may_sit` accepts (a negative offset or length is
+    left to the site-by-site check, which names it); a file of unknown size is not checked."""
+    columns = SiteColumns()
+    columns.place("w.bin", 0, 16)  # a good site in another file: the bad one is found among others
+    columns.place("x.bin", offset, length)
+    expected = may_sit(offset, length, size, data_start=start) and offset >= 0 and length >= 0
+    assert all_may_sit(columns, [16, size], [0, start]) is expected
+    assert all_may_sit(columns, [16, None], [0, 0]) is (offset >= 0 and length >= 0)
+    assert all_may_sit(SiteColumns(), [], [])

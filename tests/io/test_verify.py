@@ -8,6 +8,7 @@ with plain file edits and must be reported exactly; unsafe or broken references 
 from __future__ import annotations
 
 import ast
+import gc
 import hashlib
 import os
 import re
@@ -214,6 +215,23 @@ def test_a_model_equals_itself_and_progress_ends_at_the_total(tmp_path):
 
     assert_equal(result, 4, TOTAL)
     assert calls[-1] == (TOTAL, TOTAL)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_cycle_collector_is_left_as_it_was_after_a_verdict_and_after_a_refusal(tmp_path, enabled):
+    """verify pauses Python's cycle collector while it lists the tensors (a speed-up: nothing to collect), and gives
+    it back as the caller had it, also when a model is refused."""
+    model = external_model(tmp_path)
+    gc_was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        assert verify_models(model, model).equal
+        assert gc.isenabled() is enabled
+        with pytest.raises(FileNotFoundError, match=r"missing\.onnx"):
+            verify_models(model, tmp_path / "missing.onnx")
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if gc_was else gc.disable()
 
 
 def test_progress_reports_every_chunk_up_to_the_total(tmp_path, inline_model):

@@ -40,7 +40,7 @@ from onnx_light_ref.io._arguments import (
 from onnx_light_ref.io._plan.checkpoint_policy import site_policy
 from onnx_light_ref.io._plan.dedup import BlobSource, find_duplicates
 from onnx_light_ref.io._plan.destinations import check_outputs, weights_location
-from onnx_light_ref.io._plan.placement import Placement, ShardedLayout
+from onnx_light_ref.io._plan.placement import ShardedLayout
 from onnx_light_ref.io._plan.ranges import CopyRange, RangeColumns, open_source, read_range
 from onnx_light_ref.io._plan.safetensors_layout import SafetensorsTensor, plan_safetensors
 from onnx_light_ref.io._plan.shard_names import (
@@ -563,18 +563,21 @@ def place_payloads(
         placement.sizes = st_layout.sizes if distinct else []
         return placement
     layout = ShardedLayout(step, threshold, shard_cap)
-    placed: list[Placement] = []
+    blobs = array("q")  # each payload's blob in the layout: a duplicate's is its first's
     for index, length in enumerate(lengths):
         representative = first[index]
-        if representative != index:  # always an earlier tensor: its place is known
-            placed.append(placed[representative])
+        if representative != index:  # always an earlier tensor: its blob is known
+            blobs.append(blobs[representative])
             placement.deduplicated_tensors += 1
             placement.deduplicated_bytes += length
             continue
-        placed.append(layout.place(length))
+        blobs.append(layout.add(length))
     # Read once every blob is placed: a zero-length one's offset is the final end of its file.
-    placement.shards.extend(where.shard for where in placed)
-    placement.offsets.extend(where.offset for where in placed)
+    shards, offsets = layout.columns()
+    if placement.deduplicated_tensors:
+        shards, offsets = [shards[blob] for blob in blobs], [offsets[blob] for blob in blobs]
+    placement.shards.extend(shards)
+    placement.offsets.extend(offsets)
     placement.sizes = layout.sizes
     return placement
 

@@ -143,21 +143,41 @@ class ShardedLayout:
         Raises:
             RuntimeError: with a cap, the files were already decided (read) before this blob came.
         """
+        return Placement(0, 0, layout=self, index=self.add(length))
+
+    def add(self, length: int) -> int:
+        """Lay out the next blob of ``length`` bytes, as :meth:`place` does; return its index for :meth:`columns`
+        (no object per blob: 100,000 blobs are placed at once).
+
+        Raises:
+            RuntimeError: with a cap, the files were already decided (read) before this blob came.
+        """
         index = len(self._lengths)
         self._lengths.append(length)
         if self.max_shard_size is not None:
             if self._decided:
                 raise RuntimeError("ShardedLayout.place() after the shards were read: every blob must come first.")
-            return Placement(0, 0, layout=self, index=index)
-        if not self._sizes:  # one file, in the order given: known at once
-            self._sizes.append(0)
+            return index
+        sizes = self._sizes
+        if not sizes:  # one file, in the order given: known at once
+            sizes.append(0)
         if not length:
             self._where.append((0, -1))
-            return Placement(0, 0, layout=self, index=index)
-        offset = self._offset(self._sizes[0], length)
+            return index
+        offset = self._offset(sizes[0], length)
         self._where.append((0, offset))
-        self._sizes[0] = offset + length
-        return Placement(0, offset)
+        sizes[0] = offset + length
+        return index
+
+    def columns(self) -> tuple[list[int], list[int]]:
+        """The file and the offset of every blob laid out, by index: read once every blob is placed (a zero-length
+        blob's offset is the final end of its file)."""
+        if self.max_shard_size is not None and not self._decided:
+            self._decide()
+        sizes = self._sizes
+        shards = [shard for shard, _ in self._where]
+        offsets = [sizes[shard] if offset < 0 else offset for shard, offset in self._where]
+        return shards, offsets
 
     def resolved(self, index: int) -> tuple[int, int]:
         """The file and offset of blob ``index`` (with a cap: once every blob is known, see the module docstring)."""

@@ -34,6 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
+import numpy as np
 import onnx
 
 from onnx_light_ref.io._read.delayed_nodes import DelayedSite, iter_delayed
@@ -372,6 +373,26 @@ def may_sit(offset: int, length: int, file_size: int, *, data_start: int = 0) ->
     if length == 0:
         return offset == file_size
     return data_start <= offset and offset + length <= file_size
+
+
+def all_may_sit(columns: SiteColumns, sizes: Sequence[int | None], starts: Sequence[int]) -> bool:
+    """Whether every placed site of ``columns`` passes :func:`may_sit` in its file (``sizes[t]``, ``starts[t]``: the
+    size and first usable byte of ``columns.targets[t]``; a size of None is not checked), in one pass over the
+    columns rather than one call per site. False when one may not (or has a negative offset or length): the caller
+    then checks site by site, to name the first one.
+    """
+    if not len(columns.lengths):
+        return True
+    offsets, lengths, target = (
+        np.frombuffer(c, dtype=c.typecode) for c in (columns.offsets, columns.lengths, columns.target)
+    )
+    if (offsets < 0).any() or (lengths < 0).any():
+        return False
+    size = np.array([-1 if value is None else value for value in sizes], dtype=np.int64)[target]
+    start = np.array(starts, dtype=np.int64)[target]
+    inside = (start <= offsets) & (offsets <= size - lengths)  # no overflow: sizes and lengths are >= 0 here
+    fits = np.where(lengths == 0, offsets == size, inside) | (size < 0)
+    return bool(fits.all())
 
 
 def placement_problem(offset: int, length: int, file_size: int, *, data_start: int = 0) -> str | None:

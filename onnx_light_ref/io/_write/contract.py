@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import os
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -63,6 +64,7 @@ from onnx_light_ref.io._plan.sites import (
     ReferenceSite,
     SiteColumns,
     SitePolicy,
+    all_may_sit,
     iter_sites,
     may_sit,
     placement_problem,
@@ -372,6 +374,9 @@ def _source_names(plan: WritePlan) -> dict[DestinationKey, str]:
     return names
 
 
+_PLACED = (SITE_MOVED, SITE_EXTERNALIZED)
+
+
 def check_sites(plan: WritePlan, model: PlannedModel) -> list[ReferenceSite]:
     """Rule 2 over one model: its references match its sites one for one (each site recorded with the very site
     of the model's walk it describes: :func:`~onnx_light_ref.io._plan.sites.site_mark`), what was externalized may
@@ -400,24 +405,24 @@ def check_sites(plan: WritePlan, model: PlannedModel) -> list[ReferenceSite]:
         policy is None or policy.model is not model.proto or policy.size_threshold != model.size_threshold
     ):
         policy = SitePolicy(model.proto, model.size_threshold)
-    places = _Places(plan, sites.targets)
+    places = _Places(plan, sites)
     kept = _KeptReferences(plan, model)
     placed: list[ReferenceSite] = []
-    drift: ReferenceSite | None = None
-    count = len(kinds)
-    walked = 0
-    for index, site in enumerate(iter_sites(model.proto)):
-        walked += 1
-        if index >= count or drift is not None:
-            continue  # counted for the message below
-        if site_mark(site) != marks[index]:
-            drift = site
-            continue
-        kind = kinds[index]
-        if kind in (SITE_MOVED, SITE_EXTERNALIZED):
+    walk = list(iter_sites(model.proto))
+    walked, count = len(walk), len(kinds)
+    # The marks compared in one go (a column each); the sites before the first drifted one are checked as they come.
+    now = array("q", map(site_mark, walk))
+    common = checked = min(walked, count)
+    if now != marks:  # the first site whose mark differs drifted (none: only the counts differ)
+        checked = next((index for index in range(common) if now[index] != marks[index]), common)
+    drift = walk[checked] if checked < common else None
+    for index in range(checked):
+        site, kind = walk[index], kinds[index]
+        if kind in _PLACED:
             if len(placed) >= sites.placed:
                 continue  # reported below: more placed sites than places
-            places.check(site, len(placed), sites)
+            if not places.fit:
+                places.check(site, len(placed), sites)
             if kind == SITE_EXTERNALIZED and policy is not None and isinstance(site, TensorSite):
                 decision = policy.decide(site, sites.lengths[len(placed)])
                 if not decision.external:
@@ -426,6 +431,8 @@ def check_sites(plan: WritePlan, model: PlannedModel) -> list[ReferenceSite]:
                         f"({decision.reason or 'below the size threshold'}); nothing written."
                     )
             placed.append(site)
+            if isinstance(site, TensorSite):
+                continue  # nothing of its kind to check: a placed tensor holds what the executor points it at
         _check_site_kind(plan, model, site, kind)
         if kind == SITE_KEPT:
             kept.check(site)
@@ -457,13 +464,17 @@ class _Places:
     """What rule 2 needs of each file a model's placed sites point into, looked up once per file: whether the plan
     writes or checked it, its size and first usable byte."""
 
-    def __init__(self, plan: WritePlan, targets: Sequence[str]) -> None:
+    def __init__(self, plan: WritePlan, sites: SiteColumns) -> None:
         self.plan = plan
         files = {os.path.normpath(f.path): (f.size, f.data_start) for f in plan.files}
         files.update({os.path.normpath(f.path): (f.size, f.data_start) for f in plan.referenced if f.size is not None})
         known = set(files) | {os.path.normpath(f.path) for f in plan.referenced}
-        self.targets = targets
+        self.targets = targets = sites.targets
         self.facts = [(os.path.normpath(t) in known, *files.get(os.path.normpath(t), (None, 0))) for t in targets]
+        # Every placed site checked at once; only when one fails are they checked one by one, to name the first.
+        self.fit = all(fact[0] for fact in self.facts) and all_may_sit(
+            sites, [fact[1] for fact in self.facts], [fact[2] for fact in self.facts]
+        )
 
     def check(self, site: ReferenceSite, placed: int, sites: SiteColumns) -> None:
         target = sites.target[placed]
