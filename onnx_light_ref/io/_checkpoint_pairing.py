@@ -53,11 +53,15 @@ class CheckpointPairing:
         return [p for p in self.pairings if p.how == "transpose"]
 
 
-def model_tensors(proto: onnx.ModelProto, resolver: LocationResolver) -> list[tuple[TensorSite, TensorBytes]]:
+def model_tensors(
+    proto: onnx.ModelProto, resolver: LocationResolver, *, sources: bool = True
+) -> list[tuple[TensorSite, TensorBytes]]:
     """Every named, dense tensor of ``proto`` whose bytes can be read (external, or inline ``raw_data``).
 
     A name held by several tensors is left out: a name map cannot tell them apart. External references are
-    validated (inside the folder, in bounds) as every reader does.
+    validated (inside the folder, in bounds) as every reader does; without ``sources`` (a pairing by name only,
+    which reads no byte) they are not resolved here, and their :class:`TensorBytes` has no ``source``: the writer
+    validates each reference it keeps or copies.
     """
     sites = [site for site in iter_tensors(proto) if site.sparse is None and isinstance(site.tensor.name, str)]
     counts = Counter(site.tensor.name for site in sites)
@@ -73,7 +77,9 @@ def model_tensors(proto: onnx.ModelProto, resolver: LocationResolver) -> list[tu
             continue
         if is_packed(tensor.data_type):
             shape = (nbytes,)
-        if is_external(tensor):
+        if is_external(tensor) and not sources:
+            found.append((site, TensorBytes(tensor.name, dtype, shape, nbytes)))
+        elif is_external(tensor):
             ref = parse_external_data(tensor, resolver, label=site.label)
             source = CopyRange(ref.path, ref.offset, 0, ref.length, ref.identity, ref.folder, ref.location)
             found.append((site, TensorBytes(tensor.name, dtype, shape, nbytes, source=source)))
@@ -267,8 +273,8 @@ def pair_for_link(
 ) -> LinkPairing:
     """Pair ``proto``'s tensors with the checkpoint for ``link``; with ``options.transpose``, rewrite ``proto``."""
     keys = checkpoint_tensors_bytes(tensors, folder)
-    model = [tensor for _, tensor in model_tensors(proto, resolver)]
     compare = options.by_content or options.transpose
+    model = [tensor for _, tensor in model_tensors(proto, resolver, sources=compare)]
     with TensorFiles(options.chunk_size) as files:
         pairing = pair_with_checkpoint(model, keys, files, name_map=name_map, by_content=compare)
     mapping = dict(name_map)

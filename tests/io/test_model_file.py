@@ -139,3 +139,20 @@ def test_a_model_path_that_is_not_a_regular_file_is_refused_without_blocking(tmp
     }[kind]
     with pytest.raises(FileNotFoundError, match=expected):
         load_model_metadata(str(path))
+
+
+@pytest.mark.parametrize("count", [3, 1500])  # the Python walk alone; the strict parse first (>= 1024 items)
+@pytest.mark.parametrize("at", ["first", "last"])
+def test_a_model_in_memory_is_refused_by_either_check_naming_the_same_field(count: int, at: str):
+    """A model in memory is serialized for the strict parse only when it has many initializers and nodes (a small
+    one with large inline payloads: the walk costs well under a millisecond, the serialization its bytes)."""
+    tensors = [numpy_helper.from_array(np.zeros(1, np.float32), f"w{index}") for index in range(count)]
+    graph = helper.make_graph([], "g", [], [helper.make_tensor_value_info("w0", onnx.TensorProto.FLOAT, [1])], tensors)
+    model = helper.make_model(graph)
+    check_model_strings(model)  # every string UTF-8: accepted by both
+    index = 0 if at == "first" else count - 1
+    model.graph.initializer[index].name = "BADNAM"
+    parsed = onnx.ModelProto()
+    parsed.ParseFromString(with_bytes(model, b"BADNAM"))  # onnx's proto2 schema keeps a non-UTF-8 string as bytes
+    with pytest.raises(InvalidModelError, match=rf"graph\.initializer\[{index}\]\.name is not valid UTF-8"):
+        check_model_strings(parsed)

@@ -41,6 +41,9 @@ _FieldDescriptor: Any = importlib.import_module("google.protobuf.descriptor").Fi
 _FIELDS: dict[str, tuple[tuple[tuple[str, bool], ...], tuple[tuple[str, bool], ...]]] = {}
 # A model larger than this is checked by the Python walk only: the strict parse would hold a second copy of it.
 _STRICT_PARSE_LIMIT = 64 * 1024 * 1024
+# A model in memory with fewer main-graph initializers and nodes than this is checked by the Python walk only: the
+# strict parse would serialize it first (a shared save's 8 MiB of new inline bytes: 30 ms, the walk: under 1 ms).
+_STRICT_PARSE_MIN_ITEMS = 1024
 
 
 def not_a_model_file(path: str, st: os.stat_result, otherwise: str) -> str:
@@ -113,6 +116,8 @@ def _strict_model_class() -> Any:
 def _strings_are_utf8(model: Any, data: _Buffer | None) -> bool:
     """True when every string of ``model`` is UTF-8, checked by :func:`_strict_model_class`'s parser; False when it
     refused the model (a string at fault, or anything else) or cannot check it: the Python walk decides then."""
+    if data is None and len(model.graph.initializer) + len(model.graph.node) < _STRICT_PARSE_MIN_ITEMS:
+        return False  # the walk takes a few ms; serializing a model in memory costs its inline bytes
     strict = _strict_model_class()
     if strict is None:
         return False
