@@ -6,6 +6,8 @@ verdict, the counts compared and the sentences compare :func:`summary` of the re
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from onnx_light_ref.io._verify import VerifyResult
 
 __all__ = ["summary"]
@@ -14,3 +16,12 @@ __all__ = ["summary"]
 def summary(result: VerifyResult) -> tuple[bool, int, int, str | None, tuple[str, ...]]:
     """``(equal, tensors, bytes_compared, first_difference, checksum_mismatches)`` of ``result``."""
     return result.equal, result.tensors, result.bytes_compared, result.first_difference, result.checksum_mismatches
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    """Flip the lowest bit of the byte at ``offset`` of ``path``, in place."""
+    with open(path, "r+b") as data_file:
+        data_file.seek(offset)
+        byte = data_file.read(1)
+        data_file.seek(offset)
+        data_file.write(bytes([byte[0] ^ 0x01]))

@@ -34,7 +34,7 @@ from tests import large_inline
 from tests.checks import assert_no_temp_files, sha256_of_tree
 from tests.memory_folder import in_memory_folder
 from tests.models import externalize, identity_model, make_external_model
-from tests.verify_support import summary
+from tests.verify_support import flip_byte, summary
 
 IR_VERSION = 10
 OPSET = 18
@@ -70,14 +70,6 @@ def internalized(path: Path, dst: Path) -> Path:
         del tensor.external_data[:]
         tensor.data_location = TensorProto.DEFAULT
     return save_inline(model, dst)
-
-
-def flip_byte(path: Path, offset: int) -> None:
-    with open(path, "r+b") as data_file:
-        data_file.seek(offset)
-        byte = data_file.read(1)
-        data_file.seek(offset)
-        data_file.write(bytes([byte[0] ^ 0x01]))
 
 
 def entries_of(model_path: Path, name: str) -> dict[str, str]:

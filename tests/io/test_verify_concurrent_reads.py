@@ -21,7 +21,7 @@ from onnx_light_ref.io import _verify as verify_module
 from onnx_light_ref.io._pread_worker import THREAD_NAME, PreadWorker
 from onnx_light_ref.io._verify import verify_models
 from tests.models import identity_model
-from tests.verify_support import summary
+from tests.verify_support import flip_byte, summary
 
 MIB = 1024 * 1024
 CHUNK = MIB  # the smallest chunk read concurrently: every chunk of the big tensors goes through the worker
@@ -73,14 +73,6 @@ def open_descriptors() -> set[str]:
 
 def worker_threads() -> list[threading.Thread]:
     return [thread for thread in threading.enumerate() if thread.name == THREAD_NAME]
-
-
-def flip_byte(path: Path, offset: int) -> None:
-    with open(path, "r+b") as data_file:
-        data_file.seek(offset)
-        byte = data_file.read(1)
-        data_file.seek(offset)
-        data_file.write(bytes([byte[0] ^ 0x01]))
 
 
 def in_turn(monkeypatch: pytest.MonkeyPatch, a: Path, b: Path) -> object:
