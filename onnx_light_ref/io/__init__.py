@@ -11,8 +11,9 @@ checked by ``tests/test_layers.py``: no module imports a later stage):
 
 On top, one private module per public function (``_align``, ``_align_models``, ``_shared_save``, ``_link``,
 ``_verify``, ``_verify_checkpoint``), ``_layout_report`` (``inspect``), what they return (``_results``,
-``_differences``), and below every stage the shared base: ``_arguments`` (argument checks) and ``_posix`` (exact
-positional reads and writes). Nothing here imports ``onnx_light_ref.ops``.
+``_differences``), and below every stage ``_pread_worker`` (one helper thread for a positional read: ``verify``
+reads A and B at once) over the shared base: ``_arguments`` (argument checks) and ``_posix`` (exact positional reads
+and writes). Nothing here imports ``onnx_light_ref.ops``.
 
 The public functions are imported lazily (on first use of the name): importing ``onnx_light_ref.io._arguments`` runs
 this file first, and must not import every writer, onnx and numpy with it (the command line's option parsing uses
