@@ -17,7 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-__all__ = ["ForkedCall"]
+__all__ = ["ForkedCall", "hook_every_publication"]
 
 _POLL_SECONDS = 0.002
 
@@ -79,3 +79,21 @@ class ForkedCall:
             said = said.removeprefix("ready\n")
         assert os.waitstatus_to_exitcode(status) == 0 and said.startswith("done"), said
         return said.strip()
+
+
+def hook_every_publication(hook: Callable[[str], None]) -> None:
+    """In a forked child: ``hook(name)`` runs before each system call of every publication from now on (every writer
+    publishes through :meth:`OutputTransaction.publish <onnx_light_ref.io._write.publish.OutputTransaction.publish>`,
+    one model or a family); the child ends with ``os._exit``, so the patch is never undone."""
+    from onnx_light_ref.io._write import publish
+
+    real_publish = publish.OutputTransaction.publish
+
+    def counted_publish(self: publish.OutputTransaction, *args: object, **kwargs: object) -> object:
+        publish.before_syscall = hook
+        try:
+            return real_publish(self, *args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            publish.before_syscall = None
+
+    publish.OutputTransaction.publish = counted_publish  # type: ignore[method-assign]

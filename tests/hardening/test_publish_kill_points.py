@@ -48,6 +48,7 @@ from onnx_light_ref import align_external_data_streaming
 from onnx_light_ref.errors import PublishedWithErrorsError
 from onnx_light_ref.io._write import publish
 from tests.checks import assert_no_temp_files, temp_files_under
+from tests.hardening.forked import hook_every_publication
 from tests.hardening.kill_states import folder_state
 from tests.hardening.publication_scenarios import (
     NEW_ALIGNMENT,
@@ -92,17 +93,7 @@ def in_child(
                 if cleanup_fails and name == "unlink":
                     raise OSError(errno.EIO, "unlink failed (injected)")
 
-            # Every publication goes through it (execute calls it for every writer, one model or a family).
-            real_publish = publish.OutputTransaction.publish
-
-            def counted_publish(self: publish.OutputTransaction, *args: object, **kwargs: object) -> object:
-                publish.before_syscall = hook
-                try:
-                    return real_publish(self, *args, **kwargs)  # type: ignore[arg-type]
-                finally:
-                    publish.before_syscall = None
-
-            publish.OutputTransaction.publish = counted_publish  # type: ignore[method-assign]
+            hook_every_publication(hook)
             if not exchange:  # as on a kernel, libc or filesystem without renameat2(RENAME_EXCHANGE)
                 publish._renameat2 = None
             try:

@@ -28,9 +28,9 @@ import numpy as np
 import onnx
 import pytest
 
-from onnx_light_ref.io._write import publish
 from tests.checks import assert_no_temp_files, sha256_of_tree
 from tests.family.family_models import outputs_of, write_family
+from tests.hardening.forked import hook_every_publication
 from tests.hardening.publication_scenarios import computed, same, values
 
 pytestmark = pytest.mark.slow
@@ -58,16 +58,7 @@ def _in_child(argv: list[str], signum: int | None, at: int | None) -> tuple[int,
                 if len(calls) == at and signum is not None:
                     os.kill(os.getpid(), signum)
 
-            real_publish = publish.OutputTransaction.publish
-
-            def counted_publish(self: publish.OutputTransaction, *args: object, **kwargs: object) -> object:
-                publish.before_syscall = hook
-                try:
-                    return real_publish(self, *args, **kwargs)  # type: ignore[arg-type]
-                finally:
-                    publish.before_syscall = None
-
-            publish.OutputTransaction.publish = counted_publish  # type: ignore[method-assign]
+            hook_every_publication(hook)
             status = main(argv)
             with os.fdopen(write_end, "w") as report:
                 report.write("\n".join(calls))
