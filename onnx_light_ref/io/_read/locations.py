@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from onnx_light_ref.errors import ExternalDataError, UnsafeLocationError
 from onnx_light_ref.io._posix import check_single_link
-from onnx_light_ref.io._read.dtype_sizes import SPEC_BITS, packed_nbytes
+from onnx_light_ref.io._read.dtype_sizes import packed_nbytes
 from onnx_light_ref.io._read.entries import parse_entry_int, read_entries
 from onnx_light_ref.io._read.folder import FileIdentity, ModelFolder
 from onnx_light_ref.io._read.proto import TensorProto, data_type_name
@@ -355,13 +355,13 @@ def _parse_canonical(tensor: onnx.TensorProto, resolver: LocationResolver, label
         or type(name) is not str
     ):
         return None
-    bits = SPEC_BITS.get(data_type)
     dims = dims[:]
-    if bits is None or (dims and min(dims) < 0):
+    if dims and min(dims) < 0:
         return None
     offset, length = int(offset_text), int(length_text)
     path, st, size, check_safetensors, folder = known
-    if length != -(-math.prod(dims) * bits // 8) or offset > size or length > size - offset:
+    # None (no fixed size: the full check says why) never equals a length
+    if length != packed_nbytes(data_type, math.prod(dims)) or offset > size or length > size - offset:
         return None
     if check_safetensors:
         refuse_disagreeing_reference(resolver.safetensors_file(location), name, data_type, dims, offset, length)
