@@ -353,10 +353,6 @@ class SiteColumns:
     def placed(self) -> int:
         return len(self.lengths)
 
-    def place_of(self, index: int) -> tuple[str, int, int]:
-        """The ``index``-th placed site's file, offset and length."""
-        return self.targets[self.target[index]], self.offsets[index], self.lengths[index]
-
 
 def may_sit(offset: int, length: int, file_size: int, *, data_start: int = 0) -> bool:
     """Whether ``length`` bytes at ``offset`` sit where every loader reads exactly them (module docstring).
